@@ -1,0 +1,55 @@
+# The front door. `make run` and `make test` install what is missing, configure,
+# build and run. Everything else is CMake (see CMakeLists.txt).
+#
+#   make run                       the default RL example on the built-in tiny model
+#   make test                      every test suite (ctest)
+#   make build                     configure + build only
+#   make test RL_SANITIZE=address,undefined   sanitizer build in build-san/
+#   make bench                     the benchmarks in bench/
+#   make format                    clang-format every C/C++ file
+
+BUILD ?= build
+RL_SANITIZE ?=
+CMAKE_ARGS ?=
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+ifneq ($(RL_SANITIZE),)
+BUILD := build-san
+CMAKE_ARGS += -DRL_SANITIZE=$(RL_SANITIZE) -DCMAKE_BUILD_TYPE=Debug
+endif
+
+CCACHE := $(shell command -v ccache 2>/dev/null)
+ifneq ($(CCACHE),)
+CMAKE_ARGS += -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+endif
+
+.PHONY: all deps configure build test run bench format clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/build.ninja: | deps
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_ARGS)
+
+configure: deps
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_ARGS)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+run: build
+	bash scripts/run-example.sh $(BUILD)
+
+bench: build
+	bash scripts/run-bench.sh $(BUILD)
+
+format:
+	git ls-files '*.c' '*.h' '*.cpp' '*.hpp' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD) build-san

@@ -1,0 +1,80 @@
+/* abi/rl/host.h: the services the host hands to every plugin, and the per-call
+ * context. A plugin reaches the host only through these two structs. */
+#ifndef RL_HOST_H
+#define RL_HOST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "macros.h"
+#include "status.h"
+#include "tensor.h"
+#include "types.h"
+
+RL_EXTERN_C_BEGIN
+
+/* Log levels for rl_host_api_t.log. */
+typedef int32_t rl_log_level_t;
+enum { RL_LOG_TRACE = 0, RL_LOG_DEBUG = 1, RL_LOG_INFO = 2, RL_LOG_WARN = 3, RL_LOG_ERROR = 4 };
+
+/* Everything scoped to one call into a plugin. Borrowed: valid until that call
+ * returns. Outputs that the call emits through the host (metrics, tensors,
+ * text, the failure message) are attached to this context. */
+typedef struct rl_call_ctx {
+    uint32_t struct_size;
+    uint32_t reserved0;                 /* 0 */
+    const struct rl_host_api *host;     /* the host that made the call; borrowed */
+    void *stream;                       /* cudaStream_t for CUDA tensors, else NULL; borrowed */
+    const volatile int32_t *abort_flag; /* non-zero: return RL_ERR_ABORTED soon; may be NULL */
+    void *host_data;                    /* reserved for the host */
+} rl_call_ctx_t;
+
+/* The host services table (SQLite's sqlite3_api_routines + CLAP's clap_host).
+ * Owned by the host; valid from the plugin entry's init() until its deinit().
+ * Append-only: check RL_HAS_FIELD(host, rl_host_api_t, slot) before using a slot
+ * newer than the ABI version you target. */
+typedef struct rl_host_api {
+    uint32_t struct_size;
+    uint32_t abi_version; /* RL_ABI_VERSION the host was built with */
+    void *host_data;      /* reserved for the host */
+    const char *name;     /* host name, e.g. "rlhost"; static */
+    const char *version;  /* host version, e.g. "0.1.0"; static */
+
+    /* [thread-safe] Host extension by revisioned id ("rl.host.xxx/1"); NULL if
+     * absent. Owned by the host, valid until the plugin entry's deinit(). */
+    const void *(RL_ABI *get_extension)(const struct rl_host_api *host, const char *id);
+
+    /* [thread-safe] Log a NUL-terminated UTF-8 message. The host copies it. */
+    void(RL_ABI *log)(const struct rl_host_api *host, rl_log_level_t level, const char *msg);
+
+    /* [thread-safe] Attach a message to the failing call and return `status`, so a
+     * plugin writes `return ctx->host->fail(ctx, RL_ERR_INVALID_ARG, "...");`.
+     * The host copies msg and names the plugin in what it reports. */
+    rl_status_t(RL_ABI *fail)(const rl_call_ctx_t *ctx, rl_status_t status, const char *msg);
+
+    /* [thread-safe] Host allocator. Memory the host frees comes from here; memory
+     * from here is freed here (mem_free(NULL) is a no-op). align is a power of two
+     * (0 means the default, 16). Returns NULL when out of memory. */
+    void *(RL_ABI *mem_alloc)(const struct rl_host_api *host, size_t size, size_t align);
+    void(RL_ABI *mem_free)(const struct rl_host_api *host, void *ptr);
+
+    /* [call-thread] Outputs of the call in `ctx`. The host copies what it is
+     * given, so the arguments stay borrowed. Emitting the same name twice in one
+     * call is RL_ERR_INVALID_ARG. Valid only during a call that has an output
+     * sink (every kind call does); elsewhere they return RL_ERR_BAD_STATE. */
+
+    /* A named scalar metric ("pg_clipfrac"). NaN and Inf are accepted and
+     * reported as such. */
+    rl_status_t(RL_ABI *emit_metric)(const rl_call_ctx_t *ctx, const char *name, double value);
+    /* A named tensor (any dtype the host can hold, CPU or the call's device). */
+    rl_status_t(RL_ABI *emit_tensor)(const rl_call_ctx_t *ctx, const char *name,
+                                     const rl_tensor_view_t *view);
+    /* A named UTF-8 text (JSON for structured results). */
+    rl_status_t(RL_ABI *emit_text)(const rl_call_ctx_t *ctx, const char *name,
+                                   rl_string_view_t text);
+
+    /* ---- slots added in later minors go below, never above ---- */
+} rl_host_api_t;
+
+RL_EXTERN_C_END
+
+#endif /* RL_HOST_H */

@@ -1,0 +1,126 @@
+/* abi/rl/runtime.h: the embedder API exported by librl. C, Lua (scripting/) and
+ * Python (sdk/python) drive the runtime through these functions only.
+ *
+ * Conventions: every function returns rl_status_t (RL_OK on success) and, on
+ * failure, leaves a message in rl_last_error() and its outputs untouched.
+ * Handles are opaque; destroy functions accept NULL. Parameters and configs are
+ * JSON (or YAML, where said) text; results are rl_result_t objects holding
+ * scalars, texts, metrics and tensors. */
+#ifndef RL_RUNTIME_H
+#define RL_RUNTIME_H
+
+#include <stdint.h>
+#include "host.h"
+#include "kinds/advantage.h"
+#include "kinds/env.h"
+#include "kinds/filter.h"
+#include "kinds/loss.h"
+#include "macros.h"
+#include "status.h"
+#include "tensor.h"
+#include "types.h"
+
+RL_EXTERN_C_BEGIN
+
+typedef struct rl_runtime rl_runtime_t;   /* the host: plugins, registry, logging */
+typedef struct rl_instance rl_instance_t; /* one configured plugin instance */
+typedef struct rl_result rl_result_t;     /* outputs of one call */
+
+enum {
+    /* Do not scan RL_PLUGIN_PATH and the build's and install's plugin folders. */
+    RL_RUNTIME_NO_DEFAULT_PLUGINS = 1u << 0
+};
+
+typedef struct rl_runtime_desc {
+    uint32_t struct_size;
+    uint32_t flags;                  /* RL_RUNTIME_* */
+    const rl_chain_t *next_in_chain; /* optional extension structs; borrowed */
+    const char *plugin_path;         /* extra plugin files or folders, ':'-separated; may be NULL */
+    const char *log_level;           /* "trace".."error", "off"; NULL means "info" */
+} rl_runtime_desc_t;
+#define RL_RUNTIME_DESC_INIT                                                                       \
+    { sizeof(rl_runtime_desc_t), 0, NULL, NULL, NULL }
+
+/* [thread-safe] RL_ABI_VERSION librl was built with. */
+RL_API uint32_t rl_get_abi_version(void);
+/* [thread-safe] librl's version string ("0.1.0"); static. */
+RL_API const char *rl_get_version(void);
+
+/* [control-thread] Create a runtime: plugins are loaded from desc->plugin_path,
+ * then (unless RL_RUNTIME_NO_DEFAULT_PLUGINS) RL_PLUGIN_PATH and the build's and
+ * install's plugin folders. A library that fails to load is recorded as refused
+ * (see rl_runtime_list_plugins) and never stops the runtime. desc may be NULL. */
+RL_API rl_status_t rl_runtime_create(const rl_runtime_desc_t *desc, rl_runtime_t **out_runtime);
+/* [control-thread] Destroy instances, unload libraries. NULL is a no-op. */
+RL_API void rl_runtime_destroy(rl_runtime_t *runtime);
+
+/* [control-thread] Load one plugin library (a file) or every library in a folder.
+ * Fails (with the reason in rl_last_error) when the only library named cannot
+ * be loaded; the refusal is also recorded. */
+RL_API rl_status_t rl_runtime_load_plugin(rl_runtime_t *runtime, const char *path);
+
+/* [control-thread] Text "plugins": JSON {"plugins": [{kind, name, id, version,
+ * abi_version, path, description}], "refused": [{path, reason}]}. */
+RL_API rl_status_t rl_runtime_list_plugins(rl_runtime_t *runtime, rl_result_t **out_result);
+
+/* [control-thread] Create an instance of plugin `name` of `kind` with
+ * parameters `params_json` (a JSON object; NULL means "{}"). */
+RL_API rl_status_t rl_instance_create(rl_runtime_t *runtime, const char *kind, const char *name,
+                                      const char *params_json, rl_instance_t **out_instance);
+/* [control-thread] NULL is a no-op. */
+RL_API void rl_instance_destroy(rl_instance_t *instance);
+
+/* [worker] Evaluate a loss. want_grads != 0 asks for gradients: result tensors
+ * "grad.<input>" for each differentiable input present. Result scalar "loss",
+ * metrics, and the plugin's extra tensors. */
+RL_API rl_status_t rl_loss_compute(rl_instance_t *instance, const rl_loss_inputs_t *inputs,
+                                   uint32_t want_grads, rl_result_t **out_result);
+/* [thread-safe] Text "signature": JSON {"required": [...], "optional": [...],
+ * "differentiable": [...]}. */
+RL_API rl_status_t rl_loss_signature(rl_instance_t *instance, rl_result_t **out_result);
+
+/* [worker] Tensors "advantages" (and "returns"), metrics. */
+RL_API rl_status_t rl_advantage_compute(rl_instance_t *instance,
+                                        const rl_advantage_inputs_t *inputs,
+                                        rl_result_t **out_result);
+
+/* [worker] Scalars "flagged" (0/1) and "enforce" (0/1), text "reason", metrics. */
+RL_API rl_status_t rl_filter_check(rl_instance_t *instance, const rl_rollout_view_t *rollout,
+                                   rl_result_t **out_result);
+
+/* [worker] Text "tasks" (JSON array). */
+RL_API rl_status_t rl_env_sample(rl_instance_t *instance, uint64_t n, uint64_t seed,
+                                 rl_result_t **out_result);
+/* [worker] Scalar "reward", metrics. */
+RL_API rl_status_t rl_env_score(rl_instance_t *instance, rl_string_view_t task,
+                                rl_string_view_t completion, rl_result_t **out_result);
+
+/* [thread-safe] Load a run configuration: the YAML file at `path` (NULL or "" for
+ * defaults only), then `n_overrides` "dotted.key=value" overrides (value in
+ * YAML syntax), checked against the configuration schema (docs/configuration.md).
+ * Text "config": the complete configuration as JSON, defaults filled in. Errors
+ * name the file, the key and the line (or the override). */
+RL_API rl_status_t rl_config_load(const char *path, const char *const *overrides,
+                                  uint64_t n_overrides, rl_result_t **out_result);
+
+/* ---- results ---------------------------------------------------------------
+ * A result owns everything it holds; views and texts taken from it are borrowed
+ * and valid until rl_result_destroy(). */
+
+/* NULL is a no-op. */
+RL_API void rl_result_destroy(rl_result_t *result);
+/* The whole result as one JSON object {"scalars": {}, "metrics": {}, "texts": {},
+ * "tensors": {name: {"dtype", "shape"}}}. */
+RL_API rl_status_t rl_result_json(const rl_result_t *result, rl_string_view_t *out_json);
+/* RL_ERR_NOT_FOUND when absent. */
+RL_API rl_status_t rl_result_scalar(const rl_result_t *result, const char *name, double *out);
+RL_API rl_status_t rl_result_metric(const rl_result_t *result, const char *name, double *out);
+RL_API rl_status_t rl_result_text(const rl_result_t *result, const char *name,
+                                  rl_string_view_t *out);
+/* A CPU, contiguous view. */
+RL_API rl_status_t rl_result_tensor(const rl_result_t *result, const char *name,
+                                    rl_tensor_view_t *out);
+
+RL_EXTERN_C_END
+
+#endif /* RL_RUNTIME_H */

@@ -1,0 +1,32 @@
+/* abi/rl/version.h: the ABI version, one packed uint32_t. */
+#ifndef RL_VERSION_H
+#define RL_VERSION_H
+
+#include <stdint.h>
+
+/* 10 bits major, 10 bits minor, 12 bits patch (Vulkan-style packing). */
+#define RL_MAKE_VERSION(major, minor, patch)                                                       \
+    ((((uint32_t)(major)) << 22) | (((uint32_t)(minor)) << 12) | ((uint32_t)(patch)))
+#define RL_VERSION_MAJOR(v) (((uint32_t)(v) >> 22) & 0x3FFu)
+#define RL_VERSION_MINOR(v) (((uint32_t)(v) >> 12) & 0x3FFu)
+#define RL_VERSION_PATCH(v) ((uint32_t)(v)&0xFFFu)
+
+/* Major 0: the ABI is young. The loader requires equal majors, and while the
+ * major is 0 it also refuses a plugin built for a newer minor than the host.
+ * Minors are additive: structs only grow at the end (see struct_size), new
+ * interfaces come as new revisioned ids. */
+#define RL_ABI_VERSION_MAJOR 0
+#define RL_ABI_VERSION_MINOR 1
+#define RL_ABI_VERSION_PATCH 0
+#define RL_ABI_VERSION                                                                             \
+    RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)
+
+/* True when a plugin built for `plugin_version` may be loaded by a host built
+ * for `host_version`. The one compatibility rule, used by the loader and
+ * available to plugins that want to check host->abi_version themselves. */
+#define RL_ABI_COMPATIBLE(host_version, plugin_version)                                            \
+    (RL_VERSION_MAJOR(host_version) == RL_VERSION_MAJOR(plugin_version) &&                         \
+     (RL_VERSION_MAJOR(host_version) != 0 ||                                                       \
+      RL_VERSION_MINOR(plugin_version) <= RL_VERSION_MINOR(host_version)))
+
+#endif /* RL_VERSION_H */

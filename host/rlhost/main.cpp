@@ -1,0 +1,157 @@
+// rlhost: the command-line host. A client of the C API (librl) like any embedder.
+#include <rl_api.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char *kUsage =
+    "usage: rlhost [--log-level LEVEL] [--plugin-path PATH]... COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  plugins [--json]                    list loaded plugins and refused libraries\n"
+    "  config [--config FILE] [--set K=V]...  print the resolved run configuration (JSON)\n"
+    "  --version                           print the runtime and ABI versions\n"
+    "  --help                              this text\n"
+    "\n"
+    "Plugins are found in --plugin-path entries, then RL_PLUGIN_PATH, then the build's\n"
+    "and install's plugin folders.\n";
+
+std::string abi_string(uint32_t v) {
+    return std::to_string(RL_VERSION_MAJOR(v)) + "." + std::to_string(RL_VERSION_MINOR(v)) + "." +
+           std::to_string(RL_VERSION_PATCH(v));
+}
+
+int fail(const std::string &what) {
+    std::cerr << "rlhost: " << what << "\n";
+    return 1;
+}
+
+int fail_rl(const std::string &what) {
+    return fail(what + ": " + rl_last_error());
+}
+
+std::string text_of(rl_result_t *r, const char *name) {
+    rl_string_view_t s{};
+    if (rl_result_text(r, name, &s) != RL_OK) return {};
+    return std::string(s.data, static_cast<size_t>(s.length));
+}
+
+struct Options {
+    std::string log_level = "warn";
+    std::string plugin_path;
+    std::vector<std::string> args; // after the command
+    std::string command;
+};
+
+int cmd_plugins(const Options &o) {
+    bool as_json = false;
+    for (const auto &a : o.args) {
+        if (a == "--json")
+            as_json = true;
+        else
+            return fail("plugins: unknown option '" + a + "'");
+    }
+    rl_runtime_desc_t desc = RL_RUNTIME_DESC_INIT;
+    desc.plugin_path = o.plugin_path.empty() ? nullptr : o.plugin_path.c_str();
+    desc.log_level = o.log_level.c_str();
+    rl_runtime_t *rt = nullptr;
+    if (rl_runtime_create(&desc, &rt) != RL_OK) return fail_rl("cannot create the runtime");
+    rl_result_t *res = nullptr;
+    if (rl_runtime_list_plugins(rt, &res) != RL_OK) {
+        rl_runtime_destroy(rt);
+        return fail_rl("cannot list plugins");
+    }
+    const std::string text = text_of(res, "plugins");
+    rl_result_destroy(res);
+    rl_runtime_destroy(rt);
+    if (as_json) {
+        std::cout << text << "\n";
+        return 0;
+    }
+    auto j = nlohmann::json::parse(text);
+    std::printf("%-10s %-22s %-8s %-6s %s\n", "KIND", "NAME", "VERSION", "ABI", "PATH");
+    for (const auto &p : j["plugins"])
+        std::printf("%-10s %-22s %-8s %-6s %s\n", p["kind"].get<std::string>().c_str(),
+                    p["name"].get<std::string>().c_str(), p["version"].get<std::string>().c_str(),
+                    p["abi_version"].get<std::string>().c_str(),
+                    p["path"].get<std::string>().c_str());
+    if (!j["refused"].empty()) {
+        std::printf("\nrefused:\n");
+        for (const auto &r : j["refused"])
+            std::printf("  %s: %s\n", r["path"].get<std::string>().c_str(),
+                        r["reason"].get<std::string>().c_str());
+    }
+    return 0;
+}
+
+int cmd_config(const Options &o) {
+    std::string file;
+    std::vector<std::string> sets;
+    for (size_t i = 0; i < o.args.size(); ++i) {
+        const std::string &a = o.args[i];
+        if ((a == "--config" || a == "--set") && i + 1 >= o.args.size())
+            return fail("config: " + a + " needs a value");
+        if (a == "--config")
+            file = o.args[++i];
+        else if (a == "--set")
+            sets.push_back(o.args[++i]);
+        else
+            return fail("config: unknown option '" + a + "'");
+    }
+    std::vector<const char *> ptrs;
+    for (const auto &s : sets) ptrs.push_back(s.c_str());
+    rl_result_t *res = nullptr;
+    if (rl_config_load(file.empty() ? nullptr : file.c_str(), ptrs.data(), ptrs.size(), &res) !=
+        RL_OK)
+        return fail(rl_last_error());
+    std::cout << nlohmann::json::parse(text_of(res, "config")).dump(2) << "\n";
+    rl_result_destroy(res);
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    Options o;
+    int i = 1;
+    for (; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--version") {
+            std::printf("rlhost %s (ABI %s)\n", rl_get_version(),
+                        abi_string(rl_get_abi_version()).c_str());
+            return 0;
+        }
+        if (a == "--help" || a == "-h") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        }
+        if (a == "--log-level" || a == "--plugin-path") {
+            if (i + 1 >= argc) return fail(a + " needs a value");
+            const std::string v = argv[++i];
+            if (a == "--log-level")
+                o.log_level = v;
+            else
+                o.plugin_path += (o.plugin_path.empty() ? "" : ":") + v;
+            continue;
+        }
+        if (a.rfind("--", 0) == 0) return fail("unknown option '" + a + "'\n" + kUsage);
+        o.command = a;
+        ++i;
+        break;
+    }
+    for (; i < argc; ++i) o.args.emplace_back(argv[i]);
+    if (o.command.empty()) {
+        std::fputs(kUsage, stderr);
+        return 2;
+    }
+    if (o.command == "plugins") return cmd_plugins(o);
+    if (o.command == "config") return cmd_config(o);
+    return fail("unknown command '" + o.command + "'\n" + kUsage);
+}

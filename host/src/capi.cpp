@@ -1,0 +1,436 @@
+// The embedder API (abi/rl/runtime.h): a C boundary over rl::host. No
+// exception crosses it; failures set the thread-local last error.
+#include "rl/host/config.hpp"
+#include "rl/host/runtime.hpp"
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <set>
+
+using rl::host::CallSink;
+using rl::host::HostError;
+using rl::host::Instance;
+using rl::host::OwnedTensor;
+using rl::host::Runtime;
+
+struct rl_runtime {
+    std::unique_ptr<Runtime> impl;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+rl_status_t set_error(rl_status_t st, const std::string &msg) {
+    g_last_error = msg;
+    return st;
+}
+
+// Runs f; maps exceptions to status + last error.
+template <class F>
+rl_status_t boundary(F &&f) noexcept {
+    try {
+        return f();
+    } catch (const HostError &e) {
+        return set_error(e.status, e.message);
+    } catch (const std::bad_alloc &) {
+        return set_error(RL_ERR_OUT_OF_MEMORY, "out of memory");
+    } catch (const std::exception &e) {
+        return set_error(RL_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+        return set_error(RL_ERR_INTERNAL, "internal error of unknown type");
+    }
+}
+
+Instance *inst_of(rl_instance_t *i) {
+    return reinterpret_cast<Instance *>(i);
+}
+
+void require(bool cond, const std::string &msg) {
+    if (!cond) throw HostError{RL_ERR_INVALID_ARG, msg};
+}
+
+Instance &checked(rl_instance_t *i, const char *kind, const char *fn) {
+    require(i != nullptr, std::string(fn) + ": instance is NULL");
+    Instance &inst = *inst_of(i);
+    if (inst.record().kind != kind)
+        throw HostError{RL_ERR_INVALID_ARG,
+                        std::string(fn) + ": " + inst.who() + " is not a " + kind + " plugin"};
+    return inst;
+}
+
+rl_result_t *new_result(CallSink &&sink) {
+    auto *r = new rl_result_t;
+    r->sink = std::move(sink);
+    return r;
+}
+
+std::vector<std::string> str_list(const char *const *xs) {
+    std::vector<std::string> out;
+    for (; xs && *xs; ++xs) out.emplace_back(*xs);
+    return out;
+}
+
+std::string join(const std::vector<std::string> &xs) {
+    std::string s;
+    for (const auto &x : xs) s += (s.empty() ? "" : ", ") + x;
+    return s.empty() ? "(none)" : s;
+}
+
+void spdlog_level(const char *level) {
+    if (!level) return;
+    auto l = spdlog::level::from_str(level);
+    if (l == spdlog::level::off && std::strcmp(level, "off") != 0)
+        throw HostError{RL_ERR_INVALID_ARG,
+                        std::string("log level '") + level +
+                            "' is unknown; valid: trace, debug, info, warn, error, off"};
+    spdlog::set_level(l);
+}
+
+} // namespace
+
+extern "C" {
+
+RL_API const char *rl_status_name(rl_status_t status) {
+    switch (status) {
+        case RL_OK:
+            return "RL_OK";
+        case RL_ERR_UNKNOWN:
+            return "RL_ERR_UNKNOWN";
+        case RL_ERR_INVALID_ARG:
+            return "RL_ERR_INVALID_ARG";
+        case RL_ERR_OUT_OF_MEMORY:
+            return "RL_ERR_OUT_OF_MEMORY";
+        case RL_ERR_UNSUPPORTED:
+            return "RL_ERR_UNSUPPORTED";
+        case RL_ERR_INCOMPATIBLE:
+            return "RL_ERR_INCOMPATIBLE";
+        case RL_ERR_NOT_FOUND:
+            return "RL_ERR_NOT_FOUND";
+        case RL_ERR_BAD_STATE:
+            return "RL_ERR_BAD_STATE";
+        case RL_ERR_DEVICE:
+            return "RL_ERR_DEVICE";
+        case RL_ERR_IO:
+            return "RL_ERR_IO";
+        case RL_ERR_ABORTED:
+            return "RL_ERR_ABORTED";
+        case RL_ERR_INTERNAL:
+            return "RL_ERR_INTERNAL";
+        case RL_ERR_TIMEOUT:
+            return "RL_ERR_TIMEOUT";
+        case RL_ERR_NUMERIC:
+            return "RL_ERR_NUMERIC";
+        default:
+            return "RL_ERR_<unlisted>";
+    }
+}
+
+RL_API const char *rl_last_error(void) {
+    return g_last_error.c_str();
+}
+RL_API uint32_t rl_get_abi_version(void) {
+    return RL_ABI_VERSION;
+}
+RL_API const char *rl_get_version(void) {
+    return RL_VERSION_STRING;
+}
+
+RL_API rl_status_t rl_runtime_create(const rl_runtime_desc_t *desc, rl_runtime_t **out_runtime) {
+    return boundary([&] {
+        require(out_runtime != nullptr, "rl_runtime_create: out_runtime is NULL");
+        if (desc)
+            require(desc->struct_size >= offsetof(rl_runtime_desc_t, log_level) + sizeof(void *),
+                    "rl_runtime_create: desc->struct_size is too small (use RL_RUNTIME_DESC_INIT)");
+        static bool logger_ready = [] {
+            spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+            if (const char *env = std::getenv("RL_LOG_LEVEL")) spdlog_level(env);
+            return true;
+        }();
+        (void)logger_ready;
+        if (desc && desc->log_level) spdlog_level(desc->log_level);
+        auto rt = std::make_unique<rl_runtime>();
+        rt->impl = std::make_unique<Runtime>(desc);
+        *out_runtime = rt.release();
+        return RL_OK;
+    });
+}
+
+RL_API void rl_runtime_destroy(rl_runtime_t *runtime) {
+    delete runtime;
+}
+
+RL_API rl_status_t rl_runtime_load_plugin(rl_runtime_t *runtime, const char *path) {
+    return boundary([&] {
+        require(runtime && path, "rl_runtime_load_plugin: runtime and path are required");
+        runtime->impl->load_path(path, true);
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_runtime_list_plugins(rl_runtime_t *runtime, rl_result_t **out_result) {
+    return boundary([&] {
+        require(runtime && out_result,
+                "rl_runtime_list_plugins: runtime and out_result are required");
+        CallSink sink;
+        sink.texts["plugins"] = runtime->impl->plugins_json();
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_instance_create(rl_runtime_t *runtime, const char *kind, const char *name,
+                                      const char *params_json, rl_instance_t **out_instance) {
+    return boundary([&] {
+        require(runtime && kind && name && out_instance,
+                "rl_instance_create: runtime, kind, name and out_instance are required");
+        auto inst = runtime->impl->create(kind, name, params_json ? params_json : "{}");
+        *out_instance = reinterpret_cast<rl_instance_t *>(inst.release());
+        return RL_OK;
+    });
+}
+
+RL_API void rl_instance_destroy(rl_instance_t *instance) {
+    delete inst_of(instance);
+}
+
+RL_API rl_status_t rl_loss_signature(rl_instance_t *instance, rl_result_t **out_result) {
+    return boundary([&] {
+        Instance &inst = checked(instance, RL_KIND_LOSS, "rl_loss_signature");
+        require(out_result != nullptr, "rl_loss_signature: out_result is NULL");
+        auto *iface = static_cast<const rl_loss_iface_t *>(inst.iface());
+        rl_loss_signature_t sig{};
+        sig.struct_size = sizeof(sig);
+        CallSink sink = inst.call(
+            [&](const rl_call_ctx_t *) { return iface->get_signature(inst.plugin(), &sig); });
+        nlohmann::json j = {{"required", str_list(sig.required)},
+                            {"optional", str_list(sig.optional)},
+                            {"differentiable", str_list(sig.differentiable)}};
+        sink.texts["signature"] = j.dump();
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_loss_compute(rl_instance_t *instance, const rl_loss_inputs_t *inputs,
+                                   uint32_t want_grads, rl_result_t **out_result) {
+    return boundary([&] {
+        Instance &inst = checked(instance, RL_KIND_LOSS, "rl_loss_compute");
+        require(inputs && out_result, "rl_loss_compute: inputs and out_result are required");
+        require(inputs->struct_size >= sizeof(rl_loss_inputs_t),
+                "rl_loss_compute: inputs->struct_size is too small");
+        auto *iface = static_cast<const rl_loss_iface_t *>(inst.iface());
+        rl_loss_signature_t sig{};
+        sig.struct_size = sizeof(sig);
+        inst.call([&](const rl_call_ctx_t *) { return iface->get_signature(inst.plugin(), &sig); });
+        const auto required = str_list(sig.required), optional = str_list(sig.optional),
+                   diff = str_list(sig.differentiable);
+        std::set<std::string> accepted(required.begin(), required.end());
+        accepted.insert(optional.begin(), optional.end());
+        std::set<std::string> present;
+        for (uint64_t i = 0; i < inputs->tensors.count; ++i) {
+            const rl_tensor_arg_t &a = inputs->tensors.items[i];
+            require(a.name != nullptr,
+                    inst.who() + ": input tensor " + std::to_string(i) + " has no name");
+            if (!accepted.count(a.name))
+                throw HostError{
+                    RL_ERR_INVALID_ARG,
+                    inst.who() + ": unexpected input '" + a.name + "'; accepted: " +
+                        join(std::vector<std::string>(accepted.begin(), accepted.end()))};
+            present.insert(a.name);
+        }
+        for (const auto &r : required)
+            if (!present.count(r))
+                throw HostError{RL_ERR_INVALID_ARG, inst.who() + ": missing required input '" + r +
+                                                        "'; required: " + join(required) +
+                                                        "; optional: " + join(optional)};
+        // Gradient buffers for the differentiable inputs that are present.
+        std::vector<OwnedTensor> grad_store;
+        std::vector<rl_tensor_arg_t> grad_args;
+        std::vector<std::string> grad_names;
+        if (want_grads) {
+            for (uint64_t i = 0; i < inputs->tensors.count; ++i) {
+                const rl_tensor_arg_t &a = inputs->tensors.items[i];
+                if (std::find(diff.begin(), diff.end(), a.name) == diff.end()) continue;
+                if (a.view.dtype.code != RL_DTYPE_FLOAT ||
+                    (a.view.dtype.bits != 32 && a.view.dtype.bits != 64))
+                    throw HostError{RL_ERR_INVALID_ARG, inst.who() + ": differentiable input '" +
+                                                            a.name +
+                                                            "' must be float32 or float64"};
+                grad_store.push_back(OwnedTensor::zeros(
+                    a.view.dtype, std::vector<int64_t>(a.view.shape, a.view.shape + a.view.ndim)));
+                grad_names.emplace_back(a.name);
+            }
+            for (size_t i = 0; i < grad_store.size(); ++i)
+                grad_args.push_back({grad_names[i].c_str(), grad_store[i].view()});
+        }
+        rl_loss_outputs_t out{};
+        out.struct_size = sizeof(out);
+        out.grads =
+            rl_tensor_list_t{grad_args.empty() ? nullptr : grad_args.data(), grad_args.size()};
+        CallSink sink = inst.call([&](const rl_call_ctx_t *ctx) {
+            return iface->compute(inst.plugin(), ctx, inputs, &out);
+        });
+        if (!std::isfinite(out.loss))
+            throw HostError{RL_ERR_NUMERIC, inst.who() + ": the loss is " +
+                                                (std::isnan(out.loss) ? "NaN" : "infinite")};
+        sink.scalars["loss"] = out.loss;
+        for (size_t i = 0; i < grad_store.size(); ++i)
+            sink.tensors["grad." + grad_names[i]] = std::move(grad_store[i]);
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_advantage_compute(rl_instance_t *instance,
+                                        const rl_advantage_inputs_t *inputs,
+                                        rl_result_t **out_result) {
+    return boundary([&] {
+        Instance &inst = checked(instance, RL_KIND_ADVANTAGE, "rl_advantage_compute");
+        require(inputs && out_result, "rl_advantage_compute: inputs and out_result are required");
+        auto *iface = static_cast<const rl_advantage_iface_t *>(inst.iface());
+        CallSink sink = inst.call(
+            [&](const rl_call_ctx_t *ctx) { return iface->compute(inst.plugin(), ctx, inputs); });
+        if (!sink.tensors.count("advantages"))
+            throw HostError{RL_ERR_INTERNAL, inst.who() + ": emitted no 'advantages' tensor"};
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_filter_check(rl_instance_t *instance, const rl_rollout_view_t *rollout,
+                                   rl_result_t **out_result) {
+    return boundary([&] {
+        Instance &inst = checked(instance, RL_KIND_FILTER, "rl_filter_check");
+        require(rollout && out_result, "rl_filter_check: rollout and out_result are required");
+        auto *iface = static_cast<const rl_filter_iface_t *>(inst.iface());
+        rl_filter_verdict_t v{};
+        v.struct_size = sizeof(v);
+        CallSink sink = inst.call([&](const rl_call_ctx_t *ctx) {
+            return iface->check(inst.plugin(), ctx, rollout, &v);
+        });
+        v.reason[sizeof(v.reason) - 1] = '\0';
+        sink.scalars["flagged"] = v.flagged ? 1.0 : 0.0;
+        sink.scalars["enforce"] = inst.enforce() ? 1.0 : 0.0;
+        sink.texts["reason"] = v.reason;
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_env_sample(rl_instance_t *instance, uint64_t n, uint64_t seed,
+                                 rl_result_t **out_result) {
+    return boundary([&] {
+        Instance &inst = checked(instance, RL_KIND_ENV, "rl_env_sample");
+        require(out_result != nullptr, "rl_env_sample: out_result is NULL");
+        auto *iface = static_cast<const rl_env_iface_t *>(inst.iface());
+        CallSink sink = inst.call(
+            [&](const rl_call_ctx_t *ctx) { return iface->sample(inst.plugin(), ctx, n, seed); });
+        auto it = sink.texts.find("tasks");
+        if (it == sink.texts.end())
+            throw HostError{RL_ERR_INTERNAL, inst.who() + ": sample() emitted no 'tasks' text"};
+        nlohmann::json tasks = nlohmann::json::parse(it->second, nullptr, false);
+        if (tasks.is_discarded() || !tasks.is_array() || tasks.size() != n)
+            throw HostError{RL_ERR_INTERNAL, inst.who() + ": sample() must emit a JSON array of " +
+                                                 std::to_string(n) + " tasks"};
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_env_score(rl_instance_t *instance, rl_string_view_t task,
+                                rl_string_view_t completion, rl_result_t **out_result) {
+    return boundary([&] {
+        Instance &inst = checked(instance, RL_KIND_ENV, "rl_env_score");
+        require(out_result != nullptr, "rl_env_score: out_result is NULL");
+        auto *iface = static_cast<const rl_env_iface_t *>(inst.iface());
+        double reward = 0;
+        CallSink sink = inst.call([&](const rl_call_ctx_t *ctx) {
+            return iface->score(inst.plugin(), ctx, task, completion, &reward);
+        });
+        if (!std::isfinite(reward))
+            throw HostError{RL_ERR_NUMERIC, inst.who() + ": score() returned a non-finite reward"};
+        sink.scalars["reward"] = reward;
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_config_load(const char *path, const char *const *overrides,
+                                  uint64_t n_overrides, rl_result_t **out_result) {
+    return boundary([&] {
+        require(out_result != nullptr, "rl_config_load: out_result is NULL");
+        std::vector<std::string> sets;
+        for (uint64_t i = 0; i < n_overrides; ++i) {
+            require(overrides && overrides[i],
+                    "rl_config_load: override " + std::to_string(i) + " is NULL");
+            sets.emplace_back(overrides[i]);
+        }
+        CallSink sink;
+        sink.texts["config"] = rl::host::load_config(path ? path : "", sets).dump();
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API void rl_result_destroy(rl_result_t *result) {
+    delete result;
+}
+
+RL_API rl_status_t rl_result_json(const rl_result_t *result, rl_string_view_t *out_json) {
+    return boundary([&] {
+        require(result && out_json, "rl_result_json: result and out_json are required");
+        auto *r = const_cast<rl_result_t *>(result);
+        if (r->json_cache.empty()) r->json_cache = r->sink.to_json();
+        *out_json = rl_string_view_t{r->json_cache.data(), r->json_cache.size()};
+        return RL_OK;
+    });
+}
+
+#define RL_RESULT_LOOKUP(map_, what)                                                               \
+    require(result &&name &&out,                                                                   \
+            std::string("rl_result_") + what + ": result, name and out are required");             \
+    auto it = result->sink.map_.find(name);                                                        \
+    if (it == result->sink.map_.end())                                                             \
+        return set_error(RL_ERR_NOT_FOUND,                                                         \
+                         std::string("result has no ") + what + " '" + name + "'");
+
+RL_API rl_status_t rl_result_scalar(const rl_result_t *result, const char *name, double *out) {
+    return boundary([&]() -> rl_status_t {
+        RL_RESULT_LOOKUP(scalars, "scalar")
+        *out = it->second;
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_result_metric(const rl_result_t *result, const char *name, double *out) {
+    return boundary([&]() -> rl_status_t {
+        RL_RESULT_LOOKUP(metrics, "metric")
+        *out = it->second;
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_result_text(const rl_result_t *result, const char *name,
+                                  rl_string_view_t *out) {
+    return boundary([&]() -> rl_status_t {
+        RL_RESULT_LOOKUP(texts, "text")
+        *out = rl_string_view_t{it->second.data(), it->second.size()};
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_result_tensor(const rl_result_t *result, const char *name,
+                                    rl_tensor_view_t *out) {
+    return boundary([&]() -> rl_status_t {
+        RL_RESULT_LOOKUP(tensors, "tensor")
+        *out = it->second.view();
+        return RL_OK;
+    });
+}
+
+} // extern "C"

@@ -1,0 +1,141 @@
+// The rl_host_api_t table: services a plugin reaches through its host pointer.
+#include "rl/host/runtime.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace rl::host {
+namespace {
+
+thread_local std::string g_last_plugin_log;
+
+CallSink *sink_of(const rl_call_ctx_t *ctx) {
+    return ctx ? static_cast<CallSink *>(ctx->host_data) : nullptr;
+}
+
+const void *RL_ABI api_get_extension(const rl_host_api_t *, const char *) {
+    return nullptr;
+}
+
+void RL_ABI api_log(const rl_host_api_t *, rl_log_level_t level, const char *msg) {
+    if (!msg) return;
+    switch (level) {
+        case RL_LOG_TRACE:
+            spdlog::trace("[plugin] {}", msg);
+            break;
+        case RL_LOG_DEBUG:
+            spdlog::debug("[plugin] {}", msg);
+            break;
+        case RL_LOG_INFO:
+            spdlog::info("[plugin] {}", msg);
+            break;
+        case RL_LOG_WARN:
+            spdlog::warn("[plugin] {}", msg);
+            break;
+        default:
+            g_last_plugin_log = msg;
+            spdlog::error("[plugin] {}", msg);
+            break;
+    }
+}
+
+rl_status_t RL_ABI api_fail(const rl_call_ctx_t *ctx, rl_status_t status, const char *msg) {
+    if (CallSink *s = sink_of(ctx)) {
+        s->failed = true;
+        s->fail_status = status;
+        s->fail_message = msg ? msg : "";
+    }
+    return status == RL_OK ? RL_ERR_UNKNOWN : status;
+}
+
+void *RL_ABI api_mem_alloc(const rl_host_api_t *, size_t size, size_t align) {
+    if (align == 0) align = 16;
+    if ((align & (align - 1)) != 0 || align < sizeof(void *)) return nullptr;
+    const size_t rounded = (size + align - 1) / align * align;
+    return std::aligned_alloc(align, rounded == 0 ? align : rounded);
+}
+
+void RL_ABI api_mem_free(const rl_host_api_t *, void *ptr) {
+    std::free(ptr);
+}
+
+bool name_ok(const char *name) {
+    return name && *name;
+}
+
+rl_status_t RL_ABI api_emit_metric(const rl_call_ctx_t *ctx, const char *name, double value) {
+    CallSink *s = sink_of(ctx);
+    if (!s) return RL_ERR_BAD_STATE;
+    if (!name_ok(name)) return RL_ERR_INVALID_ARG;
+    if (!s->metrics.emplace(name, value).second) return RL_ERR_INVALID_ARG;
+    return RL_OK;
+}
+
+rl_status_t RL_ABI api_emit_tensor(const rl_call_ctx_t *ctx, const char *name,
+                                   const rl_tensor_view_t *view) {
+    CallSink *s = sink_of(ctx);
+    if (!s) return RL_ERR_BAD_STATE;
+    if (!name_ok(name) || !view) return RL_ERR_INVALID_ARG;
+    if (s->tensors.count(name)) return RL_ERR_INVALID_ARG;
+    try {
+        s->tensors.emplace(name, OwnedTensor::copy_of(*view));
+    } catch (const HostError &e) {
+        return e.status;
+    } catch (const std::bad_alloc &) {
+        return RL_ERR_OUT_OF_MEMORY;
+    }
+    return RL_OK;
+}
+
+rl_status_t RL_ABI api_emit_text(const rl_call_ctx_t *ctx, const char *name,
+                                 rl_string_view_t text) {
+    CallSink *s = sink_of(ctx);
+    if (!s) return RL_ERR_BAD_STATE;
+    if (!name_ok(name) || (!text.data && text.length)) return RL_ERR_INVALID_ARG;
+    if (s->texts.count(name)) return RL_ERR_INVALID_ARG;
+    try {
+        s->texts.emplace(name,
+                         std::string(text.data ? text.data : "", static_cast<size_t>(text.length)));
+    } catch (const std::bad_alloc &) {
+        return RL_ERR_OUT_OF_MEMORY;
+    }
+    return RL_OK;
+}
+
+} // namespace
+
+void fill_host_api(rl_host_api_t *api, Runtime *rt) {
+    std::memset(api, 0, sizeof(*api));
+    api->struct_size = sizeof(rl_host_api_t);
+    api->abi_version = RL_ABI_VERSION;
+    api->host_data = rt;
+    api->name = "rl-runtime";
+    api->version = rl_get_version();
+    api->get_extension = &api_get_extension;
+    api->log = &api_log;
+    api->fail = &api_fail;
+    api->mem_alloc = &api_mem_alloc;
+    api->mem_free = &api_mem_free;
+    api->emit_metric = &api_emit_metric;
+    api->emit_tensor = &api_emit_tensor;
+    api->emit_text = &api_emit_text;
+}
+
+rl_call_ctx_t make_call_ctx(const rl_host_api_t *api, CallSink *sink) {
+    rl_call_ctx_t ctx{};
+    ctx.struct_size = sizeof(rl_call_ctx_t);
+    ctx.host = api;
+    ctx.host_data = sink;
+    return ctx;
+}
+
+std::string take_last_plugin_log() {
+    std::string s;
+    s.swap(g_last_plugin_log);
+    return s;
+}
+
+} // namespace rl::host

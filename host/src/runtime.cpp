@@ -1,0 +1,356 @@
+// The plugin host: loading, ABI negotiation, registry, instances.
+#include "rl/host/runtime.hpp"
+
+#define BOOST_DLL_USE_STD_FS 1
+#include <boost/dll/shared_library.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace rl::host {
+
+static std::string version_string(uint32_t v) {
+    return std::to_string(RL_VERSION_MAJOR(v)) + "." + std::to_string(RL_VERSION_MINOR(v)) + "." +
+           std::to_string(RL_VERSION_PATCH(v));
+}
+
+static const std::set<std::string> &known_kinds() {
+    static const std::set<std::string> k = {RL_KIND_LOSS, RL_KIND_ADVANTAGE, RL_KIND_FILTER,
+                                            RL_KIND_TRANSPORT, RL_KIND_ENV};
+    return k;
+}
+
+static const char *iface_id_for(const std::string &kind) {
+    if (kind == RL_KIND_LOSS) return RL_IFACE_LOSS;
+    if (kind == RL_KIND_ADVANTAGE) return RL_IFACE_ADVANTAGE;
+    if (kind == RL_KIND_FILTER) return RL_IFACE_FILTER;
+    if (kind == RL_KIND_TRANSPORT) return RL_IFACE_TRANSPORT;
+    if (kind == RL_KIND_ENV) return RL_IFACE_ENV;
+    return nullptr;
+}
+
+// A loaded plugin library. Unloaded (after deinit) when the runtime goes away.
+class Library {
+public:
+    Library(std::string path, boost::dll::shared_library lib, const rl_plugin_entry_t *entry,
+            const rl_plugin_factory_t *factory)
+        : path_(std::move(path)), lib_(std::move(lib)), entry_(entry), factory_(factory) {}
+    ~Library() {
+        if (entry_ && entry_->deinit) entry_->deinit();
+    }
+    const std::string &path() const { return path_; }
+    const rl_plugin_factory_t *factory() const { return factory_; }
+    int live_instances = 0;
+
+private:
+    std::string path_;
+    boost::dll::shared_library lib_;
+    const rl_plugin_entry_t *entry_;
+    const rl_plugin_factory_t *factory_;
+};
+
+Runtime::Runtime(const rl_runtime_desc_t *desc) {
+    fill_host_api(&host_api_, this);
+    std::vector<std::string> paths;
+    if (desc && desc->plugin_path) {
+        std::stringstream ss(desc->plugin_path);
+        std::string item;
+        while (std::getline(ss, item, ':'))
+            if (!item.empty()) paths.push_back(item);
+    }
+    // Explicit paths: a file that is named explicitly and fails is still only
+    // a refusal here (the runtime stays usable); rl_runtime_load_plugin is the
+    // call that fails on it.
+    for (const auto &p : paths) load_path(p, false);
+    if (!(desc && (desc->flags & RL_RUNTIME_NO_DEFAULT_PLUGINS)))
+        for (const auto &p : default_plugin_paths()) load_path(p, false);
+}
+
+Runtime::~Runtime() {
+    // Instances first (they hold code of their libraries), then the libraries.
+    std::vector<Instance *> live = instances_;
+    for (Instance *inst : live) delete inst;
+    plugins_.clear();
+    // Unload in reverse order of loading.
+    while (!libraries_.empty()) libraries_.pop_back();
+}
+
+void Runtime::refuse(const std::string &path, const std::string &reason) {
+    spdlog::warn("plugin library {} refused: {}", path, reason);
+    refused_.push_back({path, reason});
+}
+
+size_t Runtime::load_path(const std::string &path, bool explicit_request) {
+    std::error_code ec;
+    fs::path p(path);
+    if (fs::is_directory(p, ec)) {
+        std::vector<std::string> files;
+        for (const auto &e : fs::directory_iterator(p, ec))
+            if (e.path().extension() == ".so" && (e.is_regular_file() || e.is_symlink()))
+                files.push_back(e.path().string());
+        std::sort(files.begin(), files.end());
+        size_t n = 0;
+        for (const auto &f : files) n += load_path(f, false);
+        return n;
+    }
+    if (!fs::exists(p, ec)) {
+        if (explicit_request)
+            throw HostError{RL_ERR_NOT_FOUND, "plugin path '" + path + "' does not exist"};
+        spdlog::debug("plugin path {} does not exist; skipped", path);
+        return 0;
+    }
+    std::string canon = fs::weakly_canonical(p, ec).string();
+    if (ec) canon = path;
+    if (std::find(loaded_paths_.begin(), loaded_paths_.end(), canon) != loaded_paths_.end())
+        return 0; // the same file reached twice (explicit path and default folder)
+    const size_t before = plugins_.size();
+    try {
+        load_library(canon);
+    } catch (const HostError &e) {
+        refuse(canon, e.message);
+        if (explicit_request) throw HostError{e.status, canon + ": " + e.message};
+        return 0;
+    }
+    return plugins_.size() - before;
+}
+
+Library *Runtime::load_library(const std::string &path) {
+    boost::dll::shared_library lib;
+    try {
+        lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    } catch (const std::exception &e) {
+        throw HostError{RL_ERR_IO, std::string("cannot load the library: ") + e.what()};
+    }
+    if (!lib.has(RL_PLUGIN_ENTRY_SYMBOL))
+        throw HostError{RL_ERR_NOT_FOUND,
+                        std::string("missing the entry symbol '") + RL_PLUGIN_ENTRY_SYMBOL +
+                            "' (a plugin library exports it; the SDK's RL_PLUGIN_DEFINE does)"};
+    auto entry_fn = lib.get<const rl_plugin_entry_t *(void)>(RL_PLUGIN_ENTRY_SYMBOL);
+    const rl_plugin_entry_t *entry = entry_fn();
+    if (!entry) throw HostError{RL_ERR_INCOMPATIBLE, "rl_plugin_entry() returned NULL"};
+    if (entry->struct_size < offsetof(rl_plugin_entry_t, get_factory) + sizeof(void *))
+        throw HostError{RL_ERR_INCOMPATIBLE, "entry table is too small (struct_size " +
+                                                 std::to_string(entry->struct_size) + ")"};
+    if (!RL_ABI_COMPATIBLE(RL_ABI_VERSION, entry->abi_version))
+        throw HostError{RL_ERR_INCOMPATIBLE,
+                        "plugin ABI version " + version_string(entry->abi_version) +
+                            " is incompatible with the host's ABI version " +
+                            version_string(RL_ABI_VERSION) +
+                            " (majors must match; under major 0 the plugin's minor must not "
+                            "exceed the host's)"};
+    if (!entry->init || !entry->deinit || !entry->get_factory)
+        throw HostError{RL_ERR_INCOMPATIBLE, "entry table has a NULL function"};
+    take_last_plugin_log();
+    rl_status_t st = entry->init(&host_api_, path.c_str());
+    if (st != RL_OK) {
+        std::string logged = take_last_plugin_log();
+        throw HostError{st, std::string("the plugin's init() failed with ") + rl_status_name(st) +
+                                (logged.empty() ? "" : ": " + logged)};
+    }
+    auto *factory = static_cast<const rl_plugin_factory_t *>(entry->get_factory(RL_FACTORY_PLUGIN));
+    if (!factory || factory->struct_size < sizeof(rl_plugin_factory_t) || !factory->count ||
+        !factory->get_desc || !factory->create) {
+        entry->deinit();
+        throw HostError{RL_ERR_INCOMPATIBLE,
+                        std::string("no usable plugin factory '") + RL_FACTORY_PLUGIN + "'"};
+    }
+    auto owned = std::make_unique<Library>(path, std::move(lib), entry, factory);
+    Library *library = owned.get();
+    const uint32_t n = factory->count(factory);
+    size_t registered = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+        const rl_plugin_desc_t *d = factory->get_desc(factory, i);
+        std::string where = "plugin " + std::to_string(i);
+        if (!d || d->struct_size < sizeof(rl_plugin_desc_t) || !d->id || !d->kind || !d->name ||
+            !d->version) {
+            refuse(path, where + ": descriptor is missing or incomplete (id, kind, name and "
+                                 "version are mandatory)");
+            continue;
+        }
+        where = std::string(d->kind) + " '" + d->name + "'";
+        if (!RL_ABI_COMPATIBLE(RL_ABI_VERSION, d->abi_version)) {
+            refuse(path, where + ": plugin ABI version " + version_string(d->abi_version) +
+                             " is incompatible with the host's ABI version " +
+                             version_string(RL_ABI_VERSION));
+            continue;
+        }
+        if (!known_kinds().count(d->kind)) {
+            refuse(path, where + ": unknown kind '" + d->kind +
+                             "'; known kinds: advantage, env, filter, loss, transport");
+            continue;
+        }
+        if (const PluginRecord *prev = find(d->kind, d->name)) {
+            refuse(path, where + ": duplicate plugin name; already provided by " + prev->path);
+            continue;
+        }
+        bool dup_id = false;
+        for (const auto &r : plugins_) dup_id = dup_id || r.id == d->id;
+        if (dup_id) {
+            refuse(path, where + ": duplicate plugin id '" + d->id + "'");
+            continue;
+        }
+        PluginRecord rec;
+        rec.desc = d;
+        rec.library = library;
+        rec.path = path;
+        rec.kind = d->kind;
+        rec.name = d->name;
+        rec.id = d->id;
+        rec.version = d->version;
+        rec.description = d->description ? d->description : "";
+        plugins_.push_back(rec);
+        ++registered;
+        spdlog::debug("registered {} '{}' {} from {}", rec.kind, rec.name, rec.version, path);
+    }
+    loaded_paths_.push_back(path);
+    if (registered == 0 && n == 0) spdlog::warn("plugin library {} holds no plugins", path);
+    libraries_.push_back(std::move(owned));
+    return library;
+}
+
+const PluginRecord *Runtime::find(const std::string &kind, const std::string &name) const {
+    for (const auto &r : plugins_)
+        if (r.kind == kind && r.name == name) return &r;
+    return nullptr;
+}
+
+std::string Runtime::plugins_json() const {
+    nlohmann::json j;
+    j["plugins"] = nlohmann::json::array();
+    for (const auto &r : plugins_)
+        j["plugins"].push_back({{"kind", r.kind},
+                                {"name", r.name},
+                                {"id", r.id},
+                                {"version", r.version},
+                                {"abi_version", version_string(r.desc->abi_version)},
+                                {"path", r.path},
+                                {"description", r.description}});
+    j["refused"] = nlohmann::json::array();
+    for (const auto &r : refused_) j["refused"].push_back({{"path", r.path}, {"reason", r.reason}});
+    return j.dump();
+}
+
+std::unique_ptr<Instance> Runtime::create(const std::string &kind, const std::string &name,
+                                          const std::string &params_json) {
+    const PluginRecord *rec = find(kind, name);
+    if (!rec) {
+        std::string have;
+        for (const auto &r : plugins_)
+            if (r.kind == kind) have += (have.empty() ? "" : ", ") + r.name;
+        if (!known_kinds().count(kind))
+            throw HostError{RL_ERR_INVALID_ARG,
+                            "unknown plugin kind '" + kind +
+                                "'; known kinds: advantage, env, filter, loss, transport"};
+        throw HostError{RL_ERR_NOT_FOUND, "no " + kind + " plugin named '" + name +
+                                              "'; available: " + (have.empty() ? "(none)" : have)};
+    }
+    // Filters: `enforce` is the host's policy, not the detector's parameter.
+    std::string params = params_json.empty() ? "{}" : params_json;
+    bool enforce = false;
+    if (kind == RL_KIND_FILTER) {
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(params);
+        } catch (const nlohmann::json::parse_error &e) {
+            throw HostError{RL_ERR_INVALID_ARG,
+                            kind + " '" + name + "': parameters are not valid JSON: " + e.what()};
+        }
+        if (j.is_object() && j.contains("enforce")) {
+            if (!j["enforce"].is_boolean())
+                throw HostError{RL_ERR_INVALID_ARG, kind + " '" + name +
+                                                        "': parameter 'enforce' must be true or "
+                                                        "false, got " +
+                                                        j["enforce"].dump()};
+            enforce = j["enforce"].get<bool>();
+            j.erase("enforce");
+            params = j.dump();
+        }
+    }
+    CallSink sink;
+    sink.who = kind + " '" + name + "'";
+    rl_call_ctx_t ctx = make_call_ctx(&host_api_, &sink);
+    rl_plugin_create_desc_t cd = RL_PLUGIN_CREATE_DESC_INIT;
+    cd.params = rl_string_view_t{params.data(), params.size()};
+    const rl_plugin_t *plugin = nullptr;
+    const rl_plugin_factory_t *f = rec->library->factory();
+    rl_status_t st;
+    try {
+        st = f->create(f, &ctx, rec->id.c_str(), &cd, &plugin);
+    } catch (...) {
+        throw HostError{RL_ERR_INTERNAL, sink.who + ": an exception escaped create() across the "
+                                                    "C ABI (a plugin bug)"};
+    }
+    if (st != RL_OK)
+        throw HostError{st, sink.fail_message.empty()
+                                ? sink.who + ": create() failed with " + rl_status_name(st)
+                                : sink.fail_message};
+    if (!plugin || plugin->struct_size < sizeof(rl_plugin_t) || !plugin->destroy ||
+        !plugin->get_interface)
+        throw HostError{RL_ERR_INCOMPATIBLE, sink.who + ": create() returned an unusable instance"};
+    const void *iface = plugin->get_interface(plugin, iface_id_for(kind));
+    if (!iface) {
+        plugin->destroy(plugin);
+        throw HostError{RL_ERR_INCOMPATIBLE, sink.who + ": the instance does not provide the " +
+                                                 iface_id_for(kind) + " interface"};
+    }
+    return std::make_unique<Instance>(this, rec, plugin, iface, enforce);
+}
+
+void Runtime::register_instance(Instance *inst) {
+    instances_.push_back(inst);
+    inst->record().library->live_instances++;
+}
+void Runtime::unregister_instance(Instance *inst) {
+    auto it = std::find(instances_.begin(), instances_.end(), inst);
+    if (it != instances_.end()) {
+        instances_.erase(it);
+        inst->record().library->live_instances--;
+    }
+}
+
+Instance::Instance(Runtime *rt, const PluginRecord *rec, const rl_plugin_t *plugin,
+                   const void *iface, bool enforce)
+    : rt_(rt), rec_(rec), plugin_(plugin), iface_(iface), enforce_(enforce) {
+    rt_->register_instance(this);
+}
+
+Instance::~Instance() {
+    rt_->unregister_instance(this);
+    plugin_->destroy(plugin_);
+}
+
+// The folder holding librl itself.
+static fs::path librl_dir() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void *>(&default_plugin_paths), &info) && info.dli_fname)
+        return fs::path(info.dli_fname).parent_path();
+    return {};
+}
+
+std::vector<std::string> default_plugin_paths() {
+    std::vector<std::string> out;
+    if (const char *env = std::getenv("RL_PLUGIN_PATH")) {
+        std::stringstream ss(env);
+        std::string item;
+        while (std::getline(ss, item, ':'))
+            if (!item.empty()) out.push_back(item);
+    }
+    fs::path dir = librl_dir();
+    if (!dir.empty()) {
+        out.push_back((dir.parent_path() / "plugins").string()); // build tree: build/lib/../plugins
+        out.push_back((dir / "rl" / "plugins").string());        // install: <libdir>/rl/plugins
+    }
+    return out;
+}
+
+} // namespace rl::host
