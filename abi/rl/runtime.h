@@ -103,6 +103,10 @@ RL_API rl_status_t rl_env_score(rl_instance_t *instance, rl_string_view_t task,
 RL_API rl_status_t rl_config_load(const char *path, const char *const *overrides,
                                   uint64_t n_overrides, rl_result_t **out_result);
 
+/* [thread-safe] Text "schema": JSON array of every configuration key, each
+ * {"key", "type", "default", "choices", "doc"}. */
+RL_API rl_status_t rl_config_schema(rl_result_t **out_result);
+
 /* ---- results ---------------------------------------------------------------
  * A result owns everything it holds; views and texts taken from it are borrowed
  * and valid until rl_result_destroy(). */

@@ -17,6 +17,7 @@ const char *kUsage =
     "commands:\n"
     "  plugins [--json]                    list loaded plugins and refused libraries\n"
     "  config [--config FILE] [--set K=V]...  print the resolved run configuration (JSON)\n"
+    "  config --schema                     print every configuration key (JSON)\n"
     "  --version                           print the runtime and ABI versions\n"
     "  --help                              this text\n"
     "\n"
@@ -98,6 +99,13 @@ int cmd_config(const Options &o) {
         const std::string &a = o.args[i];
         if ((a == "--config" || a == "--set") && i + 1 >= o.args.size())
             return fail("config: " + a + " needs a value");
+        if (a == "--schema") {
+            rl_result_t *res = nullptr;
+            if (rl_config_schema(&res) != RL_OK) return fail(rl_last_error());
+            std::cout << nlohmann::json::parse(text_of(res, "schema")).dump(2) << "\n";
+            rl_result_destroy(res);
+            return 0;
+        }
         if (a == "--config")
             file = o.args[++i];
         else if (a == "--set")
