@@ -26,5 +26,6 @@
 #include "rl/kinds/env.h"
 #include "rl/kinds/transport.h"
 #include "rl/runtime.h"
+#include "rl/train.h"
 
 #endif /* RL_API_H */

@@ -165,6 +165,13 @@ TEST(AbiLayout, RuntimeDescriptorHasGoldenLayout) {
     EXPECT_OFFSET(rl_runtime_desc_t, log_level, 24);
 }
 
+TEST(AbiLayout, TrainBatchHasGoldenLayout) {
+    EXPECT_LAYOUT(rl_batch_t, 120);
+    EXPECT_OFFSET(rl_batch_t, input_ids, 8);
+    EXPECT_OFFSET(rl_batch_t, cu_seqlens, 56);
+    EXPECT_OFFSET(rl_batch_t, tensors, 104);
+}
+
 TEST(AbiLayout, VersionMacrosRoundTrip) {
     const uint32_t v = RL_MAKE_VERSION(1023, 1023, 4095);
     EXPECT_EQ(RL_VERSION_MAJOR(v), 1023u);

@@ -1,0 +1,160 @@
+/* abi/rl/train.h: models, tokenizers, the trainer and the co-located rollout
+ * engine, exported by librl. Same conventions as runtime.h: status returns,
+ * rl_last_error() on failure, opaque handles, JSON parameters, rl_result_t
+ * outputs. The verbs mirror the xorl / Tinker training API: forward,
+ * forward_backward, optim_step, save / load, sync_inference_weights, sleep /
+ * wake_up. */
+#ifndef RL_TRAIN_H
+#define RL_TRAIN_H
+
+#include <stdint.h>
+#include "macros.h"
+#include "runtime.h"
+#include "status.h"
+#include "tensor.h"
+#include "types.h"
+
+RL_EXTERN_C_BEGIN
+
+typedef struct rl_model rl_model_t;     /* weights + config + tokenizer of one HF model */
+typedef struct rl_trainer rl_trainer_t; /* optimizer state over a model's parameters */
+typedef struct rl_engine rl_engine_t;   /* rollout engine reading a model's parameters */
+
+/* ---- models ----------------------------------------------------------------- */
+
+/* [control-thread] Write the built-in model `preset` ("tiny") as a complete HF
+ * folder (config.json, model.safetensors, tokenizer.json) at `dir`, with a
+ * seeded random init. The folder loads with rl_model_load. */
+RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uint64_t seed);
+
+/* [control-thread] Load an HF model folder. options_json (may be NULL):
+ * {"threads": 0 (all cores)}. */
+RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
+                                 rl_model_t **out_model);
+/* [control-thread] NULL is a no-op. Trainers and engines of the model must be
+ * destroyed first. */
+RL_API void rl_model_destroy(rl_model_t *model);
+
+/* [thread-safe] Text "info": JSON {"architecture", "vocab_size", "num_parameters",
+ * "hidden_size", "num_layers", "eos_token_ids": [...], "policy_version"}. */
+RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result);
+
+/* [control-thread] Save weights, config and tokenizer as an HF folder, atomically
+ * (a complete folder or none). */
+RL_API rl_status_t rl_model_save(rl_model_t *model, const char *dir);
+
+/* ---- tokenizer ----------------------------------------------------------------- */
+
+enum { RL_ENCODE_ADD_SPECIAL = 1u << 0 }; /* add the tokenizer's BOS-style tokens */
+
+/* [thread-safe] Tensor "ids": int64 [n]. */
+RL_API rl_status_t rl_tokenizer_encode(rl_model_t *model, rl_string_view_t text, uint32_t flags,
+                                       rl_result_t **out_result);
+/* [thread-safe] Text "text". Special tokens are rendered as their text. */
+RL_API rl_status_t rl_tokenizer_decode(rl_model_t *model, const int64_t *ids, uint64_t n,
+                                       rl_result_t **out_result);
+/* [thread-safe] messages_json: [{"role": "system"|"user"|"assistant", "content": str}].
+ * template: "chatml" or "llama3" (NULL: the model's own). Text "prompt". */
+RL_API rl_status_t rl_tokenizer_apply_chat_template(rl_model_t *model, const char *messages_json,
+                                                    const char *template_name,
+                                                    uint32_t add_generation_prompt,
+                                                    rl_result_t **out_result);
+
+/* ---- trainer ----------------------------------------------------------------- */
+
+/* A batch of sequences: token ids back to back plus per-token tensors aligned
+ * with them. Position t of a per-token tensor describes token t as predicted
+ * from the tokens before it in its sequence: "logprobs" computed by the trainer
+ * at t are log p(input_ids[t] | input_ids[start..t-1]); the first token of
+ * each sequence has no prediction and never counts in a loss. Typical tensors:
+ * "loss_mask" (1 on completion tokens), "advantages", "old_logprobs",
+ * "ref_logprobs", "labels" (int64, -100 = ignored; default input_ids). */
+typedef struct rl_batch {
+    uint32_t struct_size;
+    uint32_t reserved0;          /* 0 */
+    rl_tensor_view_t input_ids;  /* int64 [n_tokens]; borrowed */
+    rl_tensor_view_t cu_seqlens; /* int64 [n_seqs + 1]; borrowed */
+    rl_tensor_list_t tensors;    /* per-token [n_tokens]; borrowed */
+} rl_batch_t;
+
+/* [control-thread] A trainer over `model`'s parameters. config_json: the
+ * "trainer" section of the run configuration (docs/configuration.md) plus
+ * optional "total_steps" (for schedules) and "seed". */
+RL_API rl_status_t rl_trainer_create(rl_model_t *model, const char *config_json,
+                                     rl_trainer_t **out_trainer);
+/* [control-thread] NULL is a no-op. */
+RL_API void rl_trainer_destroy(rl_trainer_t *trainer);
+
+/* [control-thread] Forward + backward through `loss` (an instance of kind
+ * "loss"); gradients accumulate until rl_trainer_optim_step. The batch is packed
+ * into bins of trainer.sample_packing_sequence_len tokens and run in
+ * micro-batches of trainer.micro_batch_tokens. Result: scalars "loss", "tokens",
+ * "seqs"; the loss's metrics (token-weighted means over micro-batches); the
+ * loss's extra per-token tensors. */
+RL_API rl_status_t rl_trainer_forward_backward(rl_trainer_t *trainer, const rl_batch_t *batch,
+                                               rl_instance_t *loss, rl_result_t **out_result);
+
+/* [control-thread] Forward only, no gradient. Tensors "logprobs" and "entropy"
+ * (float32 [n_tokens]; 0 at each sequence's first token); with a loss (may be
+ * NULL) also its scalars and metrics as in forward_backward. */
+RL_API rl_status_t rl_trainer_forward(rl_trainer_t *trainer, const rl_batch_t *batch,
+                                      rl_instance_t *loss, rl_result_t **out_result);
+
+/* [control-thread] Clip the accumulated gradients by global norm, take one
+ * AdamW step at the scheduled learning rate, zero the gradients, and bump the
+ * model's policy version. params_json (may be NULL) overrides AdamW settings
+ * for this step ("learning_rate", "beta1", "beta2", "eps", "weight_decay",
+ * "gradient_clip"). Scalars "grad_norm" (before clipping), "learning_rate",
+ * "step", "policy_version". */
+RL_API rl_status_t rl_trainer_optim_step(rl_trainer_t *trainer, const char *params_json,
+                                         rl_result_t **out_result);
+
+/* [control-thread] Checkpoint into dir/step_<N>/: model (HF safetensors),
+ * optimizer state, step, RNG states and `state_json` (the caller's data
+ * position; JSON object, may be NULL). Written to a temporary folder, fsynced,
+ * renamed; a run killed at any moment leaves every earlier checkpoint intact.
+ * Text "path". */
+RL_API rl_status_t rl_trainer_save_checkpoint(rl_trainer_t *trainer, const char *dir,
+                                              const char *state_json, rl_result_t **out_result);
+/* [control-thread] Restore the newest complete checkpoint under dir (model,
+ * optimizer, step, RNG). RL_ERR_NOT_FOUND when there is none. Text "state" (the
+ * saved state_json), scalar "step", text "path". */
+RL_API rl_status_t rl_trainer_load_checkpoint(rl_trainer_t *trainer, const char *dir,
+                                              rl_result_t **out_result);
+
+/* ---- rollout engine ------------------------------------------------------------ */
+
+/* [control-thread] A co-located engine: it reads the model's parameters in
+ * place (no copy); config_json (may be NULL): {"max_batch_sequences": 0 (no
+ * limit)}. */
+RL_API rl_status_t rl_engine_create(rl_model_t *model, const char *config_json,
+                                    rl_engine_t **out_engine);
+/* [control-thread] NULL is a no-op. */
+RL_API void rl_engine_destroy(rl_engine_t *engine);
+
+/* [control-thread] Generate `n` samples for each prompt. prompt_ids: int64,
+ * prompts back to back; prompt_cu_seqlens: int64 [n_prompts + 1]. params_json:
+ * {"n", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop": [str],
+ * "stop_token_ids": [int]} (defaults: 1, 1.0, 1.0, 0, 0, 32, [], the model's
+ * EOS). Samples are prompt-major (prompt 0's n samples first). Result: tensors
+ * "token_ids" (int64, completions back to back), "logprobs" (float32, log-prob
+ * of each sampled token under the distribution it was sampled from),
+ * "cu_seqlens" (int64 [n_samples + 1]), "prompt_index" (int64 [n_samples]);
+ * text "completions" (JSON array of decoded strings) and "finish_reasons"
+ * (JSON array of "stop" | "length"); scalar "policy_version". */
+RL_API rl_status_t rl_engine_generate(rl_engine_t *engine, const rl_tensor_view_t *prompt_ids,
+                                      const rl_tensor_view_t *prompt_cu_seqlens,
+                                      const char *params_json, rl_result_t **out_result);
+
+/* [control-thread] Weight sync after the trainer changed the parameters: adopt
+ * the model's current policy version and drop cached state. Scalar
+ * "policy_version". */
+RL_API rl_status_t rl_engine_sync_weights(rl_engine_t *engine, rl_result_t **out_result);
+
+/* [control-thread] Release the engine's KV-cache memory / allocate it again. */
+RL_API rl_status_t rl_engine_sleep(rl_engine_t *engine);
+RL_API rl_status_t rl_engine_wake_up(rl_engine_t *engine);
+
+RL_EXTERN_C_END
+
+#endif /* RL_TRAIN_H */
