@@ -1,0 +1,190 @@
+"""Runtime, instances and results over the C API."""
+
+import ctypes as C
+import json
+
+from . import _capi as A
+
+_DTYPES = {
+    "float64": (A.DTYPE_FLOAT, 64, C.c_double),
+    "float32": (A.DTYPE_FLOAT, 32, C.c_float),
+    "int64": (A.DTYPE_INT, 64, C.c_int64),
+    "int32": (A.DTYPE_INT, 32, C.c_int32),
+}
+
+
+class _Tensor:
+    """An owned, contiguous 1-d buffer plus the view the C side borrows."""
+
+    def __init__(self, values, dtype):
+        code, bits, ctype = _DTYPES[dtype]
+        values = list(values)
+        self.buf = (ctype * max(len(values), 1))(*values)
+        self.shape = (C.c_int64 * 1)(len(values))
+        self.view = A.TensorView()
+        self.view.data = C.cast(self.buf, C.c_void_p) if values else None
+        self.view.device = A.Device(A.DEVICE_CPU, 0)
+        self.view.ndim = 1
+        self.view.dtype = A.DType(code, bits, 1)
+        self.view.shape = self.shape
+        self.view.strides = None
+        self.view.byte_offset = 0
+
+
+def _as_tensor(name, values):
+    if hasattr(values, "dtype") and hasattr(values, "tolist"):  # numpy arrays
+        kind = str(values.dtype)
+        dtype = kind if kind in _DTYPES else ("int64" if values.dtype.kind in "iub" else "float64")
+        return _Tensor(values.reshape(-1).tolist(), dtype)
+    values = list(values)
+    is_int = all(isinstance(v, int) and not isinstance(v, bool) for v in values) and name in (
+        "labels", "input_ids", "token_ids", "group_ids", "cu_seqlens")
+    return _Tensor(values, "int64" if is_int else "float64")
+
+
+def _read_view(view):
+    n = 1
+    for d in range(view.ndim):
+        n *= view.shape[d]
+    code, bits = view.dtype.code, view.dtype.bits
+    for _, (c, b, ctype) in _DTYPES.items():
+        if (c, b) == (code, bits):
+            if n == 0:
+                return []
+            return list(C.cast(view.data, C.POINTER(ctype))[:n])
+    raise A.Error("RL_ERR_UNSUPPORTED", f"tensor dtype code {code} bits {bits}")
+
+
+class Result:
+    """Everything one call produced: scalars, metrics, texts and tensors (as lists)."""
+
+    def __init__(self, handle):
+        lib = A.load_library()
+        try:
+            sv = A.StringView()
+            A.check(lib.rl_result_json(handle, C.byref(sv)))
+            desc = json.loads(C.string_at(sv.data, sv.length).decode())
+            self.scalars = desc["scalars"]
+            self.metrics = desc["metrics"]
+            self.texts = desc["texts"]
+            self.tensors = {}
+            for name in desc["tensors"]:
+                view = A.TensorView()
+                A.check(lib.rl_result_tensor(handle, name.encode(), C.byref(view)))
+                self.tensors[name] = _read_view(view)
+        finally:
+            lib.rl_result_destroy(handle)
+
+    def __repr__(self):
+        return f"Result(scalars={self.scalars}, metrics={self.metrics}, texts={list(self.texts)}, tensors={list(self.tensors)})"
+
+
+def _call(fn, *args):
+    out = C.c_void_p()
+    A.check(fn(*args, C.byref(out)))
+    return Result(out)
+
+
+class Runtime:
+    """The host: loads plugins and creates instances of them."""
+
+    def __init__(self, plugin_path=None, default_plugins=True, log_level="warn"):
+        lib = self._lib = A.load_library()
+        desc = A.RuntimeDesc(C.sizeof(A.RuntimeDesc), 0 if default_plugins else A.RL_RUNTIME_NO_DEFAULT_PLUGINS,
+                             None, plugin_path.encode() if plugin_path else None, log_level.encode())
+        self._h = C.c_void_p()
+        A.check(lib.rl_runtime_create(C.byref(desc), C.byref(self._h)))
+        self._instances = []
+
+    def close(self):
+        if self._h:
+            for inst in self._instances:
+                inst.close()
+            self._lib.rl_runtime_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def load_plugin(self, path):
+        A.check(self._lib.rl_runtime_load_plugin(self._h, path.encode()))
+
+    def plugins(self):
+        """{"plugins": [...], "refused": [{"path", "reason"}]}"""
+        return json.loads(_call(self._lib.rl_runtime_list_plugins, self._h).texts["plugins"])
+
+    def create(self, kind, name, params=None):
+        h = C.c_void_p()
+        A.check(self._lib.rl_instance_create(self._h, kind.encode(), name.encode(),
+                                             json.dumps(params or {}).encode(), C.byref(h)))
+        inst = Instance(self, h, kind, name)
+        self._instances.append(inst)
+        return inst
+
+
+class Instance:
+    """A configured plugin instance; the methods of its kind."""
+
+    def __init__(self, runtime, handle, kind, name):
+        self._lib, self._h, self.kind, self.name = runtime._lib, handle, kind, name
+
+    def close(self):
+        if self._h:
+            self._lib.rl_instance_destroy(self._h)
+            self._h = None
+
+    # loss
+    def signature(self):
+        return json.loads(_call(self._lib.rl_loss_signature, self._h).texts["signature"])
+
+    def compute(self, inputs, cu_seqlens, want_grads=True, global_tokens=0.0, global_seqs=0.0):
+        keep = [(k, _as_tensor(k, v)) for k, v in inputs.items()]
+        args = (A.TensorArg * max(len(keep), 1))(*[A.TensorArg(k.encode(), t.view) for k, t in keep])
+        cu = _Tensor(cu_seqlens, "int64")
+        li = A.LossInputs(C.sizeof(A.LossInputs), 0, A.TensorList(args, len(keep)), cu.view,
+                          global_tokens, global_seqs)
+        return _call(self._lib.rl_loss_compute, self._h, C.byref(li), 1 if want_grads else 0)
+
+    # advantage
+    def advantages(self, rewards, group_ids, cu_seqlens, tensors=None):
+        keep = [(k, _as_tensor(k, v)) for k, v in (tensors or {}).items()]
+        args = (A.TensorArg * max(len(keep), 1))(*[A.TensorArg(k.encode(), t.view) for k, t in keep])
+        r, g, cu = _Tensor(rewards, "float64"), _Tensor(group_ids, "int64"), _Tensor(cu_seqlens, "int64")
+        ai = A.AdvantageInputs(C.sizeof(A.AdvantageInputs), 0, r.view, g.view, cu.view,
+                               A.TensorList(args, len(keep)))
+        return _call(self._lib.rl_advantage_compute, self._h, C.byref(ai))
+
+    # filter
+    def check(self, token_ids, logprobs, vocab_size):
+        t, lp = _Tensor(token_ids, "int64"), _Tensor(logprobs, "float64")
+        ro = A.RolloutView(C.sizeof(A.RolloutView), 0, t.view, lp.view, vocab_size)
+        return _call(self._lib.rl_filter_check, self._h, C.byref(ro))
+
+    # env
+    def sample(self, n, seed=0):
+        return json.loads(_call(self._lib.rl_env_sample, self._h, n, seed).texts["tasks"])
+
+    def score(self, task, completion):
+        t = json.dumps(task).encode() if not isinstance(task, (str, bytes)) else (
+            task.encode() if isinstance(task, str) else task)
+        c = completion.encode()
+        return _call(self._lib.rl_env_score, self._h, A.StringView(t, len(t)), A.StringView(c, len(c)))
+
+
+def config_load(path=None, overrides=()):
+    """The resolved run configuration (dict); errors name file, key and line."""
+    lib = A.load_library()
+    arr = (C.c_char_p * max(len(overrides), 1))(*[o.encode() for o in overrides])
+    res = _call(lib.rl_config_load, path.encode() if path else None, arr, len(overrides))
+    return json.loads(res.texts["config"])
+
+
+def config_schema():
+    lib = A.load_library()
+    return json.loads(_call(lib.rl_config_schema).texts["schema"])
