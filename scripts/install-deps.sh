@@ -14,6 +14,7 @@ packages=(
   nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy
+  libpcre2-dev libutf8proc-dev
 )
 
 missing=()

@@ -68,7 +68,12 @@ RL_API rl_status_t rl_tokenizer_apply_chat_template(rl_model_t *model, const cha
  * at t are log p(input_ids[t] | input_ids[start..t-1]); the first token of
  * each sequence has no prediction and never counts in a loss. Typical tensors:
  * "loss_mask" (1 on completion tokens), "advantages", "old_logprobs",
- * "ref_logprobs", "labels" (int64, -100 = ignored; default input_ids). */
+ * "ref_logprobs", "labels" (int64, -100 = ignored; default input_ids).
+ * Gradient accumulation over several calls: add two 1-element float tensors
+ * "global_tokens" (loss tokens of the whole optimizer step) and "global_seqs"
+ * (sequences with at least one loss token in the step); the loss normalizes by
+ * them so the calls add up to one full-batch gradient. Absent: this call's
+ * own counts. */
 typedef struct rl_batch {
     uint32_t struct_size;
     uint32_t reserved0;          /* 0 */
@@ -154,6 +159,65 @@ RL_API rl_status_t rl_engine_sync_weights(rl_engine_t *engine, rl_result_t **out
 /* [control-thread] Release the engine's KV-cache memory / allocate it again. */
 RL_API rl_status_t rl_engine_sleep(rl_engine_t *engine);
 RL_API rl_status_t rl_engine_wake_up(rl_engine_t *engine);
+
+/* ---- rollout buffer ---------------------------------------------------------------
+ * Between scoring and training (DESIGN.md, step 7): scored rollouts go in,
+ * complete groups that carry learning signal come out. A group completes when
+ * `group_size` rollouts with its id arrived (or on rl_buffer_close_group); it
+ * is then dropped when it has too few rollouts ("too_small"), its mean reward
+ * is >= easy_threshold ("too_easy") or <= hard_threshold ("too_hard"), or all
+ * its rewards are equal ("zero_variance"). Rollouts more than
+ * max_off_policy_steps policy versions behind are dropped ("stale") at push
+ * and whenever the version moves. Every call is thread-safe. */
+
+typedef struct rl_buffer rl_buffer_t;
+
+/* [control-thread] config_json (may be NULL): {"group_size": 0 (groups close
+ * only through rl_buffer_close_group), "easy_threshold": null, "hard_threshold":
+ * null (null: no such rule), "drop_zero_variance": true, "reward_tolerance": 0,
+ * "min_group_size": 1, "max_off_policy_steps": 8 (null: never stale),
+ * "drop_log_capacity": 1024}. */
+RL_API rl_status_t rl_buffer_create(const char *config_json, rl_buffer_t **out_buffer);
+/* [control-thread] NULL is a no-op. */
+RL_API void rl_buffer_destroy(rl_buffer_t *buffer);
+
+/* [thread-safe] The trainer's current policy version (never decreases). */
+RL_API rl_status_t rl_buffer_set_policy_version(rl_buffer_t *buffer, int64_t version);
+
+/* [thread-safe] Add one scored rollout. rollout_json: {"group_id": int,
+ * "reward": number, "policy_version": int (default 0), "task": str,
+ * "completion": str}. tensors (copied): "token_ids" (int64 [n], prompt +
+ * completion, required), "logprobs" (float [n], sampling logprobs),
+ * "loss_mask" ([n] of 0/1; default all ones), any other name: a float [n]
+ * tensor carried to the batch ("advantages", "ref_logprobs", ...). */
+RL_API rl_status_t rl_buffer_push(rl_buffer_t *buffer, const char *rollout_json,
+                                  const rl_tensor_list_t *tensors);
+
+/* [thread-safe] Complete group `group_id` with the rollouts that arrived (some
+ * samples failed). *out_found (may be NULL): 0 when no such group is pending. */
+RL_API rl_status_t rl_buffer_close_group(rl_buffer_t *buffer, int64_t group_id,
+                                         uint32_t *out_found);
+
+/* [thread-safe] Take the oldest ready groups until they hold >= min_rollouts
+ * rollouts, waiting up to timeout_ms (0: do not wait). Nothing is taken when
+ * fewer are ready (scalar "rollouts" 0, no tensors). Result, sequences
+ * group-major: tensors "input_ids" (int64), "cu_seqlens" (int64 [n_seqs + 1]),
+ * "loss_mask" (float32), "rollout_logprobs" (float32, when pushed), the extra
+ * per-token tensors (float32), "rewards" (float64 [n_seqs]), "group_ids" and
+ * "policy_versions" (int64 [n_seqs]); scalars "groups", "rollouts", "tokens";
+ * texts "tasks" and "completions" (JSON arrays of strings). */
+RL_API rl_status_t rl_buffer_pop_batch(rl_buffer_t *buffer, uint64_t min_rollouts,
+                                       uint64_t timeout_ms, rl_result_t **out_result);
+
+/* [thread-safe] Counters since creation, or since the previous call with
+ * take != 0 (which also drains the drop log into text "drop_log": JSON array of
+ * {group_id, reason, rollouts, mean_reward, policy_version, current_version}).
+ * Scalars "pushed_rollouts", "completed_groups", "passed_groups",
+ * "popped_groups", "popped_rollouts", "dropped_groups", "dropped_rollouts",
+ * "dropped.<reason>.groups" / ".rollouts" for every reason (stale, too_small,
+ * too_easy, too_hard, zero_variance); current holdings "ready_groups",
+ * "ready_rollouts", "pending_groups", "pending_rollouts", "policy_version". */
+RL_API rl_status_t rl_buffer_stats(rl_buffer_t *buffer, uint32_t take, rl_result_t **out_result);
 
 RL_EXTERN_C_END
 

@@ -1,5 +1,7 @@
 // The embedder API (abi/rl/runtime.h): a C boundary over rl::host. No
 // exception crosses it; failures set the thread-local last error.
+#include "capi_common.hpp"
+#include "loss_call.hpp"
 #include "rl/host/config.hpp"
 #include "rl/host/runtime.hpp"
 
@@ -23,63 +25,7 @@ struct rl_runtime {
 
 namespace {
 
-thread_local std::string g_last_error;
-
-rl_status_t set_error(rl_status_t st, const std::string &msg) {
-    g_last_error = msg;
-    return st;
-}
-
-// Runs f; maps exceptions to status + last error.
-template <class F>
-rl_status_t boundary(F &&f) noexcept {
-    try {
-        return f();
-    } catch (const HostError &e) {
-        return set_error(e.status, e.message);
-    } catch (const std::bad_alloc &) {
-        return set_error(RL_ERR_OUT_OF_MEMORY, "out of memory");
-    } catch (const std::exception &e) {
-        return set_error(RL_ERR_INTERNAL, std::string("internal error: ") + e.what());
-    } catch (...) {
-        return set_error(RL_ERR_INTERNAL, "internal error of unknown type");
-    }
-}
-
-Instance *inst_of(rl_instance_t *i) {
-    return reinterpret_cast<Instance *>(i);
-}
-
-void require(bool cond, const std::string &msg) {
-    if (!cond) throw HostError{RL_ERR_INVALID_ARG, msg};
-}
-
-Instance &checked(rl_instance_t *i, const char *kind, const char *fn) {
-    require(i != nullptr, std::string(fn) + ": instance is NULL");
-    Instance &inst = *inst_of(i);
-    if (inst.record().kind != kind)
-        throw HostError{RL_ERR_INVALID_ARG,
-                        std::string(fn) + ": " + inst.who() + " is not a " + kind + " plugin"};
-    return inst;
-}
-
-rl_result_t *new_result(CallSink &&sink) {
-    auto *r = new rl_result_t;
-    r->sink = std::move(sink);
-    return r;
-}
-
-std::vector<std::string> str_list(const char *const *xs) {
-    std::vector<std::string> out;
-    for (; xs && *xs; ++xs) out.emplace_back(*xs);
-    return out;
-}
-
-std::string join(const std::vector<std::string> &xs) {
-    std::string s;
-    for (const auto &x : xs) s += (s.empty() ? "" : ", ") + x;
-    return s.empty() ? "(none)" : s;
-}
+using namespace rl::host::capi;
 
 void spdlog_level(const char *level) {
     if (!level) return;
@@ -131,7 +77,7 @@ RL_API const char *rl_status_name(rl_status_t status) {
 }
 
 RL_API const char *rl_last_error(void) {
-    return g_last_error.c_str();
+    return last_error().c_str();
 }
 RL_API uint32_t rl_get_abi_version(void) {
     return RL_ABI_VERSION;
@@ -202,14 +148,12 @@ RL_API rl_status_t rl_loss_signature(rl_instance_t *instance, rl_result_t **out_
     return boundary([&] {
         Instance &inst = checked(instance, RL_KIND_LOSS, "rl_loss_signature");
         require(out_result != nullptr, "rl_loss_signature: out_result is NULL");
-        auto *iface = static_cast<const rl_loss_iface_t *>(inst.iface());
-        rl_loss_signature_t sig{};
-        sig.struct_size = sizeof(sig);
-        CallSink sink = inst.call(
-            [&](const rl_call_ctx_t *) { return iface->get_signature(inst.plugin(), &sig); });
-        nlohmann::json j = {{"required", str_list(sig.required)},
-                            {"optional", str_list(sig.optional)},
-                            {"differentiable", str_list(sig.differentiable)}};
+        const rl::host::LossSignatureLists sig = rl::host::loss_signature(inst);
+        nlohmann::json j = {{"required", sig.required},
+                            {"optional", sig.optional},
+                            {"differentiable", sig.differentiable}};
+        CallSink sink;
+        sink.who = inst.who();
         sink.texts["signature"] = j.dump();
         *out_result = new_result(std::move(sink));
         return RL_OK;
@@ -223,65 +167,7 @@ RL_API rl_status_t rl_loss_compute(rl_instance_t *instance, const rl_loss_inputs
         require(inputs && out_result, "rl_loss_compute: inputs and out_result are required");
         require(inputs->struct_size >= sizeof(rl_loss_inputs_t),
                 "rl_loss_compute: inputs->struct_size is too small");
-        auto *iface = static_cast<const rl_loss_iface_t *>(inst.iface());
-        rl_loss_signature_t sig{};
-        sig.struct_size = sizeof(sig);
-        inst.call([&](const rl_call_ctx_t *) { return iface->get_signature(inst.plugin(), &sig); });
-        const auto required = str_list(sig.required), optional = str_list(sig.optional),
-                   diff = str_list(sig.differentiable);
-        std::set<std::string> accepted(required.begin(), required.end());
-        accepted.insert(optional.begin(), optional.end());
-        std::set<std::string> present;
-        for (uint64_t i = 0; i < inputs->tensors.count; ++i) {
-            const rl_tensor_arg_t &a = inputs->tensors.items[i];
-            require(a.name != nullptr,
-                    inst.who() + ": input tensor " + std::to_string(i) + " has no name");
-            if (!accepted.count(a.name))
-                throw HostError{
-                    RL_ERR_INVALID_ARG,
-                    inst.who() + ": unexpected input '" + a.name + "'; accepted: " +
-                        join(std::vector<std::string>(accepted.begin(), accepted.end()))};
-            present.insert(a.name);
-        }
-        for (const auto &r : required)
-            if (!present.count(r))
-                throw HostError{RL_ERR_INVALID_ARG, inst.who() + ": missing required input '" + r +
-                                                        "'; required: " + join(required) +
-                                                        "; optional: " + join(optional)};
-        // Gradient buffers for the differentiable inputs that are present.
-        std::vector<OwnedTensor> grad_store;
-        std::vector<rl_tensor_arg_t> grad_args;
-        std::vector<std::string> grad_names;
-        if (want_grads) {
-            for (uint64_t i = 0; i < inputs->tensors.count; ++i) {
-                const rl_tensor_arg_t &a = inputs->tensors.items[i];
-                if (std::find(diff.begin(), diff.end(), a.name) == diff.end()) continue;
-                if (a.view.dtype.code != RL_DTYPE_FLOAT ||
-                    (a.view.dtype.bits != 32 && a.view.dtype.bits != 64))
-                    throw HostError{RL_ERR_INVALID_ARG, inst.who() + ": differentiable input '" +
-                                                            a.name +
-                                                            "' must be float32 or float64"};
-                grad_store.push_back(OwnedTensor::zeros(
-                    a.view.dtype, std::vector<int64_t>(a.view.shape, a.view.shape + a.view.ndim)));
-                grad_names.emplace_back(a.name);
-            }
-            for (size_t i = 0; i < grad_store.size(); ++i)
-                grad_args.push_back({grad_names[i].c_str(), grad_store[i].view()});
-        }
-        rl_loss_outputs_t out{};
-        out.struct_size = sizeof(out);
-        out.grads =
-            rl_tensor_list_t{grad_args.empty() ? nullptr : grad_args.data(), grad_args.size()};
-        CallSink sink = inst.call([&](const rl_call_ctx_t *ctx) {
-            return iface->compute(inst.plugin(), ctx, inputs, &out);
-        });
-        if (!std::isfinite(out.loss))
-            throw HostError{RL_ERR_NUMERIC, inst.who() + ": the loss is " +
-                                                (std::isnan(out.loss) ? "NaN" : "infinite")};
-        sink.scalars["loss"] = out.loss;
-        for (size_t i = 0; i < grad_store.size(); ++i)
-            sink.tensors["grad." + grad_names[i]] = std::move(grad_store[i]);
-        *out_result = new_result(std::move(sink));
+        *out_result = new_result(rl::host::compute_loss(inst, *inputs, want_grads != 0));
         return RL_OK;
     });
 }

@@ -21,6 +21,9 @@ const std::vector<ConfigKey> &config_schema() {
          "Steps between checkpoints (0: only at the end)."},
         {"run.progress", T::String, "auto", "auto|bar|lines",
          "Progress display: a bar on a terminal, plain lines otherwise."},
+        {"run.overwrite", T::Boolean, "false", nullptr,
+         "Without run.resume, replace the checkpoints an earlier run left in the run folder "
+         "(else that is an error)."},
 
         {"model.path", T::String, "''", nullptr,
          "Hugging Face model folder; empty: the built-in tiny model (created if absent)."},
@@ -65,6 +68,16 @@ const std::vector<ConfigKey> &config_schema() {
         {"sft.batch_size", T::Integer, "32", nullptr, "Examples per warm-up step."},
         {"sft.learning_rate", T::Number, "1e-3", nullptr, "Warm-up learning rate."},
 
+        {"ppo.epochs", T::Integer, "2", nullptr,
+         "Passes over each step's rollouts in examples/ppo.lua (one optimizer step per "
+         "minibatch per pass)."},
+        {"ppo.minibatches", T::Integer, "1", nullptr,
+         "Minibatches per pass in examples/ppo.lua (whole groups each)."},
+
+        {"distill.teacher_path", T::String, "''", nullptr,
+         "Teacher model folder for examples/distill.lua (e.g. runs/sft/model, written by "
+         "examples/sft.lua)."},
+
         {"env.name", T::String, "reverse_text", nullptr, "Environment plugin."},
         {"env.params", T::Object, "{}", nullptr, "Environment parameters (see docs/envs.md)."},
         {"loss.name", T::String, "policy_loss", nullptr, "Loss plugin."},
@@ -76,9 +89,9 @@ const std::vector<ConfigKey> &config_schema() {
          "Rollout filters: a list of {name, params, enforce} (see docs/filters.md)."},
 
         {"buffer.easy_threshold", T::Number, "1.0", nullptr,
-         "Drop groups whose every reward is at least this (nothing to learn)."},
+         "Drop groups whose mean reward is at least this (too easy: nothing to learn)."},
         {"buffer.hard_threshold", T::Number, "0.0", nullptr,
-         "Drop groups whose every reward is at most this (nothing to learn)."},
+         "Drop groups whose mean reward is at most this (too hard: nothing to learn)."},
         {"buffer.max_off_policy_steps", T::Integer, "0", nullptr,
          "Drop rollouts generated more than this many policy versions ago."},
     };

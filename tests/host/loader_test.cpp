@@ -76,7 +76,7 @@ TEST(Loader, LoadsCppAndPlainCPluginsWithTheirDescriptors) {
     for (const auto &p : j["plugins"])
         names.push_back(p["kind"].get<std::string>() + "/" + p["name"].get<std::string>());
     EXPECT_EQ(names, (std::vector<std::string>{"loss/fixture_sum", "filter/fixture_length",
-                                               "loss/fixture_c_pg"}));
+                                               "loss/my_c_loss"}));
     EXPECT_EQ(j["plugins"][0]["version"], "1.2.3");
     EXPECT_EQ(j["plugins"][0]["abi_version"], "0.1.0");
     EXPECT_NE(j["plugins"][2]["path"].get<std::string>().find("fixture_plain_c.so"),
@@ -150,7 +150,7 @@ TEST(Loader, ExplicitLoadOfBrokenFileFailsWithTheReason) {
 TEST(Loader, PlainCLossComputesLossGradientsAndMetrics) {
     Runtime rt(fixture("fixture_plain_c"));
     rl_instance_t *inst = nullptr;
-    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "fixture_c_pg", nullptr, &inst), RL_OK)
+    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "my_c_loss", nullptr, &inst), RL_OK)
         << rl_last_error();
     LossBatch b;
     rl_result_t *r = nullptr;
@@ -175,7 +175,7 @@ TEST(Loader, PlainCLossComputesLossGradientsAndMetrics) {
 TEST(Loader, MissingAndUnexpectedLossInputsAreRefusedByName) {
     Runtime rt(fixture("fixture_plain_c"));
     rl_instance_t *inst = nullptr;
-    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "fixture_c_pg", "{}", &inst), RL_OK);
+    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "my_c_loss", "{}", &inst), RL_OK);
     LossBatch b(false);
     rl_result_t *r = nullptr;
     EXPECT_EQ(rl_loss_compute(inst, &b.in, 1, &r), RL_ERR_INVALID_ARG);

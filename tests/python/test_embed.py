@@ -17,7 +17,7 @@ def fixture(name):
 class EmbeddingTest(unittest.TestCase):
     def test_plain_c_loss_gives_loss_gradients_and_metrics(self):
         with rl.Runtime(plugin_path=fixture("fixture_plain_c"), default_plugins=False) as rt:
-            loss = rt.create("loss", "fixture_c_pg")
+            loss = rt.create("loss", "my_c_loss")
             out = loss.compute({"logprobs": [-1.0, -2.0, -0.5], "advantages": [1.0, -1.0, 2.0]},
                                cu_seqlens=[0, 3])
             self.assertAlmostEqual(out.scalars["loss"], -(-1.0 + 2.0 - 1.0) / 3.0)

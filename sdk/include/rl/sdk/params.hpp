@@ -37,9 +37,15 @@ public:
     }
 
     const std::string &owner() const { return owner_; }
+    // The key is present with a non-null value.
     bool has(const std::string &key) {
         known_.insert(key);
         return j_.contains(key) && !j_[key].is_null();
+    }
+    // The key is present and explicitly null (a way to switch a default off).
+    bool is_null(const std::string &key) {
+        known_.insert(key);
+        return j_.contains(key) && j_[key].is_null();
     }
 
     double number(const std::string &key, double def,

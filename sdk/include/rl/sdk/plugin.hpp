@@ -144,6 +144,15 @@ inline std::vector<int64_t> read_cu_seqlens(const rl_tensor_view_t &v, int64_t n
     return cu;
 }
 
+// Every per-token input must have exactly cu_seqlens.back() entries; the
+// error names the input that does not.
+inline void check_token_counts(const Inputs &inputs, int64_t n_tokens) {
+    for (const auto &kv : inputs.all())
+        if (kv.second.size() != n_tokens)
+            invalid("input '" + kv.first + "' has " + std::to_string(kv.second.size()) +
+                    " tokens, but cu_seqlens covers " + std::to_string(n_tokens));
+}
+
 // ---- kinds -----------------------------------------------------------------
 
 struct LossSignature {
@@ -304,15 +313,9 @@ struct Iface<T, Loss> {
         return guard(ctx, [&] {
             LossBatch b;
             b.inputs = Inputs(in->tensors);
-            int64_t n = -1;
-            for (const auto &kv : b.inputs.all()) {
-                if (n < 0) n = kv.second.size();
-                if (kv.second.size() != n)
-                    invalid("input '" + kv.first + "' has " + std::to_string(kv.second.size()) +
-                            " tokens, others have " + std::to_string(n));
-            }
-            b.cu_seqlens = read_cu_seqlens(in->cu_seqlens, n);
+            b.cu_seqlens = read_cu_seqlens(in->cu_seqlens, -1);
             b.n_tokens = b.cu_seqlens.back();
+            check_token_counts(b.inputs, b.n_tokens);
             b.global_tokens = in->global_tokens;
             b.global_seqs = in->global_seqs;
             for (const auto &kv : b.inputs.all()) kv.second.check_finite();
@@ -344,15 +347,9 @@ struct Iface<T, Advantage> {
                         std::to_string(b.rewards.size()));
             for (int64_t i = 0; i < gid.size(); ++i) b.group_ids.push_back(gid.as_int(i));
             b.tensors = Inputs(in->tensors);
-            int64_t n = -1;
-            for (const auto &kv : b.tensors.all()) {
-                if (n < 0) n = kv.second.size();
-                if (kv.second.size() != n)
-                    invalid("input '" + kv.first + "' has " + std::to_string(kv.second.size()) +
-                            " tokens, others have " + std::to_string(n));
-                kv.second.check_finite();
-            }
-            b.cu_seqlens = read_cu_seqlens(in->cu_seqlens, n);
+            b.cu_seqlens = read_cu_seqlens(in->cu_seqlens, -1);
+            check_token_counts(b.tensors, b.cu_seqlens.back());
+            for (const auto &kv : b.tensors.all()) kv.second.check_finite();
             if (static_cast<int64_t>(b.cu_seqlens.size()) != b.n_seqs() + 1)
                 invalid("cu_seqlens has " + std::to_string(b.cu_seqlens.size()) +
                         " entries, expected n_seqs + 1 = " + std::to_string(b.n_seqs() + 1));

@@ -1,0 +1,408 @@
+// core/buffer/src/buffer.cpp: see rl/core/buffer.hpp and docs/buffer.md.
+#include "rl/core/buffer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace rl::core {
+
+namespace {
+
+constexpr DropReason kReasons[] = {DropReason::Stale, DropReason::TooSmall, DropReason::TooEasy,
+                                   DropReason::TooHard, DropReason::ZeroVariance};
+
+BufferStats empty_stats() {
+    BufferStats s;
+    for (DropReason r : kReasons) s.dropped[drop_reason_name(r)] = DropCount{};
+    return s;
+}
+
+[[noreturn]] void bad(const std::string &msg) {
+    throw std::invalid_argument(msg);
+}
+
+double mean_reward_of(const std::vector<Rollout> &rs) {
+    if (rs.empty()) return 0.0;
+    double s = 0.0;
+    for (const auto &r : rs) s += r.reward;
+    return s / static_cast<double>(rs.size());
+}
+
+int64_t min_version_of(const std::vector<Rollout> &rs) {
+    int64_t v = std::numeric_limits<int64_t>::max();
+    for (const auto &r : rs) v = std::min(v, r.policy_version);
+    return rs.empty() ? 0 : v;
+}
+
+} // namespace
+
+const char *drop_reason_name(DropReason reason) {
+    switch (reason) {
+        case DropReason::Stale:
+            return "stale";
+        case DropReason::TooSmall:
+            return "too_small";
+        case DropReason::TooEasy:
+            return "too_easy";
+        case DropReason::TooHard:
+            return "too_hard";
+        case DropReason::ZeroVariance:
+            return "zero_variance";
+    }
+    return "unknown";
+}
+
+double Group::mean_reward() const {
+    return mean_reward_of(rollouts);
+}
+int64_t Group::min_policy_version() const {
+    return min_version_of(rollouts);
+}
+size_t Group::n_tokens() const {
+    size_t n = 0;
+    for (const auto &r : rollouts) n += r.token_ids.size();
+    return n;
+}
+
+int64_t BufferStats::dropped_rollouts() const {
+    int64_t n = 0;
+    for (const auto &kv : dropped) n += kv.second.rollouts;
+    return n;
+}
+int64_t BufferStats::dropped_groups() const {
+    int64_t n = 0;
+    for (const auto &kv : dropped) n += kv.second.groups;
+    return n;
+}
+
+void BufferConfig::validate() const {
+    auto finite = [](const std::optional<double> &x) { return !x || std::isfinite(*x); };
+    if (!finite(easy_threshold)) bad("BufferConfig.easy_threshold must be finite");
+    if (!finite(hard_threshold)) bad("BufferConfig.hard_threshold must be finite");
+    if (easy_threshold && hard_threshold && !(*hard_threshold < *easy_threshold))
+        bad("BufferConfig.hard_threshold (" + std::to_string(*hard_threshold) +
+            ") must be below easy_threshold (" + std::to_string(*easy_threshold) +
+            "), else every group is dropped");
+    if (!std::isfinite(reward_tolerance) || reward_tolerance < 0.0)
+        bad("BufferConfig.reward_tolerance must be finite and >= 0, got " +
+            std::to_string(reward_tolerance));
+    if (min_group_size < 1) bad("BufferConfig.min_group_size must be >= 1");
+    if (max_off_policy_steps && *max_off_policy_steps < 0)
+        bad("BufferConfig.max_off_policy_steps must be >= 0 (or unset), got " +
+            std::to_string(*max_off_policy_steps));
+    if (group_size > 0 && group_size < min_group_size)
+        bad("BufferConfig.group_size (" + std::to_string(group_size) +
+            ") is below min_group_size (" + std::to_string(min_group_size) +
+            "): every group would be dropped");
+}
+
+RolloutBuffer::RolloutBuffer(BufferConfig config) : config_(std::move(config)) {
+    config_.validate();
+    total_ = empty_stats();
+    interval_ = empty_stats();
+}
+
+// ---- version ------------------------------------------------------------------
+
+void RolloutBuffer::set_policy_version(int64_t version) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (version < version_)
+        bad("RolloutBuffer::set_policy_version: version " + std::to_string(version) +
+            " is below the current " + std::to_string(version_) + "; versions never decrease");
+    version_ = version;
+    if (!config_.max_off_policy_steps) return;
+    for (auto &kv : pending_) sweep_stale(kv.first, kv.second.rollouts);
+    // Ready groups that lost rollouts are judged again; emptied ones are gone.
+    std::deque<Group> kept;
+    for (auto &g : ready_) {
+        if (!sweep_stale(g.group_id, g.rollouts)) {
+            kept.push_back(std::move(g));
+            continue;
+        }
+        if (g.rollouts.empty()) {
+            drop(g.group_id, DropReason::Stale, {}, true);
+            continue;
+        }
+        if (auto reason = judge(g.rollouts)) {
+            drop(g.group_id, *reason, g.rollouts, true);
+            continue;
+        }
+        kept.push_back(std::move(g));
+    }
+    ready_.swap(kept);
+}
+
+int64_t RolloutBuffer::policy_version() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return version_;
+}
+
+// ---- push -----------------------------------------------------------------------
+
+void RolloutBuffer::validate_rollout(const Rollout &r, const char *where) const {
+    const std::string at = std::string("RolloutBuffer::") + where + ": rollout of group " +
+                           std::to_string(r.group_id) + ": ";
+    const size_t n = r.token_ids.size();
+    if (n == 0) bad(at + "token_ids is empty");
+    if (!r.logprobs.empty() && r.logprobs.size() != n)
+        bad(at + "logprobs has " + std::to_string(r.logprobs.size()) + " entries, token_ids " +
+            std::to_string(n));
+    if (!r.loss_mask.empty() && r.loss_mask.size() != n)
+        bad(at + "loss_mask has " + std::to_string(r.loss_mask.size()) + " entries, token_ids " +
+            std::to_string(n));
+    for (size_t t = 0; t < r.loss_mask.size(); ++t)
+        if (r.loss_mask[t] > 1)
+            bad(at + "loss_mask must hold 0 or 1, got " + std::to_string(r.loss_mask[t]) +
+                " at token " + std::to_string(t));
+    for (const auto &kv : r.extras) {
+        if (kv.first.empty()) bad(at + "an extra per-token vector has an empty name");
+        if (kv.second.size() != n)
+            bad(at + "extra '" + kv.first + "' has " + std::to_string(kv.second.size()) +
+                " entries, token_ids " + std::to_string(n));
+    }
+    if (!std::isfinite(r.reward)) bad(at + "reward is not finite");
+    if (r.policy_version < 0)
+        bad(at + "policy_version must be >= 0, got " + std::to_string(r.policy_version));
+    if (r.policy_version > version_)
+        bad(at + "policy_version " + std::to_string(r.policy_version) +
+            " is ahead of the buffer's current version " + std::to_string(version_) +
+            "; call set_policy_version() when the trainer publishes new weights");
+}
+
+bool RolloutBuffer::is_stale(const Rollout &r) const {
+    return config_.max_off_policy_steps &&
+           version_ - r.policy_version > *config_.max_off_policy_steps;
+}
+
+void RolloutBuffer::expect_group(int64_t group_id, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (size == 0)
+        bad("RolloutBuffer::expect_group: group " + std::to_string(group_id) +
+            " must expect at least one rollout");
+    Pending &p = pending_[group_id];
+    p.expected = size;
+    if (p.arrived >= size) {
+        Pending done = std::move(p);
+        pending_.erase(group_id);
+        complete(group_id, std::move(done.rollouts), done.arrived);
+    }
+}
+
+void RolloutBuffer::push(Rollout rollout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    validate_rollout(rollout, "push");
+    const int64_t gid = rollout.group_id;
+    auto it = pending_.find(gid);
+    const size_t expected =
+        it != pending_.end() && it->second.expected ? it->second.expected : config_.group_size;
+    if (expected == 0)
+        bad("RolloutBuffer::push: group " + std::to_string(gid) +
+            " has no expected size; set BufferConfig.group_size, call expect_group(" +
+            std::to_string(gid) + ", n) first, or use push_group()");
+    Pending &p = it != pending_.end() ? it->second : pending_[gid];
+    ++total_.pushed_rollouts;
+    ++interval_.pushed_rollouts;
+    ++p.arrived;
+    if (is_stale(rollout))
+        drop(gid, DropReason::Stale, {rollout}, false);
+    else
+        p.rollouts.push_back(std::move(rollout));
+    if (p.arrived >= expected) {
+        Pending done = std::move(p);
+        pending_.erase(gid);
+        complete(gid, std::move(done.rollouts), done.arrived);
+    }
+}
+
+void RolloutBuffer::push_group(std::vector<Rollout> rollouts) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rollouts.empty()) bad("RolloutBuffer::push_group: the group is empty");
+    const int64_t gid = rollouts.front().group_id;
+    for (const auto &r : rollouts) {
+        if (r.group_id != gid)
+            bad("RolloutBuffer::push_group: rollouts of groups " + std::to_string(gid) + " and " +
+                std::to_string(r.group_id) + " in one call; a call holds exactly one group");
+        validate_rollout(r, "push_group");
+    }
+    if (pending_.count(gid))
+        bad("RolloutBuffer::push_group: group " + std::to_string(gid) +
+            " is pending (being pushed one by one); finish it or close_group() it first");
+    const size_t arrived = rollouts.size();
+    total_.pushed_rollouts += static_cast<int64_t>(arrived);
+    interval_.pushed_rollouts += static_cast<int64_t>(arrived);
+    sweep_stale(gid, rollouts);
+    complete(gid, std::move(rollouts), arrived);
+}
+
+bool RolloutBuffer::close_group(int64_t group_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(group_id);
+    if (it == pending_.end()) return false;
+    Pending done = std::move(it->second);
+    pending_.erase(it);
+    complete(group_id, std::move(done.rollouts), done.arrived);
+    return true;
+}
+
+// ---- judging --------------------------------------------------------------------
+
+std::optional<DropReason> RolloutBuffer::judge(const std::vector<Rollout> &rs) const {
+    if (rs.size() < config_.min_group_size) return DropReason::TooSmall;
+    const double mean = mean_reward_of(rs);
+    if (config_.easy_threshold && mean >= *config_.easy_threshold) return DropReason::TooEasy;
+    if (config_.hard_threshold && mean <= *config_.hard_threshold) return DropReason::TooHard;
+    if (config_.drop_zero_variance && rs.size() >= 2) {
+        double lo = rs.front().reward, hi = lo;
+        for (const auto &r : rs) {
+            lo = std::min(lo, r.reward);
+            hi = std::max(hi, r.reward);
+        }
+        if (hi - lo <= config_.reward_tolerance) return DropReason::ZeroVariance;
+    }
+    return std::nullopt;
+}
+
+void RolloutBuffer::complete(int64_t group_id, std::vector<Rollout> rollouts, size_t arrived) {
+    ++total_.completed_groups;
+    ++interval_.completed_groups;
+    if (rollouts.empty()) {
+        // Every rollout went stale (already counted), or none ever arrived.
+        const DropReason reason = arrived > 0 ? DropReason::Stale : DropReason::TooSmall;
+        drop(group_id, reason, {}, true);
+        return;
+    }
+    if (auto reason = judge(rollouts)) {
+        drop(group_id, *reason, rollouts, true);
+        return;
+    }
+    ++total_.ready_groups;
+    ++interval_.ready_groups;
+    ready_.push_back(Group{group_id, std::move(rollouts)});
+    cv_.notify_all();
+}
+
+void RolloutBuffer::drop(int64_t group_id, DropReason reason, const std::vector<Rollout> &removed,
+                         bool whole_group) {
+    const char *name = drop_reason_name(reason);
+    for (BufferStats *s : {&total_, &interval_}) {
+        DropCount &c = s->dropped[name];
+        c.rollouts += static_cast<int64_t>(removed.size());
+        if (whole_group) ++c.groups;
+    }
+    if (removed.empty() && reason == DropReason::Stale) return; // rollouts were logged already
+    if (config_.drop_log_capacity == 0) return;
+    DropRecord rec;
+    rec.group_id = group_id;
+    rec.reason = reason;
+    rec.rollouts = removed.size();
+    rec.mean_reward = mean_reward_of(removed);
+    rec.policy_version = min_version_of(removed);
+    rec.current_version = version_;
+    log_.push_back(rec);
+    while (log_.size() > config_.drop_log_capacity) log_.pop_front();
+}
+
+bool RolloutBuffer::sweep_stale(int64_t group_id, std::vector<Rollout> &rollouts) {
+    std::vector<Rollout> stale, fresh;
+    for (auto &r : rollouts) (is_stale(r) ? stale : fresh).push_back(std::move(r));
+    rollouts.swap(fresh);
+    if (stale.empty()) return false;
+    drop(group_id, DropReason::Stale, stale, false);
+    return true;
+}
+
+// ---- pop --------------------------------------------------------------------------
+
+size_t RolloutBuffer::ready_rollouts_locked() const {
+    size_t n = 0;
+    for (const auto &g : ready_) n += g.rollouts.size();
+    return n;
+}
+
+size_t RolloutBuffer::ready_groups() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ready_.size();
+}
+size_t RolloutBuffer::ready_rollouts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ready_rollouts_locked();
+}
+size_t RolloutBuffer::pending_groups() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pending_.size();
+}
+size_t RolloutBuffer::pending_rollouts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (const auto &kv : pending_) n += kv.second.rollouts.size();
+    return n;
+}
+
+std::vector<Group> RolloutBuffer::pop_groups(size_t max_groups) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Group> out;
+    while (!ready_.empty() && out.size() < max_groups) {
+        out.push_back(std::move(ready_.front()));
+        ready_.pop_front();
+    }
+    for (BufferStats *s : {&total_, &interval_}) {
+        s->popped_groups += static_cast<int64_t>(out.size());
+        for (const auto &g : out) s->popped_rollouts += static_cast<int64_t>(g.rollouts.size());
+    }
+    return out;
+}
+
+std::vector<Group> RolloutBuffer::pop_batch_locked(size_t min_rollouts) {
+    std::vector<Group> out;
+    if (ready_rollouts_locked() < min_rollouts) return out;
+    size_t got = 0;
+    while (got < min_rollouts) {
+        got += ready_.front().rollouts.size();
+        out.push_back(std::move(ready_.front()));
+        ready_.pop_front();
+    }
+    for (BufferStats *s : {&total_, &interval_}) {
+        s->popped_groups += static_cast<int64_t>(out.size());
+        s->popped_rollouts += static_cast<int64_t>(got);
+    }
+    return out;
+}
+
+std::vector<Group> RolloutBuffer::pop_batch(size_t min_rollouts) {
+    if (min_rollouts == 0) bad("RolloutBuffer::pop_batch: min_rollouts must be >= 1");
+    std::lock_guard<std::mutex> lock(mu_);
+    return pop_batch_locked(min_rollouts);
+}
+
+std::vector<Group> RolloutBuffer::wait_batch(size_t min_rollouts,
+                                             std::chrono::milliseconds timeout) {
+    if (min_rollouts == 0) bad("RolloutBuffer::wait_batch: min_rollouts must be >= 1");
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return ready_rollouts_locked() >= min_rollouts; });
+    return pop_batch_locked(min_rollouts);
+}
+
+// ---- reporting ----------------------------------------------------------------------
+
+BufferStats RolloutBuffer::stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return total_;
+}
+
+BufferStats RolloutBuffer::take_stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    BufferStats out = interval_;
+    interval_ = empty_stats();
+    return out;
+}
+
+std::vector<DropRecord> RolloutBuffer::take_drop_log() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<DropRecord> out(log_.begin(), log_.end());
+    log_.clear();
+    return out;
+}
+
+} // namespace rl::core

@@ -1,0 +1,282 @@
+#include "rl/core/engine.hpp"
+
+#include "rl/core/train_error.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+
+namespace rl::core {
+
+using nlohmann::json;
+
+struct Engine::SampleOut {
+    std::vector<int64_t> tokens;
+    std::vector<float> logprobs;
+    std::string text;
+    FinishReason reason = FinishReason::Length;
+};
+
+namespace {
+
+[[noreturn]] void invalid(const std::string &msg) {
+    throw TrainError(ErrorKind::InvalidArgument, msg);
+}
+
+at::Tensor long_tensor(const std::vector<int64_t> &v) {
+    at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+    std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
+    return t;
+}
+
+// Text decoding of one sample, with stop-string detection.
+class TextTracker {
+public:
+    TextTracker(const std::shared_ptr<const Tokenizer> &tok, const std::vector<std::string> &stop)
+        : stop_(stop) {
+        if (tok) decoder_.emplace(tok);
+        for (const auto &s : stop_) longest_ = std::max(longest_, s.size());
+    }
+    // Appends a token's text; true when a stop string is now complete (the
+    // text is then cut before it).
+    bool push(int64_t id) {
+        if (!decoder_) return false;
+        const size_t before = text_.size();
+        text_ += decoder_->push(static_cast<int32_t>(id));
+        if (stop_.empty() || text_.size() == before) return false;
+        const size_t from = before >= longest_ ? before - longest_ + 1 : 0;
+        size_t hit = std::string::npos;
+        for (const auto &s : stop_) {
+            const size_t at = text_.find(s, from);
+            if (at != std::string::npos) hit = std::min(hit, at);
+        }
+        if (hit == std::string::npos) return false;
+        text_.resize(hit);
+        return true;
+    }
+    std::string finish() {
+        if (decoder_) text_ += decoder_->finish();
+        return std::move(text_);
+    }
+    std::string cut() { return std::move(text_); }
+
+private:
+    std::optional<StreamDecoder> decoder_;
+    const std::vector<std::string> &stop_;
+    size_t longest_ = 0;
+    std::string text_;
+};
+
+} // namespace
+
+const char *finish_reason_name(FinishReason r) {
+    return r == FinishReason::Stop ? "stop" : "length";
+}
+
+EngineConfig EngineConfig::from_json(const std::string &text) {
+    EngineConfig c;
+    if (text.empty()) return c;
+    const json j = json::parse(text, nullptr, false);
+    if (j.is_discarded()) invalid("engine config: not valid JSON");
+    if (j.is_null()) return c;
+    if (!j.is_object()) invalid("engine config: must be a JSON object");
+    for (const auto &kv : j.items()) {
+        if (kv.key() == "max_batch_sequences") {
+            if (!kv.value().is_number_integer() || kv.value().get<int64_t>() < 0)
+                invalid("engine config: max_batch_sequences must be an integer >= 0 (0: no "
+                        "limit), got " +
+                        kv.value().dump());
+            c.max_batch_sequences = kv.value().get<int64_t>();
+        } else {
+            invalid("engine config: unknown key '" + kv.key() + "'; valid: max_batch_sequences");
+        }
+    }
+    return c;
+}
+
+Engine::Engine(std::shared_ptr<Policy> policy, EngineConfig config)
+    : policy_(std::move(policy)), config_(config) {
+    require(policy_ != nullptr, ErrorKind::InvalidArgument, "engine: policy is null");
+    version_ = policy_->version();
+}
+
+Engine::~Engine() = default;
+
+int64_t Engine::sync_weights() {
+    version_ = policy_->version();
+    if (cache_) cache_->clear_all();
+    return version_;
+}
+
+void Engine::sleep() {
+    if (cache_) cache_->release();
+    asleep_ = true;
+}
+
+void Engine::wake_up() {
+    if (cache_) cache_->allocate();
+    asleep_ = false;
+}
+
+int64_t Engine::cache_bytes() const {
+    return cache_ ? cache_->bytes() : 0;
+}
+
+void Engine::ensure_cache(int64_t slots, int64_t capacity) {
+    if (!cache_ || cache_->num_slots() < slots) {
+        cache_.reset();
+        cache_.emplace(policy_->model().make_cache(slots, capacity));
+        return;
+    }
+    if (!cache_->allocated()) cache_->allocate();
+    cache_->clear_all();
+    cache_->reserve(capacity);
+}
+
+Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
+                            const SamplingParams &params) {
+    require(!asleep_, ErrorKind::BadState, "generate: the engine is asleep (call wake_up first)");
+    const int64_t current = policy_->version();
+    require(current == version_, ErrorKind::BadState,
+            "generate: the model's weights changed (policy version " + std::to_string(current) +
+                ") since this engine last synced (version " + std::to_string(version_) +
+                "); call sync_weights first");
+    params.validate();
+    require(!prompts.empty(), ErrorKind::InvalidArgument, "generate: no prompts given");
+    const ModelConfig &mc = policy_->model().config();
+    int64_t longest = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const auto &p = prompts[i];
+        if (p.empty()) invalid("generate: prompt " + std::to_string(i) + " is empty");
+        for (size_t t = 0; t < p.size(); ++t)
+            if (p[t] < 0 || p[t] >= mc.vocab_size)
+                invalid("generate: prompt " + std::to_string(i) + " token " + std::to_string(t) +
+                        " = " + std::to_string(p[t]) + " is outside the vocabulary [0, " +
+                        std::to_string(mc.vocab_size) + ")");
+        if (mc.max_position_embeddings > 0 &&
+            static_cast<int64_t>(p.size()) >= mc.max_position_embeddings)
+            invalid("generate: prompt " + std::to_string(i) + " has " + std::to_string(p.size()) +
+                    " tokens; the model's context (max_position_embeddings) is " +
+                    std::to_string(mc.max_position_embeddings));
+        longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+    }
+    std::vector<int64_t> stop_ids = params.stop_token_ids.value_or(policy_->eos_token_ids());
+    for (size_t i = 0; i < stop_ids.size(); ++i)
+        if (stop_ids[i] < 0 || stop_ids[i] >= mc.vocab_size)
+            invalid("sampling params: stop_token_ids[" + std::to_string(i) +
+                    "] = " + std::to_string(stop_ids[i]) + " is outside the vocabulary");
+    if (!params.stop.empty()) policy_->require_tokenizer("generate with stop strings");
+    const uint64_t seed = params.seed ? *params.seed : policy_->next_sampling_seed();
+
+    c10::InferenceMode inference;
+    const int64_t total = static_cast<int64_t>(prompts.size()) * params.n;
+    const int64_t wave =
+        config_.max_batch_sequences > 0 ? std::min(config_.max_batch_sequences, total) : total;
+    int64_t capacity = longest + params.max_tokens;
+    if (mc.max_position_embeddings > 0) capacity = std::min(capacity, mc.max_position_embeddings);
+    ensure_cache(wave, capacity);
+
+    std::vector<SampleOut> outs(static_cast<size_t>(total));
+    for (int64_t first = 0; first < total; first += wave)
+        run_wave(prompts, params, seed, stop_ids, first, std::min(total, first + wave), outs);
+
+    Generation g;
+    g.policy_version = version_;
+    g.cu_seqlens.push_back(0);
+    for (int64_t i = 0; i < total; ++i) {
+        SampleOut &o = outs[static_cast<size_t>(i)];
+        g.token_ids.insert(g.token_ids.end(), o.tokens.begin(), o.tokens.end());
+        g.logprobs.insert(g.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+        g.cu_seqlens.push_back(static_cast<int64_t>(g.token_ids.size()));
+        g.prompt_index.push_back(i / params.n);
+        g.completions.push_back(std::move(o.text));
+        g.finish_reasons.push_back(o.reason);
+    }
+    return g;
+}
+
+void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
+                      const SamplingParams &params, uint64_t seed,
+                      const std::vector<int64_t> &stop_ids, int64_t first_sample,
+                      int64_t end_sample, std::vector<SampleOut> &outs) {
+    CausalLM &model = policy_->model();
+    KVCache &cache = *cache_;
+    const int64_t max_pos = model.config().max_position_embeddings;
+    const int64_t count = end_sample - first_sample;
+
+    // Prefill each prompt of the wave once, into the slot of its first sample.
+    std::vector<int64_t> prefill_slots;
+    std::vector<std::vector<int64_t>> prefill_prompts;
+    std::map<int64_t, int64_t> prompt_row; // prompt index -> row of the prefill logits
+    std::vector<int64_t> row_of(static_cast<size_t>(count));
+    for (int64_t k = 0; k < count; ++k) {
+        const int64_t prompt = (first_sample + k) / params.n;
+        auto it = prompt_row.find(prompt);
+        if (it == prompt_row.end()) {
+            it = prompt_row.emplace(prompt, static_cast<int64_t>(prefill_slots.size())).first;
+            prefill_slots.push_back(k);
+            prefill_prompts.push_back(prompts[static_cast<size_t>(prompt)]);
+        }
+        row_of[static_cast<size_t>(k)] = it->second;
+    }
+    for (int64_t k = 0; k < count; ++k) cache.clear(k);
+    at::Tensor logits = model.prefill(cache, prefill_slots, prefill_prompts);
+    for (int64_t k = 0; k < count; ++k) {
+        const int64_t src = prefill_slots[static_cast<size_t>(row_of[static_cast<size_t>(k)])];
+        if (src != k) cache.copy_slot(src, k);
+    }
+    logits = logits.index_select(0, long_tensor(row_of));
+
+    std::vector<int64_t> active(static_cast<size_t>(count));
+    for (int64_t k = 0; k < count; ++k) active[static_cast<size_t>(k)] = k;
+    std::vector<TextTracker> text;
+    text.reserve(static_cast<size_t>(count));
+    for (int64_t k = 0; k < count; ++k) text.emplace_back(policy_->tokenizer(), params.stop);
+
+    for (int64_t position = 0; !active.empty(); ++position) {
+        at::Tensor lp = sampling_logprobs(logits, params);
+        std::vector<double> u;
+        u.reserve(active.size());
+        for (int64_t k : active) {
+            const int64_t s = first_sample + k;
+            u.push_back(sampling_uniform(seed, s / params.n, s % params.n, position));
+        }
+        const auto drawn = draw_tokens(lp, u);
+        std::vector<int64_t> next_active, next_tokens;
+        for (size_t i = 0; i < active.size(); ++i) {
+            const int64_t k = active[i];
+            const int64_t s = first_sample + k;
+            SampleOut &o = outs[static_cast<size_t>(s)];
+            const int64_t token = drawn[i].first;
+            o.tokens.push_back(token);
+            o.logprobs.push_back(drawn[i].second);
+            TextTracker &tt = text[static_cast<size_t>(k)];
+            const int64_t prompt_len =
+                static_cast<int64_t>(prompts[static_cast<size_t>(s / params.n)].size());
+            if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+                o.reason = FinishReason::Stop;
+                o.text = tt.finish();
+            } else if (tt.push(token)) {
+                o.reason = FinishReason::Stop;
+                o.text = tt.cut();
+            } else if (static_cast<int64_t>(o.tokens.size()) >= params.max_tokens ||
+                       (max_pos > 0 &&
+                        prompt_len + static_cast<int64_t>(o.tokens.size()) >= max_pos)) {
+                o.reason = FinishReason::Length;
+                o.text = tt.finish();
+            } else {
+                next_active.push_back(k);
+                next_tokens.push_back(token);
+            }
+        }
+        active.swap(next_active);
+        if (active.empty()) break;
+        logits = model.decode(cache, active, long_tensor(next_tokens));
+    }
+}
+
+} // namespace rl::core

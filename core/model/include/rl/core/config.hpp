@@ -1,0 +1,70 @@
+// Model configuration from a Hugging Face config.json (LlamaForCausalLM,
+// Qwen2ForCausalLM, Qwen3ForCausalLM). Anything this core cannot run exactly
+// as transformers would is refused with an error naming the key.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rl::core {
+
+enum class Architecture { Llama, Qwen2, Qwen3 };
+enum class RopeScaling { None, Linear, Llama3 };
+
+/// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM".
+const char *architecture_name(Architecture a);
+
+struct ModelConfig {
+    Architecture architecture = Architecture::Qwen3;
+    std::string model_type; ///< "llama", "qwen2", "qwen3"
+
+    int64_t vocab_size = 0;
+    int64_t hidden_size = 0;
+    int64_t intermediate_size = 0;
+    int64_t num_hidden_layers = 0;
+    int64_t num_attention_heads = 0;
+    int64_t num_key_value_heads = 0;
+    int64_t head_dim = 0;
+    int64_t max_position_embeddings = 0;
+    double rms_norm_eps = 1e-6;
+
+    double rope_theta = 10000.0;
+    RopeScaling rope_scaling = RopeScaling::None;
+    double rope_factor = 1.0;                          ///< linear and llama3
+    double rope_low_freq_factor = 1.0;                 ///< llama3
+    double rope_high_freq_factor = 4.0;                ///< llama3
+    int64_t rope_original_max_position_embeddings = 0; ///< llama3
+
+    bool tie_word_embeddings = false;
+    bool qkv_bias = false; ///< bias on q_proj, k_proj, v_proj
+    bool o_bias = false;   ///< bias on o_proj
+    bool mlp_bias = false; ///< bias on gate_proj, up_proj, down_proj
+    bool qk_norm = false;  ///< per-head RMSNorm on q and k before RoPE (Qwen3)
+
+    std::optional<int64_t> bos_token_id;
+    std::vector<int64_t> eos_token_ids;
+    std::optional<int64_t> pad_token_id;
+    std::string torch_dtype; ///< as written ("bfloat16", "float32", ...), may be empty
+
+    /// The config.json text this was parsed from (unknown keys preserved on save).
+    std::string json;
+
+    int64_t num_key_value_groups() const { return num_attention_heads / num_key_value_heads; }
+    int64_t q_size() const { return num_attention_heads * head_dim; }
+    int64_t kv_size() const { return num_key_value_heads * head_dim; }
+
+    /// Parses config.json text; `source` names the file in errors.
+    static ModelConfig parse(const std::string &json_text,
+                             const std::string &source = "config.json");
+    /// Reads and parses a config.json file.
+    static ModelConfig load(const std::string &path);
+
+    /// The config.json text to save: the original keys, with the dtype key
+    /// ("torch_dtype", or "dtype" where the original used it) set to `dtype`
+    /// when non-empty. For a config built in code (json empty), all fields.
+    std::string to_json(const std::string &dtype = "") const;
+};
+
+} // namespace rl::core

@@ -1,0 +1,43 @@
+// The built-in tiny model: a Qwen3-architecture model of a few million
+// parameters over a byte-level vocabulary (256 byte tokens + <|endoftext|>,
+// <|im_start|>, <|im_end|>), small enough to train from scratch on a laptop
+// CPU. Written as a complete Hugging Face folder that loads through
+// load_pretrained and in transformers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace rl::core {
+
+struct TinyModelSpec {
+    int64_t hidden_size = 256;
+    int64_t intermediate_size = 768;
+    int64_t num_hidden_layers = 4;
+    int64_t num_attention_heads = 4;
+    int64_t num_key_value_heads = 2;
+    int64_t head_dim = 64;
+    int64_t max_position_embeddings = 2048;
+    double rope_theta = 10000.0;
+    double init_std = 0.02;
+};
+
+/// Token ids of the tiny vocabulary: byte b is id b.
+constexpr int32_t kTinyEndOfText = 256; ///< <|endoftext|> (pad)
+constexpr int32_t kTinyImStart = 257;   ///< <|im_start|>
+constexpr int32_t kTinyImEnd = 258;     ///< <|im_end|> (eos)
+constexpr int64_t kTinyVocabSize = 259;
+
+/// config.json text of the tiny model.
+std::string tiny_config_json(const TinyModelSpec &spec = {});
+/// tokenizer.json text of the byte-level tokenizer (no merges).
+std::string tiny_tokenizer_json();
+/// tokenizer_config.json text (ChatML chat template, eos <|im_end|>, pad <|endoftext|>).
+std::string tiny_tokenizer_config_json();
+
+/// Writes config.json, model.safetensors (fp32, seeded normal(0, init_std)
+/// init), tokenizer.json, tokenizer_config.json, special_tokens_map.json and
+/// generation_config.json into `dir` (created if needed). Same seed, same bytes.
+void write_tiny_model(const std::string &dir, uint64_t seed, const TinyModelSpec &spec = {});
+
+} // namespace rl::core

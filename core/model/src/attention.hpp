@@ -1,0 +1,71 @@
+// Attention kernels for packed sequences and for the KV cache. Both pad a set
+// of sequences to a common length and run batched matrix products, so many
+// short sequences (the RL case) cost a few large products, not a loop.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace rl::core {
+
+/// Softmax attention with grouped key/value heads.
+/// q [n, H, Lq, D], k and v [n, KVH, Lk, D] (H a multiple of KVH; query head h
+/// reads key/value head h / (H / KVH)); mask additive, broadcastable to
+/// [n, 1, 1, Lq, Lk], or undefined. Returns [n, H, Lq, D].
+at::Tensor grouped_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                             const at::Tensor &mask, double scale);
+
+/// How packed sequences are grouped and padded. Built once per forward and
+/// shared by every layer.
+struct PackedAttentionPlan {
+    struct Group {
+        int64_t n = 0;     ///< sequences
+        int64_t len = 0;   ///< padded length
+        at::Tensor gather; ///< [n * len] token index per padded row (undefined: identity)
+        at::Tensor valid;  ///< [tokens of the group] padded row per token (undefined: all)
+        at::Tensor mask;   ///< [len, len] additive causal mask
+    };
+    std::vector<Group> groups;
+    at::Tensor unpermute; ///< restores token order after concatenating groups (undefined: identity)
+    int64_t tokens = 0;
+};
+
+/// cu: cumulative sequence lengths (host copy). Sequences are sorted by length
+/// and grouped so that padding stays below ~1.8x of the attention work, with
+/// the score matrix of a group bounded in memory.
+PackedAttentionPlan plan_packed_attention(const std::vector<int64_t> &cu, int64_t heads,
+                                          at::ScalarType dtype, at::Device device);
+
+/// q [T, H, D], k and v [T, KVH, D] -> [T, H * D].
+at::Tensor packed_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                            const PackedAttentionPlan &plan, double scale);
+
+/// Plan for appending chunks to KV cache slots.
+struct CachedAttentionPlan {
+    std::vector<int64_t> slots;
+    int64_t n = 0;
+    int64_t q_len = 0;       ///< longest chunk
+    int64_t k_len = 0;       ///< longest slot after the append
+    int64_t first_slot = -1; ///< >= 0 when slots are consecutive (no gather of the cache)
+    at::Tensor slot_index;   ///< [n] slots as a tensor (for index_select)
+    at::Tensor write_index;  ///< [T * KVH] flat row of each new key in [S*KVH*Cap, D]
+    at::Tensor gather;       ///< [n * q_len] token per padded query row (undefined: identity)
+    at::Tensor valid;        ///< [T] padded row per token (undefined: all)
+    at::Tensor mask;         ///< [n, 1, 1, q_len, k_len] additive
+};
+
+CachedAttentionPlan plan_cached_attention(const std::vector<int64_t> &slots,
+                                          const std::vector<int64_t> &starts,
+                                          const std::vector<int64_t> &counts, int64_t kv_heads,
+                                          int64_t capacity, at::ScalarType dtype,
+                                          at::Device device);
+
+/// Writes k_new, v_new [T, KVH, D] into the cache and attends q [T, H, D] to
+/// the slot contents. cache_k / cache_v: [S, KVH, Cap, D]. Returns [T, H * D].
+at::Tensor cached_attention(const at::Tensor &q, const at::Tensor &k_new, const at::Tensor &v_new,
+                            at::Tensor &cache_k, at::Tensor &cache_v,
+                            const CachedAttentionPlan &plan, double scale);
+
+} // namespace rl::core

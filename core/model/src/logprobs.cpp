@@ -1,0 +1,135 @@
+#include "logprobs.hpp"
+
+#include "rl/core/error.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+namespace rl::core {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor as_float(const at::Tensor &t) {
+    return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
+}
+
+// Logits of one chunk: (h W^T) / temperature in fp32.
+at::Tensor chunk_logits(const at::Tensor &h, const at::Tensor &w_float, double inv_temp) {
+    at::Tensor z = at::matmul(as_float(h), w_float.t());
+    if (inv_temp != 1.0) z.mul_(inv_temp);
+    return z;
+}
+
+struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
+    static variable_list forward(AutogradContext *ctx, const at::Tensor &hidden,
+                                 const at::Tensor &weight, const at::Tensor &labels, int64_t chunk,
+                                 double inv_temp, bool want_entropy, int64_t ignore_index) {
+        const int64_t T = hidden.size(0);
+        const at::Tensor w = as_float(weight);
+        at::Tensor valid = labels != ignore_index;
+        at::Tensor safe_labels = at::where(valid, labels, at::zeros_like(labels));
+        auto fopts = hidden.options().dtype(at::kFloat);
+        at::Tensor lp = at::empty({T}, fopts);
+        at::Tensor lse = at::empty({T}, fopts);
+        at::Tensor ent = want_entropy ? at::empty({T}, fopts) : at::Tensor();
+        for (int64_t s = 0; s < T; s += chunk) {
+            const int64_t n = std::min(chunk, T - s);
+            at::Tensor z = chunk_logits(hidden.narrow(0, s, n), w, inv_temp);
+            at::Tensor l = at::logsumexp(z, -1);
+            lse.narrow(0, s, n).copy_(l);
+            at::Tensor picked = z.gather(1, safe_labels.narrow(0, s, n).unsqueeze(1)).squeeze(1);
+            lp.narrow(0, s, n).copy_(picked - l);
+            if (want_entropy) {
+                // H = lse - sum_j p_j z_j
+                at::Tensor p = at::exp(z - l.unsqueeze(1));
+                ent.narrow(0, s, n).copy_(l - (p * z).sum(-1));
+            }
+        }
+        lp.masked_fill_(valid.logical_not(), 0.0);
+        ctx->save_for_backward(
+            {hidden, weight, safe_labels, valid, lse, want_entropy ? ent : at::Tensor()});
+        ctx->saved_data["chunk"] = chunk;
+        ctx->saved_data["inv_temp"] = inv_temp;
+        ctx->saved_data["entropy"] = want_entropy;
+        ctx->set_materialize_grads(false);
+        if (!want_entropy) return {lp};
+        return {lp, ent};
+    }
+
+    static variable_list backward(AutogradContext *ctx, variable_list grads) {
+        const auto saved = ctx->get_saved_variables();
+        const at::Tensor &hidden = saved[0], &weight = saved[1], &labels = saved[2];
+        const at::Tensor &valid = saved[3], &lse = saved[4], &ent = saved[5];
+        const int64_t chunk = ctx->saved_data["chunk"].toInt();
+        const double inv_temp = ctx->saved_data["inv_temp"].toDouble();
+        const bool want_entropy = ctx->saved_data["entropy"].toBool();
+        at::Tensor g_lp = grads[0];
+        at::Tensor g_ent = want_entropy && grads.size() > 1 ? grads[1] : at::Tensor();
+        const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+        const int64_t T = hidden.size(0);
+        const at::Tensor w = as_float(weight);
+        at::Tensor grad_h = need_h ? at::empty_like(hidden) : at::Tensor();
+        at::Tensor grad_w = need_w ? at::zeros(w.sizes(), w.options()) : at::Tensor();
+        if (g_lp.defined()) g_lp = g_lp.to(at::kFloat) * valid.to(at::kFloat);
+        for (int64_t s = 0; s < T; s += chunk) {
+            const int64_t n = std::min(chunk, T - s);
+            at::Tensor h = hidden.narrow(0, s, n);
+            at::Tensor z = chunk_logits(h, w, inv_temp);
+            at::Tensor logp = z - lse.narrow(0, s, n).unsqueeze(1);
+            at::Tensor p = at::exp(logp);
+            // d lp_t / d z = onehot(label) - p
+            at::Tensor dz = at::zeros_like(z);
+            if (g_lp.defined()) {
+                at::Tensor g = g_lp.narrow(0, s, n);
+                dz = -p * g.unsqueeze(1);
+                dz.scatter_add_(1, labels.narrow(0, s, n).unsqueeze(1), g.unsqueeze(1));
+            }
+            // d H_t / d z_j = -p_j (log p_j + H_t)
+            if (g_ent.defined()) {
+                at::Tensor g = g_ent.narrow(0, s, n).to(at::kFloat).unsqueeze(1);
+                dz = dz - g * p * (logp + ent.narrow(0, s, n).unsqueeze(1));
+            }
+            if (inv_temp != 1.0) dz.mul_(inv_temp);
+            if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(dz, w));
+            if (need_w) grad_w.addmm_(dz.t(), as_float(h));
+        }
+        if (need_w && grad_w.scalar_type() != weight.scalar_type())
+            grad_w = grad_w.to(weight.scalar_type());
+        return {grad_h,       grad_w,       at::Tensor(), at::Tensor(),
+                at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+};
+
+} // namespace
+
+std::pair<at::Tensor, at::Tensor>
+chunked_logprobs(const at::Tensor &hidden, const at::Tensor &weight, const at::Tensor &labels,
+                 int64_t chunk, double temperature, bool entropy, int64_t ignore_index) {
+    check(hidden.dim() == 2, "logprobs: hidden states must be [tokens, hidden]");
+    check(labels.dim() == 1 && labels.size(0) == hidden.size(0),
+          "logprobs: labels must be [tokens] = [" + std::to_string(hidden.size(0)) + "], got " +
+              std::to_string(labels.dim()) + "-D with " + std::to_string(labels.numel()) +
+              " elements");
+    check(labels.scalar_type() == at::kLong, "logprobs: labels must be int64");
+    check(chunk > 0, "logprobs: chunk_tokens must be positive, got " + std::to_string(chunk));
+    check(temperature > 0, "logprobs: temperature must be positive");
+    const int64_t vocab = weight.size(0);
+    if (labels.numel() > 0) {
+        at::Tensor bad =
+            (labels != ignore_index).logical_and(labels.lt(0).logical_or(labels.ge(vocab)));
+        if (bad.any().item<bool>()) {
+            const int64_t i = bad.nonzero()[0][0].item<int64_t>();
+            throw Error("logprobs: labels[" + std::to_string(i) +
+                        "] = " + std::to_string(labels[i].item<int64_t>()) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab) +
+                        ") and is not ignore_index (" + std::to_string(ignore_index) + ")");
+        }
+    }
+    variable_list out = ChunkedLogprobFn::apply(hidden, weight, labels, chunk, 1.0 / temperature,
+                                                entropy, ignore_index);
+    return {out[0], entropy ? out[1] : at::Tensor()};
+}
+
+} // namespace rl::core

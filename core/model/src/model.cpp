@@ -1,0 +1,392 @@
+#include "rl/core/model.hpp"
+
+#include "attention.hpp"
+#include "logprobs.hpp"
+#include "rope.hpp"
+#include "rl/core/error.hpp"
+#include "rl/core/threads.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <cmath>
+#include <set>
+
+namespace rl::core {
+namespace {
+
+at::TensorOptions param_options(const ModelOptions &o) {
+    return at::TensorOptions().dtype(o.dtype).device(o.device);
+}
+
+bool ends_with(const std::string &s, const std::string &suffix) {
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::vector<int64_t> to_host_vector(const at::Tensor &t) {
+    at::Tensor c = t.to(at::kCPU).to(at::kLong).contiguous();
+    const int64_t *p = c.data_ptr<int64_t>();
+    return std::vector<int64_t>(p, p + c.numel());
+}
+
+at::Tensor long_tensor(const std::vector<int64_t> &v, at::Device device) {
+    at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+    std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
+    return t.to(device);
+}
+
+at::Tensor as_float(const at::Tensor &t) {
+    return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
+}
+
+} // namespace
+
+// -- PackedBatch ------------------------------------------------------------
+
+PackedBatch PackedBatch::from_sequences(const std::vector<std::vector<int64_t>> &seqs) {
+    std::vector<int64_t> ids, cu(1, 0), pos;
+    for (const auto &s : seqs) {
+        for (size_t i = 0; i < s.size(); ++i) {
+            ids.push_back(s[i]);
+            pos.push_back(static_cast<int64_t>(i));
+        }
+        cu.push_back(static_cast<int64_t>(ids.size()));
+    }
+    PackedBatch b;
+    b.input_ids = long_tensor(ids, at::kCPU);
+    b.cu_seqlens = long_tensor(cu, at::kCPU);
+    b.position_ids = long_tensor(pos, at::kCPU);
+    return b;
+}
+
+// -- building blocks --------------------------------------------------------
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, const ModelOptions &o) {
+    weight = register_parameter("weight", at::empty({out, in}, param_options(o)));
+    if (with_bias) bias = register_parameter("bias", at::empty({out}, param_options(o)));
+}
+
+at::Tensor Linear::forward(const at::Tensor &x) const {
+    return at::linear(x, weight, bias);
+}
+
+RMSNorm::RMSNorm(int64_t dim, double eps_, const ModelOptions &o) : eps(eps_) {
+    weight = register_parameter("weight", at::empty({dim}, param_options(o)));
+}
+
+at::Tensor RMSNorm::forward(const at::Tensor &x) const {
+    // As transformers: normalize in fp32, cast back, then scale.
+    at::Tensor xf = as_float(x);
+    at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
+    at::Tensor y = xf * at::rsqrt(var + eps);
+    return weight * y.to(x.scalar_type());
+}
+
+Attention::Attention(const ModelConfig &c, const ModelOptions &o) {
+    q_proj = register_module("q_proj",
+                             std::make_shared<Linear>(c.hidden_size, c.q_size(), c.qkv_bias, o));
+    k_proj = register_module("k_proj",
+                             std::make_shared<Linear>(c.hidden_size, c.kv_size(), c.qkv_bias, o));
+    v_proj = register_module("v_proj",
+                             std::make_shared<Linear>(c.hidden_size, c.kv_size(), c.qkv_bias, o));
+    o_proj =
+        register_module("o_proj", std::make_shared<Linear>(c.q_size(), c.hidden_size, c.o_bias, o));
+    if (c.qk_norm) {
+        q_norm =
+            register_module("q_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, o));
+        k_norm =
+            register_module("k_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, o));
+    }
+}
+
+MLP::MLP(const ModelConfig &c, const ModelOptions &o) {
+    gate_proj = register_module(
+        "gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
+    up_proj = register_module(
+        "up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
+    down_proj = register_module(
+        "down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, o));
+}
+
+at::Tensor MLP::forward(const at::Tensor &x) const {
+    return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+DecoderLayer::DecoderLayer(const ModelConfig &c, const ModelOptions &o) {
+    self_attn = register_module("self_attn", std::make_shared<Attention>(c, o));
+    mlp = register_module("mlp", std::make_shared<MLP>(c, o));
+    input_layernorm = register_module("input_layernorm",
+                                      std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+    post_attention_layernorm = register_module(
+        "post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, const ModelOptions &o) {
+    weight = register_parameter("weight", at::empty({num, dim}, param_options(o)));
+}
+
+DecoderModel::DecoderModel(const ModelConfig &c, const ModelOptions &o) {
+    embed_tokens = register_module("embed_tokens",
+                                   std::make_shared<Embedding>(c.vocab_size, c.hidden_size, o));
+    layers_list = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        auto layer = std::make_shared<DecoderLayer>(c, o);
+        layers_list->push_back(layer);
+        layers.push_back(layer);
+    }
+    norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
+}
+
+// -- CausalLM ---------------------------------------------------------------
+
+CausalLM::CausalLM(ModelConfig config, ModelOptions options)
+    : config_(std::move(config)), options_(options) {
+    check(options_.dtype == at::kFloat || options_.dtype == at::kBFloat16 ||
+              options_.dtype == at::kHalf || options_.dtype == at::kDouble,
+          "model dtype must be float32, bfloat16, float16 or float64");
+    rope_ = std::make_unique<RotaryEmbedding>(config_);
+    model = register_module("model", std::make_shared<DecoderModel>(config_, options_));
+    if (!config_.tie_word_embeddings)
+        lm_head = register_module(
+            "lm_head",
+            std::make_shared<Linear>(config_.hidden_size, config_.vocab_size, false, options_));
+}
+
+CausalLM::~CausalLM() = default;
+
+const at::Tensor &CausalLM::lm_head_weight() const {
+    return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+void CausalLM::init_weights(uint64_t seed, double std) {
+    at::NoGradGuard no_grad;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    for (auto &[name, p] : named_weights()) {
+        if (ends_with(name, "norm.weight")) {
+            p.fill_(1.0);
+        } else if (ends_with(name, ".bias")) {
+            p.zero_();
+        } else {
+            // Drawn in fp32 on the CPU so the values do not depend on dtype or device.
+            at::Tensor t = at::empty(p.sizes(), at::kFloat);
+            t.normal_(0.0, std, gen);
+            p.copy_(t);
+        }
+    }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> CausalLM::named_weights() const {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto &item : named_parameters(/*recurse=*/true))
+        out.emplace_back(item.key(), item.value());
+    return out;
+}
+
+int64_t CausalLM::num_parameters() const {
+    int64_t n = 0;
+    for (const auto &p : parameters()) n += p.numel();
+    return n;
+}
+
+void CausalLM::check_tokens(const at::Tensor &ids, const char *what) const {
+    if (ids.numel() == 0) return;
+    const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+    if (lo >= 0 && hi < config_.vocab_size) return;
+    at::Tensor bad = ids.lt(0).logical_or(ids.ge(config_.vocab_size)).nonzero();
+    const int64_t i = bad[0][0].item<int64_t>();
+    throw Error(std::string(what) + "[" + std::to_string(i) +
+                "] = " + std::to_string(ids[i].item<int64_t>()) +
+                " is outside the vocabulary [0, " + std::to_string(config_.vocab_size) + ")");
+}
+
+at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &position_ids,
+                                const std::vector<int64_t> &cu, KVCache *cache,
+                                const std::vector<int64_t> *slots,
+                                const std::vector<int64_t> *starts) {
+    ensure_threads();
+    const ModelConfig &c = config_;
+    const int64_t T = input_ids.size(0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    const int64_t padding_idx = c.pad_token_id.value_or(-1);
+
+    at::Tensor h = at::embedding(model->embed_tokens->weight, input_ids, padding_idx);
+    auto [cos, sin] = rope_->cos_sin(position_ids, options_.dtype);
+
+    PackedAttentionPlan packed;
+    CachedAttentionPlan cached;
+    if (cache != nullptr) {
+        std::vector<int64_t> counts;
+        for (size_t i = 0; i + 1 < cu.size(); ++i) counts.push_back(cu[i + 1] - cu[i]);
+        cached = plan_cached_attention(*slots, *starts, counts, c.num_key_value_heads,
+                                       cache->capacity(), options_.dtype, options_.device);
+    } else {
+        packed = plan_packed_attention(cu, c.num_attention_heads, options_.dtype, options_.device);
+    }
+
+    for (size_t i = 0; i < model->layers.size(); ++i) {
+        const DecoderLayer &layer = *model->layers[i];
+        const Attention &attn = *layer.self_attn;
+        at::Tensor x = layer.input_layernorm->forward(h);
+        at::Tensor q = attn.q_proj->forward(x).view({T, c.num_attention_heads, c.head_dim});
+        at::Tensor k = attn.k_proj->forward(x).view({T, c.num_key_value_heads, c.head_dim});
+        at::Tensor v = attn.v_proj->forward(x).view({T, c.num_key_value_heads, c.head_dim});
+        if (c.qk_norm) {
+            q = attn.q_norm->forward(q);
+            k = attn.k_norm->forward(k);
+        }
+        q = RotaryEmbedding::apply(q, cos, sin);
+        k = RotaryEmbedding::apply(k, cos, sin);
+        at::Tensor a = cache != nullptr
+                           ? cached_attention(q, k, v, cache->keys(static_cast<int64_t>(i)),
+                                              cache->values(static_cast<int64_t>(i)), cached, scale)
+                           : packed_attention(q, k, v, packed, scale);
+        h = h + attn.o_proj->forward(a);
+        h = h + layer.mlp->forward(layer.post_attention_layernorm->forward(h));
+    }
+    return model->norm->forward(h);
+}
+
+at::Tensor CausalLM::hidden_states(const PackedBatch &batch) {
+    check(batch.input_ids.defined() && batch.input_ids.dim() == 1,
+          "forward: input_ids must be a 1-D tensor of token ids");
+    check(batch.input_ids.scalar_type() == at::kLong || batch.input_ids.scalar_type() == at::kInt,
+          "forward: input_ids must be int64 or int32");
+    at::Tensor ids = batch.input_ids.to(options_.device).to(at::kLong);
+    const int64_t T = ids.size(0);
+    check_tokens(ids, "forward: input_ids");
+
+    std::vector<int64_t> cu;
+    if (batch.cu_seqlens.defined()) {
+        check(batch.cu_seqlens.dim() == 1 && batch.cu_seqlens.size(0) >= 1,
+              "forward: cu_seqlens must be a 1-D tensor [sequences + 1]");
+        check(batch.cu_seqlens.scalar_type() == at::kLong ||
+                  batch.cu_seqlens.scalar_type() == at::kInt,
+              "forward: cu_seqlens must be int64 or int32");
+        cu = to_host_vector(batch.cu_seqlens);
+        check(cu.front() == 0,
+              "forward: cu_seqlens[0] must be 0, got " + std::to_string(cu.front()));
+        for (size_t i = 1; i < cu.size(); ++i)
+            check(cu[i] >= cu[i - 1], "forward: cu_seqlens must not decrease (cu_seqlens[" +
+                                          std::to_string(i) + "] = " + std::to_string(cu[i]) +
+                                          " < " + std::to_string(cu[i - 1]) + ")");
+        check(cu.back() == T, "forward: cu_seqlens ends at " + std::to_string(cu.back()) +
+                                  " but input_ids has " + std::to_string(T) + " tokens");
+    } else {
+        cu = {0, T};
+    }
+
+    at::Tensor pos;
+    if (batch.position_ids.defined()) {
+        check(batch.position_ids.dim() == 1 && batch.position_ids.size(0) == T,
+              "forward: position_ids must be [" + std::to_string(T) + "] like input_ids");
+        check(batch.position_ids.scalar_type() == at::kLong ||
+                  batch.position_ids.scalar_type() == at::kInt,
+              "forward: position_ids must be int64 or int32");
+        pos = batch.position_ids.to(options_.device).to(at::kLong);
+        if (T > 0)
+            check(pos.min().item<int64_t>() >= 0, "forward: position_ids must be non-negative");
+    } else {
+        std::vector<int64_t> p(static_cast<size_t>(T));
+        for (size_t s = 0; s + 1 < cu.size(); ++s)
+            for (int64_t t = cu[s]; t < cu[s + 1]; ++t) p[t] = t - cu[s];
+        pos = long_tensor(p, options_.device);
+    }
+    return run_layers(ids, pos, cu, nullptr, nullptr, nullptr);
+}
+
+at::Tensor CausalLM::logits(const PackedBatch &batch) {
+    at::Tensor h = hidden_states(batch);
+    return at::matmul(as_float(h), as_float(lm_head_weight()).t());
+}
+
+TokenLogprobs CausalLM::token_logprobs(const PackedBatch &batch, const at::Tensor &labels,
+                                       const LogprobOptions &options) {
+    check(labels.defined(), "logprobs: labels are undefined");
+    at::Tensor h = hidden_states(batch);
+    auto [lp, ent] = chunked_logprobs(h, lm_head_weight(), labels.to(options_.device).to(at::kLong),
+                                      options.chunk_tokens, options.temperature, options.entropy,
+                                      options.ignore_index);
+    return {lp, ent};
+}
+
+// -- incremental decoding ---------------------------------------------------
+
+KVCache CausalLM::make_cache(int64_t slots, int64_t capacity) const {
+    return KVCache(config_, slots, capacity, options_.dtype, options_.device);
+}
+
+at::Tensor CausalLM::extend(KVCache &cache, const std::vector<int64_t> &slots,
+                            const at::Tensor &tokens, const std::vector<int64_t> &counts,
+                            bool all_logits) {
+    at::NoGradGuard no_grad;
+    check(cache.allocated(), "extend: the KV cache is released (call allocate())");
+    check(cache.num_layers() == config_.num_hidden_layers &&
+              cache.kv_heads_ == config_.num_key_value_heads && cache.head_dim_ == config_.head_dim,
+          "extend: the KV cache was made for a different model shape");
+    check(cache.dtype_ == options_.dtype, "extend: the KV cache dtype differs from the model's");
+    check(slots.size() == counts.size(), "extend: " + std::to_string(slots.size()) + " slots but " +
+                                             std::to_string(counts.size()) + " chunk lengths");
+    check(!slots.empty(), "extend: no slots given");
+    check(tokens.defined() && tokens.dim() == 1, "extend: tokens must be a 1-D tensor");
+    check(tokens.scalar_type() == at::kLong || tokens.scalar_type() == at::kInt,
+          "extend: tokens must be int64 or int32");
+    std::set<int64_t> seen;
+    std::vector<int64_t> starts, cu(1, 0);
+    int64_t needed = 0;
+    for (size_t i = 0; i < slots.size(); ++i) {
+        cache.check_slot(slots[i], "extend");
+        check(seen.insert(slots[i]).second,
+              "extend: slot " + std::to_string(slots[i]) + " given twice");
+        check(counts[i] > 0, "extend: chunk " + std::to_string(i) + " (slot " +
+                                 std::to_string(slots[i]) + ") is empty");
+        starts.push_back(cache.length(slots[i]));
+        cu.push_back(cu.back() + counts[i]);
+        needed = std::max(needed, starts.back() + counts[i]);
+    }
+    check(tokens.size(0) == cu.back(), "extend: chunk lengths add up to " +
+                                           std::to_string(cu.back()) + " but tokens has " +
+                                           std::to_string(tokens.size(0)));
+    at::Tensor ids = tokens.to(options_.device).to(at::kLong);
+    check_tokens(ids, "extend: tokens");
+    if (needed > cache.capacity()) cache.reserve(std::max(needed, 2 * cache.capacity()));
+
+    std::vector<int64_t> pos;
+    pos.reserve(static_cast<size_t>(cu.back()));
+    for (size_t i = 0; i < slots.size(); ++i)
+        for (int64_t j = 0; j < counts[i]; ++j) pos.push_back(starts[i] + j);
+    at::Tensor h = run_layers(ids, long_tensor(pos, options_.device), cu, &cache, &slots, &starts);
+    for (size_t i = 0; i < slots.size(); ++i) cache.set_length(slots[i], starts[i] + counts[i]);
+    if (!all_logits) {
+        std::vector<int64_t> last;
+        for (size_t i = 1; i < cu.size(); ++i) last.push_back(cu[i] - 1);
+        h = h.index_select(0, long_tensor(last, options_.device));
+    }
+    return at::matmul(as_float(h), as_float(lm_head_weight()).t());
+}
+
+at::Tensor CausalLM::prefill(KVCache &cache, const std::vector<int64_t> &slots,
+                             const std::vector<std::vector<int64_t>> &prompts) {
+    check(slots.size() == prompts.size(), "prefill: " + std::to_string(slots.size()) +
+                                              " slots but " + std::to_string(prompts.size()) +
+                                              " prompts");
+    std::vector<int64_t> flat, counts;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        check(!prompts[i].empty(), "prefill: prompt " + std::to_string(i) + " is empty");
+        flat.insert(flat.end(), prompts[i].begin(), prompts[i].end());
+        counts.push_back(static_cast<int64_t>(prompts[i].size()));
+    }
+    for (int64_t s : slots) cache.clear(s);
+    return extend(cache, slots, long_tensor(flat, at::kCPU), counts);
+}
+
+at::Tensor CausalLM::decode(KVCache &cache, const std::vector<int64_t> &slots,
+                            const at::Tensor &tokens) {
+    check(tokens.defined() && tokens.dim() == 1 &&
+              tokens.size(0) == static_cast<int64_t>(slots.size()),
+          "decode: tokens must be [" + std::to_string(slots.size()) + "], one per slot");
+    return extend(cache, slots, tokens, std::vector<int64_t>(slots.size(), 1));
+}
+
+} // namespace rl::core

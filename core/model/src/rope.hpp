@@ -1,0 +1,31 @@
+// Rotary position embedding with the transformers layout (rotate_half over
+// the two halves of each head) and the none / linear / llama3 frequency rules.
+#pragma once
+
+#include "rl/core/config.hpp"
+
+#include <ATen/Tensor.h>
+
+#include <utility>
+
+namespace rl::core {
+
+class RotaryEmbedding {
+public:
+    explicit RotaryEmbedding(const ModelConfig &config);
+
+    /// cos and sin [T, head_dim / 2] in `dtype` for position ids [T] (int64).
+    /// Computed in fp32 as transformers does, then cast.
+    std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor &position_ids,
+                                              at::ScalarType dtype) const;
+    /// x [T, heads, head_dim] rotated by cos/sin [T, head_dim / 2].
+    static at::Tensor apply(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin);
+
+    /// [head_dim / 2] fp32 on the CPU.
+    const at::Tensor &inv_freq() const { return inv_freq_; }
+
+private:
+    at::Tensor inv_freq_;
+};
+
+} // namespace rl::core

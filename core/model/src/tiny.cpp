@@ -1,0 +1,144 @@
+#include "rl/core/tiny.hpp"
+
+#include "rl/core/config.hpp"
+#include "rl/core/model.hpp"
+#include "rl/core/pretrained.hpp"
+#include "unicode.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace rl::core {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+const char *const kSpecials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+
+// ChatML, as a Jinja template for tools that render it.
+constexpr const char *kChatTemplate =
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+Json added_token(int32_t id, const char *content) {
+    return Json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
+}
+
+// GPT-2's byte -> character map (same table as the tokenizer's).
+std::string byte_char(int b) {
+    int next = 0;
+    for (int x = 0; x < 256; ++x) {
+        const bool keep = (x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE);
+        const uint32_t cp = keep ? static_cast<uint32_t>(x) : static_cast<uint32_t>(256 + next++);
+        if (x == b) return unicode::encode(cp);
+    }
+    return {};
+}
+
+} // namespace
+
+std::string tiny_config_json(const TinyModelSpec &s) {
+    Json j;
+    j["architectures"] = Json::array({"Qwen3ForCausalLM"});
+    j["model_type"] = "qwen3";
+    j["vocab_size"] = kTinyVocabSize;
+    j["hidden_size"] = s.hidden_size;
+    j["intermediate_size"] = s.intermediate_size;
+    j["num_hidden_layers"] = s.num_hidden_layers;
+    j["num_attention_heads"] = s.num_attention_heads;
+    j["num_key_value_heads"] = s.num_key_value_heads;
+    j["head_dim"] = s.head_dim;
+    j["hidden_act"] = "silu";
+    j["max_position_embeddings"] = s.max_position_embeddings;
+    j["rms_norm_eps"] = 1e-6;
+    j["rope_theta"] = s.rope_theta;
+    j["rope_scaling"] = nullptr;
+    j["attention_bias"] = false;
+    j["attention_dropout"] = 0.0;
+    j["tie_word_embeddings"] = true;
+    j["use_cache"] = true;
+    j["use_sliding_window"] = false;
+    j["initializer_range"] = s.init_std;
+    j["bos_token_id"] = nullptr;
+    j["eos_token_id"] = kTinyImEnd;
+    j["torch_dtype"] = "float32";
+    return j.dump(2) + "\n";
+}
+
+std::string tiny_tokenizer_json() {
+    Json vocab = Json::object();
+    for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+    Json added = Json::array();
+    for (int i = 0; i < 3; ++i) added.push_back(added_token(256 + i, kSpecials[i]));
+    const Json byte_level = {{"type", "ByteLevel"},
+                             {"add_prefix_space", false},
+                             {"trim_offsets", true},
+                             {"use_regex", false}};
+    Json j;
+    j["version"] = "1.0";
+    j["truncation"] = nullptr;
+    j["padding"] = nullptr;
+    j["added_tokens"] = added;
+    j["normalizer"] = nullptr;
+    j["pre_tokenizer"] = byte_level;
+    j["post_processor"] = byte_level;
+    j["decoder"] = byte_level;
+    j["model"] = {{"type", "BPE"},
+                  {"dropout", nullptr},
+                  {"unk_token", nullptr},
+                  {"continuing_subword_prefix", nullptr},
+                  {"end_of_word_suffix", nullptr},
+                  {"fuse_unk", false},
+                  {"byte_fallback", false},
+                  {"ignore_merges", false},
+                  {"vocab", vocab},
+                  {"merges", Json::array()}};
+    return j.dump(2) + "\n";
+}
+
+std::string tiny_tokenizer_config_json() {
+    Json decoder = Json::object();
+    for (int i = 0; i < 3; ++i) {
+        Json t = added_token(256 + i, kSpecials[i]);
+        t.erase("id");
+        decoder[std::to_string(256 + i)] = t;
+    }
+    Json j;
+    j["add_bos_token"] = false;
+    j["add_prefix_space"] = false;
+    j["added_tokens_decoder"] = decoder;
+    j["additional_special_tokens"] = Json::array({"<|im_start|>", "<|im_end|>"});
+    j["bos_token"] = nullptr;
+    j["chat_template"] = kChatTemplate;
+    j["clean_up_tokenization_spaces"] = false;
+    j["eos_token"] = "<|im_end|>";
+    j["model_max_length"] = 2048;
+    j["pad_token"] = "<|endoftext|>";
+    j["tokenizer_class"] = "PreTrainedTokenizerFast";
+    j["unk_token"] = nullptr;
+    return j.dump(2) + "\n";
+}
+
+void write_tiny_model(const std::string &dir, uint64_t seed, const TinyModelSpec &spec) {
+    ModelConfig config = ModelConfig::parse(tiny_config_json(spec), "tiny preset config.json");
+    CausalLM model(config);
+    model.init_weights(seed, spec.init_std);
+    model.aux_files()["tokenizer.json"] = tiny_tokenizer_json();
+    model.aux_files()["tokenizer_config.json"] = tiny_tokenizer_config_json();
+    model.aux_files()["special_tokens_map.json"] =
+        Json{{"additional_special_tokens", Json::array({"<|im_start|>", "<|im_end|>"})},
+             {"eos_token", "<|im_end|>"},
+             {"pad_token", "<|endoftext|>"}}
+            .dump(2) +
+        "\n";
+    model.aux_files()["generation_config.json"] =
+        Json{{"eos_token_id", Json::array({kTinyImEnd, kTinyEndOfText})},
+             {"pad_token_id", kTinyEndOfText}}
+            .dump(2) +
+        "\n";
+    save_pretrained(model, dir);
+}
+
+} // namespace rl::core

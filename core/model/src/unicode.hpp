@@ -1,0 +1,64 @@
+// UTF-8 helpers, Unicode normalization (utf8proc) and Unicode-aware regular
+// expressions (PCRE2 with UTF + UCP) for the tokenizer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace rl::core::unicode {
+
+/// True when `s` is valid UTF-8; otherwise *bad_pos (if given) is the offset
+/// of the first invalid byte.
+bool valid_utf8(std::string_view s, size_t *bad_pos = nullptr);
+
+/// Encodes one code point.
+std::string encode(uint32_t cp);
+
+/// Byte length of the UTF-8 sequence that starts at s[i] (valid input assumed).
+size_t char_len(std::string_view s, size_t i);
+
+/// Bytes -> UTF-8 with each maximal ill-formed subsequence replaced by U+FFFD
+/// (what Rust's String::from_utf8_lossy and Hugging Face decoders produce).
+std::string lossy(std::string_view bytes);
+
+/// Length of the longest prefix that does not end inside a still-completable
+/// UTF-8 sequence: the part a streaming decoder may emit now.
+size_t emit_prefix_len(std::string_view bytes);
+
+enum class Form { NFC, NFD, NFKC, NFKD };
+/// Unicode normalization of valid UTF-8.
+std::string normalize(std::string_view s, Form form);
+
+/// True for Unicode White_Space characters (Python's str.strip set).
+bool is_space(uint32_t cp);
+/// Strips leading and trailing white space (Python str.strip()).
+std::string strip(std::string_view s);
+
+/// A compiled PCRE2 pattern with Unicode semantics (\p{L}, \s, (?i) ...).
+class Regex {
+public:
+    /// Throws Error naming the pattern and position on a syntax error.
+    explicit Regex(const std::string &pattern);
+    ~Regex();
+    Regex(const Regex &) = delete;
+    Regex &operator=(const Regex &) = delete;
+
+    /// Non-overlapping matches [begin, end) in byte offsets, left to right.
+    /// `s` must be valid UTF-8.
+    std::vector<std::pair<size_t, size_t>> find_all(std::string_view s) const;
+    const std::string &pattern() const { return pattern_; }
+
+private:
+    std::string pattern_;
+    void *code_ = nullptr; // pcre2_code_8
+};
+
+/// Escapes a literal string for use inside a PCRE2 pattern.
+std::string regex_escape(std::string_view literal);
+
+} // namespace rl::core::unicode

@@ -1,0 +1,65 @@
+// rl/core/policy.hpp: one model as the RL loop sees it. The trainer and the
+// co-located rollout engine share a Policy: the same CausalLM object (the
+// engine reads the parameters the optimizer writes, no copy), its tokenizer,
+// the policy version (bumped by every optimizer step, adopted by the engine on
+// weight sync) and the sampling stream the engine draws seeds from when a call
+// gives none (saved in checkpoints, so a resumed run samples as the original).
+#pragma once
+
+#include "rl/core/train_error.hpp"
+#include "rl/core/model.hpp"
+#include "rl/core/tokenizer.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace rl::core {
+
+class Policy {
+public:
+    /// `tokenizer` may be null (a folder without tokenizer.json): training
+    /// works, text features (decoding, stop strings) refuse.
+    Policy(std::shared_ptr<CausalLM> model, std::shared_ptr<const Tokenizer> tokenizer);
+
+    /// Loads a Hugging Face folder (weights as float32 on the CPU; the
+    /// tokenizer when tokenizer.json is present).
+    static std::shared_ptr<Policy> load(const std::string &dir);
+
+    CausalLM &model() const { return *model_; }
+    const std::shared_ptr<CausalLM> &model_ptr() const { return model_; }
+    /// Null when the folder had no tokenizer.json.
+    const std::shared_ptr<const Tokenizer> &tokenizer() const { return tokenizer_; }
+    /// The tokenizer; throws naming `what` when there is none.
+    const Tokenizer &require_tokenizer(const std::string &what) const;
+
+    /// The number of optimizer steps applied to the weights (or restored from
+    /// a checkpoint). The engine stamps its samples with the version it synced.
+    int64_t version() const;
+    void set_version(int64_t version);
+    int64_t bump_version();
+
+    /// End-of-sequence ids: config.json's eos_token_id(s) plus the
+    /// tokenizer's eos token, deduplicated, in that order.
+    std::vector<int64_t> eos_token_ids() const;
+
+    /// The engine's seed stream (splitmix64): each call without an explicit
+    /// seed takes the next value.
+    uint64_t next_sampling_seed();
+    uint64_t sampling_state() const;
+    void set_sampling_state(uint64_t state);
+
+private:
+    std::shared_ptr<CausalLM> model_;
+    std::shared_ptr<const Tokenizer> tokenizer_;
+    mutable std::mutex mu_;
+    int64_t version_ = 0;
+    uint64_t sampling_state_ = 0;
+};
+
+/// splitmix64 finalizer: a well-mixed 64-bit function of x.
+uint64_t mix64(uint64_t x);
+
+} // namespace rl::core

@@ -1,0 +1,156 @@
+// rl/core/trainer.hpp: the trainer. Packs a batch into bins, runs micro-batches
+// through the model's packed forward to get per-token logprobs (and entropy),
+// hands them to a loss callback, and back-propagates the gradients the loss
+// returns into the parameters (the trainer owns autograd; the loss never sees
+// a graph). optim_step applies AdamW with global-norm clipping and a schedule.
+//
+// Alignment (as abi/rl/train.h documents for rl_batch_t): position t of every
+// per-token tensor describes token t as predicted from the tokens before it in
+// its sequence. logprobs[t] = log p(labels[t] | input_ids[start .. t-1]); the
+// first token of each sequence has no prediction: its logprob and entropy are
+// 0 and the trainer forces its loss_mask to 0 (and its label to -100).
+#pragma once
+
+#include "rl/core/packing.hpp"
+#include "rl/core/policy.hpp"
+#include "rl/core/trainer_config.hpp"
+
+#include <ATen/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::optim {
+class AdamW;
+}
+
+namespace rl::core {
+
+/// A batch as the caller gives it. Tensors are 1-D CPU tensors.
+struct TrainBatch {
+    at::Tensor input_ids;                      ///< int64 [T]
+    std::vector<int64_t> cu_seqlens;           ///< [n_seqs + 1]
+    std::map<std::string, at::Tensor> tensors; ///< per-token [T] (float, int, bool)
+    /// Normalizers of the whole optimizer step when it is split over several
+    /// forward_backward calls (gradient accumulation): loss tokens and
+    /// sequences with loss tokens over all calls. 0: this call's own counts.
+    double global_tokens = 0;
+    double global_seqs = 0;
+};
+
+/// Which inputs a loss reads (names as in abi/rl/kinds/loss.h).
+struct LossSignature {
+    std::vector<std::string> required, optional, differentiable;
+    bool accepts(const std::string &name) const;
+    bool requires(const std::string &name) const;
+    bool differentiates(const std::string &name) const;
+};
+
+/// One loss evaluation over one micro-batch.
+struct LossCall {
+    /// Per-token [n] contiguous CPU tensors: float64, except "labels" (int64).
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    at::Tensor cu_seqlens; ///< int64 [n_seqs + 1], from 0 to n
+    double global_tokens = 0;
+    double global_seqs = 0;
+    bool want_grads = false;
+};
+
+struct LossResult {
+    double loss = 0;
+    /// d loss / d input per differentiable input (same shape; any float dtype).
+    std::map<std::string, at::Tensor> grads;
+    std::map<std::string, double> metrics;
+    /// Extra outputs (per-token [n] or per-sequence), concatenated over micro-batches.
+    std::map<std::string, at::Tensor> tensors;
+};
+
+/// A loss plugged into the trainer: its signature and how to evaluate it.
+struct LossFunction {
+    std::string name; ///< for error messages ("loss 'policy_loss'")
+    LossSignature signature;
+    std::function<LossResult(const LossCall &)> compute;
+};
+
+struct StepResult {
+    double loss = 0;         ///< sum over micro-batches (each normalized globally)
+    int64_t tokens = 0;      ///< tokens in the batch
+    int64_t loss_tokens = 0; ///< tokens the loss counts (mask 1, label valid)
+    int64_t seqs = 0;
+    int64_t bins = 0;
+    int64_t micro_batches = 0;
+    std::map<std::string, double> metrics;     ///< loss-token-weighted means
+    std::map<std::string, at::Tensor> tensors; ///< forward: "logprobs", "entropy"; + loss extras
+};
+
+struct OptimResult {
+    double grad_norm = 0; ///< before clipping
+    double learning_rate = 0;
+    int64_t step = 0; ///< optimizer steps taken so far (this one included)
+    int64_t policy_version = 0;
+};
+
+struct CheckpointInfo {
+    std::string path;
+    int64_t step = 0;
+    std::string state_json; ///< the caller's state ("{}" when none was saved)
+};
+
+class Trainer {
+public:
+    Trainer(std::shared_ptr<Policy> policy, TrainerConfig config);
+    ~Trainer();
+    Trainer(const Trainer &) = delete;
+    Trainer &operator=(const Trainer &) = delete;
+
+    const TrainerConfig &config() const { return config_; }
+    Policy &policy() const { return *policy_; }
+    int64_t step() const { return step_; }
+    /// forward_backward calls since the last optimizer step.
+    int64_t pending_backwards() const { return pending_backwards_; }
+
+    /// Forward + backward through `loss`; gradients accumulate in the
+    /// parameters until optim_step.
+    StepResult forward_backward(const TrainBatch &batch, const LossFunction &loss);
+    /// Forward only: tensors "logprobs" and "entropy" (float32 [T]); with a
+    /// loss (may be null) also its value, metrics and extra tensors (an extra
+    /// named "logprobs" or "entropy" comes back as "loss.logprobs" / "loss.entropy").
+    StepResult forward(const TrainBatch &batch, const LossFunction *loss);
+
+    /// Clip, AdamW step at the scheduled rate (or the override), zero the
+    /// gradients, bump the policy version. Refuses when no forward_backward
+    /// ran since the last step, and when the gradient norm is not finite (the
+    /// gradients are then cleared and the parameters left untouched).
+    /// Parameters without a gradient (all-zero loss gradients) are not updated.
+    OptimResult optim_step(const OptimOverrides &overrides = {});
+    /// Drops accumulated gradients.
+    void zero_grad();
+
+    /// Writes dir/step_<step>/ atomically (see checkpoint.hpp): model/ (an HF
+    /// folder), optimizer.safetensors, rng.safetensors, trainer.json (step,
+    /// policy version, sampling stream, config), state.json (`state_json`, a
+    /// JSON object or empty). Returns its path.
+    std::string save_checkpoint(const std::string &dir, const std::string &state_json);
+    /// Restores the newest complete checkpoint under dir; TrainError NotFound
+    /// when there is none.
+    CheckpointInfo load_checkpoint(const std::string &dir);
+
+private:
+    struct Prepared;
+    Prepared prepare(const TrainBatch &batch, const LossFunction *loss, bool backward) const;
+    StepResult run(const TrainBatch &batch, const LossFunction *loss, bool backward);
+    void rebuild_optimizer();
+
+    std::shared_ptr<Policy> policy_;
+    TrainerConfig config_;
+    std::unique_ptr<torch::optim::AdamW> optimizer_;
+    std::vector<std::pair<std::string, at::Tensor>> params_; ///< (HF name, parameter)
+    int64_t step_ = 0;
+    int64_t pending_backwards_ = 0;
+};
+
+} // namespace rl::core

@@ -1,0 +1,63 @@
+// rl/core/trainer_config.hpp: the trainer's settings (the "trainer" section of
+// a run configuration), learning-rate schedules and per-step overrides.
+// Torch-free; JSON in, errors naming the key.
+#pragma once
+
+#include "rl/core/packing.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace rl::core {
+
+enum class LrSchedule { Constant, LinearWarmup, Cosine };
+
+/// "constant", "linear_warmup", "cosine".
+const char *lr_schedule_name(LrSchedule s);
+
+struct TrainerConfig {
+    // AdamW
+    double learning_rate = 1e-5;
+    double beta1 = 0.9;
+    double beta2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
+    double gradient_clip = 1.0; ///< global-norm clip; 0: none
+    // schedule
+    LrSchedule lr_schedule = LrSchedule::Constant;
+    int64_t warmup_steps = 0;
+    double min_lr_ratio = 0.0;
+    int64_t total_steps = 0; ///< needed by cosine
+    // packing
+    PackingConfig packing;
+    /// Tokens per slice of the output projection when computing logprobs.
+    int64_t logprob_chunk_tokens = 512;
+    /// Seeds torch's default generator and the engine's sampling stream.
+    std::optional<uint64_t> seed;
+
+    /// Parses a JSON object; unknown keys and wrong types are errors naming
+    /// the key ("trainer.<key>"). Validates.
+    static TrainerConfig from_json(const std::string &json_text);
+    /// Throws TrainError naming the first bad field.
+    void validate() const;
+    std::string to_json() const;
+};
+
+/// Learning rate of optimizer step `step` (0-based: the step about to be
+/// taken), for the peak `lr`:
+///   warm-up (linear_warmup, cosine): lr * (step + 1) / warmup_steps while step < warmup_steps;
+///   constant / linear_warmup after it: lr;
+///   cosine after it: lr * (r + (1 - r) * (1 + cos(pi * p)) / 2), r = min_lr_ratio,
+///     p = (step - warmup_steps) / (total_steps - warmup_steps), clamped to [0, 1].
+double scheduled_learning_rate(const TrainerConfig &config, double lr, int64_t step);
+
+/// Per-call overrides of optim_step.
+struct OptimOverrides {
+    std::optional<double> learning_rate; ///< replaces the scheduled rate for this step
+    std::optional<double> beta1, beta2, eps, weight_decay, gradient_clip;
+    /// JSON object (empty text or "null": none); unknown keys are errors.
+    static OptimOverrides from_json(const std::string &json_text);
+};
+
+} // namespace rl::core

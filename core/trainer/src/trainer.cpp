@@ -1,0 +1,621 @@
+#include "rl/core/trainer.hpp"
+
+#include "rl/core/atomic_file.hpp"
+#include "rl/core/checkpoint.hpp"
+#include "rl/core/pretrained.hpp"
+#include "rl/core/safetensors.hpp"
+#include "rl/core/tensor_io.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/StringUtil.h>
+#include <torch/autograd.h>
+#include <torch/optim/adamw.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <mutex>
+#include <set>
+
+namespace rl::core {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kIgnore = -100;
+constexpr const char *kCheckpointFormat = "rl-trainer-checkpoint/1";
+
+[[noreturn]] void invalid(const std::string &msg) {
+    throw TrainError(ErrorKind::InvalidArgument, msg);
+}
+
+std::string list_names(const std::vector<std::string> &names) {
+    if (names.empty()) return "(none)";
+    std::string s;
+    for (const auto &n : names) s += (s.empty() ? "" : ", ") + n;
+    return s;
+}
+
+at::Tensor long_tensor(const std::vector<int64_t> &v) {
+    at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
+    std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
+    return t;
+}
+
+bool is_float(at::ScalarType t) {
+    return at::isFloatingType(t);
+}
+bool is_integral_or_bool(at::ScalarType t) {
+    return at::isIntegralType(t, /*includeBool=*/true);
+}
+
+// The optimizer keys its per-parameter state by the parameter's TensorImpl.
+std::string state_key(const at::Tensor &p) {
+    return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+// Loads every tensor of a saved model folder (single file or sharded).
+std::map<std::string, at::Tensor> load_model_tensors(const fs::path &dir) {
+    std::map<std::string, at::Tensor> out;
+    const fs::path single = dir / "model.safetensors";
+    const fs::path index = dir / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+        const SafetensorsIndex idx = read_safetensors_index(index.string());
+        std::set<std::string> files;
+        for (const auto &kv : idx.weight_map) files.insert(kv.second);
+        for (const auto &f : files)
+            for (auto &kv : load_safetensors((dir / f).string())) out.insert(std::move(kv));
+    } else {
+        out = load_safetensors(single.string());
+    }
+    return out;
+}
+
+} // namespace
+
+// -- signature --------------------------------------------------------------
+
+bool LossSignature::accepts(const std::string &n) const {
+    return requires(n) || std::find(optional.begin(), optional.end(), n) != optional.end();
+}
+bool LossSignature::requires(const std::string &n) const {
+    return std::find(required.begin(), required.end(), n) != required.end();
+}
+bool LossSignature::differentiates(const std::string &n) const {
+    return std::find(differentiable.begin(), differentiable.end(), n) != differentiable.end();
+}
+
+// -- construction -------------------------------------------------------------
+
+Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config)
+    : policy_(std::move(policy)), config_(std::move(config)) {
+    require(policy_ != nullptr, ErrorKind::InvalidArgument, "trainer: policy is null");
+    config_.validate();
+    params_ = policy_->model().named_weights();
+    for (auto &kv : params_) kv.second.set_requires_grad(true);
+    rebuild_optimizer();
+    if (config_.seed) {
+        at::Generator gen = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_current_seed(*config_.seed);
+        policy_->set_sampling_state(*config_.seed);
+    }
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::rebuild_optimizer() {
+    std::vector<at::Tensor> ps;
+    for (const auto &kv : params_) ps.push_back(kv.second);
+    torch::optim::AdamWOptions o(config_.learning_rate);
+    o.betas(std::make_tuple(config_.beta1, config_.beta2));
+    o.eps(config_.eps);
+    o.weight_decay(config_.weight_decay);
+    optimizer_ = std::make_unique<torch::optim::AdamW>(ps, o);
+}
+
+// -- batch preparation ----------------------------------------------------------
+
+struct Trainer::Prepared {
+    int64_t T = 0;
+    std::vector<int64_t> cu;
+    PackingPlan plan;
+    at::Tensor ids;          // int64 [T]
+    at::Tensor model_labels; // int64 [T]: label of the next token in the sequence, else -100
+    at::Tensor not_first;    // float32 [T]: 0 at each sequence's first token
+    at::Tensor counted;      // float64 [T]: 1 where the loss counts the token
+    // Loss inputs over the whole batch (float64, labels int64), sliced per micro-batch.
+    std::vector<std::pair<std::string, at::Tensor>> inputs;
+    bool want_logprobs = false, want_entropy = false;
+    int64_t loss_tokens = 0, loss_seqs = 0;
+    double global_tokens = 0, global_seqs = 0;
+};
+
+Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *loss,
+                                   bool backward) const {
+    Prepared P;
+    const int64_t vocab = policy_->model().config().vocab_size;
+    const at::Tensor &in = batch.input_ids;
+    if (!in.defined() || in.dim() != 1) invalid("batch input_ids must be a 1-D tensor");
+    if (in.scalar_type() != at::kLong && in.scalar_type() != at::kInt)
+        invalid("batch input_ids must be int64, got " +
+                std::string(c10::toString(in.scalar_type())));
+    P.ids = in.to(at::kCPU).to(at::kLong).contiguous();
+    P.T = P.ids.size(0);
+    if (P.T == 0) invalid("batch input_ids is empty");
+    {
+        const int64_t *p = P.ids.data_ptr<int64_t>();
+        for (int64_t t = 0; t < P.T; ++t)
+            if (p[t] < 0 || p[t] >= vocab)
+                invalid("batch input_ids[" + std::to_string(t) + "] = " + std::to_string(p[t]) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+    P.cu = batch.cu_seqlens;
+    if (!P.cu.empty() && P.cu.back() != P.T)
+        invalid("batch cu_seqlens ends at " + std::to_string(P.cu.back()) + " but input_ids has " +
+                std::to_string(P.T) + " tokens");
+    P.plan = plan_packing(P.cu, config_.packing);
+    const int64_t S = static_cast<int64_t>(P.cu.size()) - 1;
+
+    // Per-token tensors: shape and dtype checks, reserved names.
+    for (const auto &kv : batch.tensors) {
+        const std::string &name = kv.first;
+        const at::Tensor &t = kv.second;
+        if (name.empty()) invalid("batch has a tensor with an empty name");
+        if (name == "logprobs" || name == "entropy")
+            invalid("batch tensor '" + name +
+                    "' is computed by the trainer; pass earlier logprobs as 'old_logprobs', "
+                    "'ref_logprobs', 'rollout_logprobs', ...");
+        if (!t.defined() || t.dim() != 1 || t.size(0) != P.T)
+            invalid("batch tensor '" + name + "' must be [" + std::to_string(P.T) +
+                    "] (one value per token), got " +
+                    (t.defined() ? std::to_string(t.dim()) + "-D with " +
+                                       std::to_string(t.numel()) + " elements"
+                                 : std::string("an undefined tensor")));
+        if (!is_float(t.scalar_type()) && !is_integral_or_bool(t.scalar_type()))
+            invalid("batch tensor '" + name + "' has unsupported dtype " +
+                    std::string(c10::toString(t.scalar_type())));
+    }
+
+    // The first token of every sequence.
+    std::vector<uint8_t> first(static_cast<size_t>(P.T), 0);
+    for (int64_t s = 0; s < S; ++s) first[static_cast<size_t>(P.cu[s])] = 1;
+    P.not_first = at::ones({P.T}, at::kFloat);
+    for (int64_t s = 0; s < S; ++s) P.not_first.data_ptr<float>()[P.cu[s]] = 0.0f;
+
+    // Labels (aligned: labels[t] is the token scored at t), first tokens ignored.
+    at::Tensor labels;
+    if (auto it = batch.tensors.find("labels"); it != batch.tensors.end()) {
+        if (!at::isIntegralType(it->second.scalar_type(), /*includeBool=*/false))
+            invalid("batch tensor 'labels' must be int64 (-100 = ignored), got " +
+                    std::string(c10::toString(it->second.scalar_type())));
+        labels = it->second.to(at::kCPU).to(at::kLong).contiguous().clone();
+        const int64_t *p = labels.data_ptr<int64_t>();
+        for (int64_t t = 0; t < P.T; ++t)
+            if (p[t] != kIgnore && (p[t] < 0 || p[t] >= vocab))
+                invalid("batch labels[" + std::to_string(t) + "] = " + std::to_string(p[t]) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab) +
+                        ") and is not -100 (ignored)");
+    } else {
+        labels = P.ids.clone();
+    }
+    {
+        int64_t *p = labels.data_ptr<int64_t>();
+        for (int64_t t = 0; t < P.T; ++t)
+            if (first[static_cast<size_t>(t)]) p[t] = kIgnore;
+    }
+    // For the model: position j predicts labels[j + 1] when j + 1 is in the same sequence.
+    P.model_labels = at::full({P.T}, kIgnore, at::kLong);
+    {
+        int64_t *m = P.model_labels.data_ptr<int64_t>();
+        const int64_t *l = labels.data_ptr<int64_t>();
+        for (int64_t t = 1; t < P.T; ++t)
+            if (!first[static_cast<size_t>(t)]) m[t - 1] = l[t];
+    }
+
+    if (loss == nullptr) {
+        P.want_logprobs = true;
+        P.want_entropy = true;
+        return P;
+    }
+
+    // Inputs the loss reads; refuse what it cannot take or misses.
+    const LossSignature &sig = loss->signature;
+    for (const auto &kv : batch.tensors)
+        if (!sig.accepts(kv.first))
+            invalid(loss->name + " does not read batch tensor '" + kv.first +
+                    "'; it reads: " + list_names([&] {
+                        std::vector<std::string> a = sig.required;
+                        a.insert(a.end(), sig.optional.begin(), sig.optional.end());
+                        return a;
+                    }()));
+    for (const auto &r : sig.required) {
+        const bool provided = r == "logprobs" || r == "entropy" || r == "labels" ||
+                              r == "loss_mask" || batch.tensors.count(r);
+        if (!provided) {
+            std::vector<std::string> have;
+            for (const auto &kv : batch.tensors) have.push_back(kv.first);
+            invalid(loss->name + " requires input '" + r +
+                    "', which the batch does not have; batch tensors: " + list_names(have));
+        }
+    }
+    P.want_logprobs = sig.accepts("logprobs");
+    P.want_entropy = sig.accepts("entropy") || !backward;
+
+    at::Tensor mask;
+    if (sig.accepts("loss_mask")) {
+        auto it = batch.tensors.find("loss_mask");
+        mask = it != batch.tensors.end()
+                   ? it->second.to(at::kCPU).to(at::kDouble).contiguous().clone()
+                   : at::ones({P.T}, at::kDouble);
+        double *m = mask.data_ptr<double>();
+        for (int64_t t = 0; t < P.T; ++t)
+            if (first[static_cast<size_t>(t)]) m[t] = 0.0;
+    }
+    // What the loss counts as a loss token: mask 1 (when it reads the mask)
+    // and a valid label (when it reads labels).
+    P.counted = mask.defined() ? mask.clone() : at::ones({P.T}, at::kDouble);
+    if (sig.accepts("labels")) P.counted.mul_(labels.ne(kIgnore).to(at::kDouble));
+    P.counted = (P.counted != 0).to(at::kDouble);
+    {
+        const double *c = P.counted.data_ptr<double>();
+        for (int64_t s = 0; s < S; ++s) {
+            int64_t k = 0;
+            for (int64_t t = P.cu[s]; t < P.cu[s + 1]; ++t) k += c[t] != 0;
+            P.loss_tokens += k;
+            P.loss_seqs += k > 0;
+        }
+    }
+    auto global = [&](double given, int64_t local, const char *name, const char *what) {
+        if (!std::isfinite(given) || given < 0)
+            invalid(std::string("batch ") + name + " must be a finite number >= 0, got " +
+                    json(given).dump());
+        if (given > 0 && given < static_cast<double>(local))
+            invalid(std::string("batch ") + name + " (" + json(given).dump() +
+                    ") is smaller than the " + what + " of this call (" + std::to_string(local) +
+                    "); it must count the whole optimizer step");
+        return given > 0 ? given : static_cast<double>(local);
+    };
+    P.global_tokens = global(batch.global_tokens, P.loss_tokens, "global_tokens", "loss tokens");
+    P.global_seqs =
+        global(batch.global_seqs, P.loss_seqs, "global_seqs", "sequences with loss tokens");
+
+    if (sig.accepts("labels")) P.inputs.emplace_back("labels", labels);
+    if (mask.defined()) P.inputs.emplace_back("loss_mask", mask);
+    for (const auto &kv : batch.tensors) {
+        if (kv.first == "labels" || kv.first == "loss_mask") continue;
+        P.inputs.emplace_back(kv.first, kv.second.to(at::kCPU).to(at::kDouble).contiguous());
+    }
+    return P;
+}
+
+// -- forward / backward ----------------------------------------------------------
+
+StepResult Trainer::forward_backward(const TrainBatch &batch, const LossFunction &loss) {
+    return run(batch, &loss, /*backward=*/true);
+}
+
+StepResult Trainer::forward(const TrainBatch &batch, const LossFunction *loss) {
+    return run(batch, loss, /*backward=*/false);
+}
+
+StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool backward) {
+    require(!backward || loss != nullptr, ErrorKind::InvalidArgument,
+            "forward_backward needs a loss");
+    Prepared P = prepare(batch, loss, backward);
+    CausalLM &model = policy_->model();
+
+    StepResult R;
+    R.tokens = P.T;
+    R.seqs = static_cast<int64_t>(P.cu.size()) - 1;
+    R.bins = static_cast<int64_t>(P.plan.bins.size());
+    R.micro_batches = static_cast<int64_t>(P.plan.micro_batches.size());
+    R.loss_tokens = loss ? P.loss_tokens : 0;
+
+    std::optional<at::NoGradGuard> no_grad;
+    if (!backward) no_grad.emplace();
+
+    std::vector<at::Tensor> out_lp, out_ent;
+    std::map<std::string, std::pair<double, double>> metric_sums;   // name -> (sum w*v, sum w)
+    std::map<std::string, std::pair<double, int64_t>> metric_plain; // fallback when weights are 0
+    std::map<std::string, std::vector<at::Tensor>> extras;
+    LogprobOptions lopts;
+    lopts.chunk_tokens = config_.logprob_chunk_tokens;
+    lopts.entropy = P.want_entropy;
+
+    for (const MicroBatch &mb : P.plan.micro_batches) {
+        const int64_t a = mb.range.token_begin, n = mb.range.tokens();
+        std::vector<int64_t> cu_local;
+        for (int64_t s = mb.range.first_seq; s <= mb.range.end_seq; ++s)
+            cu_local.push_back(P.cu[s] - a);
+        PackedBatch pb;
+        pb.input_ids = P.ids.narrow(0, a, n);
+        pb.cu_seqlens = long_tensor(cu_local);
+        TokenLogprobs tl = model.token_logprobs(pb, P.model_labels.narrow(0, a, n), lopts);
+        // Shift to the batch alignment: position t holds the prediction of token t.
+        const at::Tensor zero = at::zeros({1}, tl.logprobs.options());
+        at::Tensor lp = at::cat({zero, tl.logprobs.narrow(0, 0, n - 1)});
+        at::Tensor ent;
+        if (P.want_entropy)
+            ent = at::cat({zero, tl.entropy.narrow(0, 0, n - 1)}) * P.not_first.narrow(0, a, n);
+        if (!backward) {
+            out_lp.push_back(lp);
+            out_ent.push_back(ent);
+        }
+        if (loss == nullptr) continue;
+
+        LossCall call;
+        if (P.want_logprobs)
+            call.tensors.emplace_back("logprobs", lp.detach().to(at::kDouble).contiguous());
+        if (loss->signature.accepts("entropy"))
+            call.tensors.emplace_back("entropy", ent.detach().to(at::kDouble).contiguous());
+        for (const auto &kv : P.inputs)
+            call.tensors.emplace_back(kv.first, kv.second.narrow(0, a, n).contiguous());
+        call.cu_seqlens = long_tensor(cu_local);
+        call.global_tokens = P.global_tokens;
+        call.global_seqs = P.global_seqs;
+        call.want_grads = backward;
+        LossResult res = loss->compute(call);
+        if (!std::isfinite(res.loss))
+            throw TrainError(ErrorKind::Numeric, loss->name + ": the loss is not finite");
+        R.loss += res.loss;
+
+        const double w = P.counted.narrow(0, a, n).sum().item<double>();
+        for (const auto &m : res.metrics) {
+            auto &s = metric_sums[m.first];
+            s.first += w * m.second;
+            s.second += w;
+            auto &pl = metric_plain[m.first];
+            pl.first += m.second;
+            pl.second += 1;
+        }
+        for (auto &t : res.tensors) extras[t.first].push_back(t.second);
+
+        if (backward) {
+            std::vector<at::Tensor> outs, grads;
+            auto take = [&](const char *name, const at::Tensor &out) {
+                auto it = res.grads.find(name);
+                if (it == res.grads.end() || !out.defined()) return;
+                const at::Tensor &g = it->second;
+                if (!g.defined() || g.numel() != n)
+                    throw TrainError(ErrorKind::InvalidArgument,
+                                     loss->name + ": gradient for '" + name + "' has " +
+                                         std::to_string(g.defined() ? g.numel() : 0) +
+                                         " values, expected " + std::to_string(n));
+                at::Tensor gf = g.to(at::kFloat).reshape({n});
+                if (!at::isfinite(gf).all().item<bool>())
+                    throw TrainError(ErrorKind::Numeric,
+                                     loss->name + ": gradient for '" + name + "' is not finite");
+                // An all-zero gradient (e.g. entropy read for metrics only) adds
+                // nothing: skip its backward pass.
+                if (!gf.ne(0).any().item<bool>()) return;
+                outs.push_back(out);
+                grads.push_back(gf);
+            };
+            take("logprobs", lp);
+            take("entropy", ent);
+            if (!outs.empty()) torch::autograd::backward(outs, grads);
+        }
+    }
+    if (backward) ++pending_backwards_;
+
+    if (!backward) {
+        R.tensors["logprobs"] = at::cat(out_lp).to(at::kFloat).contiguous();
+        R.tensors["entropy"] = at::cat(out_ent).to(at::kFloat).contiguous();
+    }
+    for (const auto &m : metric_sums) {
+        const auto &pl = metric_plain[m.first];
+        R.metrics[m.first] = m.second.second > 0 ? m.second.first / m.second.second
+                                                 : pl.first / static_cast<double>(pl.second);
+    }
+    for (auto &e : extras) {
+        if (static_cast<int64_t>(e.second.size()) != R.micro_batches)
+            throw TrainError(ErrorKind::InvalidArgument,
+                             loss->name + ": emitted tensor '" + e.first + "' in " +
+                                 std::to_string(e.second.size()) + " of " +
+                                 std::to_string(R.micro_batches) + " micro-batches");
+        std::string name = e.first;
+        if (!backward && (name == "logprobs" || name == "entropy")) name = "loss." + name;
+        R.tensors[name] = e.second.size() == 1 ? e.second[0] : at::cat(e.second);
+    }
+    return R;
+}
+
+// -- optimizer ----------------------------------------------------------------
+
+void Trainer::zero_grad() {
+    for (auto &kv : params_) kv.second.mutable_grad() = at::Tensor();
+    pending_backwards_ = 0;
+}
+
+OptimResult Trainer::optim_step(const OptimOverrides &ov) {
+    require(pending_backwards_ > 0, ErrorKind::BadState,
+            "optim_step: no gradients were accumulated since the last step (call "
+            "forward_backward first)");
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads;
+    double sq = 0;
+    for (auto &kv : params_) {
+        const at::Tensor &g = kv.second.grad();
+        if (!g.defined()) continue;
+        grads.push_back(g);
+        sq += g.to(at::kDouble).pow(2).sum().item<double>();
+    }
+    const double norm = std::sqrt(sq);
+    if (!std::isfinite(norm)) {
+        zero_grad();
+        throw TrainError(ErrorKind::Numeric,
+                         std::string("optim_step: the gradient norm is ") +
+                             (std::isnan(norm) ? "NaN" : "infinite") +
+                             "; the step was skipped and the gradients were cleared");
+    }
+    const double clip = ov.gradient_clip.value_or(config_.gradient_clip);
+    if (clip > 0 && norm > clip) {
+        const double scale = clip / (norm + 1e-6);
+        for (auto &g : grads) g.mul_(scale);
+    }
+    const double lr =
+        ov.learning_rate.value_or(scheduled_learning_rate(config_, config_.learning_rate, step_));
+    for (auto &group : optimizer_->param_groups()) {
+        auto &o = static_cast<torch::optim::AdamWOptions &>(group.options());
+        o.lr(lr);
+        o.betas(
+            std::make_tuple(ov.beta1.value_or(config_.beta1), ov.beta2.value_or(config_.beta2)));
+        o.eps(ov.eps.value_or(config_.eps));
+        o.weight_decay(ov.weight_decay.value_or(config_.weight_decay));
+    }
+    optimizer_->step();
+    zero_grad();
+    ++step_;
+    OptimResult r;
+    r.grad_norm = norm;
+    r.learning_rate = lr;
+    r.step = step_;
+    r.policy_version = policy_->bump_version();
+    return r;
+}
+
+// -- checkpoints ----------------------------------------------------------------
+
+std::string Trainer::save_checkpoint(const std::string &dir, const std::string &state_json) {
+    json state = json::object();
+    if (!state_json.empty()) {
+        state = json::parse(state_json, nullptr, false);
+        if (state.is_discarded() || !(state.is_object() || state.is_null()))
+            invalid("checkpoint state must be a JSON object");
+        if (state.is_null()) state = json::object();
+    }
+    const std::string tmp = begin_checkpoint(dir, step_);
+    try {
+        const fs::path root(tmp);
+        save_pretrained(policy_->model(), (root / "model").string());
+
+        // Optimizer moments, by parameter name.
+        std::vector<std::pair<std::string, at::Tensor>> opt;
+        for (const auto &kv : params_) {
+            auto it = optimizer_->state().find(state_key(kv.second));
+            if (it == optimizer_->state().end()) continue;
+            auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
+            opt.emplace_back("exp_avg." + kv.first, st.exp_avg());
+            opt.emplace_back("exp_avg_sq." + kv.first, st.exp_avg_sq());
+            opt.emplace_back("step." + kv.first, at::full({1}, st.step(), at::kLong));
+        }
+        save_safetensors((root / "optimizer.safetensors").string(), opt,
+                         {{"format", "pt"}, {"optimizer", "adamw"}});
+        at::Tensor gen_state;
+        {
+            at::Generator g = at::detail::getDefaultCPUGenerator();
+            std::lock_guard<std::mutex> lock(g.mutex());
+            gen_state = g.get_state();
+        }
+        save_safetensors((root / "rng.safetensors").string(), {{"torch_cpu_generator", gen_state}},
+                         {{"format", "pt"}});
+        json meta = {
+            {"format", kCheckpointFormat},          {"step", step_},
+            {"policy_version", policy_->version()}, {"sampling_state", policy_->sampling_state()},
+            {"optimizer_params", opt.size() / 3},   {"config", json::parse(config_.to_json())}};
+        atomic_write_file((root / "trainer.json").string(), meta.dump(2) + "\n");
+        atomic_write_file((root / "state.json").string(), state.dump() + "\n");
+        return commit_checkpoint(tmp, dir, step_);
+    } catch (...) {
+        abandon_checkpoint(tmp);
+        throw;
+    }
+}
+
+CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
+    const auto latest = latest_checkpoint(dir);
+    require(latest.has_value(), ErrorKind::NotFound,
+            "no complete checkpoint (step_<N>/ with a '" + std::string(kCheckpointMarker) +
+                "' marker) under '" + dir + "'");
+    const fs::path root(latest->path);
+    auto bad_file = [&](const std::string &file, const std::string &msg) -> TrainError {
+        return TrainError(ErrorKind::InvalidArgument,
+                          "checkpoint '" + (root / file).string() + "': " + msg);
+    };
+
+    const json meta = json::parse(read_file((root / "trainer.json").string()), nullptr, false);
+    if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") ||
+        meta["format"] != kCheckpointFormat)
+        throw bad_file("trainer.json", std::string("not a ") + kCheckpointFormat + " file");
+    for (const char *key : {"step", "policy_version", "sampling_state"})
+        if (!meta.contains(key) || !meta[key].is_number_unsigned())
+            throw bad_file("trainer.json",
+                           std::string("'") + key + "' is missing or not an integer >= 0");
+    const std::string state_text = read_file((root / "state.json").string());
+    const json state = json::parse(state_text, nullptr, false);
+    if (state.is_discarded()) throw bad_file("state.json", "not valid JSON");
+
+    // Read and check everything before changing anything.
+    std::map<std::string, at::Tensor> weights = load_model_tensors(root / "model");
+    std::map<std::string, at::Tensor> opt =
+        load_safetensors((root / "optimizer.safetensors").string());
+    std::map<std::string, at::Tensor> rng = load_safetensors((root / "rng.safetensors").string());
+    for (const auto &kv : params_) {
+        auto it = weights.find(kv.first);
+        if (it == weights.end()) throw bad_file("model", "tensor '" + kv.first + "' is missing");
+        if (!it->second.sizes().equals(kv.second.sizes()))
+            throw bad_file("model", "tensor '" + kv.first + "' has shape " +
+                                        c10::str(it->second.sizes()) + ", the model has " +
+                                        c10::str(kv.second.sizes()));
+    }
+    if (weights.size() != params_.size())
+        throw bad_file("model", std::to_string(weights.size()) + " tensors, the model has " +
+                                    std::to_string(params_.size()));
+    size_t opt_params = 0;
+    for (const auto &kv : params_) {
+        auto a = opt.find("exp_avg." + kv.first), b = opt.find("exp_avg_sq." + kv.first),
+             s = opt.find("step." + kv.first);
+        const int present = (a != opt.end()) + (b != opt.end()) + (s != opt.end());
+        if (present == 0) continue;
+        if (present != 3)
+            throw bad_file("optimizer.safetensors", "incomplete state for '" + kv.first + "'");
+        if (!a->second.sizes().equals(kv.second.sizes()) ||
+            !b->second.sizes().equals(kv.second.sizes()) || s->second.numel() != 1)
+            throw bad_file("optimizer.safetensors", "state of '" + kv.first + "' has wrong shapes");
+        ++opt_params;
+    }
+    if (opt_params * 3 != opt.size())
+        throw bad_file("optimizer.safetensors", "holds tensors of parameters the model lacks");
+    auto gen = rng.find("torch_cpu_generator");
+    if (gen == rng.end())
+        throw bad_file("rng.safetensors", "tensor 'torch_cpu_generator' is missing");
+
+    // Apply: parameters in place (the engine reads the same tensors).
+    {
+        at::NoGradGuard no_grad;
+        for (auto &kv : params_) kv.second.copy_(weights.at(kv.first));
+    }
+    zero_grad();
+    optimizer_->state().clear();
+    for (auto &kv : params_) {
+        auto a = opt.find("exp_avg." + kv.first);
+        if (a == opt.end()) continue;
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(opt.at("step." + kv.first).to(at::kLong).item<int64_t>());
+        st->exp_avg(a->second.to(kv.second.options()).clone());
+        st->exp_avg_sq(opt.at("exp_avg_sq." + kv.first).to(kv.second.options()).clone());
+        optimizer_->state()[state_key(kv.second)] = std::move(st);
+    }
+    {
+        at::Generator g = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(g.mutex());
+        g.set_state(gen->second.clone());
+    }
+    step_ = meta["step"].get<int64_t>();
+    policy_->set_version(meta["policy_version"].get<int64_t>());
+    policy_->set_sampling_state(meta["sampling_state"].get<uint64_t>());
+
+    CheckpointInfo info;
+    info.path = latest->path;
+    info.step = step_;
+    info.state_json = state.dump();
+    return info;
+}
+
+} // namespace rl::core

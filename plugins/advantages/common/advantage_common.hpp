@@ -1,0 +1,204 @@
+// plugins/advantages/common/advantage_common.hpp: helpers shared by the
+// advantage estimators (header-only, SDK only). Everything is computed in
+// double on the CPU; per-token vectors are small.
+//
+// Conventions shared by every estimator (docs/advantages.md):
+//   * a group is the set of sequences with the same group id; members need not
+//     be contiguous and groups may have different sizes;
+//   * "completion tokens" are the tokens with loss_mask = 1 (all tokens when
+//     loss_mask is absent); every other token gets advantage 0;
+//   * a sequence's length, for length-weighted means, is its number of
+//     completion tokens;
+//   * normalization is (x - mean) / (std + eps); a set of values that are all
+//     exactly equal normalizes to exactly 0.
+#pragma once
+
+#include <rl/sdk/sdk.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace rl::adv {
+
+using rl::sdk::AdvantageBatch;
+using rl::sdk::Call;
+using rl::sdk::invalid;
+
+// Refuses per-token inputs the estimator does not use (a typo or a wrong
+// estimator would otherwise be ignored silently) and requires `required`.
+inline void check_inputs(const AdvantageBatch &b, const std::string &estimator,
+                         const std::vector<std::string> &accepted,
+                         const std::vector<std::string> &required = {}) {
+    for (const auto &kv : b.tensors.all()) {
+        if (std::find(accepted.begin(), accepted.end(), kv.first) == accepted.end())
+            invalid(
+                "advantage '" + estimator + "': input '" + kv.first +
+                "' is not used by this estimator; it accepts: " + rl::sdk::Params::join(accepted));
+    }
+    for (const auto &name : required) {
+        if (!b.tensors.has(name))
+            invalid("advantage '" + estimator + "': missing per-token input '" + name +
+                    "'; present: " + b.tensors.list());
+    }
+}
+
+// loss_mask as 0/1 bytes [n_tokens]; all ones when absent. Values other than
+// 0 and 1 are refused with the token index.
+inline std::vector<uint8_t> read_mask(const AdvantageBatch &b) {
+    const int64_t n = b.n_tokens();
+    std::vector<uint8_t> mask(static_cast<size_t>(n), 1);
+    const rl::sdk::TensorRef *m = b.tensors.find("loss_mask");
+    if (!m) return mask;
+    for (int64_t t = 0; t < n; ++t) {
+        const double x = (*m)[t];
+        if (x != 0.0 && x != 1.0)
+            invalid("input 'loss_mask' must hold 0 or 1, got " + std::to_string(x) + " at token " +
+                    std::to_string(t));
+        mask[static_cast<size_t>(t)] = x != 0.0 ? 1 : 0;
+    }
+    return mask;
+}
+
+// A per-token tensor as doubles, or zeros when absent.
+inline std::vector<double> read_tokens(const AdvantageBatch &b, const std::string &name) {
+    const rl::sdk::TensorRef *t = b.tensors.find(name);
+    if (!t) return std::vector<double>(static_cast<size_t>(b.n_tokens()), 0.0);
+    return t->to_vector();
+}
+
+// Sequence indices of each group, groups in order of first appearance and
+// members in batch order.
+inline std::vector<std::vector<int64_t>> group_members(const std::vector<int64_t> &ids) {
+    std::vector<std::vector<int64_t>> groups;
+    std::unordered_map<int64_t, size_t> index;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        auto it = index.find(ids[i]);
+        if (it == index.end()) {
+            index.emplace(ids[i], groups.size());
+            groups.push_back({static_cast<int64_t>(i)});
+        } else {
+            groups[it->second].push_back(static_cast<int64_t>(i));
+        }
+    }
+    return groups;
+}
+
+// Number of completion tokens of each sequence.
+inline std::vector<double> completion_lengths(const std::vector<int64_t> &cu,
+                                              const std::vector<uint8_t> &mask) {
+    std::vector<double> len(cu.size() - 1, 0.0);
+    for (size_t s = 0; s + 1 < cu.size(); ++s)
+        for (int64_t t = cu[s]; t < cu[s + 1]; ++t) len[s] += mask[static_cast<size_t>(t)];
+    return len;
+}
+
+// Each sequence's advantage on its completion tokens, 0 elsewhere.
+inline std::vector<double> broadcast(const std::vector<double> &seq_adv,
+                                     const std::vector<int64_t> &cu,
+                                     const std::vector<uint8_t> &mask) {
+    std::vector<double> out(static_cast<size_t>(cu.back()), 0.0);
+    for (size_t s = 0; s + 1 < cu.size(); ++s)
+        for (int64_t t = cu[s]; t < cu[s + 1]; ++t)
+            if (mask[static_cast<size_t>(t)]) out[static_cast<size_t>(t)] = seq_adv[s];
+    return out;
+}
+
+inline bool all_equal(const std::vector<double> &xs) {
+    for (double x : xs)
+        if (x != xs.front()) return false;
+    return true;
+}
+
+inline double mean_of(const std::vector<double> &xs) {
+    if (xs.empty()) return 0.0;
+    double s = 0.0;
+    for (double x : xs) s += x;
+    return s / static_cast<double>(xs.size());
+}
+
+// Standard deviation around the plain mean; `unbiased` divides by n - 1
+// (0 when n < 2).
+inline double std_of(const std::vector<double> &xs, bool unbiased) {
+    const size_t n = xs.size();
+    if (n < 2) return 0.0;
+    const double m = mean_of(xs);
+    double ss = 0.0;
+    for (double x : xs) ss += (x - m) * (x - m);
+    return std::sqrt(ss / static_cast<double>(unbiased ? n - 1 : n));
+}
+
+// Sum(w x) / Sum(w); the plain mean when every weight is 0.
+inline double weighted_mean(const std::vector<double> &xs, const std::vector<double> &ws) {
+    double sw = 0.0, swx = 0.0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+        sw += ws[i];
+        swx += ws[i] * xs[i];
+    }
+    return sw > 0.0 ? swx / sw : mean_of(xs);
+}
+
+// (x - mean) / (std + eps) over xs; all-equal values give exactly 0.
+inline std::vector<double> normalize(const std::vector<double> &xs, double eps, bool unbiased) {
+    std::vector<double> out(xs.size(), 0.0);
+    if (xs.empty() || all_equal(xs)) return out;
+    const double m = mean_of(xs), sd = std_of(xs, unbiased);
+    for (size_t i = 0; i < xs.size(); ++i) out[i] = (xs[i] - m) / (sd + eps);
+    return out;
+}
+
+// Positions of the completion tokens of sequence s, in order.
+inline std::vector<int64_t> masked_positions(const std::vector<int64_t> &cu,
+                                             const std::vector<uint8_t> &mask, size_t s) {
+    std::vector<int64_t> pos;
+    for (int64_t t = cu[s]; t < cu[s + 1]; ++t)
+        if (mask[static_cast<size_t>(t)]) pos.push_back(t);
+    return pos;
+}
+
+// Whitens `x` over the completion tokens of the whole batch, in place.
+inline void whiten_masked(std::vector<double> &x, const std::vector<uint8_t> &mask, double eps) {
+    std::vector<double> vals;
+    for (size_t t = 0; t < x.size(); ++t)
+        if (mask[t]) vals.push_back(x[t]);
+    const std::vector<double> w = normalize(vals, eps, /*unbiased=*/false);
+    size_t k = 0;
+    for (size_t t = 0; t < x.size(); ++t)
+        if (mask[t]) x[t] = w[k++];
+}
+
+// Summary metrics of a per-token output over completion tokens:
+// <prefix>_mean, <prefix>_std (population), <prefix>_min, <prefix>_max (0 when
+// there is no completion token).
+inline void emit_summary(const Call &call, const std::string &prefix, const std::vector<double> &x,
+                         const std::vector<uint8_t> &mask) {
+    std::vector<double> vals;
+    for (size_t t = 0; t < x.size(); ++t)
+        if (mask[t]) vals.push_back(x[t]);
+    double lo = 0.0, hi = 0.0;
+    if (!vals.empty()) {
+        lo = *std::min_element(vals.begin(), vals.end());
+        hi = *std::max_element(vals.begin(), vals.end());
+    }
+    call.metric(prefix + "_mean", mean_of(vals));
+    call.metric(prefix + "_std", std_of(vals, false));
+    call.metric(prefix + "_min", lo);
+    call.metric(prefix + "_max", hi);
+}
+
+// Sequence-reward metrics shared by the group estimators.
+inline void emit_reward_summary(const Call &call, const std::vector<double> &rewards,
+                                size_t n_groups, size_t singleton, size_t zero_std) {
+    call.metric("reward_mean", mean_of(rewards));
+    call.metric("reward_std", std_of(rewards, false));
+    call.metric("groups", static_cast<double>(n_groups));
+    call.metric("groups_singleton", static_cast<double>(singleton));
+    call.metric("groups_zero_std", static_cast<double>(zero_std));
+}
+
+} // namespace rl::adv

@@ -1,0 +1,433 @@
+// plugins/losses/common/loss_common.hpp: what every loss plugin shares.
+//
+// - Data: the per-token inputs of one call as double vectors, the loss mask,
+//   the sequence structure (cu_seqlens) and the global normalizers.
+// - Aggregation: the loss_agg_mode family. Every mode is linear in the
+//   per-token losses, so it is a weight per token: L = sum_t w_t * l_t.
+// - KL estimators k1 / k2 / k3 (= low_var_kl) and the shared regularizers of
+//   every policy loss (kl_coef against ref_logprobs, entropy_coef on entropy).
+// - Result and the LossPlugin base class: a loss implements evaluate(live, sg)
+//   and gets compute() (input checks, gradients into the host's buffers,
+//   metrics, finiteness checks) for free.
+//
+// Stop-gradient convention: evaluate() takes two views of the same inputs.
+// Quantities the loss treats as constants ("detached": TIS weights, CISPO and
+// GRPO coefficients, IcePop and GRPO masks) are computed from `sg`; everything
+// that is differentiated is computed from `live`. In production both are the
+// same object. Tests perturb `live` only, so central finite differences of
+// evaluate() check the gradient a stop-gradient implementation must produce.
+#pragma once
+
+#include <rl/sdk/sdk.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rl::losses {
+
+using rl::sdk::invalid;
+using rl::sdk::LossBatch;
+using rl::sdk::LossSignature;
+using rl::sdk::Params;
+
+inline std::string join(const std::vector<std::string> &xs) {
+    return xs.empty() ? std::string("(none)") : Params::join(xs);
+}
+
+inline std::string num(double x) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.6g", x);
+    return buf;
+}
+
+// ---- per-token data ---------------------------------------------------------
+
+struct Data {
+    int64_t n = 0;                   // tokens
+    std::vector<int64_t> cu;         // [n_seqs + 1]
+    std::vector<int64_t> seq;        // sequence index of each token
+    std::vector<double> mask;        // 1 for loss tokens, 0 otherwise
+    std::vector<int64_t> seq_tokens; // loss tokens per sequence
+    int64_t loss_tokens = 0;
+    int64_t loss_seqs = 0; // sequences with at least one loss token
+    double global_tokens = 0;
+    double global_seqs = 0;
+    std::map<std::string, std::vector<double>> x; // named float inputs (labels as exact doubles)
+
+    int64_t n_seqs() const { return static_cast<int64_t>(cu.size()) - 1; }
+    bool has(const std::string &name) const { return x.count(name) != 0; }
+    const std::vector<double> &at(const std::string &name) const {
+        auto it = x.find(name);
+        if (it == x.end())
+            rl::sdk::fail(RL_ERR_INTERNAL, "loss read input '" + name + "' that is not present");
+        return it->second;
+    }
+    const std::vector<double> *find(const std::string &name) const {
+        auto it = x.find(name);
+        return it == x.end() ? nullptr : &it->second;
+    }
+
+    // Builds seq, counts and checks the global normalizers; call after any
+    // change to cu or mask.
+    void finalize() {
+        seq.assign(static_cast<size_t>(n), 0);
+        seq_tokens.assign(static_cast<size_t>(n_seqs()), 0);
+        loss_tokens = 0;
+        loss_seqs = 0;
+        for (int64_t s = 0; s < n_seqs(); ++s) {
+            for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
+                seq[t] = s;
+                if (mask[t] != 0) ++seq_tokens[s];
+            }
+            loss_tokens += seq_tokens[s];
+            if (seq_tokens[s] > 0) ++loss_seqs;
+        }
+        check_global("global_tokens", global_tokens, loss_tokens, "loss tokens");
+        check_global("global_seqs", global_seqs, loss_seqs, "sequences with loss tokens");
+    }
+
+private:
+    static void check_global(const char *name, double v, int64_t local, const char *what) {
+        if (!std::isfinite(v) || v < 0)
+            invalid(std::string(name) +
+                    " must be a finite number >= 0 (0 = this call's count), got " + num(v));
+        if (v > 0 && v < static_cast<double>(local))
+            invalid(std::string(name) + " (" + num(v) + ") is smaller than the " + what +
+                    " in this call (" + std::to_string(local) + ")");
+    }
+};
+
+struct ReadOptions {
+    bool labels_mask = false; // tokens whose label equals ignore_index are not loss tokens
+    int64_t ignore_index = -100;
+};
+
+// Reads a call's inputs against the loss's signature: refuses missing required
+// inputs and undeclared ones, checks dtypes and the 0/1 loss mask.
+inline Data read_batch(const LossBatch &b, const LossSignature &sig, const ReadOptions &opt = {}) {
+    std::set<std::string> accepted(sig.required.begin(), sig.required.end());
+    accepted.insert(sig.optional.begin(), sig.optional.end());
+    for (const auto &name : sig.required)
+        if (!b.inputs.has(name))
+            invalid("missing input '" + name + "'; required: " + join(sig.required) +
+                    "; optional: " + join(sig.optional) + "; present: " + b.inputs.list());
+    for (const auto &kv : b.inputs.all())
+        if (!accepted.count(kv.first))
+            invalid("unexpected input '" + kv.first + "'; accepted: " +
+                    join(std::vector<std::string>(accepted.begin(), accepted.end())));
+
+    Data d;
+    d.cu = b.cu_seqlens;
+    d.n = b.n_tokens;
+    d.global_tokens = b.global_tokens;
+    d.global_seqs = b.global_seqs;
+    d.mask.assign(static_cast<size_t>(d.n), 1.0);
+    for (const auto &kv : b.inputs.all()) {
+        const std::string &name = kv.first;
+        const rl::sdk::TensorRef &t = kv.second;
+        if (t.size() != d.n)
+            invalid("input '" + name + "' has " + std::to_string(t.size()) +
+                    " entries, cu_seqlens says " + std::to_string(d.n) + " tokens");
+        if (name == "loss_mask") {
+            for (int64_t i = 0; i < d.n; ++i) {
+                const double m = t[i];
+                if (m != 0.0 && m != 1.0)
+                    invalid("input 'loss_mask' must hold 0 or 1, got " + num(m) + " at token " +
+                            std::to_string(i));
+                d.mask[i] = std::min(d.mask[i], m);
+            }
+        } else if (name == "labels") {
+            if (t.is_float())
+                invalid("input 'labels' must be an integer tensor (int64), got " +
+                        rl::sdk::dtype_name(t.view().dtype));
+            std::vector<double> v(static_cast<size_t>(d.n));
+            for (int64_t i = 0; i < d.n; ++i) {
+                const int64_t lab = t.as_int(i);
+                v[i] = static_cast<double>(lab);
+                if (opt.labels_mask && lab == opt.ignore_index) d.mask[i] = 0.0;
+            }
+            d.x[name] = std::move(v);
+        } else {
+            if (!t.is_float())
+                invalid("input '" + name + "' must be float32 or float64, got " +
+                        rl::sdk::dtype_name(t.view().dtype));
+            d.x[name] = t.to_vector();
+        }
+    }
+    d.finalize();
+    return d;
+}
+
+// ---- aggregation --------------------------------------------------------------
+
+enum class AggMode { TokenMean, SeqMeanTokenSum, SeqMeanTokenMean, SeqMeanTokenSumNorm, Sum };
+
+struct Aggregation {
+    AggMode mode = AggMode::TokenMean;
+    int64_t max_seq_len = 0; // seq-mean-token-sum-norm only
+
+    static const std::vector<std::string> &names() {
+        static const std::vector<std::string> n = {"token-mean", "seq-mean-token-sum",
+                                                   "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                                                   "sum"};
+        return n;
+    }
+
+    static Aggregation read(Params &p, const std::string &def = "token-mean") {
+        Aggregation a;
+        const std::string m = p.choice("loss_agg_mode", def, names());
+        for (size_t i = 0; i < names().size(); ++i)
+            if (names()[i] == m) a.mode = static_cast<AggMode>(i);
+        const bool given = p.has("max_seq_len");
+        if (a.mode == AggMode::SeqMeanTokenSumNorm) {
+            if (!given)
+                invalid(p.owner() +
+                        ": loss_agg_mode 'seq-mean-token-sum-norm' needs parameter 'max_seq_len' "
+                        "(the constant token normalizer, e.g. the generation budget)");
+            a.max_seq_len = p.integer("max_seq_len", 0, 1, int64_t(1) << 40);
+        } else if (given) {
+            invalid(p.owner() +
+                    ": parameter 'max_seq_len' only applies to loss_agg_mode "
+                    "'seq-mean-token-sum-norm' (loss_agg_mode is '" +
+                    m + "')");
+        }
+        return a;
+    }
+
+    // w_t with L = sum_t w_t * l_t; zero on tokens that are not loss tokens.
+    std::vector<double> weights(const Data &d) const {
+        std::vector<double> w(static_cast<size_t>(d.n), 0.0);
+        const double tokens = d.global_tokens > 0 ? d.global_tokens : double(d.loss_tokens);
+        const double seqs = d.global_seqs > 0 ? d.global_seqs : double(d.loss_seqs);
+        for (int64_t t = 0; t < d.n; ++t) {
+            if (d.mask[t] == 0) continue;
+            const double ni = double(d.seq_tokens[d.seq[t]]);
+            switch (mode) {
+                case AggMode::TokenMean:
+                    w[t] = 1.0 / tokens;
+                    break;
+                case AggMode::SeqMeanTokenSum:
+                    w[t] = 1.0 / seqs;
+                    break;
+                case AggMode::SeqMeanTokenMean:
+                    w[t] = 1.0 / (ni * seqs);
+                    break;
+                case AggMode::SeqMeanTokenSumNorm:
+                    w[t] = 1.0 / (seqs * double(max_seq_len));
+                    break;
+                case AggMode::Sum:
+                    w[t] = 1.0;
+                    break;
+            }
+        }
+        return w;
+    }
+};
+
+// ---- KL estimators --------------------------------------------------------------
+
+enum class KlType { K1, K2, K3 };
+
+inline KlType read_kl_type(Params &p, const std::string &key = "kl_type") {
+    const std::string s = p.choice(key, "k3", {"k1", "k2", "k3", "low_var_kl"});
+    return s == "k1" ? KlType::K1 : s == "k2" ? KlType::K2 : KlType::K3;
+}
+
+// Estimators of KL(pi || ref) from one sample, with d = lp - ref:
+// k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1.
+inline double kl_value(KlType k, double lp, double ref) {
+    const double d = lp - ref;
+    switch (k) {
+        case KlType::K1:
+            return d;
+        case KlType::K2:
+            return 0.5 * d * d;
+        default:
+            return std::exp(-d) + d - 1.0;
+    }
+}
+inline double kl_grad(KlType k, double lp, double ref) { // d / d lp
+    const double d = lp - ref;
+    switch (k) {
+        case KlType::K1:
+            return 1.0;
+        case KlType::K2:
+            return d;
+        default:
+            return 1.0 - std::exp(-d);
+    }
+}
+
+// ---- results and statistics ------------------------------------------------------
+
+struct Result {
+    double loss = 0;
+    std::map<std::string, std::vector<double>> grad; // d loss / d input, by input name
+    std::vector<std::pair<std::string, double>> metrics;
+    std::vector<std::pair<std::string, std::vector<double>>> tensors;
+
+    std::vector<double> &g(const std::string &name, int64_t n) {
+        auto &v = grad[name];
+        if (v.empty()) v.assign(static_cast<size_t>(n), 0.0);
+        return v;
+    }
+    void metric(const std::string &name, double v) { metrics.emplace_back(name, v); }
+    const double *find_metric(const std::string &name) const {
+        for (const auto &m : metrics)
+            if (m.first == name) return &m.second;
+        return nullptr;
+    }
+};
+
+// Mean / min / max of a masked quantity. Empty: mean `empty_mean`, min and max `empty_extreme`.
+struct Stat {
+    double sum = 0, lo = std::numeric_limits<double>::infinity(),
+           hi = -std::numeric_limits<double>::infinity();
+    int64_t count = 0;
+    void add(double v) {
+        sum += v;
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+        ++count;
+    }
+    double mean(double empty = 0.0) const { return count ? sum / double(count) : empty; }
+    double min(double empty) const { return count ? lo : empty; }
+    double max(double empty) const { return count ? hi : empty; }
+};
+
+inline double frac(int64_t k, int64_t n) {
+    return n ? double(k) / double(n) : 0.0;
+}
+
+// Statistics of the ratio exp(logprobs - old_logprobs) over loss tokens, as
+// xorl reports them: ratio_mean / ratio_min / ratio_max, and with
+// compute_kl_stats kl_sample_train_k3 = mean(ratio - log ratio - 1) and
+// entropy_sample = -mean(old_logprobs). Empty: ratios 1, the others 0.
+struct RatioStats {
+    Stat ratio, k3, old_nll;
+    void add(double log_ratio, double old_lp) {
+        const double r = std::exp(log_ratio);
+        ratio.add(r);
+        k3.add(r - log_ratio - 1.0);
+        old_nll.add(-old_lp);
+    }
+    void emit_ratio(Result &r) const {
+        r.metric("ratio_mean", ratio.mean(1.0));
+        r.metric("ratio_min", ratio.min(1.0));
+        r.metric("ratio_max", ratio.max(1.0));
+    }
+    void emit_kl(Result &r) const {
+        r.metric("kl_sample_train_k3", k3.mean());
+        r.metric("entropy_sample", old_nll.mean());
+    }
+};
+
+// ---- regularizers shared by every policy loss -------------------------------------
+
+// kl_coef * KL estimator against ref_logprobs and -entropy_coef * entropy, added
+// per token to the policy loss and aggregated with the same weights.
+struct Regularizers {
+    double kl_coef = 0;
+    KlType kl_type = KlType::K3;
+    double entropy_coef = 0;
+
+    void read(Params &p) {
+        kl_coef = p.number("kl_coef", 0.0, 0.0);
+        kl_type = read_kl_type(p);
+        entropy_coef = p.number("entropy_coef", 0.0, 0.0);
+    }
+    // ref_logprobs and entropy are always accepted (for the ref_kl / entropy
+    // metrics); they are required, and entropy differentiable, when their
+    // coefficient is non-zero.
+    void add_to(LossSignature &s) const {
+        (kl_coef != 0 ? s.required : s.optional).push_back("ref_logprobs");
+        (entropy_coef != 0 ? s.required : s.optional).push_back("entropy");
+        if (entropy_coef != 0) s.differentiable.push_back("entropy");
+    }
+    // Adds the terms to r (loss, logprobs / entropy gradients) and emits the
+    // ref_kl / entropy metrics (masked means over loss tokens).
+    void apply(const Data &d, const std::vector<double> &w, Result &r) const {
+        const auto *ref = d.find("ref_logprobs");
+        const auto *ent = d.find("entropy");
+        if (ref) {
+            const auto &lp = d.at("logprobs");
+            auto &g = r.g("logprobs", d.n);
+            Stat s;
+            for (int64_t t = 0; t < d.n; ++t) {
+                if (d.mask[t] == 0) continue;
+                const double k = kl_value(kl_type, lp[t], (*ref)[t]);
+                s.add(k);
+                if (kl_coef != 0) {
+                    r.loss += w[t] * kl_coef * k;
+                    g[t] += w[t] * kl_coef * kl_grad(kl_type, lp[t], (*ref)[t]);
+                }
+            }
+            r.metric("ref_kl", s.mean());
+        }
+        if (ent) {
+            Stat s;
+            std::vector<double> *g = entropy_coef != 0 ? &r.g("entropy", d.n) : nullptr;
+            for (int64_t t = 0; t < d.n; ++t) {
+                if (d.mask[t] == 0) continue;
+                s.add((*ent)[t]);
+                if (g) {
+                    r.loss -= w[t] * entropy_coef * (*ent)[t];
+                    (*g)[t] = -w[t] * entropy_coef;
+                }
+            }
+            r.metric("entropy", s.mean());
+        }
+    }
+};
+
+// ---- the plugin base ----------------------------------------------------------------
+
+class LossPlugin : public rl::sdk::Loss {
+public:
+    // The math: loss, gradients w.r.t. the differentiable inputs (computed from
+    // `live`, with detached quantities from `sg`), metrics and extra tensors.
+    virtual Result evaluate(const Data &live, const Data &sg) const = 0;
+
+    // Reads and checks one call's inputs.
+    Data prepare(const LossBatch &b) const { return read_batch(b, signature(), read_options()); }
+
+    double compute(rl::sdk::Call &call, const LossBatch &b, rl::sdk::Grads &grads) final {
+        const Data d = prepare(b);
+        const Result r = evaluate(d, d);
+        if (!std::isfinite(r.loss))
+            rl::sdk::fail(RL_ERR_NUMERIC, std::string("the loss is ") +
+                                              (std::isnan(r.loss) ? "NaN" : "infinite") +
+                                              " (an overflowing ratio exp(logprobs - ...)?)");
+        for (const auto &kv : r.grad) {
+            for (int64_t t = 0; t < d.n; ++t)
+                if (!std::isfinite(kv.second[t]))
+                    rl::sdk::fail(RL_ERR_NUMERIC,
+                                  "the gradient for '" + kv.first + "' is " +
+                                      (std::isnan(kv.second[t]) ? "NaN" : "infinite") +
+                                      " at token " + std::to_string(t));
+            const rl::sdk::TensorOut *out = grads.find(kv.first);
+            if (!out) continue;
+            if (out->size() != d.n)
+                invalid("gradient buffer '" + kv.first + "' has " + std::to_string(out->size()) +
+                        " entries, expected " + std::to_string(d.n));
+            out->assign(kv.second);
+        }
+        for (const auto &m : r.metrics) call.metric(m.first, m.second);
+        for (const auto &t : r.tensors) call.tensor(t.first, t.second);
+        return r.loss;
+    }
+
+protected:
+    virtual ReadOptions read_options() const { return {}; }
+};
+
+} // namespace rl::losses

@@ -1,0 +1,531 @@
+// Hand-computed small cases: each parameter's effect, each aggregation mode's
+// normalizer, the shared KL / entropy terms.
+#include "loss_test_util.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace rl::losses::test {
+namespace {
+
+template <class L>
+T::LossRun run(const std::string &params, const Batch &b, bool want_grads = true) {
+    T::Host host;
+    T::Instance<L> inst(host, params);
+    if (!inst.ok()) {
+        T::LossRun r;
+        r.status = inst.status();
+        r.error = inst.error();
+        return r;
+    }
+    return T::run_loss(inst, b.inputs(), want_grads);
+}
+
+Batch make(std::vector<int64_t> cu, std::map<std::string, std::vector<double>> f) {
+    Batch b;
+    b.cu = std::move(cu);
+    b.f = std::move(f);
+    return b;
+}
+
+// old_logprobs such that exp(logprobs - old) equals the given ratios.
+std::vector<double> old_for(const std::vector<double> &lp, const std::vector<double> &ratios) {
+    std::vector<double> old(lp.size());
+    for (size_t i = 0; i < lp.size(); ++i) old[i] = lp[i] - std::log(ratios[i]);
+    return old;
+}
+
+// ---- policy_loss ----------------------------------------------------------------
+
+TEST(PolicyLoss, DualClipEngagesOnlyForNegativeAdvantages) {
+    const std::vector<double> lp = {-1.0, -1.0, -1.0, -1.0}, r = {5.0, 5.0, 2.0, 0.5},
+                              A = {1.0, -1.0, -1.0, -1.0};
+    const Batch b =
+        make({0, 4}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    const auto dual = run<PolicyLoss>(R"({"eps_clip_c": 3, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(dual.status, RL_OK) << dual.error;
+    // t0: A > 0, clipped at 1.2: -1.2. t1: A < 0, 5 capped at c = 3. t2: r = 2 < c: 2.
+    // t3: r = 0.5 clipped up to 0.8: 0.8.
+    EXPECT_NEAR(dual.loss, -1.2 + 3.0 + 2.0 + 0.8, 1e-12);
+    const auto &g = dual.grads.at("logprobs");
+    EXPECT_EQ(g[0], 0.0);
+    EXPECT_EQ(g[1], 0.0);
+    EXPECT_NEAR(g[2], 2.0, 1e-12); // -A * r
+    EXPECT_EQ(g[3], 0.0);
+    EXPECT_DOUBLE_EQ(dual.metric("pg_clipfrac"), 0.75);
+
+    const auto plain = run<PolicyLoss>(R"({"loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(plain.status, RL_OK) << plain.error;
+    EXPECT_NEAR(plain.loss, -1.2 + 5.0 + 2.0 + 0.8, 1e-12);
+    EXPECT_NEAR(plain.grads.at("logprobs")[1], 5.0, 1e-12);
+    EXPECT_EQ(plain.grads.at("logprobs")[0], 0.0); // A > 0: the same with or without dual clip
+    EXPECT_DOUBLE_EQ(plain.metric("pg_clipfrac"), 0.5);
+}
+
+TEST(PolicyLoss, AsymmetricClipUsesEpsClipHighAboveAndEpsClipBelow) {
+    const std::vector<double> lp = {-1.0, -1.0}, r = {1.25, 0.75}, A = {1.0, -1.0};
+    const Batch b =
+        make({0, 2}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    const auto sym = run<PolicyLoss>(R"({"loss_agg_mode": "sum"})", b);
+    EXPECT_EQ(sym.grads.at("logprobs")[0], 0.0); // 1.25 > 1.2: clipped
+    EXPECT_EQ(sym.grads.at("logprobs")[1], 0.0); // 0.75 < 0.8 with A < 0: clipped
+    const auto wide =
+        run<PolicyLoss>(R"({"eps_clip": 0.3, "eps_clip_high": 0.28, "loss_agg_mode": "sum"})", b);
+    EXPECT_NEAR(wide.grads.at("logprobs")[0], -1.25, 1e-12);
+    EXPECT_NEAR(wide.grads.at("logprobs")[1], 0.75, 1e-12);
+    EXPECT_NEAR(wide.loss, -1.25 + 0.75, 1e-12);
+}
+
+TEST(PolicyLoss, IcePopZeroesExactlyTheOutOfBandTokens) {
+    const std::vector<double> lp = {-1, -1, -1, -1, -1}, r = {0.4, 0.6, 1.0, 1.9, 2.1},
+                              A = {1, -1, 1, -1, 1};
+    const Batch b =
+        make({0, 5}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    // Wide PPO band so only IcePop acts.
+    const auto out = run<PolicyLoss>(
+        R"({"icepop_beta": 2, "eps_clip": 0.99, "eps_clip_high": 100, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_EQ(g[0], 0.0); // 0.4 < 1/2
+    EXPECT_EQ(g[4], 0.0); // 2.1 > 2
+    double loss = 0;
+    for (int t : {1, 2, 3}) {
+        EXPECT_NEAR(g[t], -A[t] * r[t], 1e-12) << t;
+        loss += -A[t] * r[t];
+    }
+    EXPECT_NEAR(out.loss, loss, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("icepop_maskfrac"), 0.4);
+    EXPECT_DOUBLE_EQ(out.metric("pg_clipfrac"), 0.0);
+}
+
+TEST(PolicyLoss, TisWeightIsDetachedAndClipped) {
+    const std::vector<double> lp = {-1.0, -1.0, -1.0}, raw = {1.5, 3.0, 0.05};
+    std::vector<double> roll(3);
+    for (int t = 0; t < 3; ++t) roll[t] = lp[t] - std::log(raw[t]);
+    const Batch b = make({0, 3}, {{"logprobs", lp},
+                                  {"old_logprobs", lp}, // ratio 1
+                                  {"advantages", {1.0, 1.0, 1.0}},
+                                  {"rollout_logprobs", roll}});
+    const auto out = run<PolicyLoss>(R"({"use_tis": true, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    // Weights 1.5, clip(3) = 2, clip(0.05) = 0.1. A weight that carried gradient
+    // would double the first gradient (d/dlp of exp(lp) * exp(lp - roll)).
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_NEAR(g[0], -1.5, 1e-12);
+    EXPECT_NEAR(g[1], -2.0, 1e-12);
+    EXPECT_NEAR(g[2], -0.1, 1e-12);
+    EXPECT_NEAR(out.loss, -3.6, 1e-12);
+    EXPECT_NEAR(out.metric("tis_mean"), (1.5 + 3.0 + 0.05) / 3, 1e-12);
+    EXPECT_NEAR(out.metric("tis_min"), 0.05, 1e-12);
+    EXPECT_NEAR(out.metric("tis_max"), 3.0, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("tis_clipfrac"), 2.0 / 3.0);
+}
+
+TEST(PolicyLoss, KlStatsOnlyWhenAsked) {
+    const std::vector<double> lp = {-1.0, -2.0};
+    const Batch b = make(
+        {0, 2},
+        {{"logprobs", lp}, {"old_logprobs", old_for(lp, {1.1, 0.9})}, {"advantages", {1.0, 1.0}}});
+    const auto off = run<PolicyLoss>("{}", b);
+    EXPECT_FALSE(off.has_metric("kl_sample_train_k3"));
+    EXPECT_FALSE(off.has_metric("ratio_mean"));
+    const auto on = run<PolicyLoss>(R"({"compute_kl_stats": true})", b);
+    const double k3 = (1.1 - std::log(1.1) - 1 + 0.9 - std::log(0.9) - 1) / 2;
+    EXPECT_NEAR(on.metric("kl_sample_train_k3"), k3, 1e-12);
+    EXPECT_NEAR(on.metric("entropy_sample"), -(b["old_logprobs"][0] + b["old_logprobs"][1]) / 2,
+                1e-12);
+    EXPECT_NEAR(on.metric("ratio_mean"), 1.0, 1e-12);
+    EXPECT_NEAR(on.metric("ratio_min"), 0.9, 1e-12);
+    EXPECT_NEAR(on.metric("ratio_max"), 1.1, 1e-12);
+}
+
+// ---- aggregation ----------------------------------------------------------------
+
+// Four sequences: 2, 2, 3 and 0 loss tokens (the last is padding); l_t = -lp_t.
+struct AggFixture {
+    Batch b;
+    double s0, s1, s2;
+    AggFixture() {
+        const std::vector<double> lp = {-9, -1, -2, -3, -4, -9, -5, -6, -7, -9};
+        b = make({0, 3, 5, 9, 10},
+                 {{"logprobs", lp}, {"loss_mask", {0, 1, 1, 1, 1, 0, 1, 1, 1, 0}}});
+        b.labels = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+        b.has_labels = true;
+        s0 = 1 + 2;
+        s1 = 3 + 4;
+        s2 = 5 + 6 + 7;
+    }
+};
+
+TEST(Aggregation, EachModeUsesItsNormalizer) {
+    const AggFixture f;
+    struct Mode {
+        const char *params;
+        double loss;
+        double g0, g2; // gradient on a token of sequence 0 and of sequence 2
+    };
+    const double sum = f.s0 + f.s1 + f.s2;
+    const std::vector<Mode> modes = {
+        {R"({"loss_agg_mode": "token-mean"})", sum / 7, -1.0 / 7, -1.0 / 7},
+        {R"({"loss_agg_mode": "seq-mean-token-sum"})", sum / 3, -1.0 / 3, -1.0 / 3},
+        {R"({"loss_agg_mode": "seq-mean-token-mean"})", (f.s0 / 2 + f.s1 / 2 + f.s2 / 3) / 3,
+         -1.0 / 6, -1.0 / 9},
+        {R"({"loss_agg_mode": "seq-mean-token-sum-norm", "max_seq_len": 8})", sum / 24, -1.0 / 24,
+         -1.0 / 24},
+        {R"({"loss_agg_mode": "sum"})", sum, -1.0, -1.0},
+    };
+    for (const auto &m : modes) {
+        SCOPED_TRACE(m.params);
+        const auto out = run<CausalLmLoss>(m.params, f.b);
+        ASSERT_EQ(out.status, RL_OK) << out.error;
+        EXPECT_NEAR(out.loss, m.loss, 1e-12);
+        const auto &g = out.grads.at("logprobs");
+        EXPECT_NEAR(g[1], m.g0, 1e-15);
+        EXPECT_NEAR(g[7], m.g2, 1e-15);
+        EXPECT_EQ(g[0], 0.0);
+        EXPECT_EQ(g[5], 0.0);
+        EXPECT_EQ(g[9], 0.0);
+    }
+}
+
+TEST(Aggregation, GlobalCountsReplaceTheCallsOwn) {
+    AggFixture f;
+    const double sum = f.s0 + f.s1 + f.s2;
+    f.b.global_tokens = 20;
+    f.b.global_seqs = 6;
+    auto out = run<CausalLmLoss>(R"({"loss_agg_mode": "token-mean"})", f.b);
+    EXPECT_NEAR(out.loss, sum / 20, 1e-12);
+    out = run<CausalLmLoss>(R"({"loss_agg_mode": "seq-mean-token-mean"})", f.b);
+    EXPECT_NEAR(out.loss, (f.s0 / 2 + f.s1 / 2 + f.s2 / 3) / 6, 1e-12);
+    out =
+        run<CausalLmLoss>(R"({"loss_agg_mode": "seq-mean-token-sum-norm", "max_seq_len": 8})", f.b);
+    EXPECT_NEAR(out.loss, sum / 48, 1e-12);
+    out = run<CausalLmLoss>(R"({"loss_agg_mode": "sum"})", f.b);
+    EXPECT_NEAR(out.loss, sum, 1e-12);
+}
+
+TEST(Aggregation, NoLossTokensGiveZeroLossAndGradient) {
+    const Batch b = make({0, 2, 3}, {{"logprobs", {-1, -2, -3}},
+                                     {"old_logprobs", {-1, -1, -1}},
+                                     {"advantages", {1, 1, 1}},
+                                     {"loss_mask", {0, 0, 0}}});
+    for (const char *mode : {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "sum"}) {
+        const auto out = run<PolicyLoss>(std::string(R"({"loss_agg_mode": ")") + mode + "\"}", b);
+        ASSERT_EQ(out.status, RL_OK) << out.error;
+        EXPECT_EQ(out.loss, 0.0);
+        for (double g : out.grads.at("logprobs")) EXPECT_EQ(g, 0.0);
+        EXPECT_EQ(out.metric("valid_tokens"), 0.0);
+        EXPECT_EQ(out.metric("pg_clipfrac"), 0.0);
+    }
+}
+
+// ---- cross-entropy ----------------------------------------------------------------
+
+TEST(CausalLmLoss, LabelsEqualToIgnoreIndexAreNotLossTokens) {
+    Batch b = make({0, 4}, {{"logprobs", {-1.0, -2.0, -3.0, -4.0}}});
+    b.labels = {-100, 5, 7, -100};
+    b.has_labels = true;
+    auto out = run<CausalLmLoss>("{}", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    EXPECT_NEAR(out.loss, 2.5, 1e-12);
+    EXPECT_EQ(out.grads.at("logprobs"), (std::vector<double>{0, -0.5, -0.5, 0}));
+    EXPECT_EQ(out.metric("valid_tokens"), 2.0);
+    EXPECT_NEAR(out.metric("perplexity"), std::exp(2.5), 1e-12);
+    out = run<CausalLmLoss>(R"({"ignore_index": 7})", b);
+    EXPECT_NEAR(out.loss, (1.0 + 2.0 + 4.0) / 3, 1e-12);
+}
+
+TEST(PerTokenCe, EmitsLogprobsAndElementwiseLoss) {
+    Batch b =
+        make({0, 2, 4}, {{"logprobs", {-1.0, -2.0, -3.0, -4.0}}, {"loss_mask", {1, 1, 0, 1}}});
+    b.labels = {-100, 5, 7, 8};
+    b.has_labels = true;
+    const auto out = run<PerTokenCe>("{}", b, false);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    EXPECT_NEAR(out.loss, 3.0, 1e-12);
+    EXPECT_TRUE(out.grads.empty());
+    EXPECT_EQ(out.tensors.at("logprobs"), (std::vector<double>{0, -2, 0, -4}));
+    EXPECT_EQ(out.tensors.at("elementwise_loss"), (std::vector<double>{0, 2, 0, 4}));
+    const auto plain = run<CausalLmLoss>("{}", b);
+    EXPECT_TRUE(plain.tensors.empty());
+    EXPECT_EQ(plain.loss, out.loss);
+}
+
+// ---- importance_sampling and the shared terms ------------------------------------
+
+TEST(ImportanceSampling, IsTheUnclippedRatioTimesAdvantage) {
+    const std::vector<double> lp = {-1.0, -1.0}, r = {5.0, 0.1}, A = {2.0, -1.0};
+    const Batch b =
+        make({0, 2}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    const auto out = run<ImportanceSampling>("{}", b);
+    EXPECT_NEAR(out.loss, (-10.0 + 0.1) / 2, 1e-12);
+    EXPECT_NEAR(out.grads.at("logprobs")[0], -5.0, 1e-12);
+    EXPECT_NEAR(out.grads.at("logprobs")[1], 0.05, 1e-12);
+    EXPECT_NEAR(out.metric("ratio_max"), 5.0, 1e-12);
+}
+
+TEST(Regularizers, KlEstimatorsHaveTheirTextbookValuesAndGradients) {
+    // A = 0: only the KL term remains. d = lp - ref = 0.5.
+    const Batch b = make({0, 1}, {{"logprobs", {-1.0}},
+                                  {"old_logprobs", {-1.0}},
+                                  {"advantages", {0.0}},
+                                  {"ref_logprobs", {-1.5}}});
+    struct K {
+        const char *type;
+        double value, grad;
+    };
+    const double d = 0.5;
+    for (const K &k :
+         {K{"k1", d, 1.0}, K{"k2", d * d / 2, d}, K{"k3", std::exp(-d) + d - 1, 1 - std::exp(-d)},
+          K{"low_var_kl", std::exp(-d) + d - 1, 1 - std::exp(-d)}}) {
+        SCOPED_TRACE(k.type);
+        const auto out = run<ImportanceSampling>(
+            std::string(R"({"kl_coef": 0.5, "kl_type": ")") + k.type + "\"}", b);
+        ASSERT_EQ(out.status, RL_OK) << out.error;
+        EXPECT_NEAR(out.loss, 0.5 * k.value, 1e-12);
+        EXPECT_NEAR(out.grads.at("logprobs")[0], 0.5 * k.grad, 1e-12);
+        EXPECT_NEAR(out.metric("ref_kl"), k.value, 1e-12);
+    }
+    // kl_coef 0: ref_logprobs only feeds the metric.
+    const auto metric_only = run<ImportanceSampling>(R"({"kl_type": "k2"})", b);
+    EXPECT_EQ(metric_only.loss, 0.0);
+    EXPECT_NEAR(metric_only.metric("ref_kl"), d * d / 2, 1e-12);
+}
+
+TEST(Regularizers, EntropyBonusDifferentiatesTheEntropyInput) {
+    const Batch b = make({0, 2}, {{"logprobs", {-1.0, -1.0}},
+                                  {"old_logprobs", {-1.0, -1.0}},
+                                  {"advantages", {0.0, 0.0}},
+                                  {"entropy", {2.0, 4.0}}});
+    T::Host host;
+    T::Instance<ImportanceSampling> on(host, R"({"entropy_coef": 0.1})");
+    const auto sig = T::loss_signature(on);
+    EXPECT_EQ(sig.differentiable, (std::vector<std::string>{"logprobs", "entropy"}));
+    const auto out = T::run_loss(on, b.inputs());
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    EXPECT_NEAR(out.loss, -0.1 * 3.0, 1e-12);
+    EXPECT_EQ(out.grads.at("entropy"), (std::vector<double>{-0.05, -0.05}));
+    EXPECT_NEAR(out.metric("entropy"), 3.0, 1e-12);
+
+    T::Instance<ImportanceSampling> off(host, "{}");
+    EXPECT_EQ(T::loss_signature(off).differentiable, (std::vector<std::string>{"logprobs"}));
+    const auto metric_only = T::run_loss(off, b.inputs());
+    EXPECT_EQ(metric_only.loss, 0.0);
+    EXPECT_FALSE(metric_only.grads.count("entropy"));
+    EXPECT_NEAR(metric_only.metric("entropy"), 3.0, 1e-12);
+}
+
+// ---- grpo -------------------------------------------------------------------------
+
+TEST(Grpo, GeometricMaskDropsWholeSequences) {
+    const std::vector<double> lp(6, -1.0), r = {3, 5, 6, 6, 7, 7.5}, A = {1, 1, 1, 1, 1, 1};
+    const Batch b =
+        make({0, 3, 6}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    // Every token is inside the token band [0.125, 8]; sequence 1's geometric
+    // mean (6.9) is above geo_mask_high = 5, sequence 0's (4.48) is not.
+    const auto out = run<GrpoLoss>(R"({"geo_mask_high": 5, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    const auto &g = out.grads.at("logprobs");
+    for (int t = 0; t < 3; ++t) EXPECT_NEAR(g[t], -r[t], 1e-12) << t; // -coeff = -r * A
+    for (int t = 3; t < 6; ++t) EXPECT_EQ(g[t], 0.0) << t;
+    EXPECT_NEAR(out.loss, -(3 + 5 + 6) * -1.0, 1e-12); // -coeff * lp
+    EXPECT_DOUBLE_EQ(out.metric("masked"), 0.5);
+    EXPECT_DOUBLE_EQ(out.metric("masked_seqs"), 0.5);
+    EXPECT_EQ(out.metric("tokens"), 6.0);
+
+    // geo_mask_low: a sequence of moderately low ratios, none below the token band.
+    const std::vector<double> low = {0.2, 0.3, 0.25, 1, 1, 1};
+    const Batch b2 =
+        make({0, 3, 6}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, low)}, {"advantages", A}});
+    const auto out2 = run<GrpoLoss>(R"({"geo_mask_low": 0.3, "loss_agg_mode": "sum"})", b2);
+    for (int t = 0; t < 3; ++t) EXPECT_EQ(out2.grads.at("logprobs")[t], 0.0) << t;
+    for (int t = 3; t < 6; ++t) EXPECT_NEAR(out2.grads.at("logprobs")[t], -1.0, 1e-12) << t;
+}
+
+TEST(Grpo, TokenMaskDropsOnlyThatToken) {
+    const std::vector<double> lp(3, -1.0), r = {0.1, 1.0, 9.0};
+    const Batch b = make(
+        {0, 3}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", {1, 1, 1}}});
+    const auto out = run<GrpoLoss>(R"({"loss_agg_mode": "sum"})", b);
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_EQ(g[0], 0.0);
+    EXPECT_NEAR(g[1], -1.0, 1e-12);
+    EXPECT_EQ(g[2], 0.0);
+    EXPECT_DOUBLE_EQ(out.metric("masked"), 2.0 / 3.0);
+    EXPECT_DOUBLE_EQ(out.metric("masked_seqs"), 0.0);
+}
+
+TEST(Grpo, SequenceMasksUseTheMinAndMaxTokenRatio) {
+    const std::vector<double> lp(6, -1.0), r = {1, 1, 6, 0.4, 1, 1};
+    const Batch b = make({0, 3, 6}, {{"logprobs", lp},
+                                     {"old_logprobs", old_for(lp, r)},
+                                     {"advantages", std::vector<double>(6, 1.0)}});
+    const auto high = run<GrpoLoss>(R"({"sequence_mask_high": 5, "loss_agg_mode": "sum"})", b);
+    for (int t = 0; t < 3; ++t) EXPECT_EQ(high.grads.at("logprobs")[t], 0.0) << t;
+    EXPECT_NEAR(high.grads.at("logprobs")[4], -1.0, 1e-12);
+    const auto low = run<GrpoLoss>(R"({"sequence_mask_low": 0.5, "loss_agg_mode": "sum"})", b);
+    EXPECT_NEAR(low.grads.at("logprobs")[1], -1.0, 1e-12);
+    for (int t = 3; t < 6; ++t) EXPECT_EQ(low.grads.at("logprobs")[t], 0.0) << t;
+}
+
+TEST(Grpo, CoefficientCombinesAdvantageTeacherAndKlTerms) {
+    const double lp = -1.0, old = -1.2, A = 0.5, teacher = -0.5, r = std::exp(0.2);
+    const Batch b = make({0, 1}, {{"logprobs", {lp}},
+                                  {"old_logprobs", {old}},
+                                  {"advantages", {A}},
+                                  {"teacher_logprobs", {teacher}}});
+    const auto out = run<GrpoLoss>(
+        R"({"adv_tau": 2, "teacher_tau": 0.5, "kl_tau": 0.1, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    const double coeff = r * (2 * A + 0.5 * (teacher - lp) - 0.1 * 0.2);
+    EXPECT_NEAR(out.grads.at("logprobs")[0], -coeff, 1e-12);
+    EXPECT_NEAR(out.loss, -coeff * lp, 1e-12);
+    EXPECT_NEAR(out.metric("teacher_kl"), teacher - lp, 1e-12);
+    EXPECT_NEAR(out.metric("kl"), r - 0.2 - 1, 1e-12);
+    // Without teacher_logprobs there is no teacher term and no teacher_kl.
+    const Batch no_teacher = b.only({"logprobs", "old_logprobs", "advantages"});
+    const auto plain =
+        run<GrpoLoss>(R"({"adv_tau": 2, "kl_tau": 0.1, "loss_agg_mode": "sum"})", no_teacher);
+    EXPECT_NEAR(plain.grads.at("logprobs")[0], -r * (2 * A - 0.1 * 0.2), 1e-12);
+    EXPECT_FALSE(plain.has_metric("teacher_kl"));
+}
+
+TEST(Grpo, SequenceRatioIsTheClippedProductOfTokenRatios) {
+    const std::vector<double> lp = {-1, -1, -1}, lr = {0.5, 0.4, 0.3};
+    std::vector<double> old(3);
+    for (int t = 0; t < 3; ++t) old[t] = lp[t] - lr[t];
+    const Batch b =
+        make({0, 3}, {{"logprobs", lp}, {"old_logprobs", old}, {"advantages", {1, 1, 1}}});
+    const auto out = run<GrpoLoss>(R"({"ratio_type": "sequence", "loss_agg_mode": "sum"})", b);
+    for (int t = 0; t < 3; ++t) EXPECT_NEAR(out.grads.at("logprobs")[t], -std::exp(1.2), 1e-12);
+    const auto clipped = run<GrpoLoss>(
+        R"({"ratio_type": "sequence", "sequence_clip_high": 2, "loss_agg_mode": "sum"})", b);
+    for (int t = 0; t < 3; ++t) EXPECT_NEAR(clipped.grads.at("logprobs")[t], -2.0, 1e-12);
+    const auto token = run<GrpoLoss>(R"({"loss_agg_mode": "sum"})", b);
+    EXPECT_NEAR(token.grads.at("logprobs")[0], -std::exp(0.5), 1e-12);
+}
+
+// ---- decoupled_ppo, cispo, gspo, value_loss --------------------------------------------
+
+TEST(DecoupledPpo, ClipsAroundTheProximalPolicyAndWeightsByBehaviour) {
+    const std::vector<double> lp = {-1, -1, -1}, r_prox = {1.5, 1.1, 1.0}, w = {0.8, 1.5, 3.0};
+    std::vector<double> prox = old_for(lp, r_prox), old(3);
+    for (int t = 0; t < 3; ++t) old[t] = prox[t] - std::log(w[t]);
+    const Batch b = make({0, 3}, {{"logprobs", lp},
+                                  {"prox_logprobs", prox},
+                                  {"old_logprobs", old},
+                                  {"advantages", {1, 1, 1}}});
+    const auto out = run<DecoupledPpo>(R"({"behav_imp_weight_cap": 2, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_EQ(g[0], 0.0);                 // 1.5 vs prox: clipped at 1.2
+    EXPECT_NEAR(g[1], -1.1 * 1.5, 1e-12); // vs old it would be 1.65, clipped
+    EXPECT_EQ(g[2], 0.0);                 // behaviour weight 3 > cap 2: dropped
+    EXPECT_NEAR(out.loss, 0.8 * -1.2 + 1.5 * -1.1, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("behav_maskfrac"), 1.0 / 3.0);
+    EXPECT_NEAR(out.metric("behav_imp_weight"), (0.8 + 1.5) / 2, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("pg_clipfrac"), 1.0 / 3.0);
+    // Without the cap the third token counts with weight 3.
+    const auto uncapped = run<DecoupledPpo>(R"({"loss_agg_mode": "sum"})", b);
+    EXPECT_NEAR(uncapped.grads.at("logprobs")[2], -3.0, 1e-12);
+}
+
+TEST(DecoupledPpo, DualClipCapsNegativeAdvantages) {
+    const std::vector<double> lp = {-1, -1};
+    const Batch b = make({0, 2}, {{"logprobs", lp},
+                                  {"prox_logprobs", old_for(lp, {5.0, 5.0})},
+                                  {"old_logprobs", old_for(lp, {5.0, 5.0})},
+                                  {"advantages", {-1, 1}}});
+    const auto out = run<DecoupledPpo>(R"({"c_clip": 3, "loss_agg_mode": "sum"})", b);
+    EXPECT_NEAR(out.loss, 3.0 + -1.2, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("dual_clipfrac"), 0.5);
+}
+
+TEST(Cispo, ClippedTokensKeepTheirGradient) {
+    const std::vector<double> lp = {-1, -2}, r = {5.0, 0.5}, A = {1.0, 2.0};
+    const Batch b =
+        make({0, 2}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    const auto out = run<Cispo>(R"({"loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    EXPECT_NEAR(out.grads.at("logprobs")[0], -4.0, 1e-12); // clip(5) = 4
+    EXPECT_NEAR(out.grads.at("logprobs")[1], -1.0, 1e-12); // 0.5 * 2
+    EXPECT_NEAR(out.loss, -4.0 * -1 + -1.0 * -2, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("clip_fraction"), 0.5);
+    const auto low = run<Cispo>(R"({"clip_low": 0.8, "loss_agg_mode": "sum"})", b);
+    EXPECT_NEAR(low.grads.at("logprobs")[1], -1.6, 1e-12);
+}
+
+TEST(Gspo, RatioIsTheSequenceGeometricMean) {
+    const std::vector<double> lp = {-1, -1, -1}, lr = {0.1, 0.3, 0.0};
+    std::vector<double> old(3);
+    for (int t = 0; t < 3; ++t) old[t] = lp[t] - lr[t];
+    Batch b = make({0, 3}, {{"logprobs", lp},
+                            {"old_logprobs", old},
+                            {"advantages", {1, 1, 1}},
+                            {"loss_mask", {1, 1, 0}}});
+    const double s = std::exp(0.2);
+    const auto wide = run<Gspo>(R"({"eps_clip": 0.5, "eps_clip_high": 0.5})", b);
+    ASSERT_EQ(wide.status, RL_OK) << wide.error;
+    // seq-mean-token-mean over 2 tokens: L = -s; dL/dlp_u = -s / 2.
+    EXPECT_NEAR(wide.loss, -s, 1e-12);
+    EXPECT_NEAR(wide.grads.at("logprobs")[0], -s / 2, 1e-12);
+    EXPECT_NEAR(wide.grads.at("logprobs")[1], -s / 2, 1e-12);
+    EXPECT_EQ(wide.grads.at("logprobs")[2], 0.0);
+    EXPECT_NEAR(wide.metric("seq_ratio_mean"), s, 1e-12);
+    // Default band (3e-4, 4e-4): s = 1.22 is clipped for A > 0 ...
+    const auto clipped = run<Gspo>("{}", b);
+    EXPECT_NEAR(clipped.loss, -(1 + 4e-4), 1e-12);
+    EXPECT_EQ(clipped.grads.at("logprobs")[0], 0.0);
+    EXPECT_DOUBLE_EQ(clipped.metric("pg_clipfrac"), 1.0);
+    // ... and not for A < 0.
+    b["advantages"] = {-1, -1, -1};
+    const auto neg = run<Gspo>("{}", b);
+    EXPECT_NEAR(neg.loss, s, 1e-12);
+    EXPECT_NEAR(neg.grads.at("logprobs")[0], s / 2, 1e-12);
+}
+
+TEST(ValueLoss, ClipsAroundOldValues) {
+    const Batch b =
+        make({0, 2}, {{"values", {1.0, 1.0}}, {"old_values", {0.0, 0.0}}, {"returns", {2.0, 0.0}}});
+    const auto out = run<ValueLoss>(R"({"vf_clip": 0.2, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    // t0: clipped value 0.2, error 1.8 > 1: clipped branch, no gradient.
+    // t1: error 1 > clipped error 0.2: unclipped, gradient v - R = 1.
+    EXPECT_NEAR(out.loss, 0.5 * 3.24 + 0.5 * 1.0, 1e-12);
+    EXPECT_EQ(out.grads.at("values")[0], 0.0);
+    EXPECT_NEAR(out.grads.at("values")[1], 1.0, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("vf_clipfrac"), 0.5);
+    const auto unclipped =
+        run<ValueLoss>(R"({"vf_coef": 2, "loss_agg_mode": "sum"})", b.only({"values", "returns"}));
+    EXPECT_NEAR(unclipped.loss, 2 * 0.5 * (1.0 + 1.0), 1e-12);
+    EXPECT_NEAR(unclipped.grads.at("values")[0], -2.0, 1e-12);
+    EXPECT_FALSE(unclipped.has_metric("vf_clipfrac"));
+}
+
+// ---- forward only -------------------------------------------------------------------
+
+TEST(ForwardOnly, GivesTheSameLossAndNoGradients) {
+    for (const auto &name : loss_names()) {
+        SCOPED_TRACE(name);
+        with_loss(name, [&](auto tag) {
+            using L = typename decltype(tag)::type;
+            T::Host host;
+            T::Instance<L> inst(host, name == "gspo" ? R"({"eps_clip": 0.2})" : "{}");
+            ASSERT_TRUE(inst.ok()) << inst.error();
+            const Batch b = random_batch(3).only(accepted_inputs(inst));
+            const auto with = T::run_loss(inst, b.inputs(), true);
+            const auto without = T::run_loss(inst, b.inputs(), false);
+            ASSERT_EQ(without.status, RL_OK) << without.error;
+            EXPECT_EQ(with.loss, without.loss);
+            EXPECT_FALSE(with.grads.empty());
+            EXPECT_TRUE(without.grads.empty());
+            EXPECT_EQ(with.metrics, without.metrics);
+        });
+    }
+}
+
+} // namespace
+} // namespace rl::losses::test

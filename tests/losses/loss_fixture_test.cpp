@@ -1,0 +1,106 @@
+// The fixed cases of loss_fixtures.h (also run through the C ABI by
+// loss_c_abi_test.c): the C++ path still produces the recorded numbers, and the
+// recorded loss and metrics agree with the direct formulas.
+#include "loss_fixtures.h"
+#include "loss_reference.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+namespace rl::losses::test {
+namespace {
+
+Batch batch_of(const lf_case &c) {
+    Batch b;
+    b.cu.assign(c.cu_seqlens, c.cu_seqlens + c.n_cu);
+    b.global_tokens = c.global_tokens;
+    b.global_seqs = c.global_seqs;
+    for (int i = 0; i < c.n_inputs; ++i) {
+        const lf_tensor &x = c.inputs[i];
+        if (x.is_int) {
+            b.labels.assign(x.i, x.i + c.n_tokens);
+            b.has_labels = true;
+        } else {
+            b.f[x.name].assign(x.f, x.f + c.n_tokens);
+        }
+    }
+    return b;
+}
+
+bool close(double got, double want) {
+    return std::fabs(got - want) <= 1e-12 * (1 + std::fabs(want));
+}
+
+TEST(LossFixtures, CppPathReproducesTheRecordedNumbers) {
+    ASSERT_GT(LF_N_CASES, 0);
+    for (int k = 0; k < LF_N_CASES; ++k) {
+        const lf_case &c = lf_cases[k];
+        SCOPED_TRACE(std::string(c.name) + " " + c.params);
+        with_loss(c.name, [&](auto tag) {
+            using L = typename decltype(tag)::type;
+            T::Host host;
+            T::Instance<L> inst(host, c.params);
+            ASSERT_TRUE(inst.ok()) << inst.error();
+            const T::LossRun run = T::run_loss(inst, batch_of(c).inputs());
+            ASSERT_EQ(run.status, RL_OK) << run.error;
+            EXPECT_TRUE(close(run.loss, c.loss)) << run.loss << " vs " << c.loss;
+            EXPECT_EQ(int(run.grads.size()), c.n_grads);
+            for (int i = 0; i < c.n_grads; ++i) {
+                ASSERT_TRUE(run.grads.count(c.grads[i].name)) << c.grads[i].name;
+                const auto &g = run.grads.at(c.grads[i].name);
+                for (int64_t t = 0; t < c.n_tokens; ++t)
+                    EXPECT_TRUE(close(g[t], c.grads[i].f[t])) << c.grads[i].name << " " << t;
+            }
+            EXPECT_EQ(int(run.tensors.size()), c.n_outputs);
+            for (int i = 0; i < c.n_outputs; ++i) {
+                ASSERT_TRUE(run.tensors.count(c.outputs[i].name)) << c.outputs[i].name;
+                const auto &v = run.tensors.at(c.outputs[i].name);
+                for (int64_t t = 0; t < c.n_tokens; ++t)
+                    EXPECT_TRUE(close(v[t], c.outputs[i].f[t])) << c.outputs[i].name << " " << t;
+            }
+            EXPECT_EQ(int(run.metrics.size()), c.n_metrics);
+            for (int i = 0; i < c.n_metrics; ++i)
+                EXPECT_TRUE(close(run.metric(c.metrics[i].name), c.metrics[i].value))
+                    << c.metrics[i].name;
+        });
+    }
+}
+
+TEST(LossFixtures, RecordedNumbersAgreeWithTheFormulas) {
+    for (int k = 0; k < LF_N_CASES; ++k) {
+        const lf_case &c = lf_cases[k];
+        SCOPED_TRACE(std::string(c.name) + " " + c.params);
+        const Batch b = batch_of(c);
+        const RefResult want = reference(c.name, b, c.params);
+        EXPECT_TRUE(close(c.loss, want.loss)) << c.loss << " vs formula " << want.loss;
+        EXPECT_EQ(size_t(c.n_metrics), want.metrics.size());
+        for (int i = 0; i < c.n_metrics; ++i) {
+            ASSERT_TRUE(want.metrics.count(c.metrics[i].name)) << c.metrics[i].name;
+            EXPECT_TRUE(close(c.metrics[i].value, want.metrics.at(c.metrics[i].name)))
+                << c.metrics[i].name;
+        }
+        // per_token_ce's outputs: logprobs and -logprobs on label tokens, 0 elsewhere.
+        for (int i = 0; i < c.n_outputs; ++i) {
+            const auto m = ref::loss_tokens(b, true);
+            const bool is_loss = std::string(c.outputs[i].name) == "elementwise_loss";
+            for (int64_t t = 0; t < c.n_tokens; ++t) {
+                const double w = m[t] ? (is_loss ? -1.0 : 1.0) * b["logprobs"][t] : 0.0;
+                EXPECT_EQ(c.outputs[i].f[t], w) << c.outputs[i].name << " " << t;
+            }
+        }
+    }
+}
+
+// Every loss has a fixture, so the C ABI test covers every plugin.
+TEST(LossFixtures, CoverEveryLoss) {
+    for (const auto &name : loss_names()) {
+        bool found = false;
+        for (int k = 0; k < LF_N_CASES; ++k) found = found || name == lf_cases[k].name;
+        EXPECT_TRUE(found) << name;
+    }
+}
+
+} // namespace
+} // namespace rl::losses::test

@@ -1,0 +1,435 @@
+// tests/losses/loss_reference.hpp: every loss and its metrics written directly
+// from the formulas in docs/losses.md, independently of the plugin code (no
+// shared helpers): per-sequence loops, the aggregation modes as their
+// textbook formulas, parameters read straight from the JSON.
+#pragma once
+
+#include "loss_test_util.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace rl::losses::test {
+
+struct RefResult {
+    double loss = 0;
+    std::map<std::string, double> metrics;
+};
+
+namespace ref {
+
+using json = nlohmann::json;
+
+inline double num_or(const json &p, const char *k, double def) {
+    return p.contains(k) && !p[k].is_null() ? p[k].get<double>() : def;
+}
+inline bool has(const json &p, const char *k) {
+    return p.contains(k) && !p[k].is_null();
+}
+
+// Loss tokens: loss_mask (if given) and, for cross-entropy, labels != ignore_index.
+inline std::vector<bool> loss_tokens(const Batch &b, bool use_labels, int64_t ignore = -100) {
+    std::vector<bool> m(b.n(), true);
+    for (int64_t t = 0; t < b.n(); ++t) {
+        if (b.f.count("loss_mask") && b["loss_mask"][t] == 0) m[t] = false;
+        if (use_labels && b.labels[t] == ignore) m[t] = false;
+    }
+    return m;
+}
+
+// The aggregation modes as formulas over per-sequence token lists.
+inline double aggregate(const Batch &b, const std::vector<bool> &m, const std::vector<double> &l,
+                        const json &p, const char *def_mode = "token-mean") {
+    const std::string mode = p.value("loss_agg_mode", std::string(def_mode));
+    double total = 0;
+    int64_t tokens = 0;
+    std::vector<double> seq_sum, seq_n;
+    for (int64_t s = 0; s < b.n_seqs(); ++s) {
+        double sum = 0;
+        int64_t k = 0;
+        for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t)
+            if (m[t]) {
+                sum += l[t];
+                ++k;
+            }
+        total += sum;
+        tokens += k;
+        if (k) {
+            seq_sum.push_back(sum);
+            seq_n.push_back(double(k));
+        }
+    }
+    const double T = b.global_tokens > 0 ? b.global_tokens : double(tokens);
+    const double S = b.global_seqs > 0 ? b.global_seqs : double(seq_sum.size());
+    if (mode == "sum") return total;
+    if (mode == "token-mean") return T > 0 ? total / T : 0.0;
+    if (S == 0) return 0.0;
+    double acc = 0;
+    for (size_t i = 0; i < seq_sum.size(); ++i)
+        acc += mode == "seq-mean-token-mean" ? seq_sum[i] / seq_n[i] : seq_sum[i];
+    if (mode == "seq-mean-token-sum-norm") return acc / (S * p.at("max_seq_len").get<double>());
+    return acc / S; // seq-mean-token-sum, seq-mean-token-mean
+}
+
+struct Mean {
+    double sum = 0, lo = std::numeric_limits<double>::infinity(),
+           hi = -std::numeric_limits<double>::infinity();
+    double n = 0;
+    void add(double x) {
+        sum += x;
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+        n += 1;
+    }
+    double mean(double empty = 0) const { return n ? sum / n : empty; }
+};
+
+// kl_coef * k(lp, ref) - entropy_coef * entropy, and the ref_kl / entropy metrics.
+inline std::vector<double> regularizers(const Batch &b, const std::vector<bool> &m, const json &p,
+                                        RefResult &out) {
+    std::vector<double> l(b.n(), 0.0);
+    const double kc = num_or(p, "kl_coef", 0), ec = num_or(p, "entropy_coef", 0);
+    const std::string kt = p.value("kl_type", std::string("k3"));
+    if (b.f.count("ref_logprobs")) {
+        Mean k;
+        for (int64_t t = 0; t < b.n(); ++t) {
+            if (!m[t]) continue;
+            const double lr = b["logprobs"][t] - b["ref_logprobs"][t];
+            const double v = kt == "k1" ? lr : kt == "k2" ? 0.5 * lr * lr : std::exp(-lr) + lr - 1;
+            k.add(v);
+            l[t] += kc * v;
+        }
+        out.metrics["ref_kl"] = k.mean();
+    }
+    if (b.f.count("entropy")) {
+        Mean e;
+        for (int64_t t = 0; t < b.n(); ++t) {
+            if (!m[t]) continue;
+            e.add(b["entropy"][t]);
+            l[t] -= ec * b["entropy"][t];
+        }
+        out.metrics["entropy"] = e.mean();
+    }
+    return l;
+}
+
+inline double clip(double x, double lo, double hi) {
+    return std::min(std::max(x, lo), hi);
+}
+inline double frac(double k, double n) {
+    return n ? k / n : 0.0;
+}
+
+inline RefResult cross_entropy(const Batch &b, const json &p) {
+    RefResult out;
+    const auto m = loss_tokens(b, true, p.value("ignore_index", int64_t(-100)));
+    std::vector<double> l(b.n(), 0.0);
+    Mean nll;
+    for (int64_t t = 0; t < b.n(); ++t)
+        if (m[t]) {
+            l[t] = -b["logprobs"][t];
+            nll.add(l[t]);
+        }
+    out.loss = aggregate(b, m, l, p);
+    out.metrics["valid_tokens"] = nll.n;
+    out.metrics["perplexity"] = std::exp(nll.mean());
+    return out;
+}
+
+inline RefResult policy_loss(const Batch &b, const json &p) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    const double eps = num_or(p, "eps_clip", 0.2), eps_hi = num_or(p, "eps_clip_high", 0.2);
+    const bool tis = p.value("use_tis", false), stats = p.value("compute_kl_stats", false);
+    const double tis_lo = num_or(p, "tis_clip_low", 0.1), tis_hi = num_or(p, "tis_clip_high", 2.0);
+    std::vector<double> l = regularizers(b, m, p, out);
+    double pg = 0, n = 0, clipped = 0, ice = 0, tis_clipped = 0;
+    Mean ratio, k3, old_nll, tis_w;
+    std::vector<double> pg_tok(b.n(), 0.0);
+    for (int64_t t = 0; t < b.n(); ++t) {
+        if (!m[t]) continue;
+        n += 1;
+        const double A = b["advantages"][t];
+        const double lr = b["logprobs"][t] - b["old_logprobs"][t], r = std::exp(lr);
+        ratio.add(r);
+        k3.add(r - lr - 1);
+        old_nll.add(-b["old_logprobs"][t]);
+        double v = std::max(-A * r, -A * clip(r, 1 - eps, 1 + eps_hi));
+        bool c = -A * clip(r, 1 - eps, 1 + eps_hi) > -A * r;
+        if (has(p, "eps_clip_c") && A < 0) {
+            const double cap = -A * p["eps_clip_c"].get<double>();
+            if (cap < v) c = true;
+            v = std::min(v, cap);
+        }
+        clipped += c;
+        if (has(p, "icepop_beta")) {
+            const double beta = p["icepop_beta"].get<double>();
+            if (r < 1 / beta || r > beta) {
+                v = 0;
+                ice += 1;
+            }
+        }
+        if (tis) {
+            const double raw = std::exp(b["logprobs"][t] - b["rollout_logprobs"][t]);
+            tis_w.add(raw);
+            const double w = clip(raw, tis_lo, tis_hi);
+            tis_clipped += (w != raw);
+            v *= w;
+        }
+        pg_tok[t] = v;
+        l[t] += v;
+    }
+    pg = aggregate(b, m, pg_tok, p);
+    out.loss = aggregate(b, m, l, p);
+    out.metrics["pg_loss"] = pg;
+    out.metrics["pg_clipfrac"] = frac(clipped, n);
+    if (has(p, "icepop_beta")) out.metrics["icepop_maskfrac"] = frac(ice, n);
+    if (tis) {
+        out.metrics["tis_mean"] = tis_w.mean(1);
+        out.metrics["tis_min"] = tis_w.n ? tis_w.lo : 1;
+        out.metrics["tis_max"] = tis_w.n ? tis_w.hi : 1;
+        out.metrics["tis_clipfrac"] = frac(tis_clipped, n);
+    }
+    if (stats) {
+        out.metrics["kl_sample_train_k3"] = k3.mean();
+        out.metrics["entropy_sample"] = old_nll.mean();
+        out.metrics["ratio_mean"] = ratio.mean(1);
+        out.metrics["ratio_min"] = ratio.n ? ratio.lo : 1;
+        out.metrics["ratio_max"] = ratio.n ? ratio.hi : 1;
+    }
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+// importance_sampling and cispo share the ratio statistics.
+inline RefResult importance_or_cispo(const Batch &b, const json &p, bool cispo) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    const double lo = num_or(p, "clip_low", 0.0), hi = num_or(p, "clip_high", 4.0);
+    Mean ratio, k3, old_nll;
+    double n = 0, clipped = 0;
+    for (int64_t t = 0; t < b.n(); ++t) {
+        if (!m[t]) continue;
+        n += 1;
+        const double A = b["advantages"][t], lp = b["logprobs"][t];
+        const double lr = lp - b["old_logprobs"][t], r = std::exp(lr);
+        ratio.add(r);
+        k3.add(r - lr - 1);
+        old_nll.add(-b["old_logprobs"][t]);
+        if (cispo) {
+            const double c = clip(r, lo, hi);
+            clipped += (c != r);
+            pg_tok[t] = -c * A * lp;
+        } else {
+            pg_tok[t] = -r * A;
+        }
+        l[t] += pg_tok[t];
+    }
+    out.loss = aggregate(b, m, l, p);
+    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
+    out.metrics["ratio_mean"] = ratio.mean(1);
+    out.metrics["ratio_min"] = ratio.n ? ratio.lo : 1;
+    out.metrics["ratio_max"] = ratio.n ? ratio.hi : 1;
+    if (cispo) out.metrics["clip_fraction"] = frac(clipped, n);
+    if (p.value("compute_kl_stats", false)) {
+        out.metrics["kl_sample_train_k3"] = k3.mean();
+        out.metrics["entropy_sample"] = old_nll.mean();
+    }
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+inline RefResult grpo(const Batch &b, const json &p) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    const bool seq_type = p.value("ratio_type", std::string("token")) == "sequence";
+    const double adv_tau = num_or(p, "adv_tau", 1), teacher_tau = num_or(p, "teacher_tau", 0),
+                 kl_tau = num_or(p, "kl_tau", 0);
+    const double tlo = num_or(p, "token_mask_low", 0.125), thi = num_or(p, "token_mask_high", 8);
+    const double glo = num_or(p, "geo_mask_low", 0.1), ghi = num_or(p, "geo_mask_high", 10);
+    const double slo = num_or(p, "sequence_mask_low", 0),
+                 shi = num_or(p, "sequence_mask_high", 100);
+    const double sclip = num_or(p, "sequence_clip_high", 10);
+    const bool teacher = b.f.count("teacher_logprobs") != 0;
+    double n = 0, masked = 0, seqs = 0, masked_seqs = 0;
+    Mean kl, tkl;
+    for (int64_t s = 0; s < b.n_seqs(); ++s) {
+        std::vector<int64_t> toks;
+        for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t)
+            if (m[t]) toks.push_back(t);
+        if (toks.empty()) continue;
+        seqs += 1;
+        double log_sum = 0, rmin = 1e300, rmax = -1e300;
+        for (auto t : toks) {
+            const double lr = b["logprobs"][t] - b["old_logprobs"][t];
+            log_sum += lr;
+            rmin = std::min(rmin, std::exp(lr));
+            rmax = std::max(rmax, std::exp(lr));
+        }
+        const double geo = std::exp(log_sum / double(toks.size()));
+        const bool drop_seq = geo < glo || geo > ghi || rmin < slo || rmax > shi;
+        masked_seqs += drop_seq;
+        const double seq_ratio = std::min(std::exp(log_sum), sclip);
+        for (auto t : toks) {
+            n += 1;
+            const double lp = b["logprobs"][t], lr = lp - b["old_logprobs"][t], r = std::exp(lr);
+            kl.add(r - lr - 1);
+            if (teacher) tkl.add(b["teacher_logprobs"][t] - lp);
+            if (drop_seq || r < tlo || r > thi) {
+                masked += 1;
+                continue;
+            }
+            double a = adv_tau * b["advantages"][t] - kl_tau * lr;
+            if (teacher) a += teacher_tau * (b["teacher_logprobs"][t] - lp);
+            pg_tok[t] = -(seq_type ? seq_ratio : r) * a * lp;
+            l[t] += pg_tok[t];
+        }
+    }
+    out.loss = aggregate(b, m, l, p);
+    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
+    out.metrics["kl"] = kl.mean();
+    out.metrics["masked"] = frac(masked, n);
+    out.metrics["masked_seqs"] = frac(masked_seqs, seqs);
+    out.metrics["tokens"] = n;
+    if (teacher) out.metrics["teacher_kl"] = tkl.mean();
+    return out;
+}
+
+inline RefResult decoupled_ppo(const Batch &b, const json &p) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    const double eps = num_or(p, "eps_clip", 0.2), eps_hi = num_or(p, "eps_clip_higher", eps);
+    double n = 0, clipped = 0, dual = 0, capped = 0;
+    Mean ratio, akl, bw, bkl;
+    for (int64_t t = 0; t < b.n(); ++t) {
+        if (!m[t]) continue;
+        n += 1;
+        const double A = b["advantages"][t];
+        const double lr = b["logprobs"][t] - b["prox_logprobs"][t], r = std::exp(lr);
+        ratio.add(r);
+        akl.add(lr);
+        const double l1 = -A * r, l2 = -A * clip(r, 1 - eps, 1 + eps_hi);
+        double v = std::max(l1, l2);
+        clipped += (l2 > l1);
+        if (has(p, "c_clip") && A < 0 && -A * p["c_clip"].get<double>() < v) {
+            v = -A * p["c_clip"].get<double>();
+            dual += 1;
+        }
+        const double w = std::exp(b["prox_logprobs"][t] - b["old_logprobs"][t]);
+        if (has(p, "behav_imp_weight_cap") && w > p["behav_imp_weight_cap"].get<double>()) {
+            capped += 1;
+            continue;
+        }
+        bw.add(w);
+        bkl.add(b["prox_logprobs"][t] - b["old_logprobs"][t]);
+        pg_tok[t] = w * v;
+        l[t] += pg_tok[t];
+    }
+    out.loss = aggregate(b, m, l, p);
+    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
+    out.metrics["pg_clipfrac"] = frac(clipped, n);
+    if (has(p, "c_clip")) out.metrics["dual_clipfrac"] = frac(dual, n);
+    out.metrics["ratio_mean"] = ratio.mean(1);
+    out.metrics["approx_kl"] = akl.mean();
+    out.metrics["behav_imp_weight"] = bw.mean(1);
+    out.metrics["behav_approx_kl"] = bkl.mean();
+    if (has(p, "behav_imp_weight_cap")) out.metrics["behav_maskfrac"] = frac(capped, n);
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+inline RefResult gspo(const Batch &b, const json &p) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    const double eps = num_or(p, "eps_clip", 3e-4), eps_hi = num_or(p, "eps_clip_high", 4e-4);
+    double n = 0, clipped = 0;
+    Mean sr;
+    for (int64_t s = 0; s < b.n_seqs(); ++s) {
+        double sum = 0, k = 0;
+        for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t)
+            if (m[t]) {
+                sum += b["logprobs"][t] - b["old_logprobs"][t];
+                k += 1;
+            }
+        if (!k) continue;
+        const double si = std::exp(sum / k);
+        sr.add(si);
+        for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t) {
+            if (!m[t]) continue;
+            n += 1;
+            const double A = b["advantages"][t];
+            const double l1 = -A * si, l2 = -A * clip(si, 1 - eps, 1 + eps_hi);
+            clipped += (l2 > l1);
+            pg_tok[t] = std::max(l1, l2);
+            l[t] += pg_tok[t];
+        }
+    }
+    out.loss = aggregate(b, m, l, p, "seq-mean-token-mean");
+    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p, "seq-mean-token-mean");
+    out.metrics["pg_clipfrac"] = frac(clipped, n);
+    out.metrics["seq_ratio_mean"] = sr.mean(1);
+    out.metrics["seq_ratio_min"] = sr.n ? sr.lo : 1;
+    out.metrics["seq_ratio_max"] = sr.n ? sr.hi : 1;
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+inline RefResult value_loss(const Batch &b, const json &p) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    const double coef = num_or(p, "vf_coef", 1.0);
+    std::vector<double> l(b.n(), 0.0);
+    double n = 0, clipped = 0;
+    Mean v, ret, err;
+    for (int64_t t = 0; t < b.n(); ++t) {
+        if (!m[t]) continue;
+        n += 1;
+        const double e1 = b["values"][t] - b["returns"][t];
+        double sq = e1 * e1;
+        if (has(p, "vf_clip")) {
+            const double c = p["vf_clip"].get<double>(), o = b["old_values"][t];
+            const double e2 = clip(b["values"][t], o - c, o + c) - b["returns"][t];
+            if (e2 * e2 > sq) clipped += 1;
+            sq = std::max(sq, e2 * e2);
+        }
+        l[t] = 0.5 * coef * sq;
+        v.add(b["values"][t]);
+        ret.add(b["returns"][t]);
+        err.add(e1 * e1);
+    }
+    out.loss = aggregate(b, m, l, p);
+    out.metrics["value_mean"] = v.mean();
+    out.metrics["return_mean"] = ret.mean();
+    out.metrics["value_error_sq_mean"] = err.mean();
+    if (has(p, "vf_clip")) out.metrics["vf_clipfrac"] = frac(clipped, n);
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+} // namespace ref
+
+// The loss value and metrics of `loss` with `params` on `b`, from the formulas.
+inline RefResult reference(const std::string &loss, const Batch &b, const std::string &params) {
+    const auto p = nlohmann::json::parse(params);
+    if (loss == "causallm_loss" || loss == "per_token_ce") return ref::cross_entropy(b, p);
+    if (loss == "policy_loss") return ref::policy_loss(b, p);
+    if (loss == "importance_sampling") return ref::importance_or_cispo(b, p, false);
+    if (loss == "cispo") return ref::importance_or_cispo(b, p, true);
+    if (loss == "grpo") return ref::grpo(b, p);
+    if (loss == "decoupled_ppo") return ref::decoupled_ppo(b, p);
+    if (loss == "gspo") return ref::gspo(b, p);
+    if (loss == "value_loss") return ref::value_loss(b, p);
+    throw std::invalid_argument("no reference for loss '" + loss + "'");
+}
+
+} // namespace rl::losses::test

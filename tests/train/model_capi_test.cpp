@@ -1,0 +1,98 @@
+// Models and tokenizers through the C API of abi/rl/train.h: the tiny preset,
+// info, atomic save and reload, encode / decode / chat template, bad input.
+#include "train_util.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+using namespace rl_train_test;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+TEST(ModelCApi, TinyPresetLoadsAndDescribesItself) {
+    ModelPtr m = load_model();
+    Result info;
+    RL_ASSERT_OK(rl_model_info(m.get(), info.out()));
+    const json j = json::parse(info.text("info"));
+    EXPECT_EQ(j["architecture"], "Qwen3ForCausalLM");
+    EXPECT_EQ(j["vocab_size"], 259);
+    EXPECT_GT(j["num_parameters"].get<int64_t>(), 1000000);
+    EXPECT_EQ(j["policy_version"], 0);
+    EXPECT_FALSE(j["eos_token_ids"].empty());
+    EXPECT_EQ(rl_model_init_preset("huge", "/tmp/x", 0), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("'huge'"), std::string::npos);
+    rl_model_t *none = nullptr;
+    EXPECT_NE(rl_model_load("/nonexistent/model", nullptr, &none), RL_OK);
+    EXPECT_NE(std::string(rl_last_error()).find("/nonexistent/model"), std::string::npos);
+    EXPECT_EQ(rl_model_load(tiny_model_dir().c_str(), R"({"thread": 1})", &none),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("'thread'"), std::string::npos);
+    EXPECT_EQ(none, nullptr);
+}
+
+TEST(ModelCApi, SaveWritesAFolderThatLoadsToTheSameModel) {
+    TempDir dir("save");
+    ModelPtr m = load_model();
+    TrainerPtr t = make_trainer(m.get(), R"({"learning_rate": 0.01})");
+    InstancePtr ce = make_loss("causallm_loss");
+    Batch b;
+    b.add(encode(m.get(), "save me"));
+    Result r, o;
+    RL_ASSERT_OK(rl_trainer_forward_backward(t.get(), b.view(), ce.get(), r.out()));
+    RL_ASSERT_OK(rl_trainer_optim_step(t.get(), nullptr, o.out()));
+    Result before;
+    RL_ASSERT_OK(rl_trainer_forward(t.get(), b.view(), nullptr, before.out()));
+
+    const std::string out = dir.sub("saved");
+    RL_ASSERT_OK(rl_model_save(m.get(), out.c_str()));
+    RL_ASSERT_OK(rl_model_save(m.get(), out.c_str())); // replacing a model folder is fine
+    for (const auto &e : fs::directory_iterator(dir.path()))
+        EXPECT_EQ(e.path().filename(), "saved") << "leftover " << e.path();
+    ModelPtr again = load_model(out);
+    TrainerPtr t2 = make_trainer(again.get(), "{}");
+    Result after;
+    RL_ASSERT_OK(rl_trainer_forward(t2.get(), b.view(), nullptr, after.out()));
+    EXPECT_EQ(before.tensor<float>("logprobs"), after.tensor<float>("logprobs"));
+
+    // A folder that is not a model is never replaced.
+    const std::string precious = dir.sub("precious");
+    fs::create_directories(precious);
+    std::ofstream(precious + "/notes.txt") << "keep";
+    EXPECT_EQ(rl_model_save(m.get(), precious.c_str()), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("not a model folder"), std::string::npos);
+    EXPECT_TRUE(fs::exists(precious + "/notes.txt"));
+}
+
+TEST(TokenizerCApi, EncodeDecodeRoundTripsAndChatTemplateRenders) {
+    ModelPtr m = load_model();
+    const std::string text = "Grüße, 世界! 🎉";
+    const auto ids = encode(m.get(), text);
+    EXPECT_EQ(ids.size(), text.size()); // byte-level vocabulary
+    Result d;
+    RL_ASSERT_OK(rl_tokenizer_decode(m.get(), ids.data(), ids.size(), d.out()));
+    EXPECT_EQ(d.text("text"), text);
+
+    Result chat;
+    RL_ASSERT_OK(rl_tokenizer_apply_chat_template(m.get(), R"([{"role": "user", "content": "hi"}])",
+                                                  nullptr, 1, chat.out()));
+    EXPECT_EQ(chat.text("prompt"), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    const auto chat_ids = encode(m.get(), chat.text("prompt"));
+    EXPECT_EQ(chat_ids.front(), 257); // <|im_start|> is one special token
+    Result llama;
+    RL_ASSERT_OK(rl_tokenizer_apply_chat_template(m.get(), R"([{"role": "user", "content": "hi"}])",
+                                                  "llama3", 0, llama.out()));
+    EXPECT_NE(llama.text("prompt").find("<|start_header_id|>user<|end_header_id|>"),
+              std::string::npos);
+
+    const int64_t bad[2] = {65, 1000};
+    EXPECT_EQ(rl_tokenizer_decode(m.get(), bad, 2, d.out()), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("ids[1] = 1000"), std::string::npos);
+    EXPECT_EQ(
+        rl_tokenizer_apply_chat_template(m.get(), R"([{"role": "user"}])", nullptr, 1, chat.out()),
+        RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("messages[0]"), std::string::npos);
+    EXPECT_EQ(rl_tokenizer_apply_chat_template(m.get(), "[]", "jinja", 1, chat.out()),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("jinja"), std::string::npos);
+}
