@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# `make run`: the default example. Usage: scripts/run-example.sh BUILD_DIR
+# `make run`: SFT warm-up then GRPO on reverse_text with the built-in tiny model
+# (created in models/tiny on first use). Usage: scripts/run-example.sh BUILD_DIR
 set -euo pipefail
 build=${1:-build}
+# OpenMP threads that spin while waiting steal the cores of a small machine.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 "$build/bin/rlhost" --version
-"$build/bin/rlhost" plugins
+exec "$build/bin/rlhost" run examples/grpo.lua --config examples/grpo.yaml

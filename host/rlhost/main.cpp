@@ -1,4 +1,6 @@
 // rlhost: the command-line host. A client of the C API (librl) like any embedder.
+#include "run.hpp"
+
 #include <rl_api.h>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +17,8 @@ const char *kUsage =
     "usage: rlhost [--log-level LEVEL] [--plugin-path PATH]... COMMAND [ARGS]\n"
     "\n"
     "commands:\n"
+    "  run SCRIPT.lua [--config FILE] [--set K=V]... [-- ARGS]\n"
+    "                                      run a Lua training script (see rlhost run --help)\n"
     "  plugins [--json]                    list loaded plugins and refused libraries\n"
     "  config [--config FILE] [--set K=V]...  print the resolved run configuration (JSON)\n"
     "  config --schema                     print every configuration key (JSON)\n"
@@ -46,6 +50,7 @@ std::string text_of(rl_result_t *r, const char *name) {
 
 struct Options {
     std::string log_level = "warn";
+    bool log_level_given = false;
     std::string plugin_path;
     std::vector<std::string> args; // after the command
     std::string command;
@@ -143,10 +148,12 @@ int main(int argc, char **argv) {
         if (a == "--log-level" || a == "--plugin-path") {
             if (i + 1 >= argc) return fail(a + " needs a value");
             const std::string v = argv[++i];
-            if (a == "--log-level")
+            if (a == "--log-level") {
                 o.log_level = v;
-            else
+                o.log_level_given = true;
+            } else {
                 o.plugin_path += (o.plugin_path.empty() ? "" : ":") + v;
+            }
             continue;
         }
         if (a.rfind("--", 0) == 0) return fail("unknown option '" + a + "'\n" + kUsage);
@@ -161,5 +168,7 @@ int main(int argc, char **argv) {
     }
     if (o.command == "plugins") return cmd_plugins(o);
     if (o.command == "config") return cmd_config(o);
+    if (o.command == "run")
+        return rlhost::cmd_run(o.args, o.plugin_path, o.log_level_given ? o.log_level : "");
     return fail("unknown command '" + o.command + "'\n" + kUsage);
 }

@@ -94,6 +94,9 @@ const std::vector<ConfigKey> &config_schema() {
          "Drop groups whose mean reward is at most this (too hard: nothing to learn)."},
         {"buffer.max_off_policy_steps", T::Integer, "0", nullptr,
          "Drop rollouts generated more than this many policy versions ago."},
+        {"buffer.min_rollouts", T::Integer, "1", nullptr,
+         "Rollouts of kept groups needed for a training step; with fewer, the examples "
+         "generate again and train once enough have gathered."},
     };
     return keys;
 }

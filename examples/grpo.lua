@@ -1,0 +1,82 @@
+-- examples/grpo.lua: GRPO on an environment (reverse_text by default) with the
+-- co-located rollout engine. `make run` runs it on the built-in tiny model:
+--
+--   rlhost run examples/grpo.lua --config examples/grpo.yaml
+--
+-- 1. supervised warm-up on the env's reference answers (sft.steps > 0), so the
+--    policy starts with some reward to improve on;
+-- 2. each RL step: sample prompts, generate rollout.n completions per prompt,
+--    score them, run the filters, drop groups without signal (the buffer),
+--    compute group-relative advantages, take one optimizer step and sync the
+--    engine's weights.
+local rl = require("rl")
+
+local cfg = rl.config()
+local run = rl.run(cfg)
+local model = rl.load_model(cfg)
+local tok, info = model:tokenizer(), model:info()
+local trainer = model:trainer(rl.trainer_config(cfg))
+run:attach(trainer) -- restores the last checkpoint when run.resume is set
+local engine = model:engine()
+local template = cfg.tokenizer.chat_template
+
+local env = rl.env(cfg.env.name, cfg.env.params)
+local loss = rl.loss(cfg.loss.name, cfg.loss.params)
+local advantage = rl.advantage(cfg.advantage.name, cfg.advantage.params)
+local filters = rl.filters(cfg.filters)
+local buffer = rl.buffer {
+    group_size = cfg.rollout.n,
+    easy_threshold = cfg.buffer.easy_threshold,
+    hard_threshold = cfg.buffer.hard_threshold,
+    max_off_policy_steps = cfg.buffer.max_off_policy_steps,
+}
+
+-- 1. supervised warm-up ------------------------------------------------------------
+if cfg.sft.steps > 0 then
+    local ce = rl.loss("causallm_loss")
+    for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
+        local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
+        local batch = rl.sft_batch(tok, tasks, info.eos_token_ids[1], template)
+        local out = trainer:forward_backward(batch, ce)
+        local opt = trainer:optim_step { learning_rate = cfg.sft.learning_rate }
+        run:log { loss = out.loss, tokens = out.tokens, grad_norm = opt.grad_norm }
+    end
+end
+buffer:set_policy_version(engine:sync_weights())
+
+-- 2. GRPO ----------------------------------------------------------------------------
+for step in run:steps("rl", cfg.run.steps) do
+    local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
+    local rollouts = rl.generate_rollouts {
+        engine = engine, env = env, tokenizer = tok, tasks = tasks, chat_template = template,
+        params = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
+    }
+    local flagged = rl.apply_filters(filters, rollouts, info.vocab_size)
+    rl.push_rollouts(buffer, rollouts, step * #tasks)
+
+    local rewards = rl.reward_stats(rollouts)
+    local record = {
+        reward = rewards.mean, reward_std = rewards.std,
+        exact = rewards["env/exact_match"], flagged = flagged.flagged, masked = flagged.masked,
+    }
+    local popped = rl.pop_all(buffer, cfg.buffer.min_rollouts)
+    if popped then
+        local batch, seqs = rl.batch_from_buffer(popped)
+        batch.advantages = advantage:compute {
+            rewards = seqs.rewards, group_ids = seqs.group_ids,
+            cu_seqlens = batch.cu_seqlens, loss_mask = batch.loss_mask,
+        }.advantages
+        local out = trainer:forward_backward(batch, loss)
+        local opt = trainer:optim_step()
+        buffer:set_policy_version(engine:sync_weights())
+        for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
+        record.mask_frac = record.mask_frac or flagged.masked / #rollouts
+        record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
+        record.groups = popped.groups
+    end
+    local drops = buffer:stats(true)
+    record.dropped_groups = drops.dropped_groups
+    run:log(record)
+end
+
+run:finish()

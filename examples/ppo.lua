@@ -1,0 +1,79 @@
+-- examples/ppo.lua: PPO with the clipped policy_loss. Each step's rollouts are
+-- trained on for ppo.epochs passes of ppo.minibatches minibatches, one
+-- optimizer step each; after the first step the policy has moved away from
+-- the one that sampled, so the ratio leaves 1 and the clip engages (clip
+-- fraction in the step line). Advantages: the configured estimator (GRPO's
+-- group normalization by default; the tiny model has no value head).
+--
+--   rlhost run examples/ppo.lua --config examples/ppo.yaml
+local rl = require("rl")
+
+local cfg = rl.config()
+local run = rl.run(cfg)
+local model = rl.load_model(cfg)
+local tok, info = model:tokenizer(), model:info()
+local optimizer_steps = cfg.run.steps * cfg.ppo.epochs * cfg.ppo.minibatches
+local trainer = model:trainer(rl.trainer_config(cfg, { total_steps = optimizer_steps }))
+run:attach(trainer)
+local engine = model:engine()
+local template = cfg.tokenizer.chat_template
+
+local env = rl.env(cfg.env.name, cfg.env.params)
+local loss = rl.loss(cfg.loss.name, cfg.loss.params)
+local advantage = rl.advantage(cfg.advantage.name, cfg.advantage.params)
+local filters = rl.filters(cfg.filters)
+local buffer = rl.buffer {
+    group_size = cfg.rollout.n,
+    easy_threshold = cfg.buffer.easy_threshold,
+    hard_threshold = cfg.buffer.hard_threshold,
+    max_off_policy_steps = cfg.buffer.max_off_policy_steps,
+}
+
+if cfg.sft.steps > 0 then -- optional supervised warm-up
+    local ce = rl.loss("causallm_loss")
+    for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
+        local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
+        local out = trainer:forward_backward(rl.sft_batch(tok, tasks, info.eos_token_ids[1], template), ce)
+        trainer:optim_step { learning_rate = cfg.sft.learning_rate }
+        run:log { loss = out.loss, tokens = out.tokens }
+    end
+end
+buffer:set_policy_version(engine:sync_weights())
+
+for step in run:steps("rl", cfg.run.steps) do
+    local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
+    local rollouts = rl.generate_rollouts {
+        engine = engine, env = env, tokenizer = tok, tasks = tasks, chat_template = template,
+        params = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
+    }
+    local flagged = rl.apply_filters(filters, rollouts, info.vocab_size)
+    rl.push_rollouts(buffer, rollouts, step * #tasks)
+    local rewards = rl.reward_stats(rollouts)
+    local record = { reward = rewards.mean, exact = rewards["env/exact_match"], masked = flagged.masked }
+
+    local popped = rl.pop_all(buffer, cfg.buffer.min_rollouts)
+    if popped then
+        local batch, seqs = rl.batch_from_buffer(popped)
+        batch.advantages = advantage:compute {
+            rewards = seqs.rewards, group_ids = seqs.group_ids,
+            cu_seqlens = batch.cu_seqlens, loss_mask = batch.loss_mask,
+        }.advantages
+        local stats = rl.metrics()
+        local minibatches = rl.split_batch(batch, cfg.ppo.minibatches, seqs.group_ids)
+        for _ = 1, cfg.ppo.epochs do
+            for _, mb in ipairs(minibatches) do
+                local out = trainer:forward_backward(mb, loss)
+                local opt = trainer:optim_step()
+                stats:merge(rl.loss_stats(out)):add("grad_norm", opt.grad_norm)
+                stats:add("ratio_max", out.metrics.ratio_max or 1):add("tokens", out.tokens)
+            end
+        end
+        buffer:set_policy_version(engine:sync_weights())
+        for k, v in pairs(stats:means()) do record[k] = v end
+        record.tokens = stats:get("tokens") * cfg.ppo.epochs * #minibatches
+    end
+    record.dropped_groups = buffer:stats(true).dropped_groups
+    run:log(record)
+end
+
+run:finish()

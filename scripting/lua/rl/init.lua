@@ -1,0 +1,184 @@
+-- rl/init.lua: the pure-Lua half of the `rl` module. The C half (scripting/src)
+-- has already filled the module table with the objects over librl's C API;
+-- this file adds the conveniences scripts use: the configuration, a default
+-- runtime with shortcuts, model loading from the configuration, rollout and
+-- batch helpers, and the run object (rl.run).
+local rl = require("rl")
+
+-- ---- configuration ------------------------------------------------------------
+
+local config_cache
+
+--- rl.config(): the resolved run configuration (a table). Under `rlhost run`
+--- it is the --config file plus --set overrides; elsewhere the defaults.
+function rl.config()
+    if not config_cache then
+        local host = rl.host()
+        if host.config_json and host.config_json ~= "" then
+            config_cache = rl.json.decode(host.config_json)
+        else
+            config_cache = rl.config_load()
+        end
+    end
+    return config_cache
+end
+
+-- ---- errors ------------------------------------------------------------------
+
+--- rl.rethrow(err [, level]): raises err again, its position (when it points
+--- into the module's own Lua files) replaced by the caller's at `level`.
+function rl.rethrow(err, level)
+    if type(err) == "string" then
+        err = err:gsub("^scripting/lua/rl/[%w_]+%.lua:%d+: ", "")
+        error(err, (level or 1) + 1)
+    end
+    error(err, 0)
+end
+
+-- ---- default runtime -------------------------------------------------------------
+
+local default_runtime
+
+--- rl.default_runtime(): the runtime behind rl.loss / rl.env / ... , created on
+--- first use with the host's plugin path plus the configuration's plugins.path.
+function rl.default_runtime()
+    if default_runtime then return default_runtime end
+    local host, cfg = rl.host(), rl.config()
+    local paths = {}
+    if host.plugin_path and host.plugin_path ~= "" then paths[#paths + 1] = host.plugin_path end
+    for _, p in ipairs(cfg.plugins and cfg.plugins.path or {}) do paths[#paths + 1] = p end
+    local level = host.log_level
+    if not level or level == "" then level = cfg.log_level or "warn" end
+    default_runtime = rl.runtime { plugin_path = table.concat(paths, ":"), log_level = level }
+    return default_runtime
+end
+
+--- rl.loss(name [, params]), rl.advantage(...), rl.filter(...), rl.env(...):
+--- plugin instances on the default runtime.
+for _, kind in ipairs { "loss", "advantage", "filter", "env" } do
+    rl[kind] = function(name, params)
+        local rt = rl.default_runtime()
+        local ok, obj = pcall(rt[kind], rt, name, params)
+        if not ok then
+            if type(obj) == "string" then obj = obj:gsub("runtime:" .. kind .. ": ", "rl." .. kind .. ": ", 1) end
+            rl.rethrow(obj, 2)
+        end
+        return obj
+    end
+end
+
+--- rl.filters(list): instances for the configuration's `filters` list
+--- ({name, params, enforce}); enforce is passed to the host, which keeps it.
+function rl.filters(list)
+    local out = {}
+    for i, f in ipairs(list or {}) do
+        if type(f) ~= "table" or type(f.name) ~= "string" then
+            error(("filters[%d] must be a table with a 'name'"):format(i), 2)
+        end
+        local params = {}
+        for k, v in pairs(f.params or {}) do params[k] = v end
+        if f.enforce ~= nil then params.enforce = f.enforce end
+        out[#out + 1] = rl.filter(f.name, params)
+    end
+    return out
+end
+
+-- ---- seeds ------------------------------------------------------------------------
+
+-- splitmix64 finalizer over Lua's wrapping 64-bit integers.
+local function mix(x)
+    x = x + 0x9E3779B97F4A7C15
+    x = (x ~ (x >> 30)) * 0xBF58476D1CE4E5B9
+    x = (x ~ (x >> 27)) * 0x94D049BB133111EB
+    return x ~ (x >> 31)
+end
+
+--- rl.seed(base, ...): a seed in [0, 2^53) derived from a base seed and any
+--- number of integers or strings ("sft", step), the same on every machine.
+function rl.seed(base, ...)
+    local h = mix(math.tointeger(base) or error("rl.seed: base must be an integer", 2))
+    for i = 1, select("#", ...) do
+        local v = select(i, ...)
+        if type(v) == "string" then
+            for j = 1, #v do h = mix(h ~ v:byte(j)) end
+        else
+            h = mix(h ~ (math.tointeger(v) or error("rl.seed: arguments must be integers or strings", 2)))
+        end
+    end
+    return h & 0x1FFFFFFFFFFFFF
+end
+
+-- ---- models -------------------------------------------------------------------------
+
+--- rl.load_model(cfg): the model of the configuration. With model.path empty
+--- the built-in model.preset is created in model.init_dir when that folder
+--- holds no model yet (seeded with run.seed), then loaded.
+function rl.load_model(cfg)
+    cfg = cfg or rl.config()
+    local m = cfg.model
+    local path = m.path
+    if path == nil or path == "" then
+        path = m.init_dir
+        if not rl.exists(path .. "/config.json") then
+            rl.mkdir(path)
+            rl.init_model(m.preset, path, cfg.run.seed)
+            io.stdout:write(("created the built-in '%s' model in %s\n"):format(m.preset, path))
+        end
+    end
+    return rl.model(path, { threads = m.threads })
+end
+
+--- rl.trainer_config(cfg [, extra]): the trainer section of the configuration
+--- plus total_steps (for schedules) and seed, as rl_trainer_create wants it.
+function rl.trainer_config(cfg, extra)
+    cfg = cfg or rl.config()
+    local t = {}
+    for k, v in pairs(cfg.trainer) do t[k] = v end
+    t.total_steps = cfg.run.steps
+    t.seed = cfg.run.seed
+    for k, v in pairs(extra or {}) do t[k] = v end
+    return t
+end
+
+--- rl.generation_params(cfg [, extra]): engine:generate parameters from the
+--- rollout section (n, temperature, top_p, top_k, max_tokens, stop).
+function rl.generation_params(cfg, extra)
+    cfg = cfg or rl.config()
+    local r = cfg.rollout
+    local p = {
+        n = r.n, temperature = r.temperature, top_p = r.top_p, top_k = r.top_k,
+        max_tokens = r.max_tokens, stop = rl.array(r.stop or {}),
+    }
+    for k, v in pairs(extra or {}) do p[k] = v end
+    return p
+end
+
+-- ---- engine results as samples -----------------------------------------------------------
+
+--- rl.samples(out): the samples of an engine:generate result as a list of
+--- {prompt_index (1-based), token_ids, logprobs (tensors), text, finish_reason}.
+function rl.samples(out)
+    local cu, pi = out.cu_seqlens, out.prompt_index
+    local list = {}
+    for i = 1, #cu - 1 do
+        local a, b = cu[i] + 1, cu[i + 1]
+        list[i] = {
+            prompt_index = pi[i] + 1,
+            token_ids = out.token_ids:slice(a, b),
+            logprobs = out.logprobs:slice(a, b),
+            text = out.completions[i],
+            finish_reason = out.finish_reasons[i],
+            policy_version = math.tointeger(out.policy_version) or out.policy_version,
+        }
+    end
+    return list
+end
+
+-- ---- the rest ----------------------------------------------------------------------------
+
+local rollout = require("rl.rollout")
+for k, v in pairs(rollout) do rl[k] = v end
+rl.metrics = require("rl.metrics").new
+rl.run = require("rl.run").new
+
+return rl

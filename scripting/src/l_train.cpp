@@ -1,0 +1,472 @@
+// rl.model, tokenizer, trainer, engine and buffer over abi/rl/train.h.
+#include "l_common.hpp"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace rl::lua {
+namespace {
+
+void destroy_model(void *p) {
+    rl_model_destroy(static_cast<rl_model_t *>(p));
+}
+void destroy_trainer(void *p) {
+    rl_trainer_destroy(static_cast<rl_trainer_t *>(p));
+}
+void destroy_engine(void *p) {
+    rl_engine_destroy(static_cast<rl_engine_t *>(p));
+}
+void destroy_buffer(void *p) {
+    rl_buffer_destroy(static_cast<rl_buffer_t *>(p));
+}
+
+std::string config_arg(lua_State *L, int arg, const char *what) {
+    if (lua_isnoneornil(L, arg)) return "{}";
+    if (lua_type(L, arg) == LUA_TSTRING) return lua_tostring(L, arg);
+    if (!lua_istable(L, arg))
+        arg_error(L, arg,
+                  std::string(what) + " must be a table or a JSON string, got " +
+                      luaL_typename(L, arg));
+    return to_json(L, arg, what);
+}
+
+// ---- models ---------------------------------------------------------------------------
+
+// rl.init_model(preset, dir [, seed])
+int m_init_preset(lua_State *L) {
+    const char *preset = luaL_checkstring(L, 1);
+    const char *dir = luaL_checkstring(L, 2);
+    const lua_Integer seed = luaL_optinteger(L, 3, 0);
+    luaL_argcheck(L, seed >= 0, 3, "seed must be >= 0");
+    check_status(L, rl_model_init_preset(preset, dir, static_cast<uint64_t>(seed)),
+                 "rl.init_model");
+    return 0;
+}
+
+// rl.model(path [, {threads = 0}])
+int m_load(lua_State *L) {
+    const std::string path = luaL_checkstring(L, 1);
+    const std::string opts = config_arg(L, 2, "options");
+    Handle *h = push_handle(L, kModelMT, nullptr, destroy_model, 0);
+    const size_t slash = path.find_last_of('/', path.size() > 1 ? path.size() - 2 : 0);
+    std::snprintf(h->name, sizeof(h->name), "%s",
+                  (slash == std::string::npos ? path : path.substr(slash + 1)).c_str());
+    rl_model_t *m = nullptr;
+    const std::string what = "rl.model('" + path + "')";
+    check_status(L, rl_model_load(path.c_str(), opts.c_str(), &m), what.c_str());
+    h->ptr = m;
+    return 1;
+}
+
+// The model behind argument 1: an rl.model or an rl.tokenizer.
+rl_model_t *model_of(lua_State *L, int idx) {
+    if (luaL_testudata(L, idx, kTokenizerMT))
+        return static_cast<rl_model_t *>(check_handle(L, idx, kTokenizerMT)->ptr);
+    return static_cast<rl_model_t *>(check_handle(L, idx, kModelMT)->ptr);
+}
+
+int m_info(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_model_info(m, &res), "model:info");
+    static const char *const texts[] = {"info", nullptr};
+    push_result(L, res, texts);
+    lua_getfield(L, -1, "info");
+    return 1;
+}
+
+int m_save(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    check_status(L, rl_model_save(m, luaL_checkstring(L, 2)), "model:save");
+    return 0;
+}
+
+// x:encode(text [, {add_special = false}]) -> int64 tensor
+int m_encode(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    size_t len = 0;
+    const char *text = luaL_checklstring(L, 2, &len);
+    const bool special = opt_bool_field(L, 3, "add_special", false);
+    rl_result_t *res = nullptr;
+    check_status(L,
+                 rl_tokenizer_encode(m, rl_string_view_t{text, len},
+                                     special ? static_cast<uint32_t>(RL_ENCODE_ADD_SPECIAL) : 0u,
+                                     &res),
+                 "tokenizer:encode");
+    push_result(L, res);
+    lua_getfield(L, -1, "ids");
+    return 1;
+}
+
+// x:decode(ids) -> string
+int m_decode(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    const rl_tensor_view_t v = to_view(L, 2, kInt64, DtypeRule::Exact, "tokenizer:decode: ids");
+    rl_result_t *res = nullptr;
+    check_status(L,
+                 rl_tokenizer_decode(m, static_cast<const int64_t *>(v.data),
+                                     static_cast<uint64_t>(v.shape[0]), &res),
+                 "tokenizer:decode");
+    push_result(L, res);
+    lua_getfield(L, -1, "text");
+    return 1;
+}
+
+// x:apply_chat_template(messages [, {template = nil, add_generation_prompt = true}]) -> string
+int m_chat(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const std::string messages = to_json(L, 2, "messages");
+    const std::string tmpl = opt_string_field(L, 3, "template", "");
+    const bool gen = opt_bool_field(L, 3, "add_generation_prompt", true);
+    rl_result_t *res = nullptr;
+    check_status(L,
+                 rl_tokenizer_apply_chat_template(m, messages.c_str(),
+                                                  tmpl.empty() ? nullptr : tmpl.c_str(),
+                                                  gen ? 1u : 0u, &res),
+                 "tokenizer:apply_chat_template");
+    push_result(L, res);
+    lua_getfield(L, -1, "prompt");
+    return 1;
+}
+
+int m_tokenizer(lua_State *L) {
+    Handle *model = check_handle(L, 1, kModelMT);
+    Handle *h = push_handle(L, kTokenizerMT, model->ptr, nullptr, 1);
+    std::snprintf(h->name, sizeof(h->name), "%s", model->name);
+    return 1;
+}
+
+// model:trainer([config]) -> rl.trainer
+int m_trainer(lua_State *L) {
+    Handle *model = check_handle(L, 1, kModelMT);
+    const std::string cfg = config_arg(L, 2, "trainer config");
+    Handle *h = push_handle(L, kTrainerMT, nullptr, destroy_trainer, 1);
+    rl_trainer_t *t = nullptr;
+    check_status(L, rl_trainer_create(static_cast<rl_model_t *>(model->ptr), cfg.c_str(), &t),
+                 "model:trainer");
+    h->ptr = t;
+    return 1;
+}
+
+// model:engine([config]) -> rl.engine
+int m_engine(lua_State *L) {
+    Handle *model = check_handle(L, 1, kModelMT);
+    const std::string cfg = config_arg(L, 2, "engine config");
+    Handle *h = push_handle(L, kEngineMT, nullptr, destroy_engine, 1);
+    rl_engine_t *e = nullptr;
+    check_status(L, rl_engine_create(static_cast<rl_model_t *>(model->ptr), cfg.c_str(), &e),
+                 "model:engine");
+    h->ptr = e;
+    return 1;
+}
+
+// ---- trainer --------------------------------------------------------------------------
+
+rl_trainer_t *trainer_of(lua_State *L) {
+    return static_cast<rl_trainer_t *>(check_handle(L, 1, kTrainerMT)->ptr);
+}
+
+// Reads batch table at idx into *b; views borrow values pushed on the stack.
+void read_batch(lua_State *L, int idx, const char *what, rl_batch_t *b, TensorTable *tt) {
+    if (!lua_istable(L, idx))
+        arg_error(L, idx,
+                  std::string("batch (a table of tensors) expected, got ") + luaL_typename(L, idx));
+    *b = rl_batch_t{};
+    b->struct_size = sizeof(*b);
+    table_field_view(L, idx, "input_ids", what, true, &b->input_ids);
+    table_field_view(L, idx, "cu_seqlens", what, true, &b->cu_seqlens);
+    read_tensor_table(L, idx, what, {"input_ids", "cu_seqlens"}, tt);
+    b->tensors = tt->list();
+}
+
+rl_instance_t *loss_arg(lua_State *L, int idx, bool optional) {
+    if (optional && lua_isnoneornil(L, idx)) return nullptr;
+    return static_cast<rl_instance_t *>(check_handle(L, idx, "rl.loss")->ptr);
+}
+
+// trainer:forward_backward(batch, loss) -> {loss, tokens, seqs, metrics, ...}
+int t_forward_backward(lua_State *L) {
+    rl_trainer_t *t = trainer_of(L);
+    rl_instance_t *loss = loss_arg(L, 3, false);
+    rl_batch_t b;
+    TensorTable tt;
+    read_batch(L, 2, "trainer:forward_backward: batch", &b, &tt);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_trainer_forward_backward(t, &b, loss, &res), "trainer:forward_backward");
+    push_result(L, res);
+    return 1;
+}
+
+// trainer:forward(batch [, loss]) -> {logprobs, entropy, ...}
+int t_forward(lua_State *L) {
+    rl_trainer_t *t = trainer_of(L);
+    rl_instance_t *loss = loss_arg(L, 3, true);
+    rl_batch_t b;
+    TensorTable tt;
+    read_batch(L, 2, "trainer:forward: batch", &b, &tt);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_trainer_forward(t, &b, loss, &res), "trainer:forward");
+    push_result(L, res);
+    return 1;
+}
+
+// trainer:optim_step([{learning_rate = ..., gradient_clip = ...}])
+int t_optim_step(lua_State *L) {
+    rl_trainer_t *t = trainer_of(L);
+    const std::string params = config_arg(L, 2, "optimizer parameters");
+    rl_result_t *res = nullptr;
+    check_status(L, rl_trainer_optim_step(t, params.c_str(), &res), "trainer:optim_step");
+    push_result(L, res);
+    return 1;
+}
+
+// trainer:save_checkpoint(dir [, state]) -> path
+int t_save_checkpoint(lua_State *L) {
+    rl_trainer_t *t = trainer_of(L);
+    const char *dir = luaL_checkstring(L, 2);
+    const std::string state = config_arg(L, 3, "state");
+    rl_result_t *res = nullptr;
+    check_status(L, rl_trainer_save_checkpoint(t, dir, state.c_str(), &res),
+                 "trainer:save_checkpoint");
+    push_result(L, res);
+    lua_getfield(L, -1, "path");
+    return 1;
+}
+
+// trainer:load_checkpoint(dir) -> nil (none) | {state, step, path}
+int t_load_checkpoint(lua_State *L) {
+    rl_trainer_t *t = trainer_of(L);
+    const char *dir = luaL_checkstring(L, 2);
+    rl_result_t *res = nullptr;
+    const rl_status_t st = rl_trainer_load_checkpoint(t, dir, &res);
+    if (st == RL_ERR_NOT_FOUND) {
+        lua_pushnil(L);
+        return 1;
+    }
+    check_status(L, st, "trainer:load_checkpoint");
+    static const char *const texts[] = {"state", nullptr};
+    push_result(L, res, texts);
+    return 1;
+}
+
+// ---- engine ----------------------------------------------------------------------------
+
+rl_engine_t *engine_of(lua_State *L) {
+    return static_cast<rl_engine_t *>(check_handle(L, 1, kEngineMT)->ptr);
+}
+
+// engine:generate(prompts, params): prompts is a list of token-id tensors
+// (or tables), or {ids = ..., cu_seqlens = ...} with the prompts back to back.
+int e_generate(lua_State *L) {
+    rl_engine_t *e = engine_of(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const std::string params = config_arg(L, 3, "generation parameters");
+    rl_tensor_view_t ids{}, cu{};
+    lua_getfield(L, 2, "ids");
+    const bool packed = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (packed) {
+        lua_getfield(L, 2, "ids");
+        ids = to_view(L, -1, kInt64, DtypeRule::Exact, "engine:generate: prompts.ids");
+        table_field_view(L, 2, "cu_seqlens", "engine:generate: prompts", true, &cu);
+    } else {
+        const lua_Integer n = static_cast<lua_Integer>(lua_rawlen(L, 2));
+        TensorHeader *offsets = push_tensor(L, kInt64, n + 1);
+        auto *off = static_cast<int64_t *>(offsets->data());
+        off[0] = 0;
+        std::vector<rl_tensor_view_t> parts;
+        for (lua_Integer i = 1; i <= n; ++i) {
+            lua_rawgeti(L, 2, i);
+            const std::string what = "engine:generate: prompts[" + std::to_string(i) + "]";
+            parts.push_back(to_view(L, lua_gettop(L), kInt64, DtypeRule::Exact, what));
+            off[i] = off[i - 1] + parts.back().shape[0];
+        }
+        TensorHeader *all = push_tensor(L, kInt64, off[n]);
+        auto *dst = static_cast<int64_t *>(all->data());
+        for (lua_Integer i = 0; i < n; ++i)
+            if (parts[static_cast<size_t>(i)].shape[0] > 0)
+                std::memcpy(dst + off[i], parts[static_cast<size_t>(i)].data,
+                            static_cast<size_t>(off[i + 1] - off[i]) * sizeof(int64_t));
+        ids = tensor_view(all);
+        cu = tensor_view(offsets);
+    }
+    rl_result_t *res = nullptr;
+    check_status(L, rl_engine_generate(e, &ids, &cu, params.c_str(), &res), "engine:generate");
+    static const char *const texts[] = {"completions", "finish_reasons", nullptr};
+    push_result(L, res, texts);
+    return 1;
+}
+
+int e_sync_weights(lua_State *L) {
+    rl_engine_t *e = engine_of(L);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_engine_sync_weights(e, &res), "engine:sync_weights");
+    push_result(L, res);
+    lua_getfield(L, -1, "policy_version");
+    return 1;
+}
+
+int e_sleep(lua_State *L) {
+    rl_engine_t *e = engine_of(L);
+    check_status(L, rl_engine_sleep(e), "engine:sleep");
+    return 0;
+}
+
+int e_wake_up(lua_State *L) {
+    rl_engine_t *e = engine_of(L);
+    check_status(L, rl_engine_wake_up(e), "engine:wake_up");
+    return 0;
+}
+
+// ---- rollout buffer ----------------------------------------------------------------------
+
+constexpr const char *kBufferMT = "rl.buffer";
+
+rl_buffer_t *buffer_of(lua_State *L) {
+    return static_cast<rl_buffer_t *>(check_handle(L, 1, kBufferMT)->ptr);
+}
+
+// rl.buffer([config]) -> rl.buffer
+int b_new(lua_State *L) {
+    const std::string cfg = config_arg(L, 1, "buffer config");
+    Handle *h = push_handle(L, kBufferMT, nullptr, destroy_buffer, 0);
+    rl_buffer_t *b = nullptr;
+    check_status(L, rl_buffer_create(cfg.c_str(), &b), "rl.buffer");
+    h->ptr = b;
+    return 1;
+}
+
+int b_set_policy_version(lua_State *L) {
+    rl_buffer_t *b = buffer_of(L);
+    const lua_Integer v = luaL_checkinteger(L, 2);
+    check_status(L, rl_buffer_set_policy_version(b, static_cast<int64_t>(v)),
+                 "buffer:set_policy_version");
+    return 0;
+}
+
+// buffer:push(rollout [, tensors]): rollout {group_id, reward, policy_version,
+// task, completion}; tensors {token_ids, logprobs, loss_mask, ...}. With one
+// table, its rl.tensor fields are the tensors and the rest the rollout.
+int b_push(lua_State *L) {
+    rl_buffer_t *b = buffer_of(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    int info = 2, tensors = 3;
+    if (lua_isnoneornil(L, 3)) {
+        // Split one table: tensors to a new table at index 3, the rest to index 4.
+        lua_settop(L, 2);
+        lua_newtable(L); // 3: tensors
+        lua_newtable(L); // 4: info
+        lua_pushnil(L);
+        while (lua_next(L, 2)) {
+            const bool is_tensor = test_tensor(L, -1) != nullptr;
+            lua_pushvalue(L, -2);
+            lua_insert(L, -2);
+            lua_rawset(L, is_tensor ? 3 : 4);
+        }
+        info = 4;
+    } else {
+        luaL_checktype(L, 3, LUA_TTABLE);
+    }
+    const std::string rollout = to_json(L, info, "buffer:push: rollout");
+    TensorTable tt;
+    read_tensor_table(L, tensors, "buffer:push: tensors", {}, &tt);
+    const rl_tensor_list_t list = tt.list();
+    check_status(L, rl_buffer_push(b, rollout.c_str(), &list), "buffer:push");
+    return 0;
+}
+
+// buffer:close_group(group_id) -> whether such a group was pending
+int b_close_group(lua_State *L) {
+    rl_buffer_t *b = buffer_of(L);
+    const lua_Integer id = luaL_checkinteger(L, 2);
+    uint32_t found = 0;
+    check_status(L, rl_buffer_close_group(b, static_cast<int64_t>(id), &found),
+                 "buffer:close_group");
+    lua_pushboolean(L, found != 0);
+    return 1;
+}
+
+// buffer:pop_batch(min_rollouts [, timeout_ms]) -> result table, or nil when
+// nothing was taken
+int b_pop_batch(lua_State *L) {
+    rl_buffer_t *b = buffer_of(L);
+    const lua_Integer n = luaL_checkinteger(L, 2);
+    luaL_argcheck(L, n >= 0, 2, "min_rollouts must be >= 0");
+    const lua_Integer timeout = luaL_optinteger(L, 3, 0);
+    luaL_argcheck(L, timeout >= 0, 3, "timeout_ms must be >= 0");
+    rl_result_t *res = nullptr;
+    check_status(
+        L, rl_buffer_pop_batch(b, static_cast<uint64_t>(n), static_cast<uint64_t>(timeout), &res),
+        "buffer:pop_batch");
+    static const char *const texts[] = {"tasks", "completions", nullptr};
+    push_result(L, res, texts);
+    lua_getfield(L, -1, "rollouts");
+    const bool empty = lua_tonumber(L, -1) == 0;
+    lua_pop(L, 1);
+    if (empty) lua_pushnil(L);
+    return 1;
+}
+
+// buffer:stats([take]) -> counters (and drop_log when take)
+int b_stats(lua_State *L) {
+    rl_buffer_t *b = buffer_of(L);
+    const bool take = lua_toboolean(L, 2) != 0;
+    rl_result_t *res = nullptr;
+    check_status(L, rl_buffer_stats(b, take ? 1u : 0u, &res), "buffer:stats");
+    static const char *const texts[] = {"drop_log", nullptr};
+    push_result(L, res, texts);
+    return 1;
+}
+
+} // namespace
+
+void open_train(lua_State *L, int M) {
+    static const luaL_Reg model_methods[] = {RL_LUA_FN("info", m_info),
+                                             RL_LUA_FN("save", m_save),
+                                             RL_LUA_FN("encode", m_encode),
+                                             RL_LUA_FN("decode", m_decode),
+                                             RL_LUA_FN("apply_chat_template", m_chat),
+                                             RL_LUA_FN("tokenizer", m_tokenizer),
+                                             RL_LUA_FN("trainer", m_trainer),
+                                             RL_LUA_FN("engine", m_engine),
+                                             {nullptr, nullptr}};
+    define_handle_type(L, kModelMT, model_methods);
+    static const luaL_Reg tokenizer_methods[] = {RL_LUA_FN("encode", m_encode),
+                                                 RL_LUA_FN("decode", m_decode),
+                                                 RL_LUA_FN("apply_chat_template", m_chat),
+                                                 {nullptr, nullptr}};
+    define_handle_type(L, kTokenizerMT, tokenizer_methods);
+    static const luaL_Reg trainer_methods[] = {RL_LUA_FN("forward_backward", t_forward_backward),
+                                               RL_LUA_FN("forward", t_forward),
+                                               RL_LUA_FN("optim_step", t_optim_step),
+                                               RL_LUA_FN("save_checkpoint", t_save_checkpoint),
+                                               RL_LUA_FN("load_checkpoint", t_load_checkpoint),
+                                               {nullptr, nullptr}};
+    define_handle_type(L, kTrainerMT, trainer_methods);
+    static const luaL_Reg engine_methods[] = {RL_LUA_FN("generate", e_generate),
+                                              RL_LUA_FN("sync_weights", e_sync_weights),
+                                              RL_LUA_FN("sleep", e_sleep),
+                                              RL_LUA_FN("wake_up", e_wake_up),
+                                              {nullptr, nullptr}};
+    define_handle_type(L, kEngineMT, engine_methods);
+
+    static const luaL_Reg buffer_methods[] = {RL_LUA_FN("set_policy_version", b_set_policy_version),
+                                              RL_LUA_FN("push", b_push),
+                                              RL_LUA_FN("close_group", b_close_group),
+                                              RL_LUA_FN("pop_batch", b_pop_batch),
+                                              RL_LUA_FN("stats", b_stats),
+                                              {nullptr, nullptr}};
+    define_handle_type(L, kBufferMT, buffer_methods);
+
+    static const luaL_Reg fns[] = {RL_LUA_FN("model", m_load),
+                                   RL_LUA_FN("buffer", b_new),
+                                   RL_LUA_FN("init_model", m_init_preset),
+                                   {nullptr, nullptr}};
+    lua_pushvalue(L, M);
+    luaL_setfuncs(L, fns, 0);
+    lua_pop(L, 1);
+}
+
+} // namespace rl::lua

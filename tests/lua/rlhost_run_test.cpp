@@ -1,0 +1,277 @@
+// `rlhost run` end to end: script errors and configuration errors, the config
+// and arguments scripts see, a short deterministic GRPO run on the built-in
+// tiny model that must improve its reward, and Ctrl-C: a clean stop with a
+// checkpoint, one metrics line per finished step, and a resume that continues
+// from there.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <fcntl.h>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kScripts = RL_TEST_LUA_SCRIPTS;
+const std::string kExamples = std::string(RL_TEST_SOURCE_DIR) + "/examples";
+
+struct Proc {
+    int exit_code = -1; // -1: killed by a signal or timed out
+    bool timed_out = false;
+    std::string out, err;
+};
+
+std::string read_file(const std::string &path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Folders made by temp_dir(), removed at exit unless a test failed (then
+// they stay for a look).
+std::vector<std::string> &temp_dirs() {
+    static std::vector<std::string> dirs;
+    return dirs;
+}
+
+void remove_temp_dirs() {
+    if (::testing::UnitTest::GetInstance()->failed_test_count() > 0) return;
+    for (const auto &d : temp_dirs()) {
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);
+    }
+}
+
+std::string temp_dir() {
+    static const bool registered = (temp_dirs(), std::atexit(remove_temp_dirs) == 0);
+    (void)registered;
+    char tmpl[] = "/tmp/rl_rlhost_test_XXXXXX";
+    const char *d = mkdtemp(tmpl);
+    EXPECT_NE(d, nullptr);
+    if (!d) return "/tmp";
+    temp_dirs().push_back(d);
+    return d;
+}
+
+// Runs `rlhost --plugin-path <build plugins> run ARGS...` in `cwd`. `poll`
+// (if given) is called about every 50 ms with the child's pid while it runs.
+Proc rlhost(const std::vector<std::string> &args, const std::string &cwd, int timeout_s,
+            const std::function<void(pid_t)> &poll = nullptr) {
+    const std::string out_path = cwd + "/.stdout", err_path = cwd + "/.stderr";
+    std::vector<std::string> argv_s = {RL_TEST_RLHOST, "--plugin-path", RL_TEST_PLUGIN_DIR, "run"};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char *> argv;
+    for (auto &s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        if (chdir(cwd.c_str()) != 0) _exit(126);
+        const int o = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        const int e = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0) _exit(126);
+        dup2(o, STDOUT_FILENO);
+        dup2(e, STDERR_FILENO);
+        execv(argv[0], argv.data());
+        _exit(127);
+    }
+    Proc p;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    int status = 0;
+    for (;;) {
+        const pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) break;
+        if (std::chrono::steady_clock::now() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            p.timed_out = true;
+            break;
+        }
+        if (poll) poll(pid);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!p.timed_out && WIFEXITED(status)) p.exit_code = WEXITSTATUS(status);
+    p.out = read_file(out_path);
+    p.err = read_file(err_path);
+    return p;
+}
+
+std::vector<json> metrics_lines(const std::string &path) {
+    std::vector<json> out;
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line))
+        if (!line.empty()) out.push_back(json::parse(line));
+    return out;
+}
+
+double mean_reward(const std::vector<json> &rl_lines, size_t first, size_t count) {
+    double s = 0;
+    for (size_t i = first; i < first + count; ++i) s += rl_lines.at(i)["reward"].get<double>();
+    return s / static_cast<double>(count);
+}
+
+bool exists(const std::string &path) {
+    struct stat st {};
+    return stat(path.c_str(), &st) == 0;
+}
+
+// ---- errors and plumbing ----------------------------------------------------------------
+
+TEST(RlhostRun, ScriptErrorsReportFileAndLine) {
+    const std::string dir = temp_dir();
+    const Proc p = rlhost({kScripts + "/error_at_line.lua"}, dir, 60);
+    EXPECT_EQ(p.exit_code, 1) << p.err;
+    EXPECT_NE(p.err.find("error_at_line.lua:6: rl.tensor index 7 out of range"), std::string::npos)
+        << p.err;
+    EXPECT_NE(p.err.find("stack traceback"), std::string::npos) << p.err;
+}
+
+TEST(RlhostRun, CErrorsInScriptsCarryTheRuntimeMessageAndLine) {
+    const std::string dir = temp_dir();
+    const Proc p = rlhost({kScripts + "/bad_env_param.lua"}, dir, 60);
+    EXPECT_EQ(p.exit_code, 1) << p.err;
+    EXPECT_NE(p.err.find("bad_env_param.lua:4: rl.env: env 'reverse_text': parameter 'max_len'"),
+              std::string::npos)
+        << p.err;
+}
+
+TEST(RlhostRun, BadConfigStopsBeforeTheScriptRuns) {
+    const std::string dir = temp_dir();
+    const Proc p =
+        rlhost({kScripts + "/echo_config.lua", "--set", "trainer.learnig_rate=1"}, dir, 60);
+    EXPECT_EQ(p.exit_code, 2);
+    EXPECT_NE(p.err.find("unknown key 'trainer.learnig_rate'"), std::string::npos) << p.err;
+    EXPECT_EQ(p.out.find("config:"), std::string::npos) << p.out;
+}
+
+TEST(RlhostRun, UsageErrorsAreReported) {
+    const std::string dir = temp_dir();
+    Proc p = rlhost({}, dir, 30);
+    EXPECT_EQ(p.exit_code, 2);
+    EXPECT_NE(p.err.find("no script given"), std::string::npos) << p.err;
+    p = rlhost({kScripts + "/echo_config.lua", "--config"}, dir, 30);
+    EXPECT_EQ(p.exit_code, 2);
+    EXPECT_NE(p.err.find("--config needs a value"), std::string::npos) << p.err;
+    p = rlhost({dir + "/missing.lua"}, dir, 30);
+    EXPECT_EQ(p.exit_code, 1);
+    EXPECT_NE(p.err.find("missing.lua"), std::string::npos) << p.err;
+}
+
+TEST(RlhostRun, ScriptSeesTheResolvedConfigAndItsArguments) {
+    const std::string dir = temp_dir();
+    const std::string yaml = dir + "/c.yaml";
+    std::ofstream(yaml) << "run:\n  name: from_file\nrollout:\n  n: 3\n";
+    const Proc p = rlhost({kScripts + "/echo_config.lua", "--config", yaml, "--set", "rollout.n=5",
+                           "--", "alpha", "beta"},
+                          dir, 60);
+    EXPECT_EQ(p.exit_code, 0) << p.err;
+    EXPECT_NE(p.out.find("config: from_file 5 reverse_text"), std::string::npos) << p.out;
+    EXPECT_NE(p.out.find("args: alpha beta"), std::string::npos) << p.out;
+}
+
+// ---- training runs ----------------------------------------------------------------------------
+
+// A short GRPO run of examples/grpo.lua on the tiny model (config in
+// scripts/grpo_test.yaml: SFT warm-up, then GRPO, fixed seeds). The reward
+// must rise from the first RL steps to the last, with one metrics line per
+// step of each phase and checkpoints on disk.
+TEST(RlhostRun, GrpoOnTheTinyModelImprovesReward) {
+    const std::string dir = temp_dir();
+    const Proc p =
+        rlhost({kExamples + "/grpo.lua", "--config", kScripts + "/grpo_test.yaml"}, dir, 600);
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
+    const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
+    const auto lines = metrics_lines(dir + "/runs/grpo_test/metrics.jsonl");
+    const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
+    ASSERT_EQ(static_cast<int64_t>(lines.size()), sft_steps + rl_steps) << p.out;
+    std::vector<json> rl;
+    for (size_t i = 0; i < lines.size(); ++i) {
+        const bool sft = static_cast<int64_t>(i) < sft_steps;
+        EXPECT_EQ(lines[i]["phase"], sft ? "sft" : "rl");
+        EXPECT_EQ(lines[i]["step"], sft ? int64_t(i) + 1 : int64_t(i) + 1 - sft_steps);
+        if (!sft) rl.push_back(lines[i]);
+    }
+    const size_t k = 5;
+    const double first = mean_reward(rl, 0, k), last = mean_reward(rl, rl.size() - k, k);
+    EXPECT_GT(last, first + 0.15) << "reward: first " << k << " steps " << first << ", last " << k
+                                  << " steps " << last << "\n"
+                                  << p.out;
+    EXPECT_NE(p.out.find("finished 'grpo_test'"), std::string::npos) << p.out;
+    EXPECT_TRUE(exists(dir + "/runs/grpo_test/summary.json"));
+    EXPECT_TRUE(exists(dir + "/models/tiny/config.json")); // created because model.path is empty
+}
+
+// Ctrl-C during a run: the step in flight completes, a checkpoint is saved,
+// the process exits with 130; metrics.jsonl holds one line per finished step;
+// a resumed run continues from the checkpoint and ends with every step once.
+TEST(RlhostRun, CtrlCStopsCleanlyWithACheckpointAndResumeContinues) {
+    const std::string dir = temp_dir();
+    const std::string metrics = dir + "/runs/ctrlc/metrics.jsonl";
+    const std::vector<std::string> base = {kExamples + "/grpo.lua", "--config",
+                                           kScripts + "/grpo_ctrlc.yaml"};
+    bool sent = false;
+    const Proc p = rlhost(base, dir, 300, [&](pid_t pid) {
+        if (!sent && metrics_lines(metrics).size() >= 2) {
+            kill(pid, SIGINT);
+            sent = true;
+        }
+    });
+    ASSERT_TRUE(sent) << p.out << p.err;
+    EXPECT_EQ(p.exit_code, 130) << p.out << "\n" << p.err;
+    EXPECT_NE(p.out.find("rl: stopped at step"), std::string::npos) << p.out;
+    EXPECT_NE(p.out.find("interrupted 'ctrlc'"), std::string::npos) << p.out;
+    const auto lines = metrics_lines(metrics);
+    ASSERT_GE(lines.size(), 2u);
+    ASSERT_LT(lines.size(), 40u) << "the run did not stop early";
+    for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(lines[i]["step"], int64_t(i) + 1);
+
+    // The newest checkpoint records exactly the finished steps.
+    // (paths print relative to the working folder, like run.dir)
+    const size_t at = p.out.rfind("checkpoint runs/ctrlc/checkpoints/step_");
+    ASSERT_NE(at, std::string::npos) << p.out;
+    const std::string ck = p.out.substr(at + 11, p.out.find('\n', at) - at - 11);
+    ASSERT_TRUE(exists(dir + "/" + ck + "/complete")) << ck;
+    const json state = json::parse(read_file(dir + "/" + ck + "/state.json"));
+    EXPECT_EQ(state["phases"]["rl"], static_cast<int64_t>(lines.size())) << state.dump();
+
+    // Resume with a few more steps: continues after the checkpoint.
+    const int64_t total = static_cast<int64_t>(lines.size()) + 2;
+    std::vector<std::string> resume = base;
+    resume.insert(resume.end(),
+                  {"--set", "run.resume=true", "--set", "run.steps=" + std::to_string(total)});
+    const Proc r = rlhost(resume, dir, 300);
+    ASSERT_EQ(r.exit_code, 0) << r.out << "\n" << r.err;
+    EXPECT_NE(r.out.find("resumed from " + ck), std::string::npos) << r.out;
+    const auto all = metrics_lines(metrics);
+    ASSERT_EQ(static_cast<int64_t>(all.size()), total);
+    for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i]["step"], int64_t(i) + 1);
+    for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(all[i], lines[i]) << "line " << i;
+}
+
+TEST(RlhostRun, ExistingCheckpointsAreNotSilentlyReplaced) {
+    const std::string dir = temp_dir();
+    const std::vector<std::string> args = {
+        kExamples + "/grpo.lua", "--config", kScripts + "/grpo_ctrlc.yaml", "--set",
+        "run.steps=1",           "--set",    "run.overwrite=false"};
+    Proc p = rlhost(args, dir, 300);
+    ASSERT_EQ(p.exit_code, 0) << p.out << p.err;
+    p = rlhost(args, dir, 300);
+    EXPECT_EQ(p.exit_code, 1);
+    EXPECT_NE(p.err.find("holds checkpoints of an earlier run"), std::string::npos) << p.err;
+}
+
+} // namespace
