@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build and the tests need. Idempotent: a
-# package already present is skipped, and nothing is fetched when all are.
+# Installs what the build and the tests need: Debian packages, and libtorch as
+# the pinned PyPI torch wheel in the project venv .venv/ (CMake finds it there;
+# see cmake/RlTorch.cmake). Idempotent: a package already present is skipped,
+# and nothing is fetched when all are.
 # Usage: scripts/install-deps.sh   (as root, or with sudo available)
+#   RL_TORCH_VERSION=2.x.y   another torch wheel than the pinned one
+#   RL_SKIP_TORCH=1          no venv: build against a torch you provide
+#                            (-DRL_PYTHON=... or -DCMAKE_PREFIX_PATH=...)
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
-  libtorch-dev libgloo-dev libopenblas0-pthread
   liblua5.4-dev lua5.4
   libyaml-cpp-dev libboost-dev
   libspdlog-dev libfmt-dev
   libzmq3-dev cppzmq-dev
   nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy
+  python3 python3-venv python3-numpy
   libpcre2-dev libutf8proc-dev
 )
 
@@ -24,7 +28,24 @@ for p in "${packages[@]}"; do
   fi
 done
 
+install_torch() {
+  [ "${RL_SKIP_TORCH:-0}" = 1 ] && return 0
+  local root version venv
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  version="${RL_TORCH_VERSION:-2.15.0}"
+  venv="$root/.venv"
+  if [ -x "$venv/bin/python" ] &&
+     [ "$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$version" ]; then
+    return 0
+  fi
+  echo "install-deps: installing torch==$version into $venv"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+    "torch==$version"
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  install_torch
   exit 0
 fi
 
@@ -39,3 +60,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+install_torch

@@ -3,6 +3,7 @@
 #include "rl/core/error.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 namespace rl::core {
 

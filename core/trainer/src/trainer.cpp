@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/StringUtil.h>
+#include <sstream>
+#include <type_traits>
 #include <torch/autograd.h>
 #include <torch/optim/adamw.h>
 
@@ -54,9 +56,19 @@ bool is_integral_or_bool(at::ScalarType t) {
     return at::isIntegralType(t, /*includeBool=*/true);
 }
 
-// The optimizer keys its per-parameter state by the parameter's TensorImpl.
-std::string state_key(const at::Tensor &p) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+// The optimizer keys its per-parameter state by the parameter's TensorImpl:
+// the pointer itself from libtorch 2.6 on, its printed form before.
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::AdamW &>().state())>::key_type;
+template <typename Key = OptimizerStateKey>
+Key state_key(const at::Tensor &p) {
+    if constexpr (std::is_same_v<Key, std::string>) {
+        std::ostringstream s;
+        s << p.unsafeGetTensorImpl();
+        return s.str();
+    } else {
+        return p.unsafeGetTensorImpl();
+    }
 }
 
 // Loads every tensor of a saved model folder (single file or sharded).
@@ -81,9 +93,9 @@ std::map<std::string, at::Tensor> load_model_tensors(const fs::path &dir) {
 // -- signature --------------------------------------------------------------
 
 bool LossSignature::accepts(const std::string &n) const {
-    return requires(n) || std::find(optional.begin(), optional.end(), n) != optional.end();
+    return needs(n) || std::find(optional.begin(), optional.end(), n) != optional.end();
 }
-bool LossSignature::requires(const std::string &n) const {
+bool LossSignature::needs(const std::string &n) const {
     return std::find(required.begin(), required.end(), n) != required.end();
 }
 bool LossSignature::differentiates(const std::string &n) const {

@@ -46,7 +46,7 @@ struct TrainBatch {
 struct LossSignature {
     std::vector<std::string> required, optional, differentiable;
     bool accepts(const std::string &name) const;
-    bool requires(const std::string &name) const;
+    bool needs(const std::string &name) const;
     bool differentiates(const std::string &name) const;
 };
 
