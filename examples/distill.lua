@@ -29,7 +29,7 @@ end
 local trainer = student:trainer(rl.trainer_config(cfg))
 run:attach(trainer)
 local teacher_forward = teacher:trainer {} -- forward passes only; never stepped
-local engine = student:engine()
+local engine = student:engine(rl.engine_config(cfg))
 local template = cfg.tokenizer.chat_template
 
 local env = rl.env(cfg.env.name, cfg.env.params)

@@ -15,7 +15,7 @@ local tok, info = model:tokenizer(), model:info()
 local optimizer_steps = cfg.run.steps * cfg.ppo.epochs * cfg.ppo.minibatches
 local trainer = model:trainer(rl.trainer_config(cfg, { total_steps = optimizer_steps }))
 run:attach(trainer)
-local engine = model:engine()
+local engine = model:engine(rl.engine_config(cfg))
 local template = cfg.tokenizer.chat_template
 
 local env = rl.env(cfg.env.name, cfg.env.params)

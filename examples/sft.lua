@@ -12,7 +12,7 @@ local model = rl.load_model(cfg)
 local tok, info = model:tokenizer(), model:info()
 local trainer = model:trainer(rl.trainer_config(cfg, { total_steps = cfg.sft.steps }))
 run:attach(trainer)
-local engine = model:engine()
+local engine = model:engine(rl.engine_config(cfg))
 local env = rl.env(cfg.env.name, cfg.env.params)
 local ce = rl.loss("causallm_loss")
 local template = cfg.tokenizer.chat_template

@@ -20,6 +20,14 @@ typedef struct rl_model rl_model_t;     /* weights + config + tokenizer of one H
 typedef struct rl_trainer rl_trainer_t; /* optimizer state over a model's parameters */
 typedef struct rl_engine rl_engine_t;   /* rollout engine reading a model's parameters */
 
+/* ---- platform ------------------------------------------------------------------ */
+
+/* [thread-safe] The tensor platform under the trainer and engine, as a static
+ * NUL-terminated JSON text owned by librl: {"torch_version": "2.15.0+cu132",
+ * "cuda_built": true, "cuda_devices": 0, "summary": "libtorch ..., CUDA not
+ * usable (...)"}. */
+RL_API const char *rl_platform_info(void);
+
 /* ---- models ----------------------------------------------------------------- */
 
 /* [control-thread] Write the built-in model `preset` ("tiny") as a complete HF
@@ -28,7 +36,10 @@ typedef struct rl_engine rl_engine_t;   /* rollout engine reading a model's para
 RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uint64_t seed);
 
 /* [control-thread] Load an HF model folder. options_json (may be NULL):
- * {"threads": 0 (all cores)}. */
+ * {"threads": 0 (all cores), "device": "auto" | "cpu" | "cuda" | "cuda:N" (default
+ * "cpu"), "dtype": "float32" (default) | "bfloat16"}. With bfloat16 the trainer
+ * keeps float32 master weights and optimizer state. A CUDA device that is not
+ * usable is an error naming the reason. */
 RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
                                  rl_model_t **out_model);
 /* [control-thread] NULL is a no-op. Trainers and engines of the model must be
@@ -36,7 +47,8 @@ RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
 RL_API void rl_model_destroy(rl_model_t *model);
 
 /* [thread-safe] Text "info": JSON {"architecture", "vocab_size", "num_parameters",
- * "hidden_size", "num_layers", "eos_token_ids": [...], "policy_version"}. */
+ * "hidden_size", "num_layers", "eos_token_ids": [...], "policy_version", "device",
+ * "dtype"}. */
 RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result);
 
 /* [control-thread] Save weights, config and tokenizer as an HF folder, atomically

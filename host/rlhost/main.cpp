@@ -139,6 +139,9 @@ int main(int argc, char **argv) {
         if (a == "--version") {
             std::printf("rlhost %s (ABI %s)\n", rl_get_version(),
                         abi_string(rl_get_abi_version()).c_str());
+            const auto platform = nlohmann::json::parse(rl_platform_info(), nullptr, false);
+            if (platform.is_object() && platform.contains("summary"))
+                std::printf("%s\n", platform["summary"].get<std::string>().c_str());
             return 0;
         }
         if (a == "--help" || a == "-h") {

@@ -8,6 +8,7 @@
 #include "rl/core/buffer.hpp"
 #include "rl/core/chat_template.hpp"
 #include "rl/core/checkpoint.hpp"
+#include "rl/core/device.hpp"
 #include "rl/core/engine.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/threads.hpp"
@@ -421,6 +422,21 @@ RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uin
     });
 }
 
+RL_API const char *rl_platform_info(void) {
+    static const std::string info = [] {
+        try {
+            return json{{"torch_version", core::torch_version()},
+                        {"cuda_built", core::torch_has_cuda()},
+                        {"cuda_devices", core::cuda_device_count()},
+                        {"summary", core::torch_summary()}}
+                .dump();
+        } catch (const std::exception &e) {
+            return json{{"torch_version", core::torch_version()}, {"error", e.what()}}.dump();
+        }
+    }();
+    return info.c_str();
+}
+
 RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
                                  rl_model_t **out_model) {
     return train_boundary([&] {
@@ -429,16 +445,33 @@ RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
         if (!opts.is_null()) {
             require(opts.is_object(), "rl_model_load: options must be a JSON object");
             for (const auto &kv : opts.items()) {
-                if (kv.key() != "threads")
-                    throw HostError{RL_ERR_INVALID_ARG, "rl_model_load: unknown option '" +
-                                                            kv.key() + "'; valid: threads"};
-                require(kv.value().is_number_integer() && kv.value().get<int64_t>() >= 0,
-                        "rl_model_load: threads must be an integer >= 0 (0: all cores)");
-                core::set_num_threads(static_cast<int>(kv.value().get<int64_t>()));
+                const std::string &key = kv.key();
+                if (key == "threads") {
+                    require(kv.value().is_number_integer() && kv.value().get<int64_t>() >= 0,
+                            "rl_model_load: threads must be an integer >= 0 (0: all cores)");
+                    core::set_num_threads(static_cast<int>(kv.value().get<int64_t>()));
+                } else if (key == "device" || key == "dtype") {
+                    require(kv.value().is_string(), "rl_model_load: " + key +
+                                                        " must be a string, got " +
+                                                        kv.value().dump());
+                } else {
+                    throw HostError{RL_ERR_INVALID_ARG, "rl_model_load: unknown option '" + key +
+                                                            "'; valid: threads, device, dtype"};
+                }
             }
         }
+        core::LoadOptions lo;
+        if (opts.is_object() && opts.contains("device"))
+            lo.device =
+                core::resolve_device(opts["device"].get<std::string>(), "rl_model_load: device");
+        if (opts.is_object() && opts.contains("dtype")) {
+            lo.dtype = core::parse_dtype(opts["dtype"].get<std::string>(), "rl_model_load: dtype");
+            require(lo.dtype == at::kFloat || lo.dtype == at::kBFloat16,
+                    "rl_model_load: dtype must be float32 or bfloat16, got '" +
+                        opts["dtype"].get<std::string>() + "'");
+        }
         auto m = std::make_unique<rl_model>();
-        m->policy = core::Policy::load(path);
+        m->policy = core::Policy::load(path, lo);
         *out_model = m.release();
         return RL_OK;
     });
@@ -461,6 +494,8 @@ RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result) {
                   {"max_position_embeddings", c.max_position_embeddings},
                   {"eos_token_ids", model->policy->eos_token_ids()},
                   {"has_tokenizer", model->policy->tokenizer() != nullptr},
+                  {"device", m.device().str()},
+                  {"dtype", core::dtype_string(m.dtype())},
                   {"policy_version", model->policy->version()}};
         CallSink sink;
         sink.texts["info"] = j.dump();

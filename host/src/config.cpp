@@ -86,6 +86,17 @@ json to_json(const YAML::Node &n) {
     return s;
 }
 
+// A choice "cuda:N" matches "cuda:" followed by decimal digits.
+bool choice_matches(const std::string &choice, const std::string &s) {
+    if (choice == s) return true;
+    if (choice.size() < 2 || choice.compare(choice.size() - 2, 2, ":N") != 0) return false;
+    const size_t n = choice.size() - 1; // keeps the ':'
+    if (s.size() <= n || s.size() > n + 4 || s.compare(0, n, choice, 0, n) != 0) return false;
+    for (size_t i = n; i < s.size(); ++i)
+        if (s[i] < '0' || s[i] > '9') return false;
+    return true;
+}
+
 std::string shown(const YAML::Node &n) {
     if (n.IsScalar()) return "'" + n.Scalar() + "'";
     if (n.IsSequence()) return "a list";
@@ -105,7 +116,7 @@ json convert(const ConfigKey &k, const YAML::Node &v, const std::string &where) 
                 std::stringstream ss(all);
                 std::string c;
                 bool ok = false;
-                while (std::getline(ss, c, '|')) ok = ok || c == s;
+                while (std::getline(ss, c, '|')) ok = ok || choice_matches(c, s);
                 if (!ok) {
                     std::string list = all;
                     for (auto &ch : list)

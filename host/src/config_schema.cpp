@@ -32,6 +32,12 @@ const std::vector<ConfigKey> &config_schema() {
         {"model.init_dir", T::String, "models/tiny", nullptr,
          "Where the built-in model is created when model.path is empty."},
         {"model.threads", T::Integer, "0", nullptr, "CPU threads for tensor math (0: all cores)."},
+        {"model.device", T::String, "auto", "auto|cpu|cuda|cuda:N",
+         "Where trainer and engine run: auto (the first GPU when CUDA is usable, else the CPU), "
+         "cpu, cuda or cuda:N."},
+        {"model.dtype", T::String, "float32", "float32|bfloat16",
+         "Weights and activations; bfloat16 keeps float32 master weights and AdamW state in the "
+         "trainer."},
 
         {"tokenizer.chat_template", T::String, "none", "none|chatml|llama3",
          "Chat template applied to prompts."},
@@ -54,6 +60,15 @@ const std::vector<ConfigKey> &config_schema() {
          "Tokens per packing bin."},
         {"trainer.micro_batch_tokens", T::Integer, "8192", nullptr,
          "Token budget of one forward/backward micro-batch."},
+        {"trainer.activation_checkpointing", T::Boolean, "false", nullptr,
+         "Keep only each decoder layer's input during the forward and recompute the layer in the "
+         "backward (less activation memory, about a third more compute)."},
+
+        {"engine.max_batch_sequences", T::Integer, "0", nullptr,
+         "Samples the rollout engine decodes together (0: all of a call, within the KV budget)."},
+        {"engine.kv_cache_fraction", T::Number, "0.3", nullptr,
+         "KV-cache budget as a fraction of the device's memory (GPU memory on CUDA, RAM on the "
+         "CPU); larger calls run in waves that fit."},
 
         {"rollout.prompts_per_step", T::Integer, "8", nullptr, "Prompts sampled per RL step."},
         {"rollout.n", T::Integer, "8", nullptr, "Samples per prompt (the GRPO group size)."},

@@ -1,11 +1,14 @@
 #include "rl/core/engine.hpp"
 
+#include "rl/core/device.hpp"
 #include "rl/core/train_error.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
 #include <nlohmann/json.hpp>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <map>
@@ -91,8 +94,15 @@ EngineConfig EngineConfig::from_json(const std::string &text) {
                         "limit), got " +
                         kv.value().dump());
             c.max_batch_sequences = kv.value().get<int64_t>();
+        } else if (kv.key() == "kv_cache_fraction") {
+            const double f = kv.value().is_number() ? kv.value().get<double>() : -1.0;
+            if (!(f > 0 && f <= 1))
+                invalid("engine config: kv_cache_fraction must be a number in (0, 1], got " +
+                        kv.value().dump());
+            c.kv_cache_fraction = f;
         } else {
-            invalid("engine config: unknown key '" + kv.key() + "'; valid: max_batch_sequences");
+            invalid("engine config: unknown key '" + kv.key() +
+                    "'; valid: max_batch_sequences, kv_cache_fraction");
         }
     }
     return c;
@@ -114,6 +124,9 @@ int64_t Engine::sync_weights() {
 
 void Engine::sleep() {
     if (cache_) cache_->release();
+    // On CUDA the caching allocator would keep the freed blocks: hand them
+    // back so another process (or the trainer) can use the memory.
+    release_cached_memory(policy_->model().device());
     asleep_ = true;
 }
 
@@ -126,10 +139,32 @@ int64_t Engine::cache_bytes() const {
     return cache_ ? cache_->bytes() : 0;
 }
 
+int64_t Engine::kv_budget_bytes() const {
+    const at::Device device = policy_->model().device();
+    double total = 0;
+    if (device.is_cuda()) {
+        total = static_cast<double>(device_memory(device).total_bytes);
+    } else {
+        const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+        total = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+    }
+    if (total <= 0) return 0; // unknown: no budget
+    return std::max<int64_t>(1, static_cast<int64_t>(config_.kv_cache_fraction * total));
+}
+
 void Engine::ensure_cache(int64_t slots, int64_t capacity) {
-    if (!cache_ || cache_->num_slots() < slots) {
+    const CausalLM &model = policy_->model();
+    // A cache kept from an earlier call with more slots must not outgrow the
+    // budget at this call's capacity.
+    const int64_t budget = kv_budget_bytes();
+    const bool too_big =
+        cache_ && budget > 0 &&
+        KVCache::bytes_for(model.config(), cache_->num_slots(),
+                           std::max(capacity, cache_->capacity()), model.dtype()) > budget;
+    if (!cache_ || cache_->num_slots() < slots || too_big) {
         cache_.reset();
-        cache_.emplace(policy_->model().make_cache(slots, capacity));
+        release_cached_memory(model.device());
+        cache_.emplace(model.make_cache(slots, capacity));
         return;
     }
     if (!cache_->allocated()) cache_->allocate();
@@ -174,10 +209,23 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
 
     c10::InferenceMode inference;
     const int64_t total = static_cast<int64_t>(prompts.size()) * params.n;
-    const int64_t wave =
+    int64_t wave =
         config_.max_batch_sequences > 0 ? std::min(config_.max_batch_sequences, total) : total;
     int64_t capacity = longest + params.max_tokens;
     if (mc.max_position_embeddings > 0) capacity = std::min(capacity, mc.max_position_embeddings);
+    // The KV budget bounds the samples of one wave.
+    const int64_t per_sample = KVCache::bytes_for(mc, 1, capacity, policy_->model().dtype());
+    const int64_t budget = kv_budget_bytes();
+    if (budget > 0) {
+        auto mib = [](int64_t b) { return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB"; };
+        require(per_sample <= budget, ErrorKind::InvalidArgument,
+                "generate: one sample needs " + mib(per_sample) + " of KV cache (" +
+                    std::to_string(capacity) + " tokens: the longest prompt plus max_tokens), " +
+                    "more than the engine's budget of " + mib(budget) +
+                    " (engine.kv_cache_fraction = " + json(config_.kv_cache_fraction).dump() +
+                    " of the device's memory); lower max_tokens or raise kv_cache_fraction");
+        wave = std::min(wave, budget / per_sample);
+    }
     ensure_cache(wave, capacity);
 
     std::vector<SampleOut> outs(static_cast<size_t>(total));
@@ -229,7 +277,7 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
         const int64_t src = prefill_slots[static_cast<size_t>(row_of[static_cast<size_t>(k)])];
         if (src != k) cache.copy_slot(src, k);
     }
-    logits = logits.index_select(0, long_tensor(row_of));
+    logits = logits.index_select(0, long_tensor(row_of).to(logits.device()));
 
     std::vector<int64_t> active(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) active[static_cast<size_t>(k)] = k;

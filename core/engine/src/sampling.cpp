@@ -136,8 +136,45 @@ at::Tensor sampling_logprobs(const at::Tensor &logits, const SamplingParams &p) 
     return at::log_softmax(z, 1);
 }
 
+// The first token whose cumulative probability exceeds u * total, as the
+// host loop of draw_tokens finds it.
+std::vector<std::pair<int64_t, float>> draw_tokens_batched(const at::Tensor &logprobs,
+                                                           const std::vector<double> &u) {
+    check(static_cast<int64_t>(u.size()) == logprobs.size(0), "draw_tokens: one uniform per row");
+    const int64_t rows = logprobs.size(0), vocab = logprobs.size(1);
+    at::Tensor lp = logprobs.to(at::kFloat);
+    at::Tensor cdf = lp.exp().to(at::kDouble).cumsum(1);
+    at::Tensor total = cdf.narrow(1, vocab - 1, 1);
+    at::Tensor uu = at::empty({rows, 1}, at::kDouble);
+    std::copy(u.begin(), u.end(), uu.data_ptr<double>());
+    at::Tensor pick = at::searchsorted(cdf, uu.to(lp.device()) * total, /*out_int32=*/false,
+                                       /*right=*/true)
+                          .clamp_max(vocab - 1);
+    // Rounding can leave u * total at the very end: step back to the last
+    // token with probability.
+    at::Tensor positive = lp.gt(-std::numeric_limits<float>::infinity());
+    at::Tensor last =
+        (positive.to(at::kLong) * at::arange(1, vocab + 1, lp.options().dtype(at::kLong)))
+            .argmax(1, /*keepdim=*/true);
+    pick = at::where(positive.gather(1, pick), pick, last);
+    at::Tensor picked_lp = lp.gather(1, pick);
+    at::Tensor host = at::cat({pick.to(at::kDouble), picked_lp.to(at::kDouble), total}, 1)
+                          .to(at::kCPU)
+                          .contiguous();
+    const double *h = host.data_ptr<double>();
+    std::vector<std::pair<int64_t, float>> out;
+    out.reserve(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+        check(h[r * 3 + 2] > 0, "sampling: the distribution is empty (non-finite logits?)");
+        out.emplace_back(static_cast<int64_t>(h[r * 3]), static_cast<float>(h[r * 3 + 1]));
+    }
+    return out;
+}
+
 std::vector<std::pair<int64_t, float>> draw_tokens(const at::Tensor &logprobs,
                                                    const std::vector<double> &u) {
+    check(static_cast<int64_t>(u.size()) == logprobs.size(0), "draw_tokens: one uniform per row");
+    if (!logprobs.is_cpu()) return draw_tokens_batched(logprobs, u);
     at::Tensor lp = logprobs.to(at::kFloat).contiguous();
     at::Tensor pr = lp.exp();
     const int64_t rows = lp.size(0), vocab = lp.size(1);

@@ -22,9 +22,9 @@ at::Tensor index_tensor(const std::vector<int64_t> &v, at::Device device) {
     return t.to(device);
 }
 
-at::Tensor causal_mask(int64_t len, at::ScalarType dtype, at::Device device) {
+at::Tensor causal_mask(int64_t len, at::Device device) {
     return at::full({len, len}, -std::numeric_limits<double>::infinity(),
-                    at::TensorOptions().dtype(dtype).device(device))
+                    at::TensorOptions().dtype(at::kFloat).device(device))
         .triu(1);
 }
 
@@ -41,7 +41,8 @@ at::Tensor grouped_attention(const at::Tensor &q, const at::Tensor &k, const at:
     at::Tensor scores =
         at::matmul(qg, k.transpose(-1, -2)).view({n, kv_heads, groups, q_len, k_len});
     scores = scores * scale;
-    if (mask.defined()) scores = scores + mask;
+    // [.., q_len, k_len] masks broadcast over the (kv head, group) axes.
+    if (mask.defined()) scores = scores + (mask.dim() == 4 ? mask.unsqueeze(1) : mask);
     at::Tensor probs = q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble
                            ? at::softmax(scores, -1)
                            : at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
@@ -49,8 +50,14 @@ at::Tensor grouped_attention(const at::Tensor &q, const at::Tensor &k, const at:
     return out.view({n, heads, q_len, dim});
 }
 
+at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                  const at::Tensor &mask, bool is_causal, double scale) {
+    if (q.is_cuda()) return compat::sdpa(q, k, v, mask, is_causal, scale);
+    return grouped_attention(q, k, v, mask, scale);
+}
+
 PackedAttentionPlan plan_packed_attention(const std::vector<int64_t> &cu, int64_t heads,
-                                          at::ScalarType dtype, at::Device device) {
+                                          at::Device device) {
     PackedAttentionPlan plan;
     const int64_t num_seqs = static_cast<int64_t>(cu.size()) - 1;
     plan.tokens = cu.empty() ? 0 : cu.back();
@@ -90,7 +97,7 @@ PackedAttentionPlan plan_packed_attention(const std::vector<int64_t> &cu, int64_
         PackedAttentionPlan::Group g;
         g.n = static_cast<int64_t>(members.size());
         g.len = len_of(members[0]);
-        g.mask = causal_mask(g.len, dtype, device);
+        if (!device.is_cuda()) g.mask = causal_mask(g.len, device);
         if (!identity) {
             std::vector<int64_t> gather(static_cast<size_t>(g.n * g.len));
             std::vector<int64_t> valid;
@@ -131,17 +138,9 @@ at::Tensor packed_attention(const at::Tensor &q, const at::Tensor &k, const at::
             return rows.view({g.n, g.len, h, dim}).permute({0, 2, 1, 3});
         };
         at::Tensor qg = pad(q, heads), kg = pad(k, kv_heads), vg = pad(v, kv_heads);
-        at::Tensor o;
-        if (compat::kHasSdpa && q.is_cuda()) {
-            const int64_t rep = heads / kv_heads;
-            if (rep > 1) {
-                kg = kg.repeat_interleave(rep, 1);
-                vg = vg.repeat_interleave(rep, 1);
-            }
-            o = *compat::fused_causal_attention(qg, kg, vg);
-        } else {
-            o = grouped_attention(qg, kg, vg, g.mask, scale);
-        }
+        // Padding sits after each sequence's last token, so the plain causal
+        // mask never lets a real token see it.
+        at::Tensor o = attend(qg, kg, vg, g.mask, /*is_causal=*/true, scale);
         o = o.transpose(1, 2).reshape({g.n * g.len, heads * dim});
         if (g.valid.defined()) o = o.index_select(0, g.valid);
         outs.push_back(std::move(o));
@@ -195,7 +194,12 @@ CachedAttentionPlan plan_cached_attention(const std::vector<int64_t> &slots,
     // Query row r of chunk i sits at position starts[i] + r and sees keys up
     // to there; padded rows repeat the chunk's last position, so no row reads
     // past what the slot holds.
-    at::Tensor mask = at::empty({p.n, 1, 1, p.q_len, p.k_len}, at::kFloat);
+    // One token per slot with every slot equally long (the common decode
+    // step) needs no mask, which keeps the fused kernels available.
+    bool all_visible = p.q_len == 1;
+    for (int64_t i = 0; i < p.n && all_visible; ++i) all_visible = starts[i] + counts[i] == p.k_len;
+    if (all_visible) return p;
+    at::Tensor mask = at::empty({p.n, 1, p.q_len, p.k_len}, at::kFloat);
     float *m = mask.data_ptr<float>();
     const float neg_inf = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < p.n; ++i) {
@@ -223,7 +227,7 @@ at::Tensor cached_attention(const at::Tensor &q, const at::Tensor &k_new, const 
     at::Tensor keys = slot_rows(cache_k), values = slot_rows(cache_v);
     at::Tensor rows = plan.gather.defined() ? q.index_select(0, plan.gather) : q;
     at::Tensor qp = rows.view({plan.n, plan.q_len, heads, dim}).permute({0, 2, 1, 3});
-    at::Tensor o = grouped_attention(qp, keys, values, plan.mask, scale);
+    at::Tensor o = attend(qp, keys, values, plan.mask, /*is_causal=*/false, scale);
     o = o.transpose(1, 2).reshape({plan.n * plan.q_len, heads * dim});
     if (plan.valid.defined()) o = o.index_select(0, plan.valid);
     return o;

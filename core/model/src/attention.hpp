@@ -1,6 +1,8 @@
-// Attention kernels for packed sequences and for the KV cache. Both pad a set
-// of sequences to a common length and run batched matrix products, so many
-// short sequences (the RL case) cost a few large products, not a loop.
+// Attention for packed sequences and for the KV cache. Both pad a set of
+// sequences to a common length and run one attention per group (the fused
+// at::scaled_dot_product_attention kernels on CUDA, batched matrix products on
+// the CPU), so many short sequences (the RL case) cost a few large kernels,
+// not a loop, and no token attends across sequences.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -10,12 +12,19 @@
 
 namespace rl::core {
 
-/// Softmax attention with grouped key/value heads.
-/// q [n, H, Lq, D], k and v [n, KVH, Lk, D] (H a multiple of KVH; query head h
-/// reads key/value head h / (H / KVH)); mask additive, broadcastable to
-/// [n, 1, 1, Lq, Lk], or undefined. Returns [n, H, Lq, D].
+/// Softmax attention with grouped key/value heads, as explicit matrix
+/// products: q [n, H, Lq, D], k and v [n, KVH, Lk, D] (query head h reads
+/// key/value head h / (H / KVH)); mask additive [Lq, Lk] or [n, 1, Lq, Lk],
+/// or undefined. Returns [n, H, Lq, D].
 at::Tensor grouped_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                              const at::Tensor &mask, double scale);
+
+/// The attention the model runs: at::scaled_dot_product_attention (fused
+/// flash / memory-efficient kernels) on CUDA, grouped_attention on the CPU.
+/// `mask` is used on the CPU always and on CUDA when defined; is_causal adds
+/// the causal mask on CUDA (on the CPU `mask` must then hold it).
+at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                  const at::Tensor &mask, bool is_causal, double scale);
 
 /// How packed sequences are grouped and padded. Built once per forward and
 /// shared by every layer.
@@ -25,7 +34,7 @@ struct PackedAttentionPlan {
         int64_t len = 0;   ///< padded length
         at::Tensor gather; ///< [n * len] token index per padded row (undefined: identity)
         at::Tensor valid;  ///< [tokens of the group] padded row per token (undefined: all)
-        at::Tensor mask;   ///< [len, len] additive causal mask
+        at::Tensor mask;   ///< [len, len] additive causal mask (CPU), undefined on CUDA
     };
     std::vector<Group> groups;
     at::Tensor unpermute; ///< restores token order after concatenating groups (undefined: identity)
@@ -36,7 +45,7 @@ struct PackedAttentionPlan {
 /// and grouped so that padding stays below ~1.8x of the attention work, with
 /// the score matrix of a group bounded in memory.
 PackedAttentionPlan plan_packed_attention(const std::vector<int64_t> &cu, int64_t heads,
-                                          at::ScalarType dtype, at::Device device);
+                                          at::Device device);
 
 /// q [T, H, D], k and v [T, KVH, D] -> [T, H * D].
 at::Tensor packed_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
@@ -53,7 +62,7 @@ struct CachedAttentionPlan {
     at::Tensor write_index;  ///< [T * KVH] flat row of each new key in [S*KVH*Cap, D]
     at::Tensor gather;       ///< [n * q_len] token per padded query row (undefined: identity)
     at::Tensor valid;        ///< [T] padded row per token (undefined: all)
-    at::Tensor mask;         ///< [n, 1, 1, q_len, k_len] additive
+    at::Tensor mask;         ///< [n, 1, q_len, k_len] additive; undefined: all visible
 };
 
 CachedAttentionPlan plan_cached_attention(const std::vector<int64_t> &slots,

@@ -42,6 +42,12 @@ int64_t KVCache::bytes() const {
     return b;
 }
 
+int64_t KVCache::bytes_for(const ModelConfig &c, int64_t slots, int64_t capacity,
+                           at::ScalarType dtype) {
+    return 2 * c.num_hidden_layers * slots * c.num_key_value_heads * capacity * c.head_dim *
+           static_cast<int64_t>(c10::elementSize(dtype));
+}
+
 void KVCache::check_slot(int64_t slot, const char *what) const {
     check(slot >= 0 && slot < slots_, std::string("KV cache ") + what + ": slot " +
                                           std::to_string(slot) + " is outside [0, " +

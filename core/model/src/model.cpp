@@ -8,7 +8,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/autograd.h>
+#include <torch/custom_class.h>
 #include <torch/nn/modules/container/modulelist.h>
+
+#include <functional>
 
 #include <cmath>
 #include <set>
@@ -39,6 +43,49 @@ at::Tensor long_tensor(const std::vector<int64_t> &v, at::Device device) {
 
 at::Tensor as_float(const at::Tensor &t) {
     return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
+}
+
+// Activation checkpointing of one decoder layer: the forward runs without
+// recording a graph and keeps only the layer's input; the backward runs the
+// layer again with autograd on and back-propagates through that fresh graph
+// (its parameter gradients accumulate as usual).
+struct LayerClosure : torch::CustomClassHolder {
+    std::function<at::Tensor(const at::Tensor &)> fn;
+};
+
+struct CheckpointedLayerFn : public torch::autograd::Function<CheckpointedLayerFn> {
+    static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &h,
+                              c10::intrusive_ptr<LayerClosure> closure) {
+        at::Tensor out;
+        {
+            at::NoGradGuard no_grad;
+            out = closure->fn(h);
+        }
+        ctx->save_for_backward({h});
+        ctx->saved_data["layer"] = c10::IValue::make_capsule(std::move(closure));
+        return out;
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                   torch::autograd::variable_list grads) {
+        at::Tensor h = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+        auto closure =
+            c10::static_intrusive_pointer_cast<LayerClosure>(ctx->saved_data["layer"].toCapsule());
+        at::Tensor out;
+        {
+            at::AutoGradMode grad_on(true);
+            out = closure->fn(h);
+        }
+        torch::autograd::backward({out}, {grads[0]});
+        return {h.grad(), at::Tensor()};
+    }
+};
+
+at::Tensor checkpointed_layer(const at::Tensor &h,
+                              std::function<at::Tensor(const at::Tensor &)> fn) {
+    auto closure = c10::make_intrusive<LayerClosure>();
+    closure->fn = std::move(fn);
+    return CheckpointedLayerFn::apply(h, std::move(closure));
 }
 
 } // namespace
@@ -222,13 +269,18 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         cached = plan_cached_attention(*slots, *starts, counts, c.num_key_value_heads,
                                        cache->capacity(), options_.dtype, options_.device);
     } else {
-        packed = plan_packed_attention(cu, c.num_attention_heads, options_.dtype, options_.device);
+        packed = plan_packed_attention(cu, c.num_attention_heads, options_.device);
     }
 
-    for (size_t i = 0; i < model->layers.size(); ++i) {
+    // One decoder layer: h -> h'. The closure holds what every layer shares
+    // (rotary tables, attention plan), so a checkpointed layer can run again
+    // in the backward.
+    auto layer_fn = [this, T, scale, cos = cos, sin = sin, packed = std::move(packed),
+                     cached = std::move(cached), cache](size_t i, const at::Tensor &hin) {
+        const ModelConfig &c = config_;
         const DecoderLayer &layer = *model->layers[i];
         const Attention &attn = *layer.self_attn;
-        at::Tensor x = layer.input_layernorm->forward(h);
+        at::Tensor x = layer.input_layernorm->forward(hin);
         at::Tensor q = attn.q_proj->forward(x).view({T, c.num_attention_heads, c.head_dim});
         at::Tensor k = attn.k_proj->forward(x).view({T, c.num_key_value_heads, c.head_dim});
         at::Tensor v = attn.v_proj->forward(x).view({T, c.num_key_value_heads, c.head_dim});
@@ -242,8 +294,17 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
                            ? cached_attention(q, k, v, cache->keys(static_cast<int64_t>(i)),
                                               cache->values(static_cast<int64_t>(i)), cached, scale)
                            : packed_attention(q, k, v, packed, scale);
-        h = h + attn.o_proj->forward(a);
-        h = h + layer.mlp->forward(layer.post_attention_layernorm->forward(h));
+        at::Tensor hout = hin + attn.o_proj->forward(a);
+        return hout + layer.mlp->forward(layer.post_attention_layernorm->forward(hout));
+    };
+    const bool recompute = checkpoint_layers_ && cache == nullptr && at::GradMode::is_enabled();
+    if (recompute) {
+        auto shared = std::make_shared<std::function<at::Tensor(size_t, const at::Tensor &)>>(
+            std::move(layer_fn));
+        for (size_t i = 0; i < model->layers.size(); ++i)
+            h = checkpointed_layer(h, [shared, i](const at::Tensor &x) { return (*shared)(i, x); });
+    } else {
+        for (size_t i = 0; i < model->layers.size(); ++i) h = layer_fn(i, h);
     }
     return model->norm->forward(h);
 }

@@ -19,8 +19,8 @@ Policy::Policy(std::shared_ptr<CausalLM> model, std::shared_ptr<const Tokenizer>
     check(model_ != nullptr, "Policy: model is null");
 }
 
-std::shared_ptr<Policy> Policy::load(const std::string &dir) {
-    auto model = load_pretrained(dir);
+std::shared_ptr<Policy> Policy::load(const std::string &dir, const LoadOptions &options) {
+    auto model = load_pretrained(dir, options);
     std::shared_ptr<const Tokenizer> tok;
     if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"))
         tok = Tokenizer::from_folder(dir);

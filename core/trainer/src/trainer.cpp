@@ -31,6 +31,7 @@ namespace {
 
 constexpr int64_t kIgnore = -100;
 constexpr const char *kCheckpointFormat = "rl-trainer-checkpoint/1";
+constexpr const char *kMasterFile = "master_weights.safetensors";
 
 [[noreturn]] void invalid(const std::string &msg) {
     throw TrainError(ErrorKind::InvalidArgument, msg);
@@ -110,6 +111,19 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config)
     config_.validate();
     params_ = policy_->model().named_weights();
     for (auto &kv : params_) kv.second.set_requires_grad(true);
+    // Low-precision parameters train through float32 master copies: the
+    // optimizer (and its state) works on the masters, each step writes them
+    // back rounded to the model's dtype.
+    {
+        at::NoGradGuard no_grad;
+        for (auto &kv : params_) {
+            const at::ScalarType t = kv.second.scalar_type();
+            masters_.push_back(t == at::kFloat || t == at::kDouble
+                                   ? at::Tensor()
+                                   : kv.second.detach().to(at::kFloat).clone());
+        }
+    }
+    policy_->model().set_activation_checkpointing(config_.activation_checkpointing);
     rebuild_optimizer();
     if (config_.seed) {
         at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -121,9 +135,13 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config)
 
 Trainer::~Trainer() = default;
 
+const at::Tensor &Trainer::optimized(size_t i) const {
+    return masters_[i].defined() ? masters_[i] : params_[i].second;
+}
+
 void Trainer::rebuild_optimizer() {
     std::vector<at::Tensor> ps;
-    for (const auto &kv : params_) ps.push_back(kv.second);
+    for (size_t i = 0; i < params_.size(); ++i) ps.push_back(optimized(i));
     torch::optim::AdamWOptions o(config_.learning_rate);
     o.betas(std::make_tuple(config_.beta1, config_.beta2));
     o.eps(config_.eps);
@@ -354,7 +372,8 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         at::Tensor lp = at::cat({zero, tl.logprobs.narrow(0, 0, n - 1)});
         at::Tensor ent;
         if (P.want_entropy)
-            ent = at::cat({zero, tl.entropy.narrow(0, 0, n - 1)}) * P.not_first.narrow(0, a, n);
+            ent = at::cat({zero, tl.entropy.narrow(0, 0, n - 1)}) *
+                  P.not_first.narrow(0, a, n).to(lp.device());
         if (!backward) {
             out_lp.push_back(lp);
             out_ent.push_back(ent);
@@ -362,10 +381,12 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (loss == nullptr) continue;
 
         LossCall call;
-        if (P.want_logprobs)
-            call.tensors.emplace_back("logprobs", lp.detach().to(at::kDouble).contiguous());
-        if (loss->signature.accepts("entropy"))
-            call.tensors.emplace_back("entropy", ent.detach().to(at::kDouble).contiguous());
+        // Loss plugins read host memory in float64.
+        auto to_host = [](const at::Tensor &t) {
+            return t.detach().to(at::kCPU).to(at::kDouble).contiguous();
+        };
+        if (P.want_logprobs) call.tensors.emplace_back("logprobs", to_host(lp));
+        if (loss->signature.accepts("entropy")) call.tensors.emplace_back("entropy", to_host(ent));
         for (const auto &kv : P.inputs)
             call.tensors.emplace_back(kv.first, kv.second.narrow(0, a, n).contiguous());
         call.cu_seqlens = long_tensor(cu_local);
@@ -407,7 +428,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
                 // nothing: skip its backward pass.
                 if (!gf.ne(0).any().item<bool>()) return;
                 outs.push_back(out);
-                grads.push_back(gf);
+                grads.push_back(gf.to(out.device()));
             };
             take("logprobs", lp);
             take("entropy", ent);
@@ -417,8 +438,8 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     if (backward) ++pending_backwards_;
 
     if (!backward) {
-        R.tensors["logprobs"] = at::cat(out_lp).to(at::kFloat).contiguous();
-        R.tensors["entropy"] = at::cat(out_ent).to(at::kFloat).contiguous();
+        R.tensors["logprobs"] = at::cat(out_lp).to(at::kCPU).to(at::kFloat).contiguous();
+        R.tensors["entropy"] = at::cat(out_ent).to(at::kCPU).to(at::kFloat).contiguous();
     }
     for (const auto &m : metric_sums) {
         const auto &pl = metric_plain[m.first];
@@ -442,6 +463,8 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
 
 void Trainer::zero_grad() {
     for (auto &kv : params_) kv.second.mutable_grad() = at::Tensor();
+    for (auto &m : masters_)
+        if (m.defined()) m.mutable_grad() = at::Tensor();
     pending_backwards_ = 0;
 }
 
@@ -450,15 +473,20 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
             "optim_step: no gradients were accumulated since the last step (call "
             "forward_backward first)");
     at::NoGradGuard no_grad;
+    // Gradients as the optimizer sees them (float32 on the masters), and
+    // their global norm with one device-to-host read.
     std::vector<at::Tensor> grads;
-    double sq = 0;
-    for (auto &kv : params_) {
-        const at::Tensor &g = kv.second.grad();
+    at::Tensor sq;
+    for (size_t i = 0; i < params_.size(); ++i) {
+        const at::Tensor &g = params_[i].second.grad();
         if (!g.defined()) continue;
-        grads.push_back(g);
-        sq += g.to(at::kDouble).pow(2).sum().item<double>();
+        if (masters_[i].defined()) masters_[i].mutable_grad() = g.to(at::kFloat);
+        const at::Tensor &og = optimized(i).grad();
+        grads.push_back(og);
+        at::Tensor s = og.to(at::kDouble).pow(2).sum();
+        sq = sq.defined() ? sq + s.to(sq.device()) : s;
     }
-    const double norm = std::sqrt(sq);
+    const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
     if (!std::isfinite(norm)) {
         zero_grad();
         throw TrainError(ErrorKind::Numeric,
@@ -482,6 +510,8 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
         o.weight_decay(ov.weight_decay.value_or(config_.weight_decay));
     }
     optimizer_->step();
+    for (size_t i = 0; i < params_.size(); ++i)
+        if (masters_[i].defined()) params_[i].second.copy_(masters_[i]);
     zero_grad();
     ++step_;
     OptimResult r;
@@ -508,17 +538,23 @@ std::string Trainer::save_checkpoint(const std::string &dir, const std::string &
         save_pretrained(policy_->model(), (root / "model").string());
 
         // Optimizer moments, by parameter name.
-        std::vector<std::pair<std::string, at::Tensor>> opt;
-        for (const auto &kv : params_) {
-            auto it = optimizer_->state().find(state_key(kv.second));
+        std::vector<std::pair<std::string, at::Tensor>> opt, masters;
+        for (size_t i = 0; i < params_.size(); ++i) {
+            const std::string &name = params_[i].first;
+            if (masters_[i].defined()) masters.emplace_back(name, masters_[i].to(at::kCPU));
+            auto it = optimizer_->state().find(state_key(optimized(i)));
             if (it == optimizer_->state().end()) continue;
             auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
-            opt.emplace_back("exp_avg." + kv.first, st.exp_avg());
-            opt.emplace_back("exp_avg_sq." + kv.first, st.exp_avg_sq());
-            opt.emplace_back("step." + kv.first, at::full({1}, st.step(), at::kLong));
+            opt.emplace_back("exp_avg." + name, st.exp_avg().to(at::kCPU));
+            opt.emplace_back("exp_avg_sq." + name, st.exp_avg_sq().to(at::kCPU));
+            opt.emplace_back("step." + name, at::full({1}, st.step(), at::kLong));
         }
         save_safetensors((root / "optimizer.safetensors").string(), opt,
                          {{"format", "pt"}, {"optimizer", "adamw"}});
+        // The float32 masters of a low-precision model: the model folder holds
+        // the rounded weights, a resumed run continues from these.
+        if (!masters.empty())
+            save_safetensors((root / kMasterFile).string(), masters, {{"format", "pt"}});
         at::Tensor gen_state;
         {
             at::Generator g = at::detail::getDefaultCPUGenerator();
@@ -568,6 +604,21 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
     std::map<std::string, at::Tensor> opt =
         load_safetensors((root / "optimizer.safetensors").string());
     std::map<std::string, at::Tensor> rng = load_safetensors((root / "rng.safetensors").string());
+    // Float32 masters, when the checkpoint was written by a low-precision
+    // model: they replace the rounded model weights as the source.
+    if (fs::exists(root / kMasterFile)) {
+        std::map<std::string, at::Tensor> masters = load_safetensors((root / kMasterFile).string());
+        for (auto &kv : masters) {
+            auto it = weights.find(kv.first);
+            if (it == weights.end())
+                throw bad_file(kMasterFile, "tensor '" + kv.first + "' is not a model weight");
+            if (!it->second.sizes().equals(kv.second.sizes()))
+                throw bad_file(kMasterFile, "tensor '" + kv.first + "' has shape " +
+                                                c10::str(kv.second.sizes()) + ", the model has " +
+                                                c10::str(it->second.sizes()));
+            it->second = std::move(kv.second);
+        }
+    }
     for (const auto &kv : params_) {
         auto it = weights.find(kv.first);
         if (it == weights.end()) throw bad_file("model", "tensor '" + kv.first + "' is missing");
@@ -601,18 +652,24 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
     // Apply: parameters in place (the engine reads the same tensors).
     {
         at::NoGradGuard no_grad;
-        for (auto &kv : params_) kv.second.copy_(weights.at(kv.first));
+        for (size_t i = 0; i < params_.size(); ++i) {
+            const at::Tensor &w = weights.at(params_[i].first);
+            if (masters_[i].defined()) masters_[i].copy_(w);
+            params_[i].second.copy_(w);
+        }
     }
     zero_grad();
     optimizer_->state().clear();
-    for (auto &kv : params_) {
-        auto a = opt.find("exp_avg." + kv.first);
+    for (size_t i = 0; i < params_.size(); ++i) {
+        const std::string &name = params_[i].first;
+        auto a = opt.find("exp_avg." + name);
         if (a == opt.end()) continue;
+        const at::Tensor &p = optimized(i);
         auto st = std::make_unique<torch::optim::AdamWParamState>();
-        st->step(opt.at("step." + kv.first).to(at::kLong).item<int64_t>());
-        st->exp_avg(a->second.to(kv.second.options()).clone());
-        st->exp_avg_sq(opt.at("exp_avg_sq." + kv.first).to(kv.second.options()).clone());
-        optimizer_->state()[state_key(kv.second)] = std::move(st);
+        st->step(opt.at("step." + name).to(at::kLong).item<int64_t>());
+        st->exp_avg(a->second.to(p.options()).clone());
+        st->exp_avg_sq(opt.at("exp_avg_sq." + name).to(p.options()).clone());
+        optimizer_->state()[state_key(p)] = std::move(st);
     }
     {
         at::Generator g = at::detail::getDefaultCPUGenerator();

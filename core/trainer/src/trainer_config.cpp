@@ -108,6 +108,10 @@ TrainerConfig TrainerConfig::from_json(const std::string &text) {
          }},
         {"logprob_chunk_tokens",
          [&](const json &v) { c.logprob_chunk_tokens = integer(v, p + "logprob_chunk_tokens"); }},
+        {"activation_checkpointing",
+         [&](const json &v) {
+             c.activation_checkpointing = boolean(v, p + "activation_checkpointing");
+         }},
         {"seed",
          [&](const json &v) {
              if (v.is_null()) return;
@@ -174,7 +178,8 @@ std::string TrainerConfig::to_json() const {
               {"enable_packing", packing.enable_packing},
               {"sample_packing_sequence_len", packing.sample_packing_sequence_len},
               {"micro_batch_tokens", packing.micro_batch_tokens},
-              {"logprob_chunk_tokens", logprob_chunk_tokens}};
+              {"logprob_chunk_tokens", logprob_chunk_tokens},
+              {"activation_checkpointing", activation_checkpointing}};
     j["seed"] = seed ? json(*seed) : json(nullptr);
     return j.dump();
 }

@@ -125,7 +125,7 @@ function rl.load_model(cfg)
             io.stdout:write(("created the built-in '%s' model in %s\n"):format(m.preset, path))
         end
     end
-    return rl.model(path, { threads = m.threads })
+    return rl.model(path, { threads = m.threads, device = m.device, dtype = m.dtype })
 end
 
 --- rl.trainer_config(cfg [, extra]): the trainer section of the configuration
@@ -138,6 +138,16 @@ function rl.trainer_config(cfg, extra)
     t.seed = cfg.run.seed
     for k, v in pairs(extra or {}) do t[k] = v end
     return t
+end
+
+--- rl.engine_config(cfg [, extra]): the engine section of the configuration,
+--- as rl_engine_create wants it.
+function rl.engine_config(cfg, extra)
+    cfg = cfg or rl.config()
+    local e = {}
+    for k, v in pairs(cfg.engine) do e[k] = v end
+    for k, v in pairs(extra or {}) do e[k] = v end
+    return e
 end
 
 --- rl.generation_params(cfg [, extra]): engine:generate parameters from the

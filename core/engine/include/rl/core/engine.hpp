@@ -25,6 +25,10 @@ namespace rl::core {
 
 struct EngineConfig {
     int64_t max_batch_sequences = 0; ///< samples decoded together; 0: all of a call
+    /// KV-cache budget: this fraction of the device's memory (GPU memory on
+    /// CUDA, physical RAM on the CPU). Calls whose samples do not fit run in
+    /// waves that do; one sample that does not fit is an error.
+    double kv_cache_fraction = 0.3;
     /// JSON object (empty text or null: defaults); unknown keys are errors.
     static EngineConfig from_json(const std::string &json_text);
 };
@@ -66,6 +70,8 @@ public:
     bool asleep() const { return asleep_; }
     /// Bytes the KV cache holds now.
     int64_t cache_bytes() const;
+    /// The KV budget: kv_cache_fraction of the device's memory.
+    int64_t kv_budget_bytes() const;
 
 private:
     struct SampleOut;

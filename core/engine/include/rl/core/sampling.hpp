@@ -54,7 +54,12 @@ at::Tensor sampling_logprobs(const at::Tensor &logits, const SamplingParams &par
 
 /// Draws one token per row of `logprobs` (as sampling_logprobs returns) by
 /// inverse CDF over the vocabulary with uniforms `u`. Returns (token, logprob).
+/// Host tensors run a sequential loop; device tensors draw_tokens_batched.
 std::vector<std::pair<int64_t, float>> draw_tokens(const at::Tensor &logprobs,
                                                    const std::vector<double> &u);
+/// The same rule as tensor operations on the tensor's own device (cumulative
+/// sum, search, gather): only the picks cross to the host.
+std::vector<std::pair<int64_t, float>> draw_tokens_batched(const at::Tensor &logprobs,
+                                                           const std::vector<double> &u);
 
 } // namespace rl::core

@@ -32,6 +32,9 @@ public:
     const std::vector<int64_t> &lengths() const { return lengths_; }
     /// Bytes held by keys and values (0 when released).
     int64_t bytes() const;
+    /// Bytes a cache of this shape holds.
+    static int64_t bytes_for(const ModelConfig &config, int64_t slots, int64_t capacity,
+                             at::ScalarType dtype);
     bool allocated() const { return !keys_.empty(); }
 
     /// Empties one slot / all slots (memory is kept).

@@ -162,6 +162,11 @@ public:
 
     // -- parameters --------------------------------------------------------
 
+    /// Recompute each decoder layer in the backward instead of keeping its
+    /// activations (training only; decoding and no-grad forwards ignore it).
+    void set_activation_checkpointing(bool on) { checkpoint_layers_ = on; }
+    bool activation_checkpointing() const { return checkpoint_layers_; }
+
     /// (HF name, parameter) in checkpoint order.
     std::vector<std::pair<std::string, at::Tensor>> named_weights() const;
     int64_t num_parameters() const;
@@ -184,6 +189,7 @@ private:
     ModelOptions options_;
     std::unique_ptr<RotaryEmbedding> rope_;
     std::map<std::string, std::string> aux_files_;
+    bool checkpoint_layers_ = false;
 };
 
 } // namespace rl::core

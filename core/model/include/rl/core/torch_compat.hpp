@@ -1,5 +1,5 @@
-// The one place where libtorch version differences live. Debian ships 1.13 for
-// CPU builds; GPU machines bring the libtorch of their PyTorch (2.x).
+// The one place where libtorch version differences live: the build accepts
+// any libtorch >= 2.4 (the pinned wheel, or the torch of a GPU machine).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,26 +13,24 @@
 
 namespace rl::core::compat {
 
-/// at::scaled_dot_product_attention exists from 2.0 (fused flash / memory
-/// efficient kernels on CUDA).
-constexpr bool kHasSdpa = RL_TORCH_AT_LEAST(2, 0);
-
-/// Unsigned 16/32/64-bit tensors exist from 2.3.
-constexpr bool kHasWideUnsigned = RL_TORCH_AT_LEAST(2, 3);
-
-/// Causal attention over equal-length padded sequences with the fused kernel
-/// when there is one: q [B, H, L, D], k and v [B, H, L, D] (heads already
-/// expanded). Returns std::nullopt where this libtorch has no fused kernel.
-inline std::optional<at::Tensor> fused_causal_attention(const at::Tensor &q, const at::Tensor &k,
-                                                        const at::Tensor &v) {
-#if RL_TORCH_AT_LEAST(2, 0)
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true);
+/// at::scaled_dot_product_attention with grouped key/value heads: q
+/// [n, H, Lq, D], k and v [n, KVH, Lk, D] (H a multiple of KVH). Fused
+/// kernels: flash / memory-efficient on CUDA, flash on the CPU (when there is
+/// no mask). mask: additive or boolean, broadcastable to [n, H, Lq, Lk], or
+/// undefined. libtorch >= 2.5 reads grouped heads in place (enable_gqa);
+/// 2.4 repeats them.
+inline at::Tensor sdpa(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                       const at::Tensor &mask, bool is_causal, double scale) {
+    const std::optional<at::Tensor> m =
+        mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt;
+#if RL_TORCH_AT_LEAST(2, 5)
+    return at::scaled_dot_product_attention(q, k, v, m, 0.0, is_causal, scale,
+                                            /*enable_gqa=*/k.size(1) != q.size(1));
 #else
-    (void)q;
-    (void)k;
-    (void)v;
-    return std::nullopt;
+    const int64_t rep = q.size(1) / k.size(1);
+    if (rep == 1) return at::scaled_dot_product_attention(q, k, v, m, 0.0, is_causal, scale);
+    return at::scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
+                                            v.repeat_interleave(rep, 1), m, 0.0, is_causal, scale);
 #endif
 }
 

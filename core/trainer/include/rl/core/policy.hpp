@@ -8,6 +8,7 @@
 
 #include "rl/core/train_error.hpp"
 #include "rl/core/model.hpp"
+#include "rl/core/pretrained.hpp"
 #include "rl/core/tokenizer.hpp"
 
 #include <cstdint>
@@ -24,9 +25,9 @@ public:
     /// works, text features (decoding, stop strings) refuse.
     Policy(std::shared_ptr<CausalLM> model, std::shared_ptr<const Tokenizer> tokenizer);
 
-    /// Loads a Hugging Face folder (weights as float32 on the CPU; the
-    /// tokenizer when tokenizer.json is present).
-    static std::shared_ptr<Policy> load(const std::string &dir);
+    /// Loads a Hugging Face folder (weights in options.dtype on
+    /// options.device; the tokenizer when tokenizer.json is present).
+    static std::shared_ptr<Policy> load(const std::string &dir, const LoadOptions &options = {});
 
     CausalLM &model() const { return *model_; }
     const std::shared_ptr<CausalLM> &model_ptr() const { return model_; }

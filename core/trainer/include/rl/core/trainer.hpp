@@ -133,7 +133,8 @@ public:
     /// Writes dir/step_<step>/ atomically (see checkpoint.hpp): model/ (an HF
     /// folder), optimizer.safetensors, rng.safetensors, trainer.json (step,
     /// policy version, sampling stream, config), state.json (`state_json`, a
-    /// JSON object or empty). Returns its path.
+    /// JSON object or empty), and for a bfloat16 model
+    /// master_weights.safetensors (the float32 masters). Returns its path.
     std::string save_checkpoint(const std::string &dir, const std::string &state_json);
     /// Restores the newest complete checkpoint under dir; TrainError NotFound
     /// when there is none.
@@ -144,11 +145,15 @@ private:
     Prepared prepare(const TrainBatch &batch, const LossFunction *loss, bool backward) const;
     StepResult run(const TrainBatch &batch, const LossFunction *loss, bool backward);
     void rebuild_optimizer();
+    /// The tensor the optimizer updates for parameter i: its float32 master,
+    /// or the parameter itself when it is float32 already.
+    const at::Tensor &optimized(size_t i) const;
 
     std::shared_ptr<Policy> policy_;
     TrainerConfig config_;
     std::unique_ptr<torch::optim::AdamW> optimizer_;
     std::vector<std::pair<std::string, at::Tensor>> params_; ///< (HF name, parameter)
+    std::vector<at::Tensor> masters_; ///< float32 copy per low-precision parameter, else undefined
     int64_t step_ = 0;
     int64_t pending_backwards_ = 0;
 };

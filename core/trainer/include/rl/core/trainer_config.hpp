@@ -33,6 +33,9 @@ struct TrainerConfig {
     PackingConfig packing;
     /// Tokens per slice of the output projection when computing logprobs.
     int64_t logprob_chunk_tokens = 512;
+    /// Recompute each decoder layer in the backward instead of keeping its
+    /// activations (only the layer inputs stay in memory).
+    bool activation_checkpointing = false;
     /// Seeds torch's default generator and the engine's sampling stream.
     std::optional<uint64_t> seed;
 

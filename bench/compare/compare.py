@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Side by side: our runtime (bench_train_decode) and Hugging Face transformers
+on the same randomly initialised Qwen3-shaped model, the same batch shapes,
+threads and device, in one run. Prints tokens/s for a training step (forward,
+loss, backward, AdamW) and for decoding, the ratio ours / transformers, and on
+CUDA the MFU of the training step (6 N tokens + attention FLOPs over the GPU's
+bf16 peak).
+
+Usage: compare.py BENCH_BINARY [--device cpu|cuda] [--shapes tiny,30m | 0.6b]
+Run through scripts/run-bench-compare.sh, which makes the venv with transformers.
+"""
+import argparse
+import json
+import subprocess
+import time
+
+import torch
+
+SHAPES = {
+    # hidden, layers, heads, kv heads, head dim, mlp, vocab
+    "tiny": dict(hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, mlp=768, vocab=259),
+    "30m": dict(hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64, mlp=1536, vocab=8192),
+    "0.6b": dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, mlp=3072, vocab=151936),
+}
+# Dense bf16 peak (TFLOP/s) by GPU name, for MFU.
+PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+def hf_model(shape, device, dtype):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(
+        hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+        head_dim=shape["head_dim"], intermediate_size=shape["mlp"], vocab_size=shape["vocab"],
+        tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6,
+        attn_implementation="sdpa", torch_dtype=dtype)
+    torch.manual_seed(1)
+    return Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype)
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def hf_train(model, args, device):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    ids = torch.randint(0, model.config.vocab_size, (args.seqs, args.seq_len), device=device)
+    total = 0.0
+    for i in range(args.warmup + args.steps):
+        sync(device)
+        t0 = time.perf_counter()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        if i >= args.warmup:
+            total += time.perf_counter() - t0
+    return args.seqs * args.seq_len * args.steps / total
+
+
+@torch.inference_mode()
+def hf_decode(model, args, device):
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_len), device=device)
+    total = 0.0
+    for i in range(args.decode_reps + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        model.generate(ids, do_sample=True, max_new_tokens=args.new_tokens,
+                       min_new_tokens=args.new_tokens, pad_token_id=0)
+        sync(device)
+        if i > 0:
+            total += time.perf_counter() - t0
+    return args.batch * args.new_tokens * args.decode_reps / total
+
+
+def train_flops_per_token(shape, params, seq_len):
+    # 6 N per token, plus causal attention scores and values: forward 2 matmuls
+    # of 2 * (seq_len / 2) * heads * head_dim FLOPs each, backward twice that.
+    attn = 6 * shape["layers"] * seq_len * shape["heads"] * shape["head_dim"]
+    return 6 * params + attn
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--shapes", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--seqs", type=int, default=None)
+    ap.add_argument("--seq-len", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--prompt-len", type=int, default=None)
+    ap.add_argument("--new-tokens", type=int, default=None)
+    ap.add_argument("--decode-reps", type=int, default=2)
+    args = ap.parse_args()
+    gpu = args.device == "cuda"
+    shapes = (args.shapes or ("0.6b" if gpu else "tiny,30m")).split(",")
+    dtype_name = args.dtype or ("bfloat16" if gpu else "float32")
+    dtype = getattr(torch, dtype_name)
+    args.seqs = args.seqs or (16 if gpu else 16)
+    args.seq_len = args.seq_len or (1024 if gpu else 128)
+    args.batch = args.batch or (64 if gpu else 16)
+    args.prompt_len = args.prompt_len or (128 if gpu else 16)
+    args.new_tokens = args.new_tokens or (256 if gpu else 32)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+
+    peak = None
+    if gpu:
+        name = torch.cuda.get_device_name(0)
+        peak = next((v for k, v in PEAKS.items() if k in name), None)
+        print(f"device: {name}, bf16 peak {peak} TFLOP/s" if peak else f"device: {name}")
+    else:
+        print(f"device: cpu, {threads} threads, torch {torch.__version__}")
+    print(f"train: {args.seqs} x {args.seq_len} tokens per step; decode: {args.batch} prompts "
+          f"of {args.prompt_len} tokens, {args.new_tokens} new tokens each; {dtype_name}")
+    print()
+    print(f"{'shape':<6} {'params':>9} | {'train tok/s ours':>16} {'transformers':>12} {'ratio':>6}"
+          f"{' MFU ours':>9} | {'decode tok/s ours':>17} {'transformers':>12} {'ratio':>6}")
+    for name in shapes:
+        shape = SHAPES[name]
+        cfg = dict(shape, device=args.device, dtype=dtype_name, threads=threads,
+                   seqs=args.seqs, seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
+                   batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                   decode_reps=args.decode_reps)
+        ours = json.loads(subprocess.run([args.binary, json.dumps(cfg)], check=True,
+                                         capture_output=True, text=True).stdout)
+        model = hf_model(shape, args.device, dtype)
+        hf_t = hf_train(model, args, args.device)
+        model.eval()
+        hf_d = hf_decode(model, args, args.device)
+        del model
+        params = ours["params"]
+        mfu = ""
+        if peak:
+            flops = train_flops_per_token(shape, params, args.seq_len) * ours["train_tokens_per_s"]
+            mfu = f"{100 * flops / (peak * 1e12):.1f}%"
+        print(f"{name:<6} {params / 1e6:>8.1f}M | {ours['train_tokens_per_s']:>16.0f} {hf_t:>12.0f} "
+              f"{ours['train_tokens_per_s'] / hf_t:>5.2f}x{mfu:>9} | "
+              f"{ours['decode_tokens_per_s']:>17.0f} {hf_d:>12.0f} "
+              f"{ours['decode_tokens_per_s'] / hf_d:>5.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

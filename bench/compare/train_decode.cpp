@@ -1,0 +1,153 @@
+// bench_train_decode: one model shape, measured the way bench/compare/compare.py
+// measures transformers on the same shape. Prints one JSON object:
+//   train: optimizer steps (forward, loss, backward, AdamW) over `seqs`
+//          sequences of `seq_len` random tokens -> tokens/s;
+//   decode: the rollout engine generating `new_tokens` tokens for `batch`
+//          prompts of `prompt_len` tokens (no early stop) -> new tokens/s.
+// Usage: bench_train_decode '{"hidden": 1024, "layers": 28, ...}'
+#include "rl/core/device.hpp"
+#include "rl/core/engine.hpp"
+#include "rl/core/model.hpp"
+#include "rl/core/policy.hpp"
+#include "rl/core/threads.hpp"
+#include "rl/core/trainer.hpp"
+
+#include <ATen/ATen.h>
+
+#ifdef RL_TORCH_HAS_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+
+using nlohmann::json;
+using namespace rl::core;
+
+namespace {
+
+void synchronize(const at::Device &d) {
+#ifdef RL_TORCH_HAS_CUDA
+    if (d.is_cuda()) c10::cuda::device_synchronize();
+#else
+    (void)d;
+#endif
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+LossFunction mean_nll() {
+    LossFunction f;
+    f.name = "loss 'nll'";
+    f.signature.required = {"logprobs"};
+    f.signature.differentiable = {"logprobs"};
+    f.compute = [](const LossCall &call) {
+        LossResult r;
+        const at::Tensor &lp = call.tensors.at(0).second;
+        r.loss = -lp.sum().item<double>() / call.global_tokens;
+        r.grads["logprobs"] = at::full_like(lp, -1.0 / call.global_tokens);
+        return r;
+    };
+    return f;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    try {
+        const json a = json::parse(argc > 1 ? argv[1] : "{}");
+        auto get = [&](const char *k, auto fallback) { return a.value(k, fallback); };
+        ModelConfig c;
+        c.model_type = "qwen3";
+        c.architecture = Architecture::Qwen3;
+        c.hidden_size = get("hidden", int64_t{256});
+        c.num_hidden_layers = get("layers", int64_t{4});
+        c.num_attention_heads = get("heads", int64_t{4});
+        c.num_key_value_heads = get("kv_heads", int64_t{2});
+        c.head_dim = get("head_dim", int64_t{64});
+        c.intermediate_size = get("mlp", int64_t{768});
+        c.vocab_size = get("vocab", int64_t{259});
+        c.max_position_embeddings = 32768;
+        c.rope_theta = 1e6;
+        c.tie_word_embeddings = true;
+        c.qk_norm = true;
+        const at::Device device = resolve_device(get("device", std::string("cpu")), "device");
+        const at::ScalarType dtype = parse_dtype(get("dtype", std::string("float32")), "dtype");
+        set_num_threads(static_cast<int>(get("threads", int64_t{0})));
+
+        auto model = std::make_shared<CausalLM>(c, ModelOptions{dtype, device});
+        model->init_weights(1);
+        auto policy = std::make_shared<Policy>(model, nullptr);
+        json out = {{"params", model->num_parameters()},
+                    {"device", device.str()},
+                    {"torch", torch_version()}};
+
+        const int64_t seqs = get("seqs", int64_t{16}), len = get("seq_len", int64_t{128});
+        const int64_t steps = get("steps", int64_t{3}), warmup = get("warmup", int64_t{1});
+        if (steps > 0) {
+            TrainerConfig tc;
+            tc.learning_rate = 1e-5;
+            tc.packing.micro_batch_tokens = get("micro_batch_tokens", int64_t{16384});
+            tc.packing.sample_packing_sequence_len = std::max<int64_t>(len, 2048);
+            tc.activation_checkpointing = get("activation_checkpointing", false);
+            Trainer trainer(policy, tc);
+            std::mt19937_64 rng(5);
+            TrainBatch b;
+            std::vector<int64_t> ids(static_cast<size_t>(seqs * len));
+            for (auto &t : ids)
+                t = static_cast<int64_t>(rng() % static_cast<uint64_t>(c.vocab_size));
+            b.input_ids = at::tensor(ids, at::kLong);
+            for (int64_t s = 0; s <= seqs; ++s) b.cu_seqlens.push_back(s * len);
+            const LossFunction loss = mean_nll();
+            double t = 0;
+            for (int64_t i = 0; i < warmup + steps; ++i) {
+                synchronize(device);
+                const auto t0 = std::chrono::steady_clock::now();
+                trainer.forward_backward(b, loss);
+                trainer.optim_step();
+                synchronize(device);
+                if (i >= warmup) t += seconds_since(t0);
+            }
+            out["train_step_s"] = t / static_cast<double>(steps);
+            out["train_tokens_per_s"] = static_cast<double>(seqs * len * steps) / t;
+        }
+
+        const int64_t batch = get("batch", int64_t{16}), prompt = get("prompt_len", int64_t{16});
+        const int64_t new_tokens = get("new_tokens", int64_t{32});
+        if (new_tokens > 0) {
+            Engine engine(policy);
+            SamplingParams sp;
+            sp.max_tokens = new_tokens;
+            sp.stop_token_ids =
+                std::vector<int64_t>{}; // no early stop: every sample runs to max_tokens
+            sp.seed = 3;
+            std::mt19937_64 rng(6);
+            std::vector<std::vector<int64_t>> prompts(static_cast<size_t>(batch));
+            for (auto &p : prompts)
+                for (int64_t i = 0; i < prompt; ++i)
+                    p.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(c.vocab_size)));
+            double t = 0;
+            const int64_t reps = get("decode_reps", int64_t{2});
+            for (int64_t i = 0; i <= reps; ++i) {
+                synchronize(device);
+                const auto t0 = std::chrono::steady_clock::now();
+                engine.generate(prompts, sp);
+                synchronize(device);
+                if (i > 0) t += seconds_since(t0);
+            }
+            out["decode_s"] = t / static_cast<double>(reps);
+            out["decode_tokens_per_s"] = static_cast<double>(batch * new_tokens * reps) / t;
+        }
+        std::cout << out.dump() << std::endl;
+        return 0;
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "bench_train_decode: %s\n", e.what());
+        return 1;
+    }
+}
