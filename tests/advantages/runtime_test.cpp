@@ -57,6 +57,11 @@ TEST(AdvantageRuntime, GaeWithoutValuesFailsWithAMessage) {
     EXPECT_EQ(rl_advantage_compute(inst, &in, &r), RL_ERR_INVALID_ARG);
     EXPECT_EQ(r, nullptr);
     EXPECT_NE(std::string(rl_last_error()).find("'values'"), std::string::npos) << rl_last_error();
+    // The host names the plugin once: "advantage 'gae': missing per-token input
+    // 'values'; ..." (it used to read "advantage 'gae': advantage 'gae': ...").
+    const std::string msg = rl_last_error();
+    EXPECT_EQ(msg.rfind("advantage 'gae': missing per-token input 'values'", 0), 0u) << msg;
+    EXPECT_EQ(msg.find("advantage 'gae'", 1), std::string::npos) << msg;
     rl_instance_destroy(inst);
 }
 

@@ -39,6 +39,8 @@ TEST(AdvantageContract, EveryEstimatorEmitsFloat64PerTokenAdvantages) {
         {"reinforce_pp", {}},
         {"gae", {{"values", {0.1, 0.2, 0.3, 0.4, 0.5}}}},
         {"group_norm", {{"advantages", {1, 2, 3, 4, 5}}}},
+        {"gpg", {}},
+        {"grpo_passk", {}},
     };
     for (const auto &c : cases) {
         auto inst = make(c.first);
@@ -56,6 +58,31 @@ TEST(AdvantageContract, UnusedPerTokenInputIsRefusedByName) {
     EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
     EXPECT_NE(o.error.find("'values'"), std::string::npos) << o.error;
     EXPECT_NE(o.error.find("loss_mask"), std::string::npos) << o.error;
+}
+
+// The host prefixes every plugin failure with "advantage '<name>': " (see
+// test_advantages_runtime); a plugin that adds it too makes it appear twice.
+TEST(AdvantageContract, InputErrorsDoNotRepeatTheHostsPrefix) {
+    const std::vector<std::pair<std::string, Tensors>> cases = {
+        {"gae", {}},                                // missing 'values'
+        {"group_norm", {}},                         // missing 'advantages'
+        {"grpo", {{"values", {0.0, 0.0}}}},         // unused input
+        {"rloo", {{"values", {0.0, 0.0}}}},         // unused input
+        {"reinforce_pp", {{"values", {0.0, 0.0}}}}, // unused input
+        {"gpg", {{"values", {0.0, 0.0}}}},          // unused input
+        {"grpo_passk", {{"values", {0.0, 0.0}}}},   // unused input
+    };
+    for (const auto &c : cases) {
+        auto inst = make(c.first);
+        Outputs o = inst->advantage({1.0, 0.0}, {0, 0}, {0, 1, 2}, c.second);
+        EXPECT_EQ(o.status, RL_ERR_INVALID_ARG) << c.first;
+        EXPECT_EQ(o.error.find("advantage '"), std::string::npos) << c.first << ": " << o.error;
+        EXPECT_NE(o.error.find("input '"), std::string::npos) << c.first << ": " << o.error;
+    }
+    auto gn = make("group_norm", R"({"source": "rewards"})");
+    Outputs o = gn->advantage({1.0, 0.0}, {0, 0}, {0, 1, 2}, {{"advantages", {1.0, 2.0}}});
+    EXPECT_EQ(o.error, "input 'advantages' is not used by this estimator with source: rewards; it "
+                       "accepts: loss_mask");
 }
 
 TEST(AdvantageContract, NonBinaryLossMaskIsRefusedWithTheToken) {
@@ -338,6 +365,111 @@ TEST(GroupNorm, MissingAdvantagesAreNamed) {
     Outputs o = inst->advantage({1, 0}, {0, 0}, {0, 1, 2});
     EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
     EXPECT_NE(o.error.find("'advantages'"), std::string::npos) << o.error;
+}
+
+// ---- gpg ------------------------------------------------------------------------------
+
+// Groups: 0 = [1, 0, 0, 1] (mean 0.5), 1 = [2, 4, 9] (mean 5), 2 = [5] (singleton),
+// 3 = [3, 3] (all equal). B = 10 sequences, M = 3 without signal.
+const std::vector<double> kGpgRewards = {1, 0, 0, 1, 2, 4, 9, 5, 3, 3};
+const std::vector<int64_t> kGpgGroups = {0, 0, 0, 0, 1, 1, 1, 2, 3, 3};
+const std::vector<int64_t> kGpgCu = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+
+std::vector<double> gpg_want(double alpha, double f_norm) {
+    std::vector<double> a = {0.5, -0.5, -0.5, 0.5, -3, -1, 4, 0, 0, 0};
+    for (double &x : a) x *= alpha / f_norm;
+    return a;
+}
+
+TEST(Gpg, AlphaRescalesToTheSequencesWithASignal) {
+    auto inst = make("gpg");
+    Outputs o = inst->advantage(kGpgRewards, kGpgGroups, kGpgCu);
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), gpg_want(10.0 / 7.0, 1.0)); // B / (B - M)
+    EXPECT_NEAR(o.metrics["alpha"], 10.0 / 7.0, kTol);
+    EXPECT_EQ(o.metrics["groups_singleton"], 1);
+    EXPECT_EQ(o.metrics["groups_zero_std"], 1);
+}
+
+TEST(Gpg, VerlsNonZeroRewardAlphaFixedAlphaAndFNorm) {
+    // 8 of the 10 rewards are non-zero: alpha = 10 / 8.
+    auto verl = make("gpg", R"({"alpha": "nonzero_rewards", "f_norm": 2})");
+    Outputs o = verl->advantage(kGpgRewards, kGpgGroups, kGpgCu);
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), gpg_want(10.0 / 8.0, 2.0));
+    auto one = make("gpg", R"({"alpha": "one"})");
+    o = one->advantage(kGpgRewards, kGpgGroups, kGpgCu);
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), gpg_want(1.0, 1.0));
+    EXPECT_EQ(o.metrics["alpha"], 1.0);
+}
+
+TEST(Gpg, NoSignalAnywhereGivesZeroAndAlphaOne) {
+    auto inst = make("gpg");
+    Outputs o =
+        inst->advantage({1, 1, 0}, {0, 0, 1}, {0, 2, 3, 5}, {{"loss_mask", {0, 1, 1, 1, 1}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0, 0, 0, 0, 0});
+    EXPECT_EQ(o.metrics["alpha"], 1.0);
+}
+
+TEST(Gpg, BadParametersAreNamed) {
+    Outputs o = Instance::create_status(rltest::load("advantage-gpg"), R"({"f_norm": 0})");
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("'f_norm'"), std::string::npos) << o.error;
+    o = Instance::create_status(rltest::load("advantage-gpg"), R"({"alpha": 2})");
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("'alpha'"), std::string::npos) << o.error;
+    o = Instance::create_status(rltest::load("advantage-gpg"), R"({"alpha": "paper"})");
+    EXPECT_NE(o.error.find("valid, nonzero_rewards, one"), std::string::npos) << o.error;
+    o = Instance::create_status(rltest::load("advantage-gpg"), R"({"norm_by_std": true})");
+    EXPECT_NE(o.error.find("unknown parameter 'norm_by_std'"), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("f_norm"), std::string::npos) << o.error;
+}
+
+// ---- grpo_passk -------------------------------------------------------------------------
+
+TEST(GrpoPassK, OnlyTheBestSampleGetsItsMarginOverTheRunnerUp) {
+    // Group 0: [0.2, 1, 0.5]: best 1, runner-up 0.5, sample std 0.4041... ; group 1:
+    // [2, 4, 9]: best 9, runner-up 4, sample std sqrt(13). eps 0.
+    auto inst = make("grpo_passk", R"({"eps": 0})");
+    Outputs o = inst->advantage({0.2, 1, 0.5, 2, 4, 9}, {0, 0, 0, 1, 1, 1}, {0, 1, 2, 3, 4, 5, 6});
+    ASSERT_TRUE(o.ok()) << o.error;
+    const double m0 = (0.2 + 1 + 0.5) / 3;
+    const double sd0 =
+        std::sqrt(((0.2 - m0) * (0.2 - m0) + (1 - m0) * (1 - m0) + (0.5 - m0) * (0.5 - m0)) / 2);
+    expect_near_all(adv(o), {0, 0.5 / sd0, 0, 0, 0, 5 / std::sqrt(13.0)});
+    auto raw = make("grpo_passk", R"({"norm_by_std": false})");
+    o = raw->advantage({0.2, 1, 0.5, 2, 4, 9}, {0, 0, 0, 1, 1, 1}, {0, 1, 2, 3, 4, 5, 6});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0, 0.5, 0, 0, 0, 5});
+}
+
+TEST(GrpoPassK, TiesSingletonsAndAllEqualGroupsGiveZero) {
+    // Group 0: a tie at the top (margin 0); group 1: singleton; group 2: all equal.
+    // Sequence 1 has a prompt token (masked).
+    auto inst = make("grpo_passk", R"({"norm_by_std": false})");
+    Outputs o = inst->advantage({1, 0, 1, 0.7, 0.3, 0.3}, {0, 0, 0, 1, 2, 2}, {0, 1, 3, 4, 5, 6, 7},
+                                {{"loss_mask", {1, 0, 1, 1, 1, 1, 1}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    for (double a : adv(o)) EXPECT_EQ(a, 0.0);
+    EXPECT_EQ(o.metrics["groups_singleton"], 1);
+    EXPECT_EQ(o.metrics["groups_zero_std"], 1);
+    // Without the tie the first best member is credited on its completion tokens only.
+    o = inst->advantage({0, 1, 0.5}, {0, 0, 0}, {0, 1, 3, 4}, {{"loss_mask", {1, 0, 1, 1}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0, 0, 0.5, 0});
+}
+
+TEST(GrpoPassK, BadParametersAreNamed) {
+    Outputs o = Instance::create_status(rltest::load("advantage-grpo_passk"), R"({"eps": -1})");
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("'eps'"), std::string::npos) << o.error;
+    o = Instance::create_status(rltest::load("advantage-grpo_passk"), R"({"norm_by_std": 1})");
+    EXPECT_NE(o.error.find("'norm_by_std'"), std::string::npos) << o.error;
+    o = Instance::create_status(rltest::load("advantage-grpo_passk"), R"({"k": 4})");
+    EXPECT_NE(o.error.find("unknown parameter 'k'"), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("std_unbiased"), std::string::npos) << o.error;
 }
 
 } // namespace

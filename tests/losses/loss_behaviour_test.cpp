@@ -278,9 +278,11 @@ TEST(Regularizers, KlEstimatorsHaveTheirTextbookValuesAndGradients) {
         double value, grad;
     };
     const double d = 0.5;
+    // The "+" variants keep the value of their estimator and take k2's gradient d.
     for (const K &k :
          {K{"k1", d, 1.0}, K{"k2", d * d / 2, d}, K{"k3", std::exp(-d) + d - 1, 1 - std::exp(-d)},
-          K{"low_var_kl", std::exp(-d) + d - 1, 1 - std::exp(-d)}}) {
+          K{"low_var_kl", std::exp(-d) + d - 1, 1 - std::exp(-d)}, K{"abs", d, 1.0}, K{"k1+", d, d},
+          K{"k3+", std::exp(-d) + d - 1, d}, K{"low_var_kl+", std::exp(-d) + d - 1, d}}) {
         SCOPED_TRACE(k.type);
         const auto out = run<ImportanceSampling>(
             std::string(R"({"kl_coef": 0.5, "kl_type": ")") + k.type + "\"}", b);
@@ -293,6 +295,23 @@ TEST(Regularizers, KlEstimatorsHaveTheirTextbookValuesAndGradients) {
     const auto metric_only = run<ImportanceSampling>(R"({"kl_type": "k2"})", b);
     EXPECT_EQ(metric_only.loss, 0.0);
     EXPECT_NEAR(metric_only.metric("ref_kl"), d * d / 2, 1e-12);
+}
+
+TEST(Regularizers, AbsAndStraightThroughEstimatorsBelowTheReference) {
+    // d = lp - ref = -0.5: abs is |d| with gradient -1; k1+ is d with gradient d.
+    const double d = -0.5;
+    const Batch b = make({0, 1}, {{"logprobs", {-1.0}},
+                                  {"old_logprobs", {-1.0}},
+                                  {"advantages", {0.0}},
+                                  {"ref_logprobs", {-0.5}}});
+    const auto abs = run<PolicyLoss>(R"({"kl_coef": 2, "kl_type": "abs"})", b);
+    ASSERT_EQ(abs.status, RL_OK) << abs.error;
+    EXPECT_NEAR(abs.loss, 2 * 0.5, 1e-12);
+    EXPECT_NEAR(abs.grads.at("logprobs")[0], -2.0, 1e-12);
+    const auto k1p = run<PolicyLoss>(R"({"kl_coef": 2, "kl_type": "k1+"})", b);
+    EXPECT_NEAR(k1p.loss, 2 * d, 1e-12);
+    EXPECT_NEAR(k1p.grads.at("logprobs")[0], 2 * d, 1e-12);
+    EXPECT_NEAR(k1p.metric("ref_kl"), d, 1e-12);
 }
 
 TEST(Regularizers, EntropyBonusDifferentiatesTheEntropyInput) {
@@ -503,6 +522,211 @@ TEST(ValueLoss, ClipsAroundOldValues) {
     EXPECT_NEAR(unclipped.loss, 2 * 0.5 * (1.0 + 1.0), 1e-12);
     EXPECT_NEAR(unclipped.grads.at("values")[0], -2.0, 1e-12);
     EXPECT_FALSE(unclipped.has_metric("vf_clipfrac"));
+}
+
+// ---- sapo, gmpo, clip_cov, kl_cov, value_loss huber ------------------------------------
+
+double sigmoid(double x) {
+    return 1.0 / (1.0 + std::exp(-x));
+}
+
+TEST(Sapo, SigmoidGateWithAPerSignTemperature) {
+    const std::vector<double> lp = {-1, -1, -1}, r = {1.0, 2.0, 0.5}, A = {1, -1, 2};
+    const Batch b =
+        make({0, 3}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    const auto out = run<Sapo>(R"({"tau_pos": 1, "tau_neg": 2, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    // t0: A > 0, tau 1, r = 1: gate 4 * 0.5 = 2, gradient -A * 4 * 0.25 * 1 = -1 (the plain
+    //     policy gradient -A r at r = 1).
+    // t1: A < 0, tau 2, r = 2: s = sigmoid(2), gate (4 / 2) s, loss +2 s,
+    //     gradient 1 * 4 s (1 - s) * 2.
+    // t2: A = 2, tau 1, r = 0.5: s = sigmoid(-0.5), gate 4 s, loss -8 s,
+    //     gradient -2 * 4 s (1 - s) * 0.5.
+    const double s1 = sigmoid(2.0), s2 = sigmoid(-0.5);
+    EXPECT_NEAR(out.loss, -2.0 + 2 * s1 - 8 * s2, 1e-12);
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_NEAR(g[0], -1.0, 1e-12);
+    EXPECT_NEAR(g[1], 8 * s1 * (1 - s1), 1e-12);
+    EXPECT_NEAR(g[2], -4 * s2 * (1 - s2), 1e-12);
+    EXPECT_NEAR(out.metric("gate_mean"), (2.0 + 2 * s1 + 4 * s2) / 3, 1e-12);
+}
+
+TEST(Sapo, DefaultsAreVerlsAndAggregationIsSeqMeanTokenMean) {
+    // Two sequences (2 tokens, 1 token), ratio 1 everywhere: gate 2 / tau, with
+    // tau_pos = 1 for A > 0 and tau_neg = 1.05 for A < 0. Default
+    // seq-mean-token-mean: ((-2 - 4) / 2 + 2 / 1.05) / 2.
+    const std::vector<double> lp = {-1, -2, -3};
+    const Batch b =
+        make({0, 2, 3}, {{"logprobs", lp}, {"old_logprobs", lp}, {"advantages", {1, 2, -1}}});
+    const auto out = run<Sapo>("{}", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    EXPECT_NEAR(out.loss, (-3.0 + 2.0 / 1.05) / 2, 1e-12);
+    // d l / d lp at r = 1 is -A whatever tau; weights 1/4, 1/4, 1/2.
+    EXPECT_NEAR(out.grads.at("logprobs")[0], -0.25, 1e-12);
+    EXPECT_NEAR(out.grads.at("logprobs")[1], -0.5, 1e-12);
+    EXPECT_NEAR(out.grads.at("logprobs")[2], 0.5, 1e-12);
+}
+
+Batch log_ratio_batch(const std::vector<double> &lr, const std::vector<double> &A) {
+    std::vector<double> lp(lr.size(), -1.0), old(lr.size());
+    for (size_t t = 0; t < lr.size(); ++t) old[t] = lp[t] - lr[t];
+    return make({0, int64_t(lr.size())},
+                {{"logprobs", lp}, {"old_logprobs", old}, {"advantages", A}});
+}
+
+TEST(Gmpo, ClipsLogRatiosOneSidedByAdvantageSign) {
+    // eps 0.4 (default). A > 0: lr' = min(lr, clip(lr)) = {0.1, 0.4, -0.6}; token 1 clipped.
+    const auto pos = run<Gmpo>("{}", log_ratio_batch({0.1, 0.6, -0.6}, {1, 1, 1}));
+    ASSERT_EQ(pos.status, RL_OK) << pos.error;
+    const double sp = std::exp((0.1 + 0.4 - 0.6) / 3);
+    EXPECT_NEAR(pos.loss, -sp, 1e-12); // one sequence, Abar = 1
+    EXPECT_NEAR(pos.grads.at("logprobs")[0], -sp / 3, 1e-12);
+    EXPECT_EQ(pos.grads.at("logprobs")[1], 0.0);
+    EXPECT_NEAR(pos.grads.at("logprobs")[2], -sp / 3, 1e-12);
+    EXPECT_DOUBLE_EQ(pos.metric("pg_clipfrac"), 1.0 / 3);
+    EXPECT_NEAR(pos.metric("seq_ratio_mean"), sp, 1e-12);
+    // A < 0: lr' = max(lr, clip(lr)) = {0.1, 0.6, -0.4}; token 2 clipped.
+    const auto neg = run<Gmpo>("{}", log_ratio_batch({0.1, 0.6, -0.6}, {-1, -1, -1}));
+    const double sn = std::exp((0.1 + 0.6 - 0.4) / 3);
+    EXPECT_NEAR(neg.loss, sn, 1e-12);
+    EXPECT_NEAR(neg.grads.at("logprobs")[1], sn / 3, 1e-12);
+    EXPECT_EQ(neg.grads.at("logprobs")[2], 0.0);
+}
+
+TEST(Gmpo, SequenceAdvantageIsTheMeanAndZeroAdvantageTokensAddNoLogRatio) {
+    // A = {1, 0, 1}: lr' = {0.1, 0, 0.3}, Abar = 2/3; the middle token has no gradient.
+    const auto out =
+        run<Gmpo>(R"({"eps_clip_high": 1})", log_ratio_batch({0.1, 0.2, 0.3}, {1, 0, 1}));
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    const double s = std::exp(0.4 / 3);
+    EXPECT_NEAR(out.loss, -2.0 / 3 * s, 1e-12);
+    EXPECT_NEAR(out.grads.at("logprobs")[0], -2.0 / 9 * s, 1e-12);
+    EXPECT_EQ(out.grads.at("logprobs")[1], 0.0);
+    EXPECT_NEAR(out.grads.at("logprobs")[2], -2.0 / 9 * s, 1e-12);
+}
+
+// A = {2, -2, 1, -1}, lp = {-1, -3, -1.5, -2.5}: means 0 and -2, so
+// cov = {2, 2, 0.5, 0.5} (a tie between tokens 0 and 1).
+Batch cov_batch(const std::vector<double> &ratios) {
+    const std::vector<double> lp = {-1, -3, -1.5, -2.5};
+    return make(
+        {0, 4},
+        {{"logprobs", lp}, {"old_logprobs", old_for(lp, ratios)}, {"advantages", {2, -2, 1, -1}}});
+}
+
+TEST(ClipCov, DropsTheHighestCovarianceUnclippedTokens) {
+    const Batch b = cov_batch({1, 1, 1, 1});
+    // k = max(floor(0.25 * 4), 1) = 1; candidates cov in (1, 5): tokens 0 and 1; the
+    // tie goes to token 0, which is dropped: l = {0, 2, -1, 1}.
+    const auto top =
+        run<ClipCov>(R"({"selection": "top", "clip_cov_ratio": 0.25, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(top.status, RL_OK) << top.error;
+    EXPECT_NEAR(top.loss, 2.0, 1e-12);
+    const auto &g = top.grads.at("logprobs");
+    EXPECT_EQ(g[0], 0.0);
+    EXPECT_NEAR(g[1], 2.0, 1e-12);
+    EXPECT_NEAR(g[2], -1.0, 1e-12);
+    EXPECT_NEAR(g[3], 1.0, 1e-12);
+    EXPECT_DOUBLE_EQ(top.metric("cov_clipfrac"), 0.25);
+    EXPECT_DOUBLE_EQ(top.metric("cov_candidates"), 2.0);
+    EXPECT_DOUBLE_EQ(top.metric("pg_clipfrac"), 0.0);
+    // k = 2 drops both.
+    const auto two =
+        run<ClipCov>(R"({"selection": "top", "clip_cov_ratio": 0.5, "loss_agg_mode": "sum"})", b);
+    EXPECT_NEAR(two.loss, 0.0, 1e-12);
+    EXPECT_EQ(two.grads.at("logprobs")[1], 0.0);
+    // Token 0 clipped by PPO (ratio 1.5, A > 0) is no candidate: token 1 goes instead.
+    const auto clipped =
+        run<ClipCov>(R"({"selection": "top", "clip_cov_ratio": 0.25, "loss_agg_mode": "sum"})",
+                     cov_batch({1.5, 1, 1, 1}));
+    EXPECT_NEAR(clipped.loss, -2 * 1.2 + 0 - 1 + 1, 1e-12);
+    EXPECT_EQ(clipped.grads.at("logprobs")[1], 0.0);
+    EXPECT_DOUBLE_EQ(clipped.metric("cov_candidates"), 1.0);
+    EXPECT_DOUBLE_EQ(clipped.metric("pg_clipfrac"), 0.25);
+}
+
+TEST(ClipCov, RandomSelectionIsSeededReproducibleAndAmongTheCandidates) {
+    const Batch b = cov_batch({1, 1, 1, 1});
+    const char *params = R"({"clip_cov_ratio": 0.25, "loss_agg_mode": "sum", "seed": 3})";
+    const auto a = run<ClipCov>(params, b), again = run<ClipCov>(params, b);
+    ASSERT_EQ(a.status, RL_OK) << a.error;
+    EXPECT_EQ(a.grads.at("logprobs"), again.grads.at("logprobs"));
+    const auto &g = a.grads.at("logprobs");
+    EXPECT_EQ((g[0] == 0.0) + (g[1] == 0.0), 1); // exactly one of the two candidates
+    EXPECT_NE(g[2], 0.0);
+    EXPECT_NE(g[3], 0.0);
+    // Over seeds, every candidate is drawn, and never more than k of them.
+    Rng r(5);
+    Batch big;
+    big.cu = {0, 200};
+    std::vector<double> lp(200), adv(200);
+    for (int t = 0; t < 200; ++t) {
+        lp[t] = r.uni(-3, -0.1);
+        adv[t] = r.uni(-2, 2);
+    }
+    big.f = {{"logprobs", lp}, {"old_logprobs", lp}, {"advantages", adv}};
+    std::vector<int> drawn(200, 0);
+    double candidates = 0;
+    for (int seed = 0; seed < 200; ++seed) {
+        const auto o = run<ClipCov>(R"({"clip_cov_ratio": 0.02, "clip_cov_lb": 0.1, "seed": )" +
+                                        std::to_string(seed) + "}",
+                                    big);
+        ASSERT_EQ(o.status, RL_OK) << o.error;
+        candidates = o.metric("cov_candidates");
+        EXPECT_DOUBLE_EQ(o.metric("cov_clipfrac"), 4.0 / 200); // k = floor(0.02 * 200)
+        for (int t = 0; t < 200; ++t) drawn[t] += o.grads.at("logprobs")[t] == 0.0;
+    }
+    int distinct = 0;
+    for (int t = 0; t < 200; ++t) distinct += drawn[t] > 0;
+    EXPECT_EQ(distinct, int(candidates));
+}
+
+TEST(KlCov, PenalizesTheHighestCovarianceTokens) {
+    // Log ratios {0.2, -0.1, 0.3, -0.2}; k = 1 picks token 0 (tie with token 1).
+    std::vector<double> lr = {0.2, -0.1, 0.3, -0.2}, r(4);
+    for (int t = 0; t < 4; ++t) r[t] = std::exp(lr[t]);
+    const Batch b = cov_batch(r);
+    const std::vector<double> A = {2, -2, 1, -1};
+    const auto out =
+        run<KlCov>(R"({"kl_cov_ratio": 0.25, "ppo_kl_coef": 0.5, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    double loss = 0.5 * 0.2;
+    for (int t = 0; t < 4; ++t) loss += -A[t] * r[t];
+    EXPECT_NEAR(out.loss, loss, 1e-12);
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_NEAR(g[0], -A[0] * r[0] + 0.5, 1e-12);
+    EXPECT_NEAR(g[1], -A[1] * r[1], 1e-12);
+    EXPECT_NEAR(out.metric("abs_kl"), 0.2, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("kl_cov_frac"), 0.25);
+    // k = 2 adds token 1, whose log ratio is negative: gradient -0.5.
+    const auto two =
+        run<KlCov>(R"({"kl_cov_ratio": 0.5, "ppo_kl_coef": 0.5, "loss_agg_mode": "sum"})", b);
+    EXPECT_NEAR(two.loss, loss + 0.5 * 0.1, 1e-12);
+    EXPECT_NEAR(two.grads.at("logprobs")[1], -A[1] * r[1] - 0.5, 1e-12);
+}
+
+TEST(ValueLoss, HuberIsQuadraticInsideDeltaAndLinearOutside) {
+    const Batch b = make({0, 3}, {{"values", {1.0, 1.0, 1.0}}, {"returns", {0.8, -1.0, 3.0}}});
+    const auto out = run<ValueLoss>(R"({"huber_delta": 0.5, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    // errors {0.2, 2, -2}: 0.02, 0.5 * (2 - 0.25) twice.
+    EXPECT_NEAR(out.loss, 0.02 + 2 * 0.875, 1e-12);
+    const auto &g = out.grads.at("values");
+    EXPECT_NEAR(g[0], 0.2, 1e-12);
+    EXPECT_NEAR(g[1], 0.5, 1e-12);
+    EXPECT_NEAR(g[2], -0.5, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("huber_linear_frac"), 2.0 / 3);
+    // With the value clip of ValueLoss.ClipsAroundOldValues and delta 1: t0 takes the
+    // clipped error -1.8 (linear: 1.8 - 0.5, no gradient); t1 error 1 (quadratic).
+    const Batch c =
+        make({0, 2}, {{"values", {1.0, 1.0}}, {"old_values", {0.0, 0.0}}, {"returns", {2.0, 0.0}}});
+    const auto clip = run<ValueLoss>(
+        R"({"vf_clip": 0.2, "huber_delta": 1, "vf_coef": 2, "loss_agg_mode": "sum"})", c);
+    ASSERT_EQ(clip.status, RL_OK) << clip.error;
+    EXPECT_NEAR(clip.loss, 2 * (1.3 + 0.5), 1e-12);
+    EXPECT_EQ(clip.grads.at("values")[0], 0.0);
+    EXPECT_NEAR(clip.grads.at("values")[1], 2.0, 1e-12);
+    EXPECT_DOUBLE_EQ(clip.metric("huber_linear_frac"), 0.5);
 }
 
 // ---- forward only -------------------------------------------------------------------

@@ -94,6 +94,31 @@ TEST(Parameters, OutOfRangeValuesAreRefused) {
     expect_refused("causallm_loss", "{not json", {"not valid JSON"});
 }
 
+TEST(Parameters, NewLossesAndOptionsRefuseBadValuesNamingTheParameter) {
+    expect_refused("sapo", R"({"tau_pos": 0})", {"'tau_pos'", "> 0"});
+    expect_refused("sapo", R"({"tau_neg": -1})", {"'tau_neg'"});
+    expect_refused("sapo", R"({"tau": 1})", {"unknown parameter 'tau'", "tau_pos", "tau_neg"});
+    expect_refused("gmpo", R"({"eps_clip": -0.1})", {"'eps_clip'"});
+    expect_refused("gmpo", R"({"eps_clip_high": "0.4"})", {"'eps_clip_high'", "number"});
+    expect_refused("clip_cov", R"({"clip_cov_ratio": 0})", {"'clip_cov_ratio'", "> 0"});
+    expect_refused("clip_cov", R"({"clip_cov_ratio": 2})", {"'clip_cov_ratio'", "[0, 1]"});
+    expect_refused("clip_cov", R"({"clip_cov_lb": 6})", {"'clip_cov_ub'", "'clip_cov_lb'"});
+    expect_refused("clip_cov", R"({"selection": "best"})", {"'selection'", "random, top"});
+    expect_refused("clip_cov", R"({"selection": "top", "seed": 1})",
+                   {"'seed'", "only applies to selection 'random'"});
+    expect_refused("clip_cov", R"({"seed": -1})", {"'seed'"});
+    expect_refused("clip_cov", R"({"eps_clip": 1})", {"'eps_clip'", "< 1"});
+    expect_refused("kl_cov", R"({"kl_cov_ratio": 0})", {"'kl_cov_ratio'", "> 0"});
+    expect_refused("kl_cov", R"({"ppo_kl_coef": -1})", {"'ppo_kl_coef'"});
+    expect_refused("kl_cov", R"({"clip_cov_ratio": 0.1})",
+                   {"unknown parameter 'clip_cov_ratio'", "kl_cov_ratio", "ppo_kl_coef"});
+    expect_refused("value_loss", R"({"huber_delta": 0})", {"'huber_delta'", "> 0"});
+    expect_refused("value_loss", R"({"huber_delta": -1})", {"'huber_delta'"});
+    expect_refused("policy_loss", R"({"kl_type": "k2+"})",
+                   {"'kl_type'", "k1, k2, k3, low_var_kl, abs, k1+, k3+, low_var_kl+"});
+    expect_refused("gmpo", R"({"kl_type": "mse"})", {"'kl_type'"});
+}
+
 TEST(Parameters, AggregationModesAreCheckedWithTheirNormalizer) {
     expect_refused("policy_loss", R"({"loss_agg_mode": "mean"})",
                    {"'loss_agg_mode'", "token-mean, seq-mean-token-sum, seq-mean-token-mean, "

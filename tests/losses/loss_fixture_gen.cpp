@@ -45,6 +45,12 @@ const std::vector<FixtureCase> &fixture_cases() {
         {"cispo", R"({"clip_high":2,"loss_agg_mode":"sum","compute_kl_stats":true})", 109},
         {"gspo", R"({"eps_clip":0.2,"eps_clip_high":0.28})", 110, 0, 0, {0.6, 1.05, 1.5}},
         {"value_loss", R"({"vf_clip":0.2,"loss_agg_mode":"seq-mean-token-sum"})", 111},
+        {"sapo", R"({"tau_pos":1,"tau_neg":1.05,"kl_coef":0.1,"kl_type":"k3+"})", 112},
+        {"gmpo", R"({"eps_clip":0.4,"eps_clip_high":0.4})", 113},
+        {"clip_cov", R"({"clip_cov_ratio":0.2,"clip_cov_lb":0.05,"clip_cov_ub":1.5,"seed":3})",
+         114},
+        {"kl_cov", R"({"kl_cov_ratio":0.2,"ppo_kl_coef":0.5,"kl_coef":0.1,"kl_type":"abs"})", 115},
+        {"value_loss", R"({"huber_delta":0.5,"vf_coef":0.5})", 116},
     };
     return c;
 }

@@ -111,6 +111,18 @@ TEST(GradientsMatchFiniteDifferences, Gspo) {
 TEST(GradientsMatchFiniteDifferences, ValueLoss) {
     check_loss("value_loss");
 }
+TEST(GradientsMatchFiniteDifferences, Sapo) {
+    check_loss("sapo");
+}
+TEST(GradientsMatchFiniteDifferences, Gmpo) {
+    check_loss("gmpo");
+}
+TEST(GradientsMatchFiniteDifferences, ClipCov) {
+    check_loss("clip_cov");
+}
+TEST(GradientsMatchFiniteDifferences, KlCov) {
+    check_loss("kl_cov");
+}
 
 TEST(GradientsMatchFiniteDifferences, EveryLossHasCases) {
     for (const auto &name : loss_names()) {
@@ -146,6 +158,20 @@ TEST(GradientsMatchFiniteDifferences, RandomBatchesCoverEveryBand) {
          "pg_clipfrac",
          {0.5, 0.95, 1.05, 1.6}},
         {"value_loss", R"({"vf_clip": 0.2})", "vf_clipfrac", {}},
+        {"value_loss", R"({"huber_delta": 0.5})", "huber_linear_frac", {}},
+        {"gmpo", "{}", "pg_clipfrac", {}},
+        {"gmpo", R"({"eps_clip": 0.05, "eps_clip_high": 0.05})", "pg_clipfrac", {}},
+        {"clip_cov", "{}", "pg_clipfrac", {}},
+        {"clip_cov",
+         R"({"clip_cov_ratio": 0.2, "clip_cov_lb": 0.05, "clip_cov_ub": 1.5})",
+         "cov_clipfrac",
+         {}},
+        {"clip_cov",
+         R"({"selection": "top", "clip_cov_ratio": 0.3, "clip_cov_lb": -1,
+                         "clip_cov_ub": 2})",
+         "cov_clipfrac",
+         {}},
+        {"kl_cov", R"({"kl_cov_ratio": 0.2})", "kl_cov_frac", {}},
     };
     for (const auto &band : bands)
         for (uint64_t seed : {11u, 12u}) {

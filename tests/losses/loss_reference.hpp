@@ -95,13 +95,17 @@ inline std::vector<double> regularizers(const Batch &b, const std::vector<bool> 
                                         RefResult &out) {
     std::vector<double> l(b.n(), 0.0);
     const double kc = num_or(p, "kl_coef", 0), ec = num_or(p, "entropy_coef", 0);
-    const std::string kt = p.value("kl_type", std::string("k3"));
+    std::string kt = p.value("kl_type", std::string("k3"));
+    if (!kt.empty() && kt.back() == '+') kt.pop_back(); // straight-through: the value is k's
     if (b.f.count("ref_logprobs")) {
         Mean k;
         for (int64_t t = 0; t < b.n(); ++t) {
             if (!m[t]) continue;
             const double lr = b["logprobs"][t] - b["ref_logprobs"][t];
-            const double v = kt == "k1" ? lr : kt == "k2" ? 0.5 * lr * lr : std::exp(-lr) + lr - 1;
+            const double v = kt == "k1"    ? lr
+                             : kt == "k2"  ? 0.5 * lr * lr
+                             : kt == "abs" ? std::fabs(lr)
+                                           : std::exp(-lr) + lr - 1;
             k.add(v);
             l[t] += kc * v;
         }
@@ -389,7 +393,7 @@ inline RefResult value_loss(const Batch &b, const json &p) {
     const auto m = loss_tokens(b, false);
     const double coef = num_or(p, "vf_coef", 1.0);
     std::vector<double> l(b.n(), 0.0);
-    double n = 0, clipped = 0;
+    double n = 0, clipped = 0, linear = 0;
     Mean v, ret, err;
     for (int64_t t = 0; t < b.n(); ++t) {
         if (!m[t]) continue;
@@ -403,6 +407,13 @@ inline RefResult value_loss(const Batch &b, const json &p) {
             sq = std::max(sq, e2 * e2);
         }
         l[t] = 0.5 * coef * sq;
+        if (has(p, "huber_delta")) {
+            const double delta = p["huber_delta"].get<double>(), a = std::sqrt(sq);
+            if (a > delta) {
+                l[t] = coef * delta * (a - 0.5 * delta);
+                linear += 1;
+            }
+        }
         v.add(b["values"][t]);
         ret.add(b["returns"][t]);
         err.add(e1 * e1);
@@ -412,6 +423,181 @@ inline RefResult value_loss(const Batch &b, const json &p) {
     out.metrics["return_mean"] = ret.mean();
     out.metrics["value_error_sq_mean"] = err.mean();
     if (has(p, "vf_clip")) out.metrics["vf_clipfrac"] = frac(clipped, n);
+    if (has(p, "huber_delta")) out.metrics["huber_linear_frac"] = frac(linear, n);
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+inline RefResult sapo(const Batch &b, const json &p) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    const double tp = num_or(p, "tau_pos", 1.0), tn = num_or(p, "tau_neg", 1.05);
+    double n = 0;
+    Mean gate, ratio;
+    for (int64_t t = 0; t < b.n(); ++t) {
+        if (!m[t]) continue;
+        n += 1;
+        const double A = b["advantages"][t];
+        const double r = std::exp(b["logprobs"][t] - b["old_logprobs"][t]);
+        const double tau = A > 0 ? tp : tn;
+        const double f = 4.0 / tau / (1.0 + std::exp(-tau * (r - 1.0)));
+        gate.add(f);
+        ratio.add(r);
+        pg_tok[t] = -f * A;
+        l[t] += pg_tok[t];
+    }
+    out.loss = aggregate(b, m, l, p, "seq-mean-token-mean");
+    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p, "seq-mean-token-mean");
+    out.metrics["gate_mean"] = gate.mean();
+    out.metrics["ratio_mean"] = ratio.mean(1);
+    out.metrics["ratio_min"] = ratio.n ? ratio.lo : 1;
+    out.metrics["ratio_max"] = ratio.n ? ratio.hi : 1;
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+inline RefResult gmpo(const Batch &b, const json &p) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    const double lo = num_or(p, "eps_clip", 0.4), hi = num_or(p, "eps_clip_high", 0.4);
+    double n = 0, clipped = 0;
+    Mean sr;
+    for (int64_t s = 0; s < b.n_seqs(); ++s) {
+        double sum = 0, asum = 0, k = 0;
+        for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t) {
+            if (!m[t]) continue;
+            const double A = b["advantages"][t], lr = b["logprobs"][t] - b["old_logprobs"][t];
+            const double sgn = A > 0 ? 1.0 : A < 0 ? -1.0 : 0.0;
+            // verl: sgn(A) * min(sgn(A) lr, sgn(A) clamp(lr)).
+            const double chosen = sgn * std::min(sgn * lr, sgn * clip(lr, -lo, hi));
+            clipped += (sgn != 0 && chosen != lr);
+            sum += chosen;
+            asum += A;
+            k += 1;
+        }
+        if (!k) continue;
+        const double si = std::exp(sum / k);
+        sr.add(si);
+        for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t) {
+            if (!m[t]) continue;
+            n += 1;
+            pg_tok[t] = -(asum / k) * si;
+            l[t] += pg_tok[t];
+        }
+    }
+    out.loss = aggregate(b, m, l, p, "seq-mean-token-mean");
+    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p, "seq-mean-token-mean");
+    out.metrics["pg_clipfrac"] = frac(clipped, n);
+    out.metrics["seq_ratio_mean"] = sr.mean(1);
+    out.metrics["seq_ratio_min"] = sr.n ? sr.lo : 1;
+    out.metrics["seq_ratio_max"] = sr.n ? sr.hi : 1;
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+// cov_t = (A_t - mean A)(lp_t - mean lp) over loss tokens.
+inline std::vector<double> covariance(const Batch &b, const std::vector<bool> &m) {
+    Mean a, lp;
+    for (int64_t t = 0; t < b.n(); ++t)
+        if (m[t]) {
+            a.add(b["advantages"][t]);
+            lp.add(b["logprobs"][t]);
+        }
+    std::vector<double> cov(b.n(), 0.0);
+    for (int64_t t = 0; t < b.n(); ++t)
+        if (m[t]) cov[t] = (b["advantages"][t] - a.mean()) * (b["logprobs"][t] - lp.mean());
+    return cov;
+}
+
+// The k tokens of `from` with the largest cov (ties: lower index), by repeated
+// arg-max.
+inline std::vector<bool> largest(std::vector<int64_t> from, const std::vector<double> &cov,
+                                 double k, int64_t n) {
+    std::vector<bool> pick(n, false);
+    for (double i = 0; i < k && !from.empty(); ++i) {
+        size_t best = 0;
+        for (size_t j = 1; j < from.size(); ++j)
+            if (cov[from[j]] > cov[from[best]]) best = j;
+        pick[from[best]] = true;
+        from.erase(from.begin() + long(best));
+    }
+    return pick;
+}
+
+inline RefResult clip_cov(const Batch &b, const json &p, const Data &sg) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    const double eps = num_or(p, "eps_clip", 0.2), eps_hi = num_or(p, "eps_clip_high", 0.2);
+    const double lb = num_or(p, "clip_cov_lb", 1.0), ub = num_or(p, "clip_cov_ub", 5.0);
+    const double ratio = num_or(p, "clip_cov_ratio", 2e-4);
+    const auto cov = covariance(b, m);
+    double n = 0, clipped = 0;
+    std::vector<int64_t> cand;
+    for (int64_t t = 0; t < b.n(); ++t) {
+        if (!m[t]) continue;
+        n += 1;
+        const double A = b["advantages"][t];
+        const double r = std::exp(b["logprobs"][t] - b["old_logprobs"][t]);
+        const bool c = -A * clip(r, 1 - eps, 1 + eps_hi) > -A * r;
+        clipped += c;
+        pg_tok[t] = std::max(-A * r, -A * clip(r, 1 - eps, 1 + eps_hi));
+        if (!c && cov[t] > lb && cov[t] < ub) cand.push_back(t);
+    }
+    const double k = n ? std::max(std::floor(ratio * n), 1.0) : 0.0;
+    std::vector<bool> drop(b.n(), false);
+    if (p.value("selection", std::string("random")) == "top") {
+        drop = largest(cand, cov, k, b.n());
+    } else {
+        // The pseudo-random draw itself is the plugin's (a fixed generator); its
+        // properties are tested in loss_behaviour_test.cpp.
+        for (int64_t t :
+             rl::losses::select_random(cand, sg, p.value("seed", int64_t(0)), int64_t(k)))
+            drop[t] = true;
+    }
+    double dropped = 0;
+    for (int64_t t = 0; t < b.n(); ++t)
+        if (drop[t]) {
+            dropped += 1;
+            pg_tok[t] = 0;
+        }
+    for (int64_t t = 0; t < b.n(); ++t) l[t] += pg_tok[t];
+    out.loss = aggregate(b, m, l, p);
+    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
+    out.metrics["pg_clipfrac"] = frac(clipped, n);
+    out.metrics["cov_clipfrac"] = frac(dropped, n);
+    out.metrics["cov_candidates"] = double(cand.size());
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+inline RefResult kl_cov(const Batch &b, const json &p) {
+    RefResult out;
+    const auto m = loss_tokens(b, false);
+    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    const double ratio = num_or(p, "kl_cov_ratio", 2e-4), coef = num_or(p, "ppo_kl_coef", 0.1);
+    const auto cov = covariance(b, m);
+    std::vector<int64_t> all;
+    for (int64_t t = 0; t < b.n(); ++t)
+        if (m[t]) all.push_back(t);
+    const double n = double(all.size());
+    const double k = n ? std::max(std::floor(ratio * n), 1.0) : 0.0;
+    const auto pen = largest(all, cov, k, b.n());
+    Mean abs_kl;
+    double selected = 0;
+    for (int64_t t : all) {
+        const double lr = b["logprobs"][t] - b["old_logprobs"][t];
+        pg_tok[t] = -b["advantages"][t] * std::exp(lr) + (pen[t] ? coef * std::fabs(lr) : 0.0);
+        selected += pen[t];
+        abs_kl.add(std::fabs(lr));
+        l[t] += pg_tok[t];
+    }
+    out.loss = aggregate(b, m, l, p);
+    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
+    out.metrics["kl_cov_frac"] = frac(selected, n);
+    out.metrics["abs_kl"] = abs_kl.mean();
     out.metrics["valid_tokens"] = n;
     return out;
 }
@@ -429,6 +615,14 @@ inline RefResult reference(const std::string &loss, const Batch &b, const std::s
     if (loss == "decoupled_ppo") return ref::decoupled_ppo(b, p);
     if (loss == "gspo") return ref::gspo(b, p);
     if (loss == "value_loss") return ref::value_loss(b, p);
+    if (loss == "sapo") return ref::sapo(b, p);
+    if (loss == "gmpo") return ref::gmpo(b, p);
+    if (loss == "kl_cov") return ref::kl_cov(b, p);
+    if (loss == "clip_cov") {
+        T::Host host;
+        T::Instance<ClipCov> inst(host, params);
+        return ref::clip_cov(b, p, prepare(inst.object(), b));
+    }
     throw std::invalid_argument("no reference for loss '" + loss + "'");
 }
 

@@ -5,12 +5,16 @@
 
 #include "causallm_loss/causallm_loss.hpp"
 #include "cispo/cispo.hpp"
+#include "clip_cov/clip_cov.hpp"
 #include "decoupled_ppo/decoupled_ppo.hpp"
+#include "gmpo/gmpo.hpp"
 #include "grpo/grpo.hpp"
 #include "gspo/gspo.hpp"
 #include "importance_sampling/importance_sampling.hpp"
+#include "kl_cov/kl_cov.hpp"
 #include "per_token_ce/per_token_ce.hpp"
 #include "policy_loss/policy_loss.hpp"
+#include "sapo/sapo.hpp"
 #include "value_loss/value_loss.hpp"
 
 #include <rl/sdk/testing.hpp>
@@ -189,13 +193,18 @@ void with_loss(const std::string &name, F &&f) {
     if (name == "cispo") return f(Tag<Cispo>{});
     if (name == "gspo") return f(Tag<Gspo>{});
     if (name == "value_loss") return f(Tag<ValueLoss>{});
+    if (name == "sapo") return f(Tag<Sapo>{});
+    if (name == "gmpo") return f(Tag<Gmpo>{});
+    if (name == "clip_cov") return f(Tag<ClipCov>{});
+    if (name == "kl_cov") return f(Tag<KlCov>{});
     throw std::invalid_argument("no loss named '" + name + "'");
 }
 
 inline const std::vector<std::string> &loss_names() {
     static const std::vector<std::string> n = {
         "causallm_loss", "per_token_ce", "policy_loss", "importance_sampling", "grpo",
-        "decoupled_ppo", "cispo",        "gspo",        "value_loss"};
+        "decoupled_ppo", "cispo",        "gspo",        "value_loss",          "sapo",
+        "gmpo",          "clip_cov",     "kl_cov"};
     return n;
 }
 

@@ -32,19 +32,21 @@ using rl::sdk::invalid;
 
 // Refuses per-token inputs the estimator does not use (a typo or a wrong
 // estimator would otherwise be ignored silently) and requires `required`.
-inline void check_inputs(const AdvantageBatch &b, const std::string &estimator,
-                         const std::vector<std::string> &accepted,
-                         const std::vector<std::string> &required = {}) {
+// `setting` (e.g. "with source: rewards") says which configuration refuses the
+// input. Messages do not name the estimator: the host prefixes every failure
+// with "advantage '<name>': " already (runtime.hpp, Instance::call).
+inline void check_inputs(const AdvantageBatch &b, const std::vector<std::string> &accepted,
+                         const std::vector<std::string> &required = {},
+                         const std::string &setting = "") {
     for (const auto &kv : b.tensors.all()) {
         if (std::find(accepted.begin(), accepted.end(), kv.first) == accepted.end())
-            invalid(
-                "advantage '" + estimator + "': input '" + kv.first +
-                "' is not used by this estimator; it accepts: " + rl::sdk::Params::join(accepted));
+            invalid("input '" + kv.first + "' is not used by this estimator" +
+                    (setting.empty() ? std::string() : " " + setting) +
+                    "; it accepts: " + rl::sdk::Params::join(accepted));
     }
     for (const auto &name : required) {
         if (!b.tensors.has(name))
-            invalid("advantage '" + estimator + "': missing per-token input '" + name +
-                    "'; present: " + b.tensors.list());
+            invalid("missing per-token input '" + name + "'; present: " + b.tensors.list());
     }
 }
 

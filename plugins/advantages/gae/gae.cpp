@@ -21,7 +21,7 @@ public:
           whiten_(p.boolean("whiten", false)), eps_(p.number("eps", 1e-6, 0.0)) {}
 
     void compute(Call &call, const AdvantageBatch &b) override {
-        check_inputs(b, "gae", {"loss_mask", "token_rewards", "values"}, {"values"});
+        check_inputs(b, {"loss_mask", "token_rewards", "values"}, {"values"});
         const std::vector<uint8_t> mask = read_mask(b);
         const std::vector<double> rewards = b.rewards.to_vector();
         const std::vector<double> token_rewards = read_tokens(b, "token_rewards");

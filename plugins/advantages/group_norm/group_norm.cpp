@@ -24,9 +24,9 @@ public:
 
     void compute(Call &call, const AdvantageBatch &b) override {
         if (from_rewards_)
-            check_inputs(b, "group_norm (source: rewards)", {"loss_mask"});
+            check_inputs(b, {"loss_mask"}, {}, "with source: rewards");
         else
-            check_inputs(b, "group_norm", {"loss_mask", "advantages"}, {"advantages"});
+            check_inputs(b, {"loss_mask", "advantages"}, {"advantages"});
         const std::vector<uint8_t> mask = read_mask(b);
         const std::vector<double> x = from_rewards_
                                           ? broadcast(b.rewards.to_vector(), b.cu_seqlens, mask)

@@ -29,7 +29,7 @@ public:
     }
 
     void compute(Call &call, const AdvantageBatch &b) override {
-        check_inputs(b, "reinforce_pp", {"loss_mask", "token_rewards"});
+        check_inputs(b, {"loss_mask", "token_rewards"});
         const std::vector<uint8_t> mask = read_mask(b);
         const std::vector<double> rewards = b.rewards.to_vector();
         const std::vector<double> token_rewards = read_tokens(b, "token_rewards");

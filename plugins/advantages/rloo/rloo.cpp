@@ -18,7 +18,7 @@ public:
         : length_weighted_(p.boolean("length_weighted_mean", false)) {}
 
     void compute(Call &call, const AdvantageBatch &b) override {
-        check_inputs(b, "rloo", {"loss_mask"});
+        check_inputs(b, {"loss_mask"});
         const std::vector<uint8_t> mask = read_mask(b);
         const std::vector<double> rewards = b.rewards.to_vector();
         const std::vector<double> lengths = completion_lengths(b.cu_seqlens, mask);

@@ -53,7 +53,7 @@ public:
         r.metric("clip_fraction", frac(clipped, d.loss_tokens));
         if (compute_kl_stats_) rs.emit_kl(r);
         r.metric("valid_tokens", double(d.loss_tokens));
-        reg_.apply(d, w, r);
+        reg_.apply(d, sg, w, r);
         return r;
     }
 

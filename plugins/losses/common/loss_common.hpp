@@ -4,7 +4,8 @@
 //   the sequence structure (cu_seqlens) and the global normalizers.
 // - Aggregation: the loss_agg_mode family. Every mode is linear in the
 //   per-token losses, so it is a weight per token: L = sum_t w_t * l_t.
-// - KL estimators k1 / k2 / k3 (= low_var_kl) and the shared regularizers of
+// - KL estimators k1 / k2 / k3 (= low_var_kl) / abs, the straight-through
+//   k1+ / k3+ (= low_var_kl+), and the shared regularizers of
 //   every policy loss (kl_coef against ref_logprobs, entropy_coef on entropy).
 // - Result and the LossPlugin base class: a loss implements evaluate(live, sg)
 //   and gets compute() (input checks, gradients into the host's buffers,
@@ -235,15 +236,37 @@ struct Aggregation {
 
 // ---- KL estimators --------------------------------------------------------------
 
-enum class KlType { K1, K2, K3 };
+// Estimators of KL(pi || ref) from one sample, with d = lp - ref:
+// k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1, abs = |d|. The straight-through
+// variants k1+, k3+ (= low_var_kl+) have the value of k1 / k3 and the gradient
+// of k2 (verl's "+" suffix).
+enum class KlType { K1, K2, K3, Abs };
 
-inline KlType read_kl_type(Params &p, const std::string &key = "kl_type") {
-    const std::string s = p.choice(key, "k3", {"k1", "k2", "k3", "low_var_kl"});
-    return s == "k1" ? KlType::K1 : s == "k2" ? KlType::K2 : KlType::K3;
+struct KlEstimator {
+    KlType value = KlType::K3;     // the estimator whose value is reported and added
+    bool straight_through = false; // gradient of k2 instead of the value's own
+
+    static const std::vector<std::string> &names() {
+        static const std::vector<std::string> n = {"k1",  "k2",  "k3",  "low_var_kl",
+                                                   "abs", "k1+", "k3+", "low_var_kl+"};
+        return n;
+    }
+};
+
+inline KlEstimator read_kl_type(Params &p, const std::string &key = "kl_type") {
+    std::string s = p.choice(key, "k3", KlEstimator::names());
+    KlEstimator k;
+    if (s.back() == '+') {
+        k.straight_through = true;
+        s.pop_back();
+    }
+    k.value = s == "k1"    ? KlType::K1
+              : s == "k2"  ? KlType::K2
+              : s == "abs" ? KlType::Abs
+                           : KlType::K3;
+    return k;
 }
 
-// Estimators of KL(pi || ref) from one sample, with d = lp - ref:
-// k1 = d, k2 = d^2 / 2, k3 = exp(-d) + d - 1.
 inline double kl_value(KlType k, double lp, double ref) {
     const double d = lp - ref;
     switch (k) {
@@ -251,6 +274,8 @@ inline double kl_value(KlType k, double lp, double ref) {
             return d;
         case KlType::K2:
             return 0.5 * d * d;
+        case KlType::Abs:
+            return std::fabs(d);
         default:
             return std::exp(-d) + d - 1.0;
     }
@@ -262,9 +287,24 @@ inline double kl_grad(KlType k, double lp, double ref) { // d / d lp
             return 1.0;
         case KlType::K2:
             return d;
+        case KlType::Abs:
+            return d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0;
         default:
             return 1.0 - std::exp(-d);
     }
+}
+
+// The per-token KL term as a function of the live logprob `lp` and its
+// detached copy `lp_sg` (equal in production). Plain estimators: k(lp).
+// Straight-through: k(sg) + k2(lp) - k2(sg), whose value is k and whose
+// gradient is k2's.
+inline double kl_term(const KlEstimator &k, double lp, double lp_sg, double ref) {
+    if (!k.straight_through) return kl_value(k.value, lp, ref);
+    return kl_value(k.value, lp_sg, ref) + kl_value(KlType::K2, lp, ref) -
+           kl_value(KlType::K2, lp_sg, ref);
+}
+inline double kl_term_grad(const KlEstimator &k, double lp, double ref) {
+    return kl_grad(k.straight_through ? KlType::K2 : k.value, lp, ref);
 }
 
 // ---- results and statistics ------------------------------------------------------
@@ -337,7 +377,7 @@ struct RatioStats {
 // per token to the policy loss and aggregated with the same weights.
 struct Regularizers {
     double kl_coef = 0;
-    KlType kl_type = KlType::K3;
+    KlEstimator kl_type;
     double entropy_coef = 0;
 
     void read(Params &p) {
@@ -354,21 +394,23 @@ struct Regularizers {
         if (entropy_coef != 0) s.differentiable.push_back("entropy");
     }
     // Adds the terms to r (loss, logprobs / entropy gradients) and emits the
-    // ref_kl / entropy metrics (masked means over loss tokens).
-    void apply(const Data &d, const std::vector<double> &w, Result &r) const {
+    // ref_kl / entropy metrics (masked means over loss tokens). `sg` is the
+    // detached view (the straight-through KL estimators need it).
+    void apply(const Data &d, const Data &sg, const std::vector<double> &w, Result &r) const {
         const auto *ref = d.find("ref_logprobs");
         const auto *ent = d.find("entropy");
         if (ref) {
             const auto &lp = d.at("logprobs");
+            const auto &lp_sg = sg.at("logprobs");
             auto &g = r.g("logprobs", d.n);
             Stat s;
             for (int64_t t = 0; t < d.n; ++t) {
                 if (d.mask[t] == 0) continue;
-                const double k = kl_value(kl_type, lp[t], (*ref)[t]);
+                const double k = kl_term(kl_type, lp[t], lp_sg[t], (*ref)[t]);
                 s.add(k);
                 if (kl_coef != 0) {
                     r.loss += w[t] * kl_coef * k;
-                    g[t] += w[t] * kl_coef * kl_grad(kl_type, lp[t], (*ref)[t]);
+                    g[t] += w[t] * kl_coef * kl_term_grad(kl_type, lp[t], (*ref)[t]);
                 }
             }
             r.metric("ref_kl", s.mean());

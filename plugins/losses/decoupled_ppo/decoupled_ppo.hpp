@@ -36,7 +36,7 @@ public:
         return s;
     }
 
-    Result evaluate(const Data &d, const Data &) const override {
+    Result evaluate(const Data &d, const Data &sg) const override {
         Result r;
         const auto w = agg_.weights(d);
         const auto &lp = d.at("logprobs");
@@ -86,7 +86,7 @@ public:
         r.metric("behav_approx_kl", behav_kl.mean());
         if (behav_cap_) r.metric("behav_maskfrac", frac(behav_masked, d.loss_tokens));
         r.metric("valid_tokens", double(d.loss_tokens));
-        reg_.apply(d, w, r);
+        reg_.apply(d, sg, w, r);
         return r;
     }
 

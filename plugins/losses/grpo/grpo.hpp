@@ -102,7 +102,7 @@ public:
         r.metric("masked_seqs", frac(masked_seqs, d.loss_seqs));
         r.metric("tokens", double(d.loss_tokens));
         if (teacher) r.metric("teacher_kl", teacher_kl.mean());
-        reg_.apply(d, w, r);
+        reg_.apply(d, sg, w, r);
         return r;
     }
 

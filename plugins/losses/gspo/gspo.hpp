@@ -29,7 +29,7 @@ public:
         return s;
     }
 
-    Result evaluate(const Data &d, const Data &) const override {
+    Result evaluate(const Data &d, const Data &sg) const override {
         Result r;
         const auto w = agg_.weights(d);
         const auto &lp = d.at("logprobs");
@@ -72,7 +72,7 @@ public:
         r.metric("seq_ratio_min", seq_ratio.min(1.0));
         r.metric("seq_ratio_max", seq_ratio.max(1.0));
         r.metric("valid_tokens", double(d.loss_tokens));
-        reg_.apply(d, w, r);
+        reg_.apply(d, sg, w, r);
         return r;
     }
 

@@ -21,7 +21,7 @@ public:
         return s;
     }
 
-    Result evaluate(const Data &d, const Data &) const override {
+    Result evaluate(const Data &d, const Data &sg) const override {
         Result r;
         const auto w = agg_.weights(d);
         const auto &lp = d.at("logprobs");
@@ -42,7 +42,7 @@ public:
         rs.emit_ratio(r);
         if (compute_kl_stats_) rs.emit_kl(r);
         r.metric("valid_tokens", double(d.loss_tokens));
-        reg_.apply(d, w, r);
+        reg_.apply(d, sg, w, r);
         return r;
     }
 

@@ -114,7 +114,7 @@ public:
             rs.emit_ratio(r);
         }
         r.metric("valid_tokens", double(d.loss_tokens));
-        reg_.apply(d, w, r);
+        reg_.apply(d, sg, w, r);
         return r;
     }
 

@@ -1,6 +1,8 @@
 // value_loss: the PPO critic's squared-error loss against returns, optionally
 // clipped around the values of the rollout (old_values):
-//   l_t = vf_coef * 0.5 * max((v_t - R_t)^2, (clip(v_t, old_t - vf_clip, old_t + vf_clip) - R_t)^2)
+//   l_t = vf_coef * max(h(v_t - R_t), h(clip(v_t, old_t - vf_clip, old_t + vf_clip) - R_t))
+// with h(e) = e^2 / 2, or with huber_delta the Huber loss
+//   h(e) = e^2 / 2 for |e| <= delta, delta * (|e| - delta / 2) beyond.
 #pragma once
 
 #include "../common/loss_common.hpp"
@@ -12,6 +14,11 @@ public:
     explicit ValueLoss(Params &p) {
         vf_clip_ = p.optional_number("vf_clip", 0.0);
         vf_coef_ = p.number("vf_coef", 1.0, 0.0);
+        huber_delta_ = p.optional_number("huber_delta", 0.0);
+        if (huber_delta_ && *huber_delta_ <= 0.0)
+            invalid(p.owner() +
+                    ": parameter 'huber_delta' must be > 0 (or null for squared error), got " +
+                    num(*huber_delta_));
         agg_ = Aggregation::read(p);
     }
 
@@ -29,24 +36,33 @@ public:
         const auto *old = vf_clip_ ? &d.at("old_values") : nullptr;
         auto &g = r.g("values", d.n);
         Stat value, ret, err;
-        int64_t clipped = 0;
+        int64_t clipped = 0, linear = 0;
         for (int64_t t = 0; t < d.n; ++t) {
             if (d.mask[t] == 0) continue;
             const double e1 = v[t] - R[t];
-            double l = e1 * e1, dl = 2 * e1;
+            // Both branches are increasing in |e|, so the larger loss is the
+            // larger |error|.
+            double e = e1;
+            bool from_clip = false;
             if (old) {
                 const double vc = std::clamp(v[t], (*old)[t] - *vf_clip_, (*old)[t] + *vf_clip_);
                 const double e2 = vc - R[t];
                 // Where the clipped error is larger, v lies outside the band, so
                 // the clipped branch has no gradient.
-                if (e2 * e2 > l) {
-                    l = e2 * e2;
-                    dl = 0;
+                if (e2 * e2 > e1 * e1) {
+                    e = e2;
+                    from_clip = true;
                     ++clipped;
                 }
             }
-            r.loss += w[t] * vf_coef_ * 0.5 * l;
-            g[t] = w[t] * vf_coef_ * 0.5 * dl;
+            double l = 0.5 * (e * e), dl = e; // h(e), h'(e)
+            if (huber_delta_ && std::fabs(e) > *huber_delta_) {
+                l = *huber_delta_ * (std::fabs(e) - 0.5 * *huber_delta_);
+                dl = e > 0 ? *huber_delta_ : -*huber_delta_;
+                ++linear;
+            }
+            r.loss += w[t] * vf_coef_ * l;
+            g[t] = from_clip ? 0.0 : w[t] * vf_coef_ * dl;
             value.add(v[t]);
             ret.add(R[t]);
             err.add(e1 * e1);
@@ -55,6 +71,7 @@ public:
         r.metric("return_mean", ret.mean());
         r.metric("value_error_sq_mean", err.mean());
         if (vf_clip_) r.metric("vf_clipfrac", frac(clipped, d.loss_tokens));
+        if (huber_delta_) r.metric("huber_linear_frac", frac(linear, d.loss_tokens));
         r.metric("valid_tokens", double(d.loss_tokens));
         return r;
     }
@@ -62,6 +79,7 @@ public:
 private:
     std::optional<double> vf_clip_;
     double vf_coef_;
+    std::optional<double> huber_delta_;
     Aggregation agg_;
 };
 

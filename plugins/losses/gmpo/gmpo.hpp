@@ -1,0 +1,89 @@
+// gmpo: Geometric-Mean Policy Optimization (arXiv 2507.20673; verl "geo_mean").
+// Per sequence i, over its n_i loss tokens, with lr_t = logprobs_t - old_logprobs_t:
+//   c_t   = lr_t clipped to [-eps_clip, eps_clip_high]                (log space)
+//   lr'_t = min(lr_t, c_t) if A_t > 0,  max(lr_t, c_t) if A_t < 0,  0 if A_t = 0
+//   s_i   = exp(mean lr'_t),   Abar_i = mean A_t
+//   l_t   = -Abar_i * s_i   on every loss token of sequence i
+// so seq-mean-token-mean (the default) gives verl's mean over sequences of
+// -Abar_i s_i. The gradient is exact: d s_i / d logprobs_u = s_i / n_i where
+// the unclipped branch is taken, 0 where the clipped one is.
+#pragma once
+
+#include "../common/loss_common.hpp"
+
+namespace rl::losses {
+
+class Gmpo : public LossPlugin {
+public:
+    explicit Gmpo(Params &p) {
+        eps_clip_ = p.number("eps_clip", 0.4, 0.0);
+        eps_clip_high_ = p.number("eps_clip_high", 0.4, 0.0);
+        agg_ = Aggregation::read(p, "seq-mean-token-mean");
+        reg_.read(p);
+    }
+
+    LossSignature signature() const override {
+        LossSignature s{{"logprobs", "old_logprobs", "advantages"}, {"loss_mask"}, {"logprobs"}};
+        reg_.add_to(s);
+        return s;
+    }
+
+    Result evaluate(const Data &d, const Data &sg) const override {
+        Result r;
+        const auto w = agg_.weights(d);
+        const auto &lp = d.at("logprobs");
+        const auto &old = d.at("old_logprobs");
+        const auto &adv = d.at("advantages");
+        auto &g = r.g("logprobs", d.n);
+        int64_t clipped = 0;
+        Stat seq_ratio;
+        double pg = 0;
+        std::vector<uint8_t> live(static_cast<size_t>(d.n), 0); // unclipped branch taken
+        for (int64_t s = 0; s < d.n_seqs(); ++s) {
+            const int64_t ni = d.seq_tokens[s];
+            if (ni == 0) continue;
+            double sum_lr = 0, sum_adv = 0, weight = 0;
+            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t) {
+                if (d.mask[t] == 0) continue;
+                const double A = adv[t], lr = lp[t] - old[t];
+                const double c = std::clamp(lr, -eps_clip_, eps_clip_high_);
+                double chosen = 0;
+                if (A > 0) {
+                    chosen = std::min(lr, c);
+                    live[t] = lr <= c;
+                } else if (A < 0) {
+                    chosen = std::max(lr, c);
+                    live[t] = lr >= c;
+                }
+                if (A != 0 && !live[t]) ++clipped;
+                sum_lr += chosen;
+                sum_adv += A;
+                weight += w[t];
+            }
+            const double si = std::exp(sum_lr / double(ni));
+            const double abar = sum_adv / double(ni);
+            seq_ratio.add(si);
+            pg += -weight * abar * si;
+            // d L / d s_i = -weight * abar; d s_i / d lp_u = s_i / n_i on live tokens.
+            const double per_token = -weight * abar * si / double(ni);
+            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
+                if (d.mask[t] != 0 && live[t]) g[t] += per_token;
+        }
+        r.loss = pg;
+        r.metric("pg_loss", pg);
+        r.metric("pg_clipfrac", frac(clipped, d.loss_tokens));
+        r.metric("seq_ratio_mean", seq_ratio.mean(1.0));
+        r.metric("seq_ratio_min", seq_ratio.min(1.0));
+        r.metric("seq_ratio_max", seq_ratio.max(1.0));
+        r.metric("valid_tokens", double(d.loss_tokens));
+        reg_.apply(d, sg, w, r);
+        return r;
+    }
+
+private:
+    double eps_clip_, eps_clip_high_;
+    Aggregation agg_;
+    Regularizers reg_;
+};
+
+} // namespace rl::losses
