@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <malloc.h>
+
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -131,7 +133,19 @@ int cmd_config(const Options &o) {
 
 } // namespace
 
+// Keeps freed tensor memory in the heap. With glibc's defaults every tensor
+// above the mmap threshold (128 KiB, adapting up to 32 MiB) is a fresh
+// mapping whose pages the kernel zeroes on first touch, on every training
+// and decoding step: a quarter of a decode step's time on the tiny model
+// (docs/performance.md). rlhost owns its process, so it sets this; embedders
+// decide for theirs (or preload jemalloc / tcmalloc).
+static void keep_freed_memory() {
+    ::mallopt(M_MMAP_THRESHOLD, 32 << 20);   // glibc's largest threshold
+    ::mallopt(M_TRIM_THRESHOLD, 1024 << 20); // give the heap top back past 1 GiB free
+}
+
 int main(int argc, char **argv) {
+    keep_freed_memory();
     Options o;
     int i = 1;
     for (; i < argc; ++i) {
