@@ -10,7 +10,12 @@
 --   rlhost run examples/distill.lua --config examples/distill.yaml
 local rl = require("rl")
 
-local cfg = rl.config()
+local cfg = rl.config { -- this script's own settings, checked like the host's
+    { "sft.steps", "integer", 0, "Supervised warm-up steps on the env's reference answers before RL.", min = 0 },
+    { "sft.batch_size", "integer", 32, "Examples per warm-up step.", min = 1 },
+    { "sft.learning_rate", "number", 1e-3, "Warm-up learning rate.", min = 0 },
+    { "distill.teacher_path", "string", "", "Teacher model folder (e.g. runs/sft/model, written by examples/sft.lua)." },
+}
 if cfg.distill.teacher_path == "" then
     error("set distill.teacher_path to the teacher's model folder "
         .. "(runs/sft/model after examples/sft.lua)")

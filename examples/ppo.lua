@@ -8,7 +8,13 @@
 --   rlhost run examples/ppo.lua --config examples/ppo.yaml
 local rl = require("rl")
 
-local cfg = rl.config()
+local cfg = rl.config { -- this script's own settings, checked like the host's
+    { "sft.steps", "integer", 0, "Supervised warm-up steps on the env's reference answers before RL.", min = 0 },
+    { "sft.batch_size", "integer", 32, "Examples per warm-up step.", min = 1 },
+    { "sft.learning_rate", "number", 1e-3, "Warm-up learning rate.", min = 0 },
+    { "ppo.epochs", "integer", 2, "Passes over each step's rollouts (one optimizer step per minibatch per pass).", min = 1 },
+    { "ppo.minibatches", "integer", 1, "Minibatches per pass (whole groups each).", min = 1 },
+}
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
 local tok, info = model:tokenizer(), model:info()
@@ -22,12 +28,7 @@ local env = rl.env(cfg.env.name, cfg.env.params)
 local loss = rl.loss(cfg.loss.name, cfg.loss.params)
 local advantage = rl.advantage(cfg.advantage.name, cfg.advantage.params)
 local filters = rl.filters(cfg.filters)
-local buffer = rl.buffer {
-    group_size = cfg.rollout.n,
-    easy_threshold = cfg.buffer.easy_threshold,
-    hard_threshold = cfg.buffer.hard_threshold,
-    max_off_policy_steps = cfg.buffer.max_off_policy_steps,
-}
+local buffer = rl.buffer(rl.buffer_config(cfg))
 
 if cfg.sft.steps > 0 then -- optional supervised warm-up
     local ce = rl.loss("causallm_loss")

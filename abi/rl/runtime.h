@@ -99,12 +99,28 @@ RL_API rl_status_t rl_env_score(rl_instance_t *instance, rl_string_view_t task,
  * defaults only), then `n_overrides` "dotted.key=value" overrides (value in
  * YAML syntax), checked against the configuration schema (docs/configuration.md).
  * Text "config": the complete configuration as JSON, defaults filled in. Errors
- * name the file, the key and the line (or the override). */
+ * name the file, the key and the line (or the override). Top-level sections the
+ * schema does not know are kept as written and listed in text "undeclared" (a
+ * JSON array): they belong to the script, which checks them with
+ * rl_config_declare(). */
 RL_API rl_status_t rl_config_load(const char *path, const char *const *overrides,
                                   uint64_t n_overrides, rl_result_t **out_result);
 
+/* [thread-safe] Check a script's own configuration sections. `config_json` is
+ * the text "config" of rl_config_load(); `declarations_json` a JSON array of
+ * {"key": "ppo.epochs", "type": "string" | "integer" | "number" | "boolean" |
+ * "strings" | "mapping" | "mappings", "default", "doc", and optionally
+ * "choices", "min", "max", "min_open", "max_open", "nullable"}. Text "config":
+ * the configuration with the declared keys checked and their defaults filled.
+ * A top-level name that neither the schema nor a declaration knows, and a key
+ * under a declared section that no declaration covers, are errors naming it. */
+RL_API rl_status_t rl_config_declare(const char *config_json, const char *declarations_json,
+                                     rl_result_t **out_result);
+
 /* [thread-safe] Text "schema": JSON array of every configuration key, each
- * {"key", "type", "default", "choices", "doc"}. */
+ * {"key", "type", "default", "doc"} plus "choices", "min", "max", "min_open",
+ * "max_open", "nullable" where they apply (the declaration format of
+ * rl_config_declare()). Text "markdown": the tables of docs/configuration.md. */
 RL_API rl_status_t rl_config_schema(rl_result_t **out_result);
 
 /* ---- results ---------------------------------------------------------------

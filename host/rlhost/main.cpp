@@ -24,6 +24,7 @@ const char *kUsage =
     "  plugins [--json]                    list loaded plugins and refused libraries\n"
     "  config [--config FILE] [--set K=V]...  print the resolved run configuration (JSON)\n"
     "  config --schema                     print every configuration key (JSON)\n"
+    "  config --markdown                   the key tables of docs/configuration.md\n"
     "  --version                           print the runtime and ABI versions\n"
     "  --help                              this text\n"
     "\n"
@@ -106,10 +107,13 @@ int cmd_config(const Options &o) {
         const std::string &a = o.args[i];
         if ((a == "--config" || a == "--set") && i + 1 >= o.args.size())
             return fail("config: " + a + " needs a value");
-        if (a == "--schema") {
+        if (a == "--schema" || a == "--markdown") {
             rl_result_t *res = nullptr;
             if (rl_config_schema(&res) != RL_OK) return fail(rl_last_error());
-            std::cout << nlohmann::json::parse(text_of(res, "schema")).dump(2) << "\n";
+            if (a == "--schema")
+                std::cout << nlohmann::json::parse(text_of(res, "schema")).dump(2) << "\n";
+            else
+                std::cout << text_of(res, "markdown");
             rl_result_destroy(res);
             return 0;
         }
@@ -127,7 +131,11 @@ int cmd_config(const Options &o) {
         RL_OK)
         return fail(rl_last_error());
     std::cout << nlohmann::json::parse(text_of(res, "config")).dump(2) << "\n";
+    const auto undeclared = nlohmann::json::parse(text_of(res, "undeclared"));
     rl_result_destroy(res);
+    for (const auto &name : undeclared)
+        std::cerr << "note: section '" << name.get<std::string>()
+                  << "' is not in the schema; the script that reads it declares and checks it\n";
     return 0;
 }
 

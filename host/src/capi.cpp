@@ -246,40 +246,6 @@ RL_API rl_status_t rl_env_score(rl_instance_t *instance, rl_string_view_t task,
     });
 }
 
-RL_API rl_status_t rl_config_load(const char *path, const char *const *overrides,
-                                  uint64_t n_overrides, rl_result_t **out_result) {
-    return boundary([&] {
-        require(out_result != nullptr, "rl_config_load: out_result is NULL");
-        std::vector<std::string> sets;
-        for (uint64_t i = 0; i < n_overrides; ++i) {
-            require(overrides && overrides[i],
-                    "rl_config_load: override " + std::to_string(i) + " is NULL");
-            sets.emplace_back(overrides[i]);
-        }
-        CallSink sink;
-        sink.texts["config"] = rl::host::load_config(path ? path : "", sets).dump();
-        *out_result = new_result(std::move(sink));
-        return RL_OK;
-    });
-}
-
-RL_API rl_status_t rl_config_schema(rl_result_t **out_result) {
-    return boundary([&] {
-        require(out_result != nullptr, "rl_config_schema: out_result is NULL");
-        nlohmann::json a = nlohmann::json::array();
-        for (const auto &k : rl::host::config_schema())
-            a.push_back({{"key", k.path},
-                         {"type", rl::host::config_type_name(k.type)},
-                         {"default", k.fallback},
-                         {"choices", k.choices ? k.choices : ""},
-                         {"doc", k.doc}});
-        CallSink sink;
-        sink.texts["schema"] = a.dump();
-        *out_result = new_result(std::move(sink));
-        return RL_OK;
-    });
-}
-
 RL_API void rl_result_destroy(rl_result_t *result) {
     delete result;
 }

@@ -1,8 +1,9 @@
-// Internal helpers of the C API translation units (capi.cpp, capi_train.cpp):
+// Internal helpers of the C API translation units (capi.cpp, capi/*.cpp):
 // the exception boundary, the thread-local last error, argument checks and
 // result construction. Not installed.
 #pragma once
 
+#include "rl/core/error.hpp"
 #include "rl/host/runtime.hpp"
 
 #include <new>
@@ -23,6 +24,22 @@ inline rl_status_t set_error(rl_status_t st, const std::string &msg) {
     return st;
 }
 
+inline rl_status_t status_of(rl::core::ErrorKind k) {
+    switch (k) {
+        case rl::core::ErrorKind::InvalidArgument:
+            return RL_ERR_INVALID_ARG;
+        case rl::core::ErrorKind::NotFound:
+            return RL_ERR_NOT_FOUND;
+        case rl::core::ErrorKind::BadState:
+            return RL_ERR_BAD_STATE;
+        case rl::core::ErrorKind::Io:
+            return RL_ERR_IO;
+        case rl::core::ErrorKind::Numeric:
+            return RL_ERR_NUMERIC;
+    }
+    return RL_ERR_INTERNAL;
+}
+
 // Runs f; maps exceptions to status + last error.
 template <class F>
 rl_status_t boundary(F &&f) noexcept {
@@ -30,6 +47,8 @@ rl_status_t boundary(F &&f) noexcept {
         return f();
     } catch (const HostError &e) {
         return set_error(e.status, e.message);
+    } catch (const rl::core::Error &e) {
+        return set_error(status_of(e.kind()), e.what());
     } catch (const std::bad_alloc &) {
         return set_error(RL_ERR_OUT_OF_MEMORY, "out of memory");
     } catch (const std::exception &e) {

@@ -10,9 +10,11 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -105,6 +107,65 @@ int s_mkdir(lua_State *L) {
     if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
         return luaL_error(L, "rl.mkdir: '%s' exists and is not a folder", path.c_str());
     return 0;
+}
+
+// rl.lock_dir(dir) -> lock: an exclusive lock on `dir`/.lock (flock), held
+// until lock:release(), the lock is collected, or the process ends (also by a
+// crash: the kernel releases it). A folder another process holds is refused
+// with an error naming that process's pid.
+const char *const kLockMT = "rl.dir_lock";
+
+int lock_release(lua_State *L) {
+    int *fd = static_cast<int *>(luaL_checkudata(L, 1, kLockMT));
+    if (*fd >= 0) {
+        ::close(*fd); // releases the flock
+        *fd = -1;
+    }
+    return 0;
+}
+
+int s_lock_dir(lua_State *L) {
+    const std::string dir = luaL_checkstring(L, 1);
+    const std::string path = dir + "/.lock";
+    int *fd = static_cast<int *>(lua_newuserdatauv(L, sizeof(int), 0));
+    *fd = -1;
+    if (luaL_newmetatable(L, kLockMT)) {
+        lua_pushcfunction(L, lock_release);
+        lua_setfield(L, -2, "__gc");
+        lua_pushcfunction(L, lock_release);
+        lua_setfield(L, -2, "__close");
+        lua_newtable(L);
+        lua_pushcfunction(L, lock_release);
+        lua_setfield(L, -2, "release");
+        lua_setfield(L, -2, "__index");
+    }
+    lua_setmetatable(L, -2);
+    *fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0)
+        return luaL_error(L, "rl.lock_dir: cannot open '%s': %s", path.c_str(),
+                          errno_text().c_str());
+    if (::flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        char buf[64] = {0};
+        const ssize_t n = ::pread(*fd, buf, sizeof(buf) - 1, 0);
+        std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+        while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' '))
+            holder.pop_back();
+        ::close(*fd);
+        *fd = -1;
+        if (err == EWOULDBLOCK)
+            return luaL_error(L,
+                              "run folder '%s' is in use by another run (pid %s); wait for it to "
+                              "end or choose another run.name",
+                              dir.c_str(), holder.empty() ? "unknown" : holder.c_str());
+        return luaL_error(L, "rl.lock_dir: cannot lock '%s': %s", path.c_str(), std::strerror(err));
+    }
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(*fd, 0) != 0 ||
+        ::pwrite(*fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+        return luaL_error(L, "rl.lock_dir: cannot write '%s': %s", path.c_str(),
+                          errno_text().c_str());
+    return 1;
 }
 
 // rl.exists(path) -> nil | "file" | "dir" | "other"
@@ -237,7 +298,29 @@ int s_config_load(lua_State *L) {
     return 1;
 }
 
-// rl.config_schema() -> list of {key, type, default, choices, doc}
+// rl.config_declare(config, declarations) -> the configuration with the
+// script's own sections checked and defaulted (rl_config_declare). Both
+// arguments are tables or JSON strings.
+int s_config_declare(lua_State *L) {
+    auto text_of = [L](int idx, const char *what) {
+        if (lua_type(L, idx) == LUA_TSTRING) return std::string(lua_tostring(L, idx));
+        if (lua_type(L, idx) != LUA_TTABLE)
+            arg_error(L, idx,
+                      std::string(what) + " must be a table or a JSON string, got " +
+                          luaL_typename(L, idx));
+        return to_json(L, idx, what);
+    };
+    const std::string config = text_of(1, "config");
+    const std::string decl = text_of(2, "declarations");
+    rl_result_t *res = nullptr;
+    check_status(L, rl_config_declare(config.c_str(), decl.c_str(), &res), "rl.config");
+    static const char *const json_texts[] = {"config", nullptr};
+    push_result(L, res, json_texts);
+    lua_getfield(L, -1, "config");
+    return 1;
+}
+
+// rl.config_schema() -> list of {key, type, default, doc, choices, min, max, ...}
 int s_config_schema(lua_State *L) {
     rl_result_t *res = nullptr;
     check_status(L, rl_config_schema(&res), "rl.config_schema");
@@ -268,6 +351,7 @@ void open_system(lua_State *L, int M) {
                                    RL_LUA_FN("terminal_width", s_terminal_width),
                                    RL_LUA_FN("mkdir", s_mkdir),
                                    RL_LUA_FN("exists", s_exists),
+                                   RL_LUA_FN("lock_dir", s_lock_dir),
                                    RL_LUA_FN("list_dir", s_list_dir),
                                    RL_LUA_FN("write_file", s_write_file),
                                    RL_LUA_FN("remove_tree", s_remove_tree),
@@ -276,6 +360,7 @@ void open_system(lua_State *L, int M) {
                                    RL_LUA_FN("host", s_host),
                                    RL_LUA_FN("config_load", s_config_load),
                                    RL_LUA_FN("config_schema", s_config_schema),
+                                   RL_LUA_FN("config_declare", s_config_declare),
                                    {nullptr, nullptr}};
     lua_pushvalue(L, M);
     luaL_setfuncs(L, fns, 0);

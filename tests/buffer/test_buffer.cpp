@@ -1,5 +1,6 @@
 // tests/buffer: the rollout buffer's grouping, staleness and difficulty rules.
 #include "rl/core/buffer.hpp"
+#include "rl/core/error.hpp"
 
 #include <gtest/gtest.h>
 
@@ -97,7 +98,7 @@ TEST(Buffer, PushWithoutAKnownGroupSizeIsRefused) {
     try {
         buf.push(ro(9, 1.0));
         FAIL() << "no throw";
-    } catch (const std::invalid_argument &e) {
+    } catch (const rl::core::Error &e) {
         EXPECT_NE(std::string(e.what()).find("expect_group(9"), std::string::npos) << e.what();
     }
     EXPECT_EQ(buf.pending_groups(), 0u);
@@ -109,11 +110,11 @@ TEST(Buffer, PushGroupTakesOneWholeGroup) {
     EXPECT_EQ(buf.ready_rollouts(), 3u);
     std::vector<Rollout> mixed = group_of(3, {1, 0});
     mixed.push_back(ro(4, 1));
-    EXPECT_THROW(buf.push_group(mixed), std::invalid_argument);
-    EXPECT_THROW(buf.push_group({}), std::invalid_argument);
+    EXPECT_THROW(buf.push_group(mixed), rl::core::Error);
+    EXPECT_THROW(buf.push_group({}), rl::core::Error);
     buf.expect_group(6, 3);
     buf.push(ro(6, 1));
-    EXPECT_THROW(buf.push_group(group_of(6, {1, 0})), std::invalid_argument);
+    EXPECT_THROW(buf.push_group(group_of(6, {1, 0})), rl::core::Error);
 }
 
 TEST(Buffer, GroupIdIsReusableAfterItsGroupCompleted) {
@@ -197,17 +198,17 @@ TEST(BufferDifficulty, InconsistentConfigIsRefused) {
     BufferConfig c;
     c.easy_threshold = 0.5;
     c.hard_threshold = 0.5;
-    EXPECT_THROW(RolloutBuffer{c}, std::invalid_argument);
+    EXPECT_THROW(RolloutBuffer{c}, rl::core::Error);
     BufferConfig d;
     d.max_off_policy_steps = -1;
-    EXPECT_THROW(RolloutBuffer{d}, std::invalid_argument);
+    EXPECT_THROW(RolloutBuffer{d}, rl::core::Error);
     BufferConfig e;
     e.easy_threshold = NAN;
-    EXPECT_THROW(RolloutBuffer{e}, std::invalid_argument);
+    EXPECT_THROW(RolloutBuffer{e}, rl::core::Error);
     BufferConfig f;
     f.group_size = 2;
     f.min_group_size = 3;
-    EXPECT_THROW(RolloutBuffer{f}, std::invalid_argument);
+    EXPECT_THROW(RolloutBuffer{f}, rl::core::Error);
 }
 
 // ---- staleness --------------------------------------------------------------------------
@@ -296,8 +297,8 @@ TEST(BufferStaleness, DefaultLimitIsEightSteps) {
 TEST(BufferStaleness, VersionsNeverGoBackAndRolloutsFromTheFutureAreRefused) {
     RolloutBuffer buf;
     buf.set_policy_version(3);
-    EXPECT_THROW(buf.set_policy_version(2), std::invalid_argument);
-    EXPECT_THROW(buf.push_group(group_of(1, {1, 0}, 4)), std::invalid_argument);
+    EXPECT_THROW(buf.set_policy_version(2), rl::core::Error);
+    EXPECT_THROW(buf.push_group(group_of(1, {1, 0}, 4)), rl::core::Error);
 }
 
 // ---- validation ---------------------------------------------------------------------------
@@ -308,7 +309,7 @@ TEST(BufferValidation, MalformedRolloutsAreRefusedWithTheField) {
         try {
             buf.push_group({r});
             ADD_FAILURE() << "accepted; expected an error about " << needle;
-        } catch (const std::invalid_argument &e) {
+        } catch (const rl::core::Error &e) {
             EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
         }
     };
@@ -354,7 +355,7 @@ TEST(BufferPop, PopBatchIsAllOrNothingAndOvershootsByAtMostOneGroup) {
     ASSERT_EQ(b.size(), 2u);
     EXPECT_EQ(b[0].group_id, 1);
     EXPECT_EQ(buf.ready_rollouts(), 0u);
-    EXPECT_THROW(buf.pop_batch(0), std::invalid_argument);
+    EXPECT_THROW(buf.pop_batch(0), rl::core::Error);
     const BufferStats s = buf.stats();
     EXPECT_EQ(s.popped_groups, 2);
     EXPECT_EQ(s.popped_rollouts, 6);

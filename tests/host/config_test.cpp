@@ -144,15 +144,148 @@ TEST(Config, OverridesApplyAfterTheFileAndAreChecked) {
         << choice.error;
 }
 
-TEST(Config, EverySchemaKeyIsDocumented) {
+std::string text_of(rl_result_t *r, const char *name) {
+    rl_string_view_t s{};
+    EXPECT_EQ(rl_result_text(r, name, &s), RL_OK) << name;
+    return std::string(s.data, s.length);
+}
+
+// docs/configuration.md's key tables are `rlhost config --markdown`: a key,
+// default, range or meaning changed in a declaration fails here until the doc
+// is regenerated.
+TEST(Config, DocumentationTablesAreGeneratedFromTheSchema) {
     std::ifstream in(std::string(RL_TEST_SOURCE_DIR) + "/docs/configuration.md");
     ASSERT_TRUE(in) << "docs/configuration.md is missing";
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string doc = ss.str();
-    for (const auto &k : schema_keys())
-        EXPECT_NE(doc.find("`" + k + "`"), std::string::npos)
-            << "docs/configuration.md does not document `" << k << "`";
+    const std::string begin = "<!-- BEGIN GENERATED: rlhost config --markdown -->\n";
+    const std::string end = "<!-- END GENERATED -->";
+    const size_t a = doc.find(begin), b = doc.find(end);
+    ASSERT_NE(a, std::string::npos) << "docs/configuration.md lacks the generated-tables marker";
+    ASSERT_NE(b, std::string::npos);
+    rl_result_t *r = nullptr;
+    ASSERT_EQ(rl_config_schema(&r), RL_OK);
+    const std::string tables = text_of(r, "markdown");
+    rl_result_destroy(r);
+    EXPECT_EQ(doc.substr(a + begin.size(), b - a - begin.size()), tables)
+        << "regenerate with: build/bin/rlhost config --markdown";
+    for (const auto &k : schema_keys()) EXPECT_NE(tables.find("`" + k + "`"), std::string::npos);
+}
+
+TEST(Config, OutOfRangeValuesAreRefusedAtLoadNamingFileLineAndRange) {
+    Loaded l = load("out_of_range.yaml");
+    EXPECT_EQ(l.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(l.error.find("out_of_range.yaml:4:18: key 'trainer.learning_rate' must be >= 0, got "
+                           "-1"),
+              std::string::npos)
+        << l.error;
+    Loaded t = load("", {"rollout.temperature=-0.5"});
+    EXPECT_NE(t.error.find("--set rollout.temperature=-0.5: key 'rollout.temperature' must be >= "
+                           "0"),
+              std::string::npos)
+        << t.error;
+    Loaded f = load("", {"engine.kv_cache_fraction=0"});
+    EXPECT_NE(f.error.find("'engine.kv_cache_fraction' must be in (0, 1]"), std::string::npos)
+        << f.error;
+    Loaded d = load("", {"model.device=cuda:x"});
+    EXPECT_NE(d.error.find("must be one of auto,cpu,cuda,cuda:N; got 'cuda:x'"), std::string::npos)
+        << d.error;
+    EXPECT_EQ(load("", {"model.device=cuda:1"}).status, RL_OK);
+}
+
+TEST(Config, NullableKeysAcceptNullAndDefaultsAgreeWithTheCore) {
+    Loaded l = load("", {"buffer.max_off_policy_steps=null", "buffer.easy_threshold=0.9"});
+    ASSERT_EQ(l.status, RL_OK) << l.error;
+    EXPECT_TRUE(l.config["buffer"]["max_off_policy_steps"].is_null());
+    EXPECT_EQ(l.config["buffer"]["easy_threshold"], 0.9);
+    Loaded d = load("");
+    EXPECT_EQ(d.config["buffer"]["max_off_policy_steps"], 8); // as rl_buffer_create's default
+    EXPECT_TRUE(d.config["buffer"]["hard_threshold"].is_null());
+    Loaded bad = load("", {"run.steps=null"});
+    EXPECT_NE(bad.error.find("'run.steps' must be an integer, got"), std::string::npos)
+        << bad.error;
+}
+
+struct Declared {
+    rl_status_t status;
+    std::string error;
+    nlohmann::json config;
+};
+
+Declared declare(const nlohmann::json &config, const std::string &decl) {
+    rl_result_t *r = nullptr;
+    const std::string text = config.dump();
+    Declared d{rl_config_declare(text.c_str(), decl.c_str(), &r), "", {}};
+    if (d.status == RL_OK) {
+        d.config = nlohmann::json::parse(text_of(r, "config"));
+        rl_result_destroy(r);
+    } else {
+        d.error = rl_last_error();
+    }
+    return d;
+}
+
+const char *kPpoKeys = R"([
+  {"key": "ppo.epochs", "type": "integer", "default": 2, "doc": "passes", "min": 1},
+  {"key": "ppo.minibatches", "type": "integer", "default": 1, "doc": "splits", "min": 1}])";
+
+TEST(Config, ScriptSectionsAreKeptUntilTheScriptDeclaresThem) {
+    rl_result_t *r = nullptr;
+    const std::string path = kData + "/script_section.yaml";
+    ASSERT_EQ(rl_config_load(path.c_str(), nullptr, 0, &r), RL_OK) << rl_last_error();
+    const nlohmann::json config = nlohmann::json::parse(text_of(r, "config"));
+    EXPECT_EQ(nlohmann::json::parse(text_of(r, "undeclared")), nlohmann::json({"ppo"}));
+    rl_result_destroy(r);
+    EXPECT_EQ(config["ppo"]["epochs"], 4);
+
+    Declared d = declare(config, kPpoKeys);
+    ASSERT_EQ(d.status, RL_OK) << d.error;
+    EXPECT_EQ(d.config["ppo"]["epochs"], 4);
+    EXPECT_EQ(d.config["ppo"]["minibatches"], 1); // the declared default
+    EXPECT_EQ(d.config["run"]["steps"], 3);
+
+    Declared none = declare(config, "[]");
+    EXPECT_EQ(none.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(none.error.find("unknown key 'ppo'"), std::string::npos) << none.error;
+}
+
+TEST(Config, DeclaredKeysAreCheckedLikeTheHostsOwn) {
+    Loaded l = load("", {"ppo.epochs=0"});
+    ASSERT_EQ(l.status, RL_OK) << l.error;
+    Declared range = declare(l.config, kPpoKeys);
+    EXPECT_NE(range.error.find("key 'ppo.epochs' must be >= 1, got 0"), std::string::npos)
+        << range.error;
+    Loaded typo = load("", {"ppo.epocs=3"});
+    Declared unknown = declare(typo.config, kPpoKeys);
+    EXPECT_NE(unknown.error.find("unknown key 'ppo.epocs'; valid keys under 'ppo': epochs, "
+                                 "minibatches"),
+              std::string::npos)
+        << unknown.error;
+    Declared host =
+        declare(l.config, R"([{"key": "trainer.foo", "type": "integer", "default": 1}])");
+    EXPECT_NE(host.error.find("is in the host's section 'trainer'"), std::string::npos)
+        << host.error;
+    Declared bad_default =
+        declare(l.config, R"([{"key": "ppo.epochs", "type": "integer", "default": "two"}])");
+    EXPECT_NE(bad_default.error.find("default: key 'ppo.epochs' must be an integer"),
+              std::string::npos)
+        << bad_default.error;
+    Declared bad_type = declare(l.config, R"([{"key": "ppo.epochs", "type": "int"}])");
+    EXPECT_NE(bad_type.error.find("type 'int' is unknown"), std::string::npos) << bad_type.error;
+}
+
+TEST(Config, AHostKeyTypoStaysAnErrorAtLoad) {
+    Loaded l = load("", {"trainr.learning_rate=1"});
+    // 'trainr' is not a host section, so it is kept for the script; declaring
+    // nothing for it makes it an error naming it.
+    ASSERT_EQ(l.status, RL_OK) << l.error;
+    Declared d = declare(l.config, "[]");
+    EXPECT_NE(d.error.find("unknown key 'trainr'"), std::string::npos) << d.error;
+    Loaded scalar = load("", {"trainr=1"});
+    EXPECT_NE(scalar.error.find("unknown key 'trainr'; valid keys at the top level"),
+              std::string::npos)
+        << scalar.error;
 }
 
 } // namespace

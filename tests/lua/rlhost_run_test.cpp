@@ -15,6 +15,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
@@ -272,6 +273,67 @@ TEST(RlhostRun, ExistingCheckpointsAreNotSilentlyReplaced) {
     p = rlhost(args, dir, 300);
     EXPECT_EQ(p.exit_code, 1);
     EXPECT_NE(p.err.find("holds checkpoints of an earlier run"), std::string::npos) << p.err;
+}
+
+// A run folder another process holds is refused before anything in it is
+// touched, naming the holder's pid; once the holder is gone it opens.
+TEST(RlhostRun, ASecondRunOnTheSameFolderIsRefusedNamingTheHolder) {
+    const std::string dir = temp_dir();
+    const std::string run_dir = dir + "/runs/locked";
+    std::filesystem::create_directories(run_dir);
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t holder = fork();
+    ASSERT_GE(holder, 0);
+    if (holder == 0) { // holds the lock the way rl.run does, then waits to be killed
+        const int fd = open((run_dir + "/.lock").c_str(), O_RDWR | O_CREAT, 0644);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0) _exit(1);
+        const std::string pid = std::to_string(getpid()) + "\n";
+        if (write(fd, pid.data(), pid.size()) < 0) _exit(1);
+        if (write(ready[1], "x", 1) != 1) _exit(1);
+        pause();
+        _exit(0);
+    }
+    char c = 0;
+    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    const std::vector<std::string> args = {kScripts + "/run_folder.lua", "--set",
+                                           "run.name=locked"};
+    const Proc p = rlhost(args, dir, 60);
+    kill(holder, SIGKILL);
+    waitpid(holder, nullptr, 0);
+    close(ready[0]);
+    close(ready[1]);
+    EXPECT_EQ(p.exit_code, 1);
+    EXPECT_NE(p.err.find("run folder '" + std::string("runs/locked") +
+                         "' is in use by another run (pid " + std::to_string(holder) + ")"),
+              std::string::npos)
+        << p.err;
+    EXPECT_FALSE(exists(run_dir + "/config.json")); // nothing written
+
+    const Proc after = rlhost(args, dir, 60); // the holder is gone: the kernel released it
+    EXPECT_EQ(after.exit_code, 0) << after.err;
+    EXPECT_NE(after.out.find("opened runs/locked"), std::string::npos) << after.out;
+}
+
+TEST(RlhostRun, AScriptsOwnKeysAreCheckedAndDefaulted) {
+    const std::string dir = temp_dir();
+    Proc p = rlhost({kScripts + "/declares_keys.lua", "--set", "demo.rounds=5"}, dir, 60);
+    EXPECT_EQ(p.exit_code, 0) << p.err;
+    EXPECT_NE(p.out.find("demo: 5 fast false"), std::string::npos) << p.out;
+    p = rlhost({kScripts + "/declares_keys.lua", "--set", "demo.mode=medium"}, dir, 60);
+    EXPECT_EQ(p.exit_code, 1);
+    EXPECT_NE(p.err.find("key 'demo.mode' must be one of fast,slow; got 'medium'"),
+              std::string::npos)
+        << p.err;
+    p = rlhost({kScripts + "/declares_keys.lua", "--set", "demo.round=2"}, dir, 60);
+    EXPECT_NE(p.err.find("unknown key 'demo.round'; valid keys under 'demo': rounds, mode, "
+                         "enabled"),
+              std::string::npos)
+        << p.err;
+    // A script that declares nothing refuses a section nobody declared.
+    p = rlhost({kScripts + "/echo_config.lua", "--set", "demo.rounds=2"}, dir, 60);
+    EXPECT_EQ(p.exit_code, 1);
+    EXPECT_NE(p.err.find("unknown key 'demo'"), std::string::npos) << p.err;
 }
 
 } // namespace

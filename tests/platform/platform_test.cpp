@@ -201,7 +201,7 @@ TEST_F(EngineBudget, OneSampleLargerThanTheBudgetIsRefusedNamingTheKey) {
     EXPECT_NE(e.find("68 tokens"), std::string::npos) << e;
     EXPECT_NE(error_of([] {
                   EngineConfig::from_json(R"({"kv_cache_fraction": 1.5})");
-              }).find("kv_cache_fraction must be a number in (0, 1]"),
+              }).find("'engine.kv_cache_fraction' must be in (0, 1]"),
               std::string::npos);
 }
 

@@ -99,7 +99,7 @@ TEST(BufferCApi, BadRolloutsAreRefusedByName) {
     EXPECT_NE(std::string(rl_last_error()).find("'rewrd'"), std::string::npos);
     rl_buffer_t *bad = nullptr;
     EXPECT_EQ(rl_buffer_create(R"({"group_sise": 2})", &bad), RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("'group_sise'"), std::string::npos);
+    EXPECT_NE(std::string(rl_last_error()).find("'buffer.group_sise'"), std::string::npos);
     EXPECT_EQ(rl_buffer_create(R"({"easy_threshold": 0.1, "hard_threshold": 0.5})", &bad),
               RL_ERR_INVALID_ARG);
     EXPECT_EQ(bad, nullptr);

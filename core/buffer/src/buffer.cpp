@@ -1,10 +1,12 @@
 // core/buffer/src/buffer.cpp: see rl/core/buffer.hpp and docs/buffer.md.
 #include "rl/core/buffer.hpp"
 
+#include "rl/core/error.hpp"
+#include "rl/core/params.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <stdexcept>
 
 namespace rl::core {
 
@@ -20,7 +22,7 @@ BufferStats empty_stats() {
 }
 
 [[noreturn]] void bad(const std::string &msg) {
-    throw std::invalid_argument(msg);
+    throw Error(ErrorKind::InvalidArgument, msg);
 }
 
 double mean_reward_of(const std::vector<Rollout> &rs) {
@@ -75,6 +77,26 @@ int64_t BufferStats::dropped_groups() const {
     int64_t n = 0;
     for (const auto &kv : dropped) n += kv.second.groups;
     return n;
+}
+
+BufferConfig BufferConfig::from_json(const std::string &text) {
+    const nlohmann::json j = read_params_text(text, buffer_params(), "buffer", "buffer config");
+    auto opt_number = [&](const char *k) {
+        return j[k].is_null() ? std::nullopt : std::optional<double>(j[k].get<double>());
+    };
+    BufferConfig c;
+    c.group_size = j["group_size"].get<size_t>();
+    c.easy_threshold = opt_number("easy_threshold");
+    c.hard_threshold = opt_number("hard_threshold");
+    c.drop_zero_variance = j["drop_zero_variance"].get<bool>();
+    c.reward_tolerance = j["reward_tolerance"].get<double>();
+    c.min_group_size = j["min_group_size"].get<size_t>();
+    c.max_off_policy_steps = j["max_off_policy_steps"].is_null()
+                                 ? std::nullopt
+                                 : std::optional<int64_t>(j["max_off_policy_steps"].get<int64_t>());
+    c.drop_log_capacity = j["drop_log_capacity"].get<size_t>();
+    c.validate();
+    return c;
 }
 
 void BufferConfig::validate() const {

@@ -1,7 +1,8 @@
 #include "rl/core/engine.hpp"
 
 #include "rl/core/device.hpp"
-#include "rl/core/train_error.hpp"
+#include "rl/core/error.hpp"
+#include "rl/core/params.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -27,7 +28,7 @@ struct Engine::SampleOut {
 namespace {
 
 [[noreturn]] void invalid(const std::string &msg) {
-    throw TrainError(ErrorKind::InvalidArgument, msg);
+    throw Error(ErrorKind::InvalidArgument, msg);
 }
 
 at::Tensor long_tensor(const std::vector<int64_t> &v) {
@@ -81,30 +82,10 @@ const char *finish_reason_name(FinishReason r) {
 }
 
 EngineConfig EngineConfig::from_json(const std::string &text) {
+    const json j = read_params_text(text, engine_params(), "engine", "engine config");
     EngineConfig c;
-    if (text.empty()) return c;
-    const json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) invalid("engine config: not valid JSON");
-    if (j.is_null()) return c;
-    if (!j.is_object()) invalid("engine config: must be a JSON object");
-    for (const auto &kv : j.items()) {
-        if (kv.key() == "max_batch_sequences") {
-            if (!kv.value().is_number_integer() || kv.value().get<int64_t>() < 0)
-                invalid("engine config: max_batch_sequences must be an integer >= 0 (0: no "
-                        "limit), got " +
-                        kv.value().dump());
-            c.max_batch_sequences = kv.value().get<int64_t>();
-        } else if (kv.key() == "kv_cache_fraction") {
-            const double f = kv.value().is_number() ? kv.value().get<double>() : -1.0;
-            if (!(f > 0 && f <= 1))
-                invalid("engine config: kv_cache_fraction must be a number in (0, 1], got " +
-                        kv.value().dump());
-            c.kv_cache_fraction = f;
-        } else {
-            invalid("engine config: unknown key '" + kv.key() +
-                    "'; valid: max_batch_sequences, kv_cache_fraction");
-        }
-    }
+    c.max_batch_sequences = j["max_batch_sequences"].get<int64_t>();
+    c.kv_cache_fraction = j["kv_cache_fraction"].get<double>();
     return c;
 }
 

@@ -1,7 +1,7 @@
 #include "rl/core/sampling.hpp"
 
 #include "rl/core/policy.hpp"
-#include "rl/core/train_error.hpp"
+#include "rl/core/error.hpp"
 
 #include <ATen/ATen.h>
 
@@ -16,7 +16,7 @@ namespace {
 using nlohmann::json;
 
 [[noreturn]] void bad(const std::string &msg) {
-    throw TrainError(ErrorKind::InvalidArgument, "sampling params: " + msg);
+    throw Error(ErrorKind::InvalidArgument, "sampling params: " + msg);
 }
 
 int64_t integer(const json &v, const std::string &key) {

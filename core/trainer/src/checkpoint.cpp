@@ -1,7 +1,7 @@
 #include "rl/core/checkpoint.hpp"
 
 #include "rl/core/atomic_file.hpp"
-#include "rl/core/train_error.hpp"
+#include "rl/core/error.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 [[noreturn]] void io_error(const std::string &msg) {
-    throw TrainError(ErrorKind::Io, msg);
+    throw Error(ErrorKind::Io, msg);
 }
 
 // "step_<digits>" -> N

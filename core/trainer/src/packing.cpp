@@ -1,6 +1,6 @@
 #include "rl/core/packing.hpp"
 
-#include "rl/core/train_error.hpp"
+#include "rl/core/error.hpp"
 
 #include <string>
 

@@ -34,7 +34,7 @@ constexpr const char *kCheckpointFormat = "rl-trainer-checkpoint/1";
 constexpr const char *kMasterFile = "master_weights.safetensors";
 
 [[noreturn]] void invalid(const std::string &msg) {
-    throw TrainError(ErrorKind::InvalidArgument, msg);
+    throw Error(ErrorKind::InvalidArgument, msg);
 }
 
 std::string list_names(const std::vector<std::string> &names) {
@@ -395,7 +395,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         call.want_grads = backward;
         LossResult res = loss->compute(call);
         if (!std::isfinite(res.loss))
-            throw TrainError(ErrorKind::Numeric, loss->name + ": the loss is not finite");
+            throw Error(ErrorKind::Numeric, loss->name + ": the loss is not finite");
         R.loss += res.loss;
 
         const double w = P.counted.narrow(0, a, n).sum().item<double>();
@@ -416,13 +416,13 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
                 if (it == res.grads.end() || !out.defined()) return;
                 const at::Tensor &g = it->second;
                 if (!g.defined() || g.numel() != n)
-                    throw TrainError(ErrorKind::InvalidArgument,
+                    throw Error(ErrorKind::InvalidArgument,
                                      loss->name + ": gradient for '" + name + "' has " +
                                          std::to_string(g.defined() ? g.numel() : 0) +
                                          " values, expected " + std::to_string(n));
                 at::Tensor gf = g.to(at::kFloat).reshape({n});
                 if (!at::isfinite(gf).all().item<bool>())
-                    throw TrainError(ErrorKind::Numeric,
+                    throw Error(ErrorKind::Numeric,
                                      loss->name + ": gradient for '" + name + "' is not finite");
                 // An all-zero gradient (e.g. entropy read for metrics only) adds
                 // nothing: skip its backward pass.
@@ -448,7 +448,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     }
     for (auto &e : extras) {
         if (static_cast<int64_t>(e.second.size()) != R.micro_batches)
-            throw TrainError(ErrorKind::InvalidArgument,
+            throw Error(ErrorKind::InvalidArgument,
                              loss->name + ": emitted tensor '" + e.first + "' in " +
                                  std::to_string(e.second.size()) + " of " +
                                  std::to_string(R.micro_batches) + " micro-batches");
@@ -489,7 +489,7 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
     if (!std::isfinite(norm)) {
         zero_grad();
-        throw TrainError(ErrorKind::Numeric,
+        throw Error(ErrorKind::Numeric,
                          std::string("optim_step: the gradient norm is ") +
                              (std::isnan(norm) ? "NaN" : "infinite") +
                              "; the step was skipped and the gradients were cleared");
@@ -582,8 +582,8 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
             "no complete checkpoint (step_<N>/ with a '" + std::string(kCheckpointMarker) +
                 "' marker) under '" + dir + "'");
     const fs::path root(latest->path);
-    auto bad_file = [&](const std::string &file, const std::string &msg) -> TrainError {
-        return TrainError(ErrorKind::InvalidArgument,
+    auto bad_file = [&](const std::string &file, const std::string &msg) -> Error {
+        return Error(ErrorKind::InvalidArgument,
                           "checkpoint '" + (root / file).string() + "': " + msg);
     };
 

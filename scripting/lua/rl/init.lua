@@ -9,17 +9,45 @@ local rl = require("rl")
 
 local config_cache
 
---- rl.config(): the resolved run configuration (a table). Under `rlhost run`
---- it is the --config file plus --set overrides; elsewhere the defaults.
-function rl.config()
-    if not config_cache then
-        local host = rl.host()
-        if host.config_json and host.config_json ~= "" then
-            config_cache = rl.json.decode(host.config_json)
-        else
-            config_cache = rl.config_load()
-        end
+--- rl.config([keys]): the resolved run configuration (a table). Under
+--- `rlhost run` it is the --config file plus --set overrides; elsewhere the
+--- defaults. A script with settings of its own declares them on the first
+--- call, one entry per key, and gets them checked (type, choices, range) and
+--- defaulted like the host's keys:
+---
+---   local cfg = rl.config {
+---       { "ppo.epochs", "integer", 2, "Passes over each step's rollouts.", min = 1 },
+---   }
+---
+--- Entry fields: key, type (string, integer, number, boolean, strings,
+--- mapping, mappings), default, doc (positional or named), and optional
+--- choices, min, max, min_open, max_open, nullable. Sections in the
+--- configuration that neither the host nor the script declares are errors.
+function rl.config(keys)
+    if config_cache and keys == nil then return config_cache end
+    if config_cache then
+        error("rl.config: the configuration was already resolved; declare the script's keys "
+            .. "in the first rl.config{...} call", 2)
     end
+    local host = rl.host()
+    local text = host.config_json
+    if not text or text == "" then text = rl.json.encode(rl.config_load()) end
+    local decl = rl.array({})
+    for i, k in ipairs(keys or {}) do
+        if type(k) ~= "table" then
+            error(("rl.config: key declaration %d must be a table, got %s"):format(i, type(k)), 2)
+        end
+        local default = k.default
+        if default == nil then default = k[3] end
+        decl[i] = {
+            key = k.key or k[1], type = k.type or k[2], default = default, doc = k.doc or k[4], choices = k.choices and rl.array(k.choices) or nil,
+            min = k.min, max = k.max, min_open = k.min_open, max_open = k.max_open,
+            nullable = k.nullable,
+        }
+    end
+    local ok, cfg = pcall(rl.config_declare, text, decl)
+    if not ok then rl.rethrow(cfg, 2) end
+    config_cache = cfg
     return config_cache
 end
 
@@ -138,6 +166,20 @@ function rl.trainer_config(cfg, extra)
     t.seed = cfg.run.seed
     for k, v in pairs(extra or {}) do t[k] = v end
     return t
+end
+
+--- rl.buffer_config(cfg [, extra]): the buffer section of the configuration
+--- (without min_rollouts, which the loop uses) plus group_size = rollout.n, as
+--- rl_buffer_create wants it.
+function rl.buffer_config(cfg, extra)
+    cfg = cfg or rl.config()
+    local b = {}
+    for k, v in pairs(cfg.buffer) do
+        if k ~= "min_rollouts" then b[k] = v end
+    end
+    b.group_size = cfg.rollout.n
+    for k, v in pairs(extra or {}) do b[k] = v end
+    return b
 end
 
 --- rl.engine_config(cfg [, extra]): the engine section of the configuration,

@@ -63,6 +63,11 @@ function M.new(cfg)
     self.use_bar = mode == "bar"
 
     rl.mkdir(self.dir)
+    -- One run per folder: a second process on it stops here, before it touches
+    -- checkpoints or metrics (the lock ends with this process).
+    local ok, lock = pcall(rl.lock_dir, self.dir)
+    if not ok then rl.rethrow(lock, 2) end
+    self.lock = lock
     if not r.resume and has_checkpoints(self.checkpoint_dir) then
         if r.overwrite then
             rl.remove_tree(self.checkpoint_dir)
@@ -374,6 +379,7 @@ function Run:finish()
         self.metrics_file:close()
         self.metrics_file = nil
     end
+    if self.lock then self.lock:release() end
     self.finished = s
     return s
 end

@@ -12,7 +12,7 @@
 //
 // Torch-free C++17; every method is thread-safe (one mutex), so engine
 // threads can push while the trainer pops. Bad input throws
-// std::invalid_argument with a message naming the field.
+// rl::core::Error (InvalidArgument) with a message naming the field.
 #pragma once
 
 #include <chrono>
@@ -75,7 +75,11 @@ struct BufferConfig {
     // How many drop records take_drop_log() keeps (oldest are discarded).
     size_t drop_log_capacity = 1024;
 
-    // Throws std::invalid_argument naming the bad field.
+    // A JSON object with the keys above (rl::core::buffer_params() declares
+    // them, their defaults and ranges); unknown keys and bad values are errors
+    // naming the key. Validates.
+    static BufferConfig from_json(const std::string &json_text);
+    // Throws rl::core::Error naming the bad field.
     void validate() const;
 };
 

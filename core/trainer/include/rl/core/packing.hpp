@@ -41,7 +41,7 @@ struct PackingPlan {
 };
 
 /// Checks cu_seqlens ([n_seqs + 1], starts at 0, strictly increasing: no
-/// empty sequence) and packs. Throws TrainError naming the sequence index and
+/// empty sequence) and packs. Throws Error naming the sequence index and
 /// length when one is longer than a bin, or naming the bad cu_seqlens entry.
 PackingPlan plan_packing(const std::vector<int64_t> &cu_seqlens, const PackingConfig &config);
 

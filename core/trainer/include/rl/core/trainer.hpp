@@ -136,7 +136,7 @@ public:
     /// JSON object or empty), and for a bfloat16 model
     /// master_weights.safetensors (the float32 masters). Returns its path.
     std::string save_checkpoint(const std::string &dir, const std::string &state_json);
-    /// Restores the newest complete checkpoint under dir; TrainError NotFound
+    /// Restores the newest complete checkpoint under dir; Error NotFound
     /// when there is none.
     CheckpointInfo load_checkpoint(const std::string &dir);
 

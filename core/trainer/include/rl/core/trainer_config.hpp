@@ -42,7 +42,7 @@ struct TrainerConfig {
     /// Parses a JSON object; unknown keys and wrong types are errors naming
     /// the key ("trainer.<key>"). Validates.
     static TrainerConfig from_json(const std::string &json_text);
-    /// Throws TrainError naming the first bad field.
+    /// Throws Error naming the first bad field.
     void validate() const;
     std::string to_json() const;
 };

@@ -6,7 +6,7 @@
 // gives none (saved in checkpoints, so a resumed run samples as the original).
 #pragma once
 
-#include "rl/core/train_error.hpp"
+#include "rl/core/error.hpp"
 #include "rl/core/model.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/tokenizer.hpp"

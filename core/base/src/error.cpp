@@ -7,7 +7,7 @@ namespace rl::core {
 
 void throw_errno(const std::string &what) {
     const int err = errno;
-    throw Error(what + ": " + std::strerror(err));
+    throw Error(ErrorKind::Io, what + ": " + std::strerror(err));
 }
 
 } // namespace rl::core

@@ -1,0 +1,176 @@
+#include "rl/core/params.hpp"
+
+#include "rl/core/error.hpp"
+
+#include <cmath>
+#include <sstream>
+
+namespace rl::core {
+namespace {
+
+using nlohmann::json;
+
+std::string num(double x) {
+    std::ostringstream s;
+    s << x;
+    return s.str();
+}
+
+std::string joined(const std::vector<std::string> &xs, const char *sep = ", ") {
+    std::string s;
+    for (const auto &x : xs) s += (s.empty() ? "" : sep) + x;
+    return s;
+}
+
+} // namespace
+
+const char *param_type_name(ParamType t) {
+    switch (t) {
+        case ParamType::String:
+            return "a string";
+        case ParamType::Integer:
+            return "an integer";
+        case ParamType::Number:
+            return "a number";
+        case ParamType::Boolean:
+            return "true or false";
+        case ParamType::StringList:
+            return "a list of strings";
+        case ParamType::Object:
+            return "a mapping";
+        case ParamType::ObjectList:
+            return "a list of mappings";
+    }
+    return "?";
+}
+
+bool Range::contains(double x) const {
+    if (std::isnan(x)) return false;
+    if (lo && (lo_open ? !(x > *lo) : !(x >= *lo))) return false;
+    if (hi && (hi_open ? !(x < *hi) : !(x <= *hi))) return false;
+    return true;
+}
+
+std::string Range::describe() const {
+    if (lo && hi)
+        return std::string("in ") + (lo_open ? "(" : "[") + num(*lo) + ", " + num(*hi) +
+               (hi_open ? ")" : "]");
+    if (lo) return std::string(lo_open ? "> " : ">= ") + num(*lo);
+    if (hi) return std::string(hi_open ? "< " : "<= ") + num(*hi);
+    return "";
+}
+
+bool choice_allowed(const ParamSpec &spec, const std::string &s) {
+    for (const auto &c : spec.choices) {
+        if (c == s) return true;
+        // "cuda:N": the prefix up to ':' and 1-4 decimal digits.
+        if (c.size() < 2 || c.compare(c.size() - 2, 2, ":N") != 0) continue;
+        const size_t n = c.size() - 1;
+        if (s.size() <= n || s.size() > n + 4 || s.compare(0, n, c, 0, n) != 0) continue;
+        bool digits = true;
+        for (size_t i = n; i < s.size(); ++i) digits = digits && s[i] >= '0' && s[i] <= '9';
+        if (digits) return true;
+    }
+    return false;
+}
+
+json check_param(const ParamSpec &spec, const json &v, const std::string &name) {
+    auto bad = [&](const std::string &what) {
+        throw Error(ErrorKind::InvalidArgument, "key '" + name + "' " + what);
+    };
+    const std::string expect =
+        std::string("must be ") + param_type_name(spec.type) + (spec.nullable ? " or null" : "");
+    if (v.is_null()) {
+        if (spec.nullable) return v;
+        if (spec.type == ParamType::Object) return json::object();
+        bad(expect + ", got null");
+    }
+    auto in_range = [&](double x) {
+        if (!spec.range.contains(x)) bad("must be " + spec.range.describe() + ", got " + v.dump());
+    };
+    switch (spec.type) {
+        case ParamType::String: {
+            if (!v.is_string()) bad(expect + ", got " + v.dump());
+            const std::string s = v.get<std::string>();
+            if (!spec.choices.empty() && !choice_allowed(spec, s))
+                bad("must be one of " + joined(spec.choices, ",") + "; got '" + s + "'");
+            return v;
+        }
+        case ParamType::Integer: {
+            int64_t i = 0;
+            if (v.is_number_integer()) {
+                i = v.get<int64_t>();
+            } else if (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                       v.get<double>() == std::floor(v.get<double>()) &&
+                       std::fabs(v.get<double>()) < 9e15) {
+                i = static_cast<int64_t>(v.get<double>());
+            } else {
+                bad(expect + ", got " + v.dump());
+            }
+            in_range(static_cast<double>(i));
+            return json(i);
+        }
+        case ParamType::Number: {
+            if (!v.is_number()) bad(expect + ", got " + v.dump());
+            const double x = v.get<double>();
+            if (!std::isfinite(x)) bad("must be finite, got " + v.dump());
+            in_range(x);
+            return v;
+        }
+        case ParamType::Boolean:
+            if (!v.is_boolean()) bad(expect + ", got " + v.dump());
+            return v;
+        case ParamType::StringList:
+            if (!v.is_array()) bad(expect + ", got " + v.dump());
+            for (const auto &x : v)
+                if (!x.is_string()) bad(expect + "; an item is " + x.dump());
+            return v;
+        case ParamType::Object:
+            if (!v.is_object()) bad(expect + ", got " + v.dump());
+            return v;
+        case ParamType::ObjectList:
+            if (!v.is_array()) bad(expect + ", got " + v.dump());
+            for (const auto &x : v)
+                if (!x.is_object()) bad(expect + "; an item is " + x.dump());
+            return v;
+    }
+    return v;
+}
+
+json read_params(const json &object, const std::vector<ParamSpec> &specs,
+                 const std::string &section, const std::string &what) {
+    const std::string prefix = section.empty() ? "" : section + ".";
+    if (!object.is_null() && !object.is_object())
+        throw Error(ErrorKind::InvalidArgument,
+                    what + ": must be a JSON object, got " + std::string(object.type_name()));
+    json out = json::object();
+    for (const auto &s : specs) out[s.key] = s.fallback;
+    if (object.is_null()) return out;
+    for (const auto &kv : object.items()) {
+        const ParamSpec *spec = nullptr;
+        for (const auto &s : specs)
+            if (s.key == kv.key()) spec = &s;
+        if (!spec) {
+            std::vector<std::string> keys;
+            for (const auto &s : specs) keys.push_back(s.key);
+            throw Error(ErrorKind::InvalidArgument,
+                        what + ": unknown key '" + prefix + kv.key() + "'; valid: " + joined(keys));
+        }
+        try {
+            out[spec->key] = check_param(*spec, kv.value(), prefix + spec->key);
+        } catch (const Error &e) {
+            throw Error(e.kind(), what + ": " + e.what());
+        }
+    }
+    return out;
+}
+
+json read_params_text(const std::string &text, const std::vector<ParamSpec> &specs,
+                      const std::string &section, const std::string &what) {
+    if (text.empty()) return read_params(json(), specs, section, what);
+    const json j = json::parse(text, nullptr, false);
+    if (j.is_discarded()) throw Error(ErrorKind::InvalidArgument, what + ": not valid JSON");
+    return read_params(j, specs, section, what);
+}
+
+} // namespace rl::core

@@ -1,0 +1,68 @@
+#include "loss_node.hpp"
+
+#include "../capi/train_common.hpp"
+#include "../loss_call.hpp"
+
+#include <ATen/ATen.h>
+
+namespace rl::host::bridge {
+
+namespace core = rl::core;
+
+rl_tensor_view_t view_of(const at::Tensor &t) {
+    if (!t.device().is_cpu() || !t.is_contiguous())
+        throw HostError{RL_ERR_INTERNAL, "loss bridge: inputs must be contiguous CPU tensors"};
+    rl_tensor_view_t v{};
+    v.data = t.numel() == 0 ? nullptr : t.data_ptr();
+    v.device = {RL_DEVICE_CPU, 0};
+    v.ndim = static_cast<int32_t>(t.dim());
+    v.dtype = capi::dtype_of(t.scalar_type());
+    // ATen keeps sizes as int64 in the tensor's own storage: borrowed as is.
+    v.shape = const_cast<int64_t *>(t.sizes().data());
+    v.strides = nullptr;
+    v.byte_offset = 0;
+    return v;
+}
+
+core::LossFunction loss_node(Instance &inst) {
+    const LossSignatureLists sig = loss_signature(inst);
+    core::LossFunction f;
+    f.name = inst.who();
+    f.signature = {sig.required, sig.optional, sig.differentiable};
+    f.compute = [&inst, sig](const core::LossCall &call) {
+        std::vector<rl_tensor_arg_t> args;
+        args.reserve(call.tensors.size());
+        for (const auto &kv : call.tensors) args.push_back({kv.first.c_str(), view_of(kv.second)});
+        rl_loss_inputs_t in{};
+        in.struct_size = sizeof(in);
+        in.tensors = rl_tensor_list_t{args.empty() ? nullptr : args.data(), args.size()};
+        in.cu_seqlens = view_of(call.cu_seqlens);
+        in.global_tokens = call.global_tokens;
+        in.global_seqs = call.global_seqs;
+        const std::vector<uint64_t> with_grad = check_loss_inputs(inst, sig, in);
+
+        // One zeroed gradient per differentiable input present, same dtype and shape.
+        std::vector<at::Tensor> grads;
+        std::vector<rl_tensor_arg_t> grad_args;
+        if (call.want_grads) {
+            grads.reserve(with_grad.size());
+            for (uint64_t i : with_grad) {
+                grads.push_back(at::zeros_like(call.tensors[i].second));
+                grad_args.push_back({args[i].name, view_of(grads.back())});
+            }
+        }
+        LossOutcome out = call_loss(inst, in, grad_args);
+
+        core::LossResult r;
+        r.loss = out.loss;
+        for (size_t k = 0; k < grads.size(); ++k)
+            r.grads[call.tensors[with_grad[k]].first] = std::move(grads[k]);
+        for (auto &kv : out.emitted.tensors)
+            r.tensors[kv.first] = capi::tensor_from_owned(kv.second, inst.who());
+        r.metrics.insert(out.emitted.metrics.begin(), out.emitted.metrics.end());
+        return r;
+    };
+    return f;
+}
+
+} // namespace rl::host::bridge

@@ -1,0 +1,228 @@
+// abi/rl/train.h: models, the tokenizer and the platform query.
+#include "train_common.hpp"
+
+#include "rl/core/chat_template.hpp"
+#include "rl/core/checkpoint.hpp"
+#include "rl/core/device.hpp"
+#include "rl/core/pretrained.hpp"
+#include "rl/core/threads.hpp"
+#include "rl/core/tiny.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+using namespace rl::host::capi;
+using nlohmann::json;
+using rl::host::CallSink;
+using rl::host::HostError;
+using rl::host::Instance;
+namespace core = rl::core;
+
+extern "C" {
+
+// ---- models ---------------------------------------------------------------------
+
+RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uint64_t seed) {
+    return train_boundary([&] {
+        require(preset && dir && *dir, "rl_model_init_preset: preset and dir are required");
+        require(std::string(preset) == "tiny",
+                "rl_model_init_preset: unknown preset '" + std::string(preset) + "'; valid: tiny");
+        core::write_tiny_model(dir, seed);
+        return RL_OK;
+    });
+}
+
+RL_API const char *rl_platform_info(void) {
+    static const std::string info = [] {
+        try {
+            return json{{"torch_version", core::torch_version()},
+                        {"cuda_built", core::torch_has_cuda()},
+                        {"cuda_devices", core::cuda_device_count()},
+                        {"summary", core::torch_summary()}}
+                .dump();
+        } catch (const std::exception &e) {
+            return json{{"torch_version", core::torch_version()}, {"error", e.what()}}.dump();
+        }
+    }();
+    return info.c_str();
+}
+
+RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
+                                 rl_model_t **out_model) {
+    return train_boundary([&] {
+        require(path && out_model, "rl_model_load: path and out_model are required");
+        const json opts = parse_json(options_json, "rl_model_load: options");
+        if (!opts.is_null()) {
+            require(opts.is_object(), "rl_model_load: options must be a JSON object");
+            for (const auto &kv : opts.items()) {
+                const std::string &key = kv.key();
+                if (key == "threads") {
+                    require(kv.value().is_number_integer() && kv.value().get<int64_t>() >= 0,
+                            "rl_model_load: threads must be an integer >= 0 (0: all cores)");
+                    core::set_num_threads(static_cast<int>(kv.value().get<int64_t>()));
+                } else if (key == "device" || key == "dtype") {
+                    require(kv.value().is_string(), "rl_model_load: " + key +
+                                                        " must be a string, got " +
+                                                        kv.value().dump());
+                } else {
+                    throw HostError{RL_ERR_INVALID_ARG, "rl_model_load: unknown option '" + key +
+                                                            "'; valid: threads, device, dtype"};
+                }
+            }
+        }
+        core::LoadOptions lo;
+        if (opts.is_object() && opts.contains("device"))
+            lo.device =
+                core::resolve_device(opts["device"].get<std::string>(), "rl_model_load: device");
+        if (opts.is_object() && opts.contains("dtype")) {
+            lo.dtype = core::parse_dtype(opts["dtype"].get<std::string>(), "rl_model_load: dtype");
+            require(lo.dtype == at::kFloat || lo.dtype == at::kBFloat16,
+                    "rl_model_load: dtype must be float32 or bfloat16, got '" +
+                        opts["dtype"].get<std::string>() + "'");
+        }
+        auto m = std::make_unique<rl_model>();
+        m->policy = core::Policy::load(path, lo);
+        *out_model = m.release();
+        return RL_OK;
+    });
+}
+
+RL_API void rl_model_destroy(rl_model_t *model) {
+    delete model;
+}
+
+RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result) {
+    return train_boundary([&] {
+        require(model && out_result, "rl_model_info: model and out_result are required");
+        const core::CausalLM &m = model->policy->model();
+        const core::ModelConfig &c = m.config();
+        json j = {{"architecture", core::architecture_name(c.architecture)},
+                  {"vocab_size", c.vocab_size},
+                  {"num_parameters", m.num_parameters()},
+                  {"hidden_size", c.hidden_size},
+                  {"num_layers", c.num_hidden_layers},
+                  {"max_position_embeddings", c.max_position_embeddings},
+                  {"eos_token_ids", model->policy->eos_token_ids()},
+                  {"has_tokenizer", model->policy->tokenizer() != nullptr},
+                  {"device", m.device().str()},
+                  {"dtype", core::dtype_string(m.dtype())},
+                  {"policy_version", model->policy->version()}};
+        CallSink sink;
+        sink.texts["info"] = j.dump();
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_model_save(rl_model_t *model, const char *dir) {
+    return train_boundary([&] {
+        require(model && dir && *dir, "rl_model_save: model and dir are required");
+        const fs::path target = fs::path(dir).lexically_normal();
+        std::error_code ec;
+        if (fs::exists(target, ec)) {
+            require(fs::is_directory(target, ec),
+                    "rl_model_save: '" + target.string() + "' exists and is not a folder");
+            const bool empty = fs::is_empty(target, ec);
+            require(empty || fs::exists(target / "config.json", ec),
+                    "rl_model_save: refusing to replace '" + target.string() +
+                        "': it exists and is not a model folder (no config.json)");
+        }
+        fs::path parent = target.parent_path();
+        if (!parent.empty()) fs::create_directories(parent, ec);
+        const fs::path tmp = fs::path(target.string() + ".tmp-" + std::to_string(::getpid()));
+        fs::remove_all(tmp, ec);
+        try {
+            core::save_pretrained(model->policy->model(), tmp.string());
+            core::replace_folder(tmp.string(), target.string());
+        } catch (...) {
+            fs::remove_all(tmp, ec);
+            throw;
+        }
+        return RL_OK;
+    });
+}
+
+// ---- tokenizer ---------------------------------------------------------------------
+
+RL_API rl_status_t rl_tokenizer_encode(rl_model_t *model, rl_string_view_t text, uint32_t flags,
+                                       rl_result_t **out_result) {
+    return train_boundary([&] {
+        require(model && out_result, "rl_tokenizer_encode: model and out_result are required");
+        require(text.length == 0 || text.data != nullptr,
+                "rl_tokenizer_encode: text.data is NULL but text.length is " +
+                    std::to_string(text.length));
+        require((flags & ~static_cast<uint32_t>(RL_ENCODE_ADD_SPECIAL)) == 0,
+                "rl_tokenizer_encode: unknown flags " + std::to_string(flags));
+        const core::Tokenizer &tok = model->policy->require_tokenizer("rl_tokenizer_encode");
+        core::EncodeOptions o;
+        o.add_special_tokens = (flags & RL_ENCODE_ADD_SPECIAL) != 0;
+        const auto ids = tok.encode(std::string_view(text.data ? text.data : "", text.length), o);
+        CallSink sink;
+        sink.tensors["ids"] = owned_from_vector(std::vector<int64_t>(ids.begin(), ids.end()),
+                                                rl_dtype_t{RL_DTYPE_INT, 64, 1});
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_tokenizer_decode(rl_model_t *model, const int64_t *ids, uint64_t n,
+                                       rl_result_t **out_result) {
+    return train_boundary([&] {
+        require(model && out_result, "rl_tokenizer_decode: model and out_result are required");
+        require(n == 0 || ids != nullptr,
+                "rl_tokenizer_decode: ids is NULL but n is " + std::to_string(n));
+        const core::Tokenizer &tok = model->policy->require_tokenizer("rl_tokenizer_decode");
+        std::vector<int32_t> v;
+        v.reserve(n);
+        for (uint64_t i = 0; i < n; ++i) {
+            require(ids[i] >= 0 && ids[i] < tok.vocab_size(),
+                    "rl_tokenizer_decode: ids[" + std::to_string(i) +
+                        "] = " + std::to_string(ids[i]) + " is outside the vocabulary [0, " +
+                        std::to_string(tok.vocab_size()) + ")");
+            v.push_back(static_cast<int32_t>(ids[i]));
+        }
+        CallSink sink;
+        sink.texts["text"] = tok.decode(v);
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_tokenizer_apply_chat_template(rl_model_t *model, const char *messages_json,
+                                                    const char *template_name,
+                                                    uint32_t add_generation_prompt,
+                                                    rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_tokenizer_apply_chat_template";
+        require(model && messages_json && out_result,
+                fn_msg(fn, "model, messages_json and out_result are required"));
+        const json j = parse_json(messages_json, fn_msg(fn, "messages"));
+        require(j.is_array(), fn_msg(fn, "messages must be a JSON array of {role, content}"));
+        std::vector<core::ChatMessage> msgs;
+        for (size_t i = 0; i < j.size(); ++i) {
+            const json &m = j[i];
+            const std::string at = "messages[" + std::to_string(i) + "]";
+            require(m.is_object() && m.contains("role") && m["role"].is_string() &&
+                        m.contains("content") && m["content"].is_string(),
+                    fn_msg(fn, at + " must be an object with string 'role' and 'content'"));
+            msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+        }
+        core::ChatTemplateOptions o;
+        o.add_generation_prompt = add_generation_prompt != 0;
+        CallSink sink;
+        if (template_name) {
+            sink.texts["prompt"] =
+                core::apply_chat_template(core::parse_chat_format(template_name), msgs, o);
+        } else {
+            sink.texts["prompt"] =
+                model->policy->require_tokenizer(fn).apply_chat_template(msgs, o);
+        }
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+} // extern "C"

@@ -1,0 +1,115 @@
+#include "train_common.hpp"
+
+namespace rl::host::capi {
+
+namespace core = rl::core;
+using nlohmann::json;
+
+std::string fn_msg(const char *fn, const std::string &msg) {
+    return std::string(fn) + ": " + msg;
+}
+
+json parse_json(const char *text, const std::string &what) {
+    if (text == nullptr) return json();
+    json j = json::parse(text, nullptr, false);
+    if (j.is_discarded()) throw HostError{RL_ERR_INVALID_ARG, what + ": not valid JSON"};
+    return j;
+}
+
+// ---- tensors ----------------------------------------------------------------
+
+at::ScalarType scalar_type_of(rl_dtype_t d, const std::string &what) {
+    if (d.lanes == 1) {
+        switch (d.code) {
+            case RL_DTYPE_FLOAT:
+                if (d.bits == 32) return at::kFloat;
+                if (d.bits == 64) return at::kDouble;
+                if (d.bits == 16) return at::kHalf;
+                break;
+            case RL_DTYPE_BFLOAT:
+                if (d.bits == 16) return at::kBFloat16;
+                break;
+            case RL_DTYPE_INT:
+                if (d.bits == 64) return at::kLong;
+                if (d.bits == 32) return at::kInt;
+                if (d.bits == 16) return at::kShort;
+                if (d.bits == 8) return at::kChar;
+                break;
+            case RL_DTYPE_UINT:
+                if (d.bits == 8) return at::kByte;
+                break;
+            case RL_DTYPE_BOOL:
+                if (d.bits == 8) return at::kBool;
+                break;
+            default:
+                break;
+        }
+    }
+    throw HostError{RL_ERR_UNSUPPORTED,
+                    what + ": dtype " + rl::host::dtype_string(d) + " is not supported"};
+}
+
+rl_dtype_t dtype_of(at::ScalarType t) {
+    switch (t) {
+        case at::kFloat:
+            return {RL_DTYPE_FLOAT, 32, 1};
+        case at::kDouble:
+            return {RL_DTYPE_FLOAT, 64, 1};
+        case at::kHalf:
+            return {RL_DTYPE_FLOAT, 16, 1};
+        case at::kBFloat16:
+            return {RL_DTYPE_BFLOAT, 16, 1};
+        case at::kLong:
+            return {RL_DTYPE_INT, 64, 1};
+        case at::kInt:
+            return {RL_DTYPE_INT, 32, 1};
+        case at::kShort:
+            return {RL_DTYPE_INT, 16, 1};
+        case at::kChar:
+            return {RL_DTYPE_INT, 8, 1};
+        case at::kByte:
+            return {RL_DTYPE_UINT, 8, 1};
+        case at::kBool:
+            return {RL_DTYPE_BOOL, 8, 1};
+        default:
+            throw HostError{RL_ERR_INTERNAL, std::string("no ABI dtype for ") + c10::toString(t)};
+    }
+}
+
+at::Tensor tensor_from_owned(const OwnedTensor &o, const std::string &what) {
+    at::Tensor t = at::empty(o.shape, at::TensorOptions().dtype(scalar_type_of(o.dtype, what)));
+    if (!o.bytes.empty()) std::memcpy(t.data_ptr(), o.bytes.data(), o.bytes.size());
+    return t;
+}
+
+at::Tensor tensor_from_view(const rl_tensor_view_t &v, const std::string &what) {
+    OwnedTensor o;
+    try {
+        o = OwnedTensor::copy_of(v);
+    } catch (const HostError &e) {
+        throw HostError{e.status, what + ": " + e.message};
+    }
+    return tensor_from_owned(o, what);
+}
+
+OwnedTensor owned_from_tensor(const at::Tensor &t) {
+    at::Tensor c = t.to(at::kCPU).contiguous();
+    OwnedTensor o;
+    o.dtype = dtype_of(c.scalar_type());
+    o.shape.assign(c.sizes().begin(), c.sizes().end());
+    o.bytes.resize(static_cast<size_t>(c.numel()) * c.element_size());
+    if (!o.bytes.empty()) std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
+    return o;
+}
+
+std::vector<int64_t> int_vector(const rl_tensor_view_t &v, const std::string &what) {
+    at::Tensor t = tensor_from_view(v, what);
+    if (t.dim() != 1) throw HostError{RL_ERR_INVALID_ARG, what + " must be 1-D"};
+    if (!at::isIntegralType(t.scalar_type(), /*includeBool=*/false))
+        throw HostError{RL_ERR_INVALID_ARG, what + " must be an integer tensor (int64), got " +
+                                                c10::toString(t.scalar_type())};
+    t = t.to(at::kLong).contiguous();
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+} // namespace rl::host::capi

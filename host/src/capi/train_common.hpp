@@ -1,0 +1,86 @@
+// Shared by the translation units of the training C API (abi/rl/train.h):
+// the handles, the exception boundary over core/ and libtorch errors, and
+// tensor conversion between ABI views and ATen tensors. Internal to librl.
+#pragma once
+
+#include "../capi_common.hpp"
+#include "rl/host/runtime.hpp"
+
+#include "rl/core/buffer.hpp"
+#include "rl/core/engine.hpp"
+#include "rl/core/error.hpp"
+#include "rl/core/policy.hpp"
+#include "rl/core/trainer.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+struct rl_model {
+    std::shared_ptr<rl::core::Policy> policy;
+};
+struct rl_trainer {
+    std::shared_ptr<rl::core::Policy> policy;
+    std::unique_ptr<rl::core::Trainer> impl;
+};
+struct rl_engine {
+    std::shared_ptr<rl::core::Policy> policy;
+    std::unique_ptr<rl::core::Engine> impl;
+};
+struct rl_buffer {
+    std::unique_ptr<rl::core::RolloutBuffer> impl;
+};
+
+namespace rl::host::capi {
+
+// boundary() plus the error types of core/ and libtorch.
+template <class F>
+rl_status_t train_boundary(F &&f) noexcept {
+    return boundary([&]() -> rl_status_t {
+        try {
+            return f();
+        } catch (const rl::core::Error &e) {
+            throw HostError{status_of(e.kind()), e.what()};
+        } catch (const c10::Error &e) {
+            throw HostError{RL_ERR_INTERNAL,
+                            std::string("libtorch: ") + e.what_without_backtrace()};
+        } catch (const std::invalid_argument &e) {
+            throw HostError{RL_ERR_INVALID_ARG, e.what()};
+        }
+    });
+}
+
+// "<fn>: <msg>".
+std::string fn_msg(const char *fn, const std::string &msg);
+
+// A JSON argument (null when text is NULL); errors name `what`.
+nlohmann::json parse_json(const char *text, const std::string &what);
+
+// ---- tensors ----------------------------------------------------------------
+
+at::ScalarType scalar_type_of(rl_dtype_t d, const std::string &what);
+rl_dtype_t dtype_of(at::ScalarType t);
+at::Tensor tensor_from_owned(const OwnedTensor &o, const std::string &what);
+// A copy of a borrowed view; errors name `what`.
+at::Tensor tensor_from_view(const rl_tensor_view_t &v, const std::string &what);
+OwnedTensor owned_from_tensor(const at::Tensor &t);
+// A 1-D integer view as int64 values.
+std::vector<int64_t> int_vector(const rl_tensor_view_t &v, const std::string &what);
+
+template <class T>
+OwnedTensor owned_from_vector(const std::vector<T> &v, rl_dtype_t dtype) {
+    OwnedTensor o;
+    o.dtype = dtype;
+    o.shape = {static_cast<int64_t>(v.size())};
+    o.bytes.resize(v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(o.bytes.data(), v.data(), o.bytes.size());
+    return o;
+}
+
+} // namespace rl::host::capi

@@ -1,0 +1,91 @@
+// Declared settings (rl/core/params.hpp): the one reader, and the rule that a
+// setting's default is the same in its declaration and in its C++ struct.
+#include "rl/core/buffer.hpp"
+#include "rl/core/engine.hpp"
+#include "rl/core/error.hpp"
+#include "rl/core/params.hpp"
+#include "rl/core/trainer_config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace {
+
+using nlohmann::json;
+using rl::core::ParamSpec;
+
+std::string error_of(const std::function<void()> &f) {
+    try {
+        f();
+    } catch (const rl::core::Error &e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+TEST(Params, StructDefaultsEqualTheDeclaredDefaults) {
+    EXPECT_EQ(json::parse(rl::core::TrainerConfig{}.to_json()),
+              json::parse(rl::core::TrainerConfig::from_json("{}").to_json()));
+    const auto e = rl::core::EngineConfig{}, e0 = rl::core::EngineConfig::from_json("{}");
+    EXPECT_EQ(e.max_batch_sequences, e0.max_batch_sequences);
+    EXPECT_EQ(e.kv_cache_fraction, e0.kv_cache_fraction);
+    const auto b = rl::core::BufferConfig{}, b0 = rl::core::BufferConfig::from_json("{}");
+    EXPECT_EQ(b.group_size, b0.group_size);
+    EXPECT_EQ(b.easy_threshold, b0.easy_threshold);
+    EXPECT_EQ(b.hard_threshold, b0.hard_threshold);
+    EXPECT_EQ(b.drop_zero_variance, b0.drop_zero_variance);
+    EXPECT_EQ(b.reward_tolerance, b0.reward_tolerance);
+    EXPECT_EQ(b.min_group_size, b0.min_group_size);
+    EXPECT_EQ(b.max_off_policy_steps, b0.max_off_policy_steps);
+    EXPECT_EQ(b.drop_log_capacity, b0.drop_log_capacity);
+}
+
+TEST(Params, EveryDeclarationHasAValidDefaultAndAMeaning) {
+    for (const auto *list :
+         {&rl::core::trainer_params(), &rl::core::engine_params(), &rl::core::buffer_params()})
+        for (const ParamSpec &s : *list) {
+            EXPECT_FALSE(s.doc.empty()) << s.key;
+            EXPECT_NO_THROW(rl::core::check_param(s, s.fallback, s.key)) << s.key;
+        }
+}
+
+TEST(Params, TheReaderNamesTheKeyAndTheRule) {
+    const auto &specs = rl::core::trainer_params();
+    EXPECT_NE(error_of([&] {
+                  rl::core::read_params(json{{"beta1", 1.0}}, specs, "trainer", "trainer config");
+              }).find("trainer config: key 'trainer.beta1' must be in [0, 1), got 1.0"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  rl::core::read_params(json{{"warmup_steps", 2.5}}, specs, "trainer", "t");
+              }).find("key 'trainer.warmup_steps' must be an integer, got 2.5"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  rl::core::read_params(json{{"lr", 1}}, specs, "trainer", "t");
+              }).find("unknown key 'trainer.lr'; valid: learning_rate, beta1"),
+              std::string::npos);
+    const json filled = rl::core::read_params(json{{"warmup_steps", 3.0}}, specs, "trainer", "t");
+    EXPECT_EQ(filled["warmup_steps"], 3); // integral numbers are integers
+    EXPECT_EQ(filled["learning_rate"], 1e-5);
+    EXPECT_TRUE(filled["seed"].is_null());
+}
+
+TEST(Params, ChoicesAcceptNumberedPatterns) {
+    ParamSpec s;
+    s.key = "device";
+    s.choices = {"cpu", "cuda:N"};
+    EXPECT_TRUE(rl::core::choice_allowed(s, "cuda:0"));
+    EXPECT_TRUE(rl::core::choice_allowed(s, "cuda:12"));
+    EXPECT_FALSE(rl::core::choice_allowed(s, "cuda:"));
+    EXPECT_FALSE(rl::core::choice_allowed(s, "cuda:1x"));
+    EXPECT_FALSE(rl::core::choice_allowed(s, "cud"));
+}
+
+TEST(Params, TrainerStructValidationUsesTheDeclarations) {
+    rl::core::TrainerConfig c;
+    c.learning_rate = -1;
+    EXPECT_NE(error_of([&] { c.validate(); }).find("'trainer.learning_rate' must be >= 0"),
+              std::string::npos);
+}
+
+} // namespace
