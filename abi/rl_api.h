@@ -27,5 +27,6 @@
 #include "rl/kinds/transport.h"
 #include "rl/runtime.h"
 #include "rl/train.h"
+#include "rl/step.h"
 
 #endif /* RL_API_H */

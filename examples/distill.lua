@@ -57,24 +57,22 @@ engine:sync_weights()
 
 for step in run:steps("rl", cfg.run.steps) do
     local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
-    local rollouts = rl.generate_rollouts {
-        engine = engine, env = env, tokenizer = tok, tasks = tasks, chat_template = template,
-        params = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
-    }
+    local rollouts = engine:rollouts(tasks, {
+        chat_template = template, group_offset = step * #tasks,
+        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
+    })
+    rollouts:score(env)
     -- Every rollout trains here (the teacher signal needs no reward spread).
-    local batch, seqs = rl.rl_batch(rollouts)
-    batch.advantages = advantage:compute {
-        rewards = seqs.rewards, group_ids = seqs.group_ids,
-        cu_seqlens = batch.cu_seqlens, loss_mask = batch.loss_mask,
-    }.advantages
-    batch.teacher_logprobs = teacher_forward:forward(batch).logprobs
+    local batch = rollouts:to_batch()
+    batch:compute_advantages(advantage)
+    batch:set("teacher_logprobs", teacher_forward:forward(batch).logprobs)
     local out = trainer:forward_backward(batch, loss)
     local opt = trainer:optim_step()
     engine:sync_weights()
 
-    local rewards = rl.reward_stats(rollouts)
+    local r = rollouts:info()
     local record = rl.loss_stats(out)
-    record.reward, record.exact = rewards.mean, rewards["env/exact_match"]
+    record.reward, record.exact = r.reward_mean, r["env/exact_match"]
     record.teacher_kl = out.metrics.teacher_kl
     record.tokens, record.grad_norm = out.tokens, opt.grad_norm
     run:log(record)

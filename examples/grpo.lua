@@ -41,37 +41,34 @@ if cfg.sft.steps > 0 then
         run:log { loss = out.loss, tokens = out.tokens, grad_norm = opt.grad_norm }
     end
 end
-buffer:set_policy_version(engine:sync_weights())
+engine:sync_weights(buffer)
 
 -- 2. GRPO ----------------------------------------------------------------------------
 for step in run:steps("rl", cfg.run.steps) do
     local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
-    local rollouts = rl.generate_rollouts {
-        engine = engine, env = env, tokenizer = tok, tasks = tasks, chat_template = template,
-        params = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
-    }
-    local flagged = rl.apply_filters(filters, rollouts, info.vocab_size)
-    rl.push_rollouts(buffer, rollouts, step * #tasks)
+    local rollouts = engine:rollouts(tasks, {
+        chat_template = template, group_offset = step * #tasks,
+        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
+    })
+    rollouts:score(env)
+    local flagged = rollouts:filter(filters)
+    buffer:push_rollouts(rollouts) -- the buffer drops groups without signal
 
-    local rewards = rl.reward_stats(rollouts)
+    local r = rollouts:info()
     local record = {
-        reward = rewards.mean, reward_std = rewards.std,
-        exact = rewards["env/exact_match"], flagged = flagged.flagged, masked = flagged.masked,
+        reward = r.reward_mean, reward_std = r.reward_std,
+        exact = r["env/exact_match"], flagged = flagged.flagged, masked = flagged.masked,
     }
-    local popped = rl.pop_all(buffer, cfg.buffer.min_rollouts)
-    if popped then
-        local batch, seqs = rl.batch_from_buffer(popped)
-        batch.advantages = advantage:compute {
-            rewards = seqs.rewards, group_ids = seqs.group_ids,
-            cu_seqlens = batch.cu_seqlens, loss_mask = batch.loss_mask,
-        }.advantages
+    local batch = buffer:pop_train_batch(cfg.buffer.min_rollouts)
+    if batch then
+        batch:compute_advantages(advantage)
         local out = trainer:forward_backward(batch, loss)
         local opt = trainer:optim_step()
-        buffer:set_policy_version(engine:sync_weights())
+        engine:sync_weights(buffer)
         for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
-        record.mask_frac = record.mask_frac or flagged.masked / #rollouts
+        record.mask_frac = record.mask_frac or flagged.masked / r.rollouts
         record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
-        record.groups = popped.groups
+        record.groups = batch:info().groups
     end
     local drops = buffer:stats(true)
     record.dropped_groups = drops.dropped_groups

@@ -39,28 +39,25 @@ if cfg.sft.steps > 0 then -- optional supervised warm-up
         run:log { loss = out.loss, tokens = out.tokens }
     end
 end
-buffer:set_policy_version(engine:sync_weights())
+engine:sync_weights(buffer)
 
 for step in run:steps("rl", cfg.run.steps) do
     local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
-    local rollouts = rl.generate_rollouts {
-        engine = engine, env = env, tokenizer = tok, tasks = tasks, chat_template = template,
-        params = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
-    }
-    local flagged = rl.apply_filters(filters, rollouts, info.vocab_size)
-    rl.push_rollouts(buffer, rollouts, step * #tasks)
-    local rewards = rl.reward_stats(rollouts)
-    local record = { reward = rewards.mean, exact = rewards["env/exact_match"], masked = flagged.masked }
+    local rollouts = engine:rollouts(tasks, {
+        chat_template = template, group_offset = step * #tasks,
+        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
+    })
+    rollouts:score(env)
+    local flagged = rollouts:filter(filters)
+    buffer:push_rollouts(rollouts)
+    local r = rollouts:info()
+    local record = { reward = r.reward_mean, exact = r["env/exact_match"], masked = flagged.masked }
 
-    local popped = rl.pop_all(buffer, cfg.buffer.min_rollouts)
-    if popped then
-        local batch, seqs = rl.batch_from_buffer(popped)
-        batch.advantages = advantage:compute {
-            rewards = seqs.rewards, group_ids = seqs.group_ids,
-            cu_seqlens = batch.cu_seqlens, loss_mask = batch.loss_mask,
-        }.advantages
+    local batch = buffer:pop_train_batch(cfg.buffer.min_rollouts)
+    if batch then
+        batch:compute_advantages(advantage)
         local stats = rl.metrics()
-        local minibatches = rl.split_batch(batch, cfg.ppo.minibatches, seqs.group_ids)
+        local minibatches = batch:split(cfg.ppo.minibatches) -- whole groups each
         for _ = 1, cfg.ppo.epochs do
             for _, mb in ipairs(minibatches) do
                 local out = trainer:forward_backward(mb, loss)
@@ -69,7 +66,7 @@ for step in run:steps("rl", cfg.run.steps) do
                 stats:add("ratio_max", out.metrics.ratio_max or 1):add("tokens", out.tokens)
             end
         end
-        buffer:set_policy_version(engine:sync_weights())
+        engine:sync_weights(buffer)
         for k, v in pairs(stats:means()) do record[k] = v end
         record.tokens = stats:get("tokens") * cfg.ppo.epochs * #minibatches
     end

@@ -25,11 +25,11 @@ local eval_tasks = env:sample(32, rl.seed(cfg.run.seed, "eval"))
 -- Mean reward of greedy completions on held-out tasks.
 local function evaluate()
     engine:sync_weights()
-    local rollouts = rl.generate_rollouts {
-        engine = engine, env = env, tokenizer = tok, tasks = eval_tasks, chat_template = template,
-        params = rl.generation_params(cfg, { n = 1, temperature = 0 }),
-    }
-    return rl.reward_stats(rollouts)
+    local rollouts = engine:rollouts(eval_tasks, {
+        chat_template = template, sampling = rl.generation_params(cfg, { n = 1, temperature = 0 }),
+    })
+    rollouts:score(env)
+    return rollouts:info()
 end
 
 local every = cfg.run.checkpoint_every
@@ -41,8 +41,8 @@ for step in run:steps("sft", cfg.sft.steps) do
         grad_norm = opt.grad_norm }
     if (every > 0 and step % every == 0) or step == cfg.sft.steps then
         local ev = evaluate()
-        record.eval_reward, record.eval_exact = ev.mean, ev["env/exact_match"]
-        run:print(("eval at step %d: reward %.3f, exact match %.3f"):format(step, ev.mean,
+        record.eval_reward, record.eval_exact = ev.reward_mean, ev["env/exact_match"]
+        run:print(("eval at step %d: reward %.3f, exact match %.3f"):format(step, ev.reward_mean,
             ev["env/exact_match"] or 0))
     end
     run:log(record)

@@ -20,6 +20,15 @@ void destroy_engine(void *p) {
 void destroy_buffer(void *p) {
     rl_buffer_destroy(static_cast<rl_buffer_t *>(p));
 }
+void destroy_rollouts(void *p) {
+    rl_rollouts_destroy(static_cast<rl_rollouts_t *>(p));
+}
+void destroy_train_batch(void *p) {
+    rl_train_batch_destroy(static_cast<rl_train_batch_t *>(p));
+}
+
+constexpr const char *kRolloutsMT = "rl.rollouts";
+constexpr const char *kTrainBatchMT = "rl.train_batch";
 
 std::string config_arg(lua_State *L, int arg, const char *what) {
     if (lua_isnoneornil(L, arg)) return "{}";
@@ -168,8 +177,16 @@ rl_trainer_t *trainer_of(lua_State *L) {
     return static_cast<rl_trainer_t *>(check_handle(L, 1, kTrainerMT)->ptr);
 }
 
-// Reads batch table at idx into *b; views borrow values pushed on the stack.
+// Reads the batch at idx (an rl.train_batch, or a table of tensors) into *b;
+// views borrow the batch or values pushed on the stack.
 void read_batch(lua_State *L, int idx, const char *what, rl_batch_t *b, TensorTable *tt) {
+    if (luaL_testudata(L, idx, kTrainBatchMT)) {
+        *b = rl_batch_t{};
+        b->struct_size = sizeof(*b);
+        auto *tb = static_cast<rl_train_batch_t *>(check_handle(L, idx, kTrainBatchMT)->ptr);
+        check_status(L, rl_train_batch_view(tb, b), what);
+        return;
+    }
     if (!lua_istable(L, idx))
         arg_error(L, idx,
                   std::string("batch (a table of tensors) expected, got ") + luaL_typename(L, idx));
@@ -299,12 +316,29 @@ int e_generate(lua_State *L) {
     return 1;
 }
 
+// engine:sync_weights([buffer]) -> policy version; the buffer (when given)
+// learns it in the same call.
 int e_sync_weights(lua_State *L) {
     rl_engine_t *e = engine_of(L);
+    rl_buffer_t *b = nullptr;
+    if (!lua_isnoneornil(L, 2))
+        b = static_cast<rl_buffer_t *>(check_handle(L, 2, "rl.buffer")->ptr);
     rl_result_t *res = nullptr;
-    check_status(L, rl_engine_sync_weights(e, &res), "engine:sync_weights");
+    check_status(L, rl_sync_weights(e, b, &res), "engine:sync_weights");
     push_result(L, res);
     lua_getfield(L, -1, "policy_version");
+    return 1;
+}
+
+// engine:rollouts(tasks [, {chat_template, group_offset, sampling}]) -> rl.rollouts
+int e_rollouts(lua_State *L) {
+    rl_engine_t *e = engine_of(L);
+    const std::string tasks = config_arg(L, 2, "engine:rollouts: tasks");
+    const std::string opts = config_arg(L, 3, "engine:rollouts: options");
+    Handle *h = push_handle(L, kRolloutsMT, nullptr, destroy_rollouts, 0);
+    rl_rollouts_t *r = nullptr;
+    check_status(L, rl_rollouts_generate(e, tasks.c_str(), opts.c_str(), &r), "engine:rollouts");
+    h->ptr = r;
     return 1;
 }
 
@@ -420,6 +454,146 @@ int b_stats(lua_State *L) {
     return 1;
 }
 
+// buffer:push_rollouts(rollouts) -> number pushed
+int b_push_rollouts(lua_State *L) {
+    rl_buffer_t *b = buffer_of(L);
+    auto *r = static_cast<rl_rollouts_t *>(check_handle(L, 2, kRolloutsMT)->ptr);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_buffer_push_rollouts(b, r, &res), "buffer:push_rollouts");
+    push_result(L, res);
+    lua_getfield(L, -1, "pushed");
+    return 1;
+}
+
+// buffer:pop_train_batch(min_rollouts [, timeout_ms]) -> rl.train_batch, or nil
+// when fewer rollouts are ready
+int b_pop_train_batch(lua_State *L) {
+    rl_buffer_t *b = buffer_of(L);
+    const lua_Integer n = luaL_checkinteger(L, 2);
+    luaL_argcheck(L, n >= 1, 2, "min_rollouts must be >= 1");
+    const lua_Integer timeout = luaL_optinteger(L, 3, 0);
+    luaL_argcheck(L, timeout >= 0, 3, "timeout_ms must be >= 0");
+    Handle *h = push_handle(L, kTrainBatchMT, nullptr, destroy_train_batch, 0);
+    rl_train_batch_t *tb = nullptr;
+    check_status(
+        L,
+        rl_buffer_pop_train_batch(b, static_cast<uint64_t>(n), static_cast<uint64_t>(timeout), &tb),
+        "buffer:pop_train_batch");
+    if (!tb) {
+        lua_pushnil(L);
+        return 1;
+    }
+    h->ptr = tb;
+    return 1;
+}
+
+// ---- rollouts and training batches -------------------------------------------------------
+
+rl_rollouts_t *rollouts_of(lua_State *L) {
+    return static_cast<rl_rollouts_t *>(check_handle(L, 1, kRolloutsMT)->ptr);
+}
+
+// rollouts:score(env)
+int ro_score(lua_State *L) {
+    rl_rollouts_t *r = rollouts_of(L);
+    auto *env = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.env")->ptr);
+    check_status(L, rl_rollouts_score(r, env), "rollouts:score");
+    return 0;
+}
+
+// rollouts:filter(filters) -> {flagged, masked, ["flagged.<reason>"] = n}
+int ro_filter(lua_State *L) {
+    rl_rollouts_t *r = rollouts_of(L);
+    std::vector<rl_instance_t *> filters;
+    if (!lua_isnoneornil(L, 2)) {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        const lua_Integer n = static_cast<lua_Integer>(lua_rawlen(L, 2));
+        for (lua_Integer i = 1; i <= n; ++i) {
+            lua_rawgeti(L, 2, i);
+            filters.push_back(
+                static_cast<rl_instance_t *>(check_handle(L, lua_gettop(L), "rl.filter")->ptr));
+            lua_pop(L, 1);
+        }
+    }
+    rl_result_t *res = nullptr;
+    check_status(L, rl_rollouts_filter(r, filters.data(), filters.size(), &res), "rollouts:filter");
+    push_result(L, res);
+    return 1;
+}
+
+// rollouts:info() -> {rollouts, groups, reward_mean, ..., rewards, completions, ...}
+int ro_info(lua_State *L) {
+    rl_rollouts_t *r = rollouts_of(L);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_rollouts_info(r, &res), "rollouts:info");
+    static const char *const texts[] = {"completions", "finish_reasons", "tasks", "flags", nullptr};
+    push_result(L, res, texts);
+    return 1;
+}
+
+// rollouts:to_batch() -> rl.train_batch of every rollout (no buffer)
+int ro_to_batch(lua_State *L) {
+    rl_rollouts_t *r = rollouts_of(L);
+    Handle *h = push_handle(L, kTrainBatchMT, nullptr, destroy_train_batch, 0);
+    rl_train_batch_t *b = nullptr;
+    check_status(L, rl_rollouts_to_batch(r, &b), "rollouts:to_batch");
+    h->ptr = b;
+    return 1;
+}
+
+rl_train_batch_t *train_batch_of(lua_State *L) {
+    return static_cast<rl_train_batch_t *>(check_handle(L, 1, kTrainBatchMT)->ptr);
+}
+
+// batch:compute_advantages(advantage) -> the advantage plugin's result
+int tb_compute_advantages(lua_State *L) {
+    rl_train_batch_t *b = train_batch_of(L);
+    auto *adv = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.advantage")->ptr);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_train_batch_compute_advantages(b, adv, &res),
+                 "train_batch:compute_advantages");
+    push_result(L, res);
+    return 1;
+}
+
+// batch:set(name, tensor): a per-token tensor ("teacher_logprobs", ...)
+int tb_set(lua_State *L) {
+    rl_train_batch_t *b = train_batch_of(L);
+    const char *name = luaL_checkstring(L, 2);
+    const rl_tensor_view_t v =
+        to_view(L, 3, kFloat32, DtypeRule::AnyFloat, "train_batch:set: tensor");
+    check_status(L, rl_train_batch_set_tensor(b, name, &v), "train_batch:set");
+    return 0;
+}
+
+// batch:split(k) -> list of at most k rl.train_batch, never splitting a group
+int tb_split(lua_State *L) {
+    rl_train_batch_t *b = train_batch_of(L);
+    const lua_Integer k = luaL_checkinteger(L, 2);
+    luaL_argcheck(L, k >= 1, 2, "k must be an integer >= 1");
+    std::vector<rl_train_batch_t *> parts(static_cast<size_t>(k), nullptr);
+    uint64_t n = 0;
+    check_status(L, rl_train_batch_split(b, static_cast<uint64_t>(k), parts.data(), &n),
+                 "train_batch:split");
+    lua_createtable(L, static_cast<int>(n), 0);
+    for (uint64_t i = 0; i < n; ++i) {
+        Handle *h = push_handle(L, kTrainBatchMT, nullptr, destroy_train_batch, 0);
+        h->ptr = parts[i];
+        lua_rawseti(L, -2, static_cast<lua_Integer>(i + 1));
+    }
+    return 1;
+}
+
+// batch:info() -> {groups, rollouts, tokens, loss_tokens, rewards, group_ids, ...}
+int tb_info(lua_State *L) {
+    rl_train_batch_t *b = train_batch_of(L);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_train_batch_info(b, &res), "train_batch:info");
+    static const char *const texts[] = {"tasks", "completions", nullptr};
+    push_result(L, res, texts);
+    return 1;
+}
+
 } // namespace
 
 void open_train(lua_State *L, int M) {
@@ -445,20 +619,34 @@ void open_train(lua_State *L, int M) {
                                                RL_LUA_FN("load_checkpoint", t_load_checkpoint),
                                                {nullptr, nullptr}};
     define_handle_type(L, kTrainerMT, trainer_methods);
-    static const luaL_Reg engine_methods[] = {RL_LUA_FN("generate", e_generate),
-                                              RL_LUA_FN("sync_weights", e_sync_weights),
-                                              RL_LUA_FN("sleep", e_sleep),
-                                              RL_LUA_FN("wake_up", e_wake_up),
-                                              {nullptr, nullptr}};
+    static const luaL_Reg engine_methods[] = {
+        RL_LUA_FN("generate", e_generate), RL_LUA_FN("sync_weights", e_sync_weights),
+        RL_LUA_FN("rollouts", e_rollouts), RL_LUA_FN("sleep", e_sleep),
+        RL_LUA_FN("wake_up", e_wake_up),   {nullptr, nullptr}};
     define_handle_type(L, kEngineMT, engine_methods);
 
     static const luaL_Reg buffer_methods[] = {RL_LUA_FN("set_policy_version", b_set_policy_version),
                                               RL_LUA_FN("push", b_push),
                                               RL_LUA_FN("close_group", b_close_group),
                                               RL_LUA_FN("pop_batch", b_pop_batch),
+                                              RL_LUA_FN("push_rollouts", b_push_rollouts),
+                                              RL_LUA_FN("pop_train_batch", b_pop_train_batch),
                                               RL_LUA_FN("stats", b_stats),
                                               {nullptr, nullptr}};
     define_handle_type(L, kBufferMT, buffer_methods);
+    static const luaL_Reg rollouts_methods[] = {RL_LUA_FN("score", ro_score),
+                                                RL_LUA_FN("filter", ro_filter),
+                                                RL_LUA_FN("info", ro_info),
+                                                RL_LUA_FN("to_batch", ro_to_batch),
+                                                {nullptr, nullptr}};
+    define_handle_type(L, kRolloutsMT, rollouts_methods);
+    static const luaL_Reg train_batch_methods[] = {
+        RL_LUA_FN("compute_advantages", tb_compute_advantages),
+        RL_LUA_FN("info", tb_info),
+        RL_LUA_FN("set", tb_set),
+        RL_LUA_FN("split", tb_split),
+        {nullptr, nullptr}};
+    define_handle_type(L, kTrainBatchMT, train_batch_methods);
 
     static const luaL_Reg fns[] = {RL_LUA_FN("model", m_load),
                                    RL_LUA_FN("buffer", b_new),

@@ -228,7 +228,6 @@ TEST(LuaArguments, WrongTypesAreLuaErrorsNotCrashes) {
         {"rl.mkdir('')", "empty path"},
         {"rl.seed('x')", "rl.seed: base must be an integer"},
         {"rl.run(5)", "rl.run: expected the run configuration"},
-        {"rl.split_batch({cu_seqlens = rl.tensor({0, 1})}, 0)", "k must be an integer >= 1"},
     };
     for (const auto &c : cases) {
         const std::string code = std::string("local ok, err = pcall(function() ") + c.code +
@@ -619,60 +618,6 @@ TEST_F(LuaMatchesCApi, AdvantagesAndFilterVerdicts) {
 
 // ---- buffer and batch helpers -------------------------------------------------------------------
 
-TEST(LuaHelpers, RolloutBatchFollowsTheBatchConvention) {
-    Lua lua;
-    EXPECT_EQ(lua.eval_string(R"(
-        local rl = require('rl')
-        local rollouts = {
-          {group = 1, prompt_ids = rl.tensor({10, 11}), token_ids = rl.tensor({5, 6, 7}),
-           logprobs = rl.tensor({-0.5, -1.0, -1.5}, 'float32'), reward = 1.0},
-          {group = 1, prompt_ids = rl.tensor({10, 11}), token_ids = rl.tensor({8}),
-           logprobs = rl.tensor({-2.0}, 'float32'), reward = 0.0, masked = true},
-        }
-        local b, seqs = rl.rl_batch(rollouts)
-        local ids = table.concat(b.input_ids:totable(), ',')
-        local cu = table.concat(b.cu_seqlens:totable(), ',')
-        local mask = table.concat(b.loss_mask:totable(), ',')
-        local old = table.concat(b.old_logprobs:totable(), ',')
-        assert(ids == '10,11,5,6,7,10,11,8', ids)
-        assert(cu == '0,5,8', cu)
-        assert(mask == '0.0,0.0,1.0,1.0,1.0,0.0,0.0,0.0', mask)      -- masked rollout: no loss tokens
-        assert(old == '0.0,0.0,-0.5,-1.0,-1.5,0.0,0.0,-2.0', old)   -- token t's own sampling logprob
-        assert(seqs.rewards[1] == 1.0 and seqs.group_ids[2] == 1)
-        local per = rl.per_token(b, {2.0, 3.0})
-        assert(table.concat(per:totable(), ',') == '0.0,0.0,2.0,2.0,2.0,0.0,0.0,0.0')
-        local parts = rl.split_batch(b, 2)
-        assert(#parts == 2 and #parts[1].input_ids == 5 and #parts[2].input_ids == 3)
-        assert(table.concat(parts[2].cu_seqlens:totable(), ',') == '0,3')
-        local whole = rl.split_batch(b, 2, {4, 4})   -- one group: never split
-        assert(#whole == 1)
-        return 'ok')"),
-              "ok");
-}
-
-TEST(LuaHelpers, BufferDropsGroupsWithoutSignal) {
-    Lua lua;
-    EXPECT_EQ(lua.eval_string(R"(
-        local rl = require('rl')
-        local buf = rl.buffer{group_size = 2}
-        local function push(group, reward)
-          buf:push{group_id = group, reward = reward, policy_version = 0,
-                   token_ids = rl.tensor({1, 2, 3}), logprobs = rl.tensor({0, -1, -1}, 'float32'),
-                   loss_mask = rl.tensor({0, 1, 1}, 'float32')}
-        end
-        push(1, 1.0); push(1, 0.0)     -- signal
-        push(2, 0.5); push(2, 0.5)     -- zero variance: dropped
-        local popped = rl.pop_all(buf)
-        assert(popped and popped.groups == 1 and #popped.rewards == 2, 'one group')
-        local batch, seqs = rl.batch_from_buffer(popped)
-        assert(#batch.input_ids == 6 and #batch.old_logprobs == 6 and seqs.group_ids[1] == 1)
-        assert(rl.pop_all(buf) == nil)
-        local st = buf:stats(true)
-        assert(st.dropped_groups == 1, st.dropped_groups)
-        return 'ok')"),
-              "ok");
-}
-
 TEST(LuaHelpers, SeedsAreStableAndSpread) {
     Lua lua;
     EXPECT_EQ(lua.eval_string(R"(
@@ -730,21 +675,38 @@ TEST(LuaTraining, TrainerAndEngineWorkThroughTheModule) {
         assert(not ok and err:find("missing field 'cu_seqlens'", 1, true), err)
         ok, err = pcall(trainer.forward_backward, trainer, {input_ids = {1, 2}, cu_seqlens = {0, 2}, junk = 'x'}, rl.loss('causallm_loss'))
         assert(not ok and err:find('batch.junk must be an rl.tensor or a table', 1, true), err)
-        -- one GRPO-shaped update
-        for i, s in ipairs(samples) do
-          s.group, s.reward = s.prompt_index, i % 2
-          s.prompt_ids = s.prompt_index == 1 and ids or rl.tensor({100, 101})
-        end
-        local batch, seqs = rl.rl_batch(samples)
-        batch.advantages = rl.advantage('grpo'):compute{rewards = seqs.rewards, group_ids = seqs.group_ids,
-          cu_seqlens = batch.cu_seqlens, loss_mask = batch.loss_mask}.advantages
+        -- one GRPO step through the typed verbs
+        local buffer = rl.buffer{group_size = 4}
+        local tasks = env:sample(2, 5)
+        local rollouts = engine:rollouts(tasks, {group_offset = 10,
+          sampling = {n = 4, max_tokens = 6, seed = 3, temperature = 1.0}})
+        ok, err = pcall(buffer.push_rollouts, buffer, rollouts)
+        assert(not ok and err:find('rollout 0 is not scored', 1, true), err)
+        rollouts:score(env)
+        local flagged = rollouts:filter({rl.filter('repetition', {window = 4, enforce = true})})
+        assert(flagged.flagged >= 0 and flagged.masked == flagged.flagged)
+        local ri = rollouts:info()
+        assert(ri.rollouts == 8 and ri.groups == 2 and ri.group_ids[1] == 10 and ri.group_ids[8] == 11)
+        assert(#ri.completions == 8 and ri.reward_mean >= 0)
+        assert(buffer:push_rollouts(rollouts) == 8)
+        local batch = rollouts:to_batch()   -- every rollout, no buffer
+        local bi = batch:info()
+        assert(bi.rollouts == 8 and bi.groups == 2 and #bi.input_ids == bi.tokens)
+        local adv = batch:compute_advantages(rl.advantage('grpo'))
+        assert(#adv.advantages == bi.tokens)
         local fwd = trainer:forward(batch)
-        assert(#fwd.logprobs == #batch.input_ids)
+        assert(#fwd.logprobs == bi.tokens)
+        batch:set('ref_logprobs', fwd.logprobs)
+        ok, err = pcall(batch.set, batch, 'input_ids', fwd.logprobs)
+        assert(not ok and err:find('cannot be replaced', 1, true), err)
         local r = trainer:forward_backward(batch, rl.loss('importance_sampling'))
-        assert(type(r.loss) == 'number' and r.tokens == #batch.input_ids)
+        assert(type(r.loss) == 'number' and r.tokens == bi.tokens)
+        local parts = batch:split(2)
+        assert(#parts == 2 and parts[1]:info().groups == 1 and parts[2]:info().rollouts == 4)
         local o = trainer:optim_step{learning_rate = 1e-3}
         assert(o.step == 1 and o.policy_version >= 1 and o.grad_norm > 0)
-        assert(engine:sync_weights() == o.policy_version)
+        assert(engine:sync_weights(buffer) == o.policy_version)
+        assert(buffer:stats().policy_version == o.policy_version)
         local path = trainer:save_checkpoint(DIR .. '/ck', {cursor = 3})
         local back = trainer:load_checkpoint(DIR .. '/ck')
         assert(back.path == path and back.state.cursor == 3 and back.step == 1)

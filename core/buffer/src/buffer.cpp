@@ -406,6 +406,17 @@ std::vector<Group> RolloutBuffer::wait_batch(size_t min_rollouts,
     return pop_batch_locked(min_rollouts);
 }
 
+std::vector<Group> RolloutBuffer::pop_ready(size_t min_rollouts,
+                                            std::chrono::milliseconds timeout) {
+    if (min_rollouts == 0) bad("RolloutBuffer::pop_ready: min_rollouts must be >= 1");
+    std::unique_lock<std::mutex> lock(mu_);
+    if (timeout.count() > 0)
+        cv_.wait_for(lock, timeout, [&] { return ready_rollouts_locked() >= min_rollouts; });
+    const size_t ready = ready_rollouts_locked();
+    if (ready < min_rollouts) return {};
+    return pop_batch_locked(ready);
+}
+
 // ---- reporting ----------------------------------------------------------------------
 
 BufferStats RolloutBuffer::stats() const {

@@ -147,6 +147,9 @@ public:
     std::vector<Group> pop_batch(size_t min_rollouts);
     // pop_batch, waiting up to `timeout` for enough rollouts; empty on timeout.
     std::vector<Group> wait_batch(size_t min_rollouts, std::chrono::milliseconds timeout);
+    // Every ready group, once at least min_rollouts rollouts are ready (waiting
+    // up to `timeout`, 0: not at all); empty when fewer are.
+    std::vector<Group> pop_ready(size_t min_rollouts, std::chrono::milliseconds timeout);
 
     BufferStats stats() const; // since construction
     BufferStats take_stats();  // since the previous take_stats()

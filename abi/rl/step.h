@@ -1,0 +1,147 @@
+/* abi/rl/step.h: one RL step as typed values, one call per verb (DESIGN.md,
+ * "One RL step, as data"):
+ *
+ *   rl_rollouts_generate  tasks -> prompts (chat template) -> n samples each
+ *   rl_rollouts_score     env plugin: reward + env metrics per rollout
+ *   rl_rollouts_filter    filter plugins: verdicts; an enforcing filter masks
+ *   rl_buffer_push_rollouts   into the rollout buffer (difficulty filter,
+ *                         staleness; train.h)
+ *   rl_buffer_pop_train_batch complete groups -> one training batch
+ *   rl_train_batch_compute_advantages  advantage plugin -> "advantages"
+ *   rl_train_batch_view   the batch as an rl_batch_t for rl_trainer_forward_backward
+ *   rl_sync_weights       engine adopts the trainer's weights, buffer the version
+ *
+ * Lua, Python and C compose these verbs; no per-token work is left to the
+ * caller. Same conventions as train.h: status returns, rl_last_error(),
+ * opaque handles, JSON options, rl_result_t outputs. */
+#ifndef RL_STEP_H
+#define RL_STEP_H
+
+#include <stdint.h>
+#include "macros.h"
+#include "runtime.h"
+#include "status.h"
+#include "train.h"
+#include "types.h"
+
+RL_EXTERN_C_BEGIN
+
+/* The rollouts of one step: for each task, `n` samples of one prompt (a group).
+ * Each rollout holds the task, its group id, the prompt and completion token
+ * ids, the sampling log-probs of the completion, the decoded text, the finish
+ * reason, the policy version that sampled it, and (once scored / filtered) its
+ * reward, env metrics, filter flags and whether it is masked from the loss. */
+typedef struct rl_rollouts rl_rollouts_t;
+
+/* A training batch taken from the buffer: packed sequences (prompt +
+ * completion), per-token "loss_mask" (float32; 0 on prompts and masked
+ * rollouts), "old_logprobs" (float32 sampling log-probs at each completion
+ * token's position, 0 on prompts), any extra per-token tensors pushed, and per
+ * sequence rewards, group ids and policy versions. */
+typedef struct rl_train_batch rl_train_batch_t;
+
+/* [control-thread] Encode each task's "prompt" (tasks_json: JSON array of task
+ * objects as rl_env_sample returns them), wrapped by the chat template when one
+ * is named, and sample n completions per prompt with `engine`.
+ * options_json (may be NULL): {"chat_template": "none" | "chatml" | "llama3"
+ * (default "none"), "group_offset": int (group id of the first task; the next
+ * tasks count up from it; default 0), "sampling": {the parameters of
+ * rl_engine_generate: n, temperature, top_p, top_k, max_tokens, stop, seed,
+ * stop_token_ids}}. Rollouts are prompt-major: samples of task i are rollouts
+ * i*n .. i*n + n - 1. */
+RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_json,
+                                        const char *options_json, rl_rollouts_t **out_rollouts);
+/* [control-thread] NULL is a no-op. */
+RL_API void rl_rollouts_destroy(rl_rollouts_t *rollouts);
+
+/* [control-thread] Score every rollout with `env` (an instance of kind "env"):
+ * its reward and env metrics. A non-finite reward is an error naming the
+ * rollout and the env. */
+RL_API rl_status_t rl_rollouts_score(rl_rollouts_t *rollouts, rl_instance_t *env);
+
+/* [control-thread] Run every filter (instances of kind "filter") on every
+ * rollout's completion. A flagged rollout records the filter's reason; when the
+ * filter instance enforces (its `enforce` setting, owned by the filter, not the
+ * caller), the rollout is masked: none of its tokens reach the loss. Result:
+ * scalars "flagged" and "masked" (rollouts), "flagged.<reason>" (per reason). */
+RL_API rl_status_t rl_rollouts_filter(rl_rollouts_t *rollouts, rl_instance_t *const *filters,
+                                      uint64_t n_filters, rl_result_t **out_result);
+
+/* [thread-safe] What the rollouts hold. Scalars "rollouts", "groups", "tokens"
+ * (completion tokens), "flagged", "masked", and when scored "reward_mean",
+ * "reward_std" (population), "reward_min", "reward_max" and "env/<metric>" (the
+ * mean of each env metric); tensors "rewards" (float64), "group_ids",
+ * "prompt_index", "policy_versions", "completion_lengths" (int64), "masked"
+ * (uint8), one entry per rollout; texts "completions", "finish_reasons",
+ * "tasks" (JSON arrays, one entry per rollout) and "flags" (JSON array of
+ * arrays of reasons). */
+RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t **out_result);
+
+/* [thread-safe] Push every scored rollout into the buffer as one sequence:
+ * token ids = prompt then completion, logprobs 0 on the prompt then the
+ * sampling log-probs, loss mask 0 on the prompt and 1 on the completion (0 when
+ * masked). Unscored rollouts are refused. Result: scalar "pushed". The buffer
+ * drops stale rollouts and groups without learning signal (its difficulty
+ * filter, the only one). */
+RL_API rl_status_t rl_buffer_push_rollouts(rl_buffer_t *buffer, const rl_rollouts_t *rollouts,
+                                           rl_result_t **out_result);
+
+/* [thread-safe] Every scored rollout as one training batch, in rollout order,
+ * without the buffer (on-policy uses such as distillation that train on every
+ * sample); same layout as rl_buffer_pop_train_batch. */
+RL_API rl_status_t rl_rollouts_to_batch(const rl_rollouts_t *rollouts,
+                                        rl_train_batch_t **out_batch);
+
+/* [thread-safe] Wait up to timeout_ms (0: do not wait) until at least
+ * min_rollouts rollouts of complete, kept groups are ready, then take every
+ * ready group as one training batch (sequences group-major). *out_batch is
+ * NULL when fewer are ready (they stay for a later call). */
+RL_API rl_status_t rl_buffer_pop_train_batch(rl_buffer_t *buffer, uint64_t min_rollouts,
+                                             uint64_t timeout_ms, rl_train_batch_t **out_batch);
+/* [control-thread] NULL is a no-op. */
+RL_API void rl_train_batch_destroy(rl_train_batch_t *batch);
+
+/* [control-thread] Compute per-token advantages with `advantage` (an instance
+ * of kind "advantage") from the batch's rewards, group ids, cu_seqlens and loss
+ * mask, and store them in the batch as tensor "advantages" (replacing any).
+ * Result: the plugin's result (tensor "advantages", its metrics). */
+RL_API rl_status_t rl_train_batch_compute_advantages(rl_train_batch_t *batch,
+                                                     rl_instance_t *advantage,
+                                                     rl_result_t **out_result);
+
+/* [control-thread] Add or replace per-token tensor `name` (float32 / float64,
+ * one value per token; copied), e.g. "teacher_logprobs" or "ref_logprobs" from
+ * another model's rl_trainer_forward. "input_ids" and "cu_seqlens" cannot be
+ * replaced. */
+RL_API rl_status_t rl_train_batch_set_tensor(rl_train_batch_t *batch, const char *name,
+                                             const rl_tensor_view_t *tensor);
+
+/* [thread-safe] Split into at most k minibatches of consecutive sequences,
+ * about equal in sequence count, never splitting a group (PPO epochs over
+ * minibatches). out_parts must hold k entries; *out_count receives how many
+ * were made (each to be destroyed by the caller). */
+RL_API rl_status_t rl_train_batch_split(const rl_train_batch_t *batch, uint64_t k,
+                                        rl_train_batch_t **out_parts, uint64_t *out_count);
+
+/* [thread-safe] The batch as trainer input: out_batch->input_ids, cu_seqlens
+ * and tensors ("loss_mask", "old_logprobs", "advantages" once computed, the
+ * extras) are views into the batch, valid until it is destroyed or changed.
+ * Set out_batch->struct_size first (RL_BATCH_INIT). */
+RL_API rl_status_t rl_train_batch_view(const rl_train_batch_t *batch, rl_batch_t *out_batch);
+
+/* [thread-safe] Scalars "groups", "rollouts", "tokens" (all positions),
+ * "loss_tokens", "min_policy_version"; tensors "rewards" (float64), "group_ids",
+ * "policy_versions" (int64), one per sequence, and copies of the per-token
+ * tensors; texts "tasks", "completions" (JSON arrays, one per sequence). */
+RL_API rl_status_t rl_train_batch_info(const rl_train_batch_t *batch, rl_result_t **out_result);
+
+/* [control-thread] Weight sync, one call: the engine adopts the trainer's
+ * current weights and policy version (co-located: no copy) and drops its
+ * cached state; the buffer (may be NULL) learns the new version and drops what
+ * became stale. Scalar "policy_version". */
+RL_API rl_status_t rl_sync_weights(rl_engine_t *engine, rl_buffer_t *buffer,
+                                   rl_result_t **out_result);
+
+RL_EXTERN_C_END
+
+#endif /* RL_STEP_H */

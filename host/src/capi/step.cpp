@@ -1,0 +1,607 @@
+// abi/rl/step.h: one RL step as typed values (generate -> score -> filter ->
+// buffer -> batch -> advantages -> sync), the per-token work of the loop.
+#include "train_common.hpp"
+
+#include "rl/core/chat_template.hpp"
+#include "rl/core/tokenizer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <map>
+
+using namespace rl::host::capi;
+using nlohmann::json;
+using rl::host::CallSink;
+using rl::host::HostError;
+using rl::host::OwnedTensor;
+namespace core = rl::core;
+
+struct rl_rollouts {
+    struct Item {
+        std::string task; // the task as JSON text
+        int64_t group_id = 0;
+        int64_t prompt_index = 0;
+        std::vector<int64_t> prompt_ids, token_ids;
+        std::vector<float> logprobs; // per completion token
+        std::string text, finish_reason;
+        int64_t policy_version = 0;
+        bool scored = false;
+        double reward = 0;
+        std::map<std::string, double> metrics; // env metrics
+        std::vector<std::string> flags;        // filter reasons
+        bool masked = false;
+    };
+    std::vector<Item> items;
+    int64_t groups = 0;
+    int64_t vocab_size = 0;
+};
+
+struct rl_train_batch {
+    OwnedTensor input_ids, cu_seqlens;
+    std::map<std::string, OwnedTensor> tensors; // per-token
+    std::vector<double> rewards;
+    std::vector<int64_t> group_ids, policy_versions;
+    std::vector<std::string> tasks, completions;
+    int64_t groups = 0;
+    std::vector<rl_tensor_arg_t> args; // views of `tensors`, rebuilt on change
+
+    void rebuild_args() {
+        args.clear();
+        for (const auto &kv : tensors) args.push_back({kv.first.c_str(), kv.second.view()});
+    }
+};
+
+namespace {
+
+constexpr rl_dtype_t kF32{RL_DTYPE_FLOAT, 32, 1}, kF64{RL_DTYPE_FLOAT, 64, 1},
+    kI64{RL_DTYPE_INT, 64, 1}, kU8{RL_DTYPE_UINT, 8, 1};
+
+// Runs a C API call that fills an rl_result_t and returns its sink.
+template <class F>
+CallSink call_sink(F &&f) {
+    rl_result_t *res = nullptr;
+    const rl_status_t st = f(&res);
+    if (st != RL_OK) throw HostError{st, rl_last_error()};
+    CallSink sink = std::move(res->sink);
+    rl_result_destroy(res);
+    return sink;
+}
+
+// The training batch of rollouts taken in order (pushed-rollout layout: prompt
+// then completion, loss mask 0 on the prompt, sampling logprobs as
+// "old_logprobs").
+std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *> &rs,
+                                         int64_t groups, const char *fn) {
+    auto b = std::make_unique<rl_train_batch>();
+    b->groups = groups;
+    std::vector<int64_t> ids, cu{0};
+    std::vector<float> mask, old;
+    std::map<std::string, std::vector<float>> extras;
+    for (size_t i = 0; i < rs.size(); ++i) {
+        const core::Rollout &r = *rs[i];
+        const size_t n = r.token_ids.size();
+        ids.insert(ids.end(), r.token_ids.begin(), r.token_ids.end());
+        cu.push_back(static_cast<int64_t>(ids.size()));
+        if (r.loss_mask.empty())
+            mask.insert(mask.end(), n, 1.0f);
+        else
+            for (uint8_t m : r.loss_mask) mask.push_back(m ? 1.0f : 0.0f);
+        if (r.logprobs.empty())
+            old.insert(old.end(), n, 0.0f);
+        else
+            old.insert(old.end(), r.logprobs.begin(), r.logprobs.end());
+        if (i == 0)
+            for (const auto &kv : r.extras) extras[kv.first];
+        for (auto &kv : extras) {
+            auto it = r.extras.find(kv.first);
+            if (it == r.extras.end() || r.extras.size() != extras.size())
+                throw HostError{RL_ERR_BAD_STATE,
+                                fn_msg(fn, "rollouts of the batch carry different extra tensors "
+                                           "(group " +
+                                               std::to_string(r.group_id) + ")")};
+            kv.second.insert(kv.second.end(), it->second.begin(), it->second.end());
+        }
+        b->rewards.push_back(r.reward);
+        b->group_ids.push_back(r.group_id);
+        b->policy_versions.push_back(r.policy_version);
+        b->tasks.push_back(r.task);
+        b->completions.push_back(r.completion);
+    }
+    b->input_ids = owned_from_vector(ids, kI64);
+    b->cu_seqlens = owned_from_vector(cu, kI64);
+    b->tensors["loss_mask"] = owned_from_vector(mask, kF32);
+    b->tensors["old_logprobs"] = owned_from_vector(old, kF32);
+    for (const auto &kv : extras) {
+        require(!b->tensors.count(kv.first),
+                fn_msg(fn, "an extra tensor is named '" + kv.first + "', a batch tensor"));
+        b->tensors[kv.first] = owned_from_vector(kv.second, kF32);
+    }
+    b->rebuild_args();
+    return b;
+}
+
+// A scored rollout as the buffer holds it.
+core::Rollout buffer_rollout(const rl_rollouts::Item &it) {
+    core::Rollout r;
+    r.group_id = it.group_id;
+    r.policy_version = it.policy_version;
+    r.reward = it.reward;
+    r.task = it.task;
+    r.completion = it.text;
+    const size_t p = it.prompt_ids.size(), c = it.token_ids.size();
+    r.token_ids = it.prompt_ids;
+    r.token_ids.insert(r.token_ids.end(), it.token_ids.begin(), it.token_ids.end());
+    r.logprobs.assign(p, 0.0f);
+    r.logprobs.insert(r.logprobs.end(), it.logprobs.begin(), it.logprobs.end());
+    r.loss_mask.assign(p, 0);
+    r.loss_mask.insert(r.loss_mask.end(), c, it.masked ? 0 : 1);
+    return r;
+}
+
+void require_scored(const rl_rollouts_t *rollouts, const char *fn) {
+    for (size_t i = 0; i < rollouts->items.size(); ++i)
+        require(rollouts->items[i].scored,
+                fn_msg(fn, "rollout " + std::to_string(i) +
+                               " is not scored (call rl_rollouts_score first)"));
+}
+
+// Elements [a, b) of a 1-D tensor.
+OwnedTensor slice(const OwnedTensor &t, int64_t a, int64_t b) {
+    const size_t es = rl::host::dtype_size(t.dtype);
+    OwnedTensor o;
+    o.dtype = t.dtype;
+    o.shape = {b - a};
+    o.bytes.assign(t.bytes.begin() + static_cast<std::ptrdiff_t>(a * es),
+                   t.bytes.begin() + static_cast<std::ptrdiff_t>(b * es));
+    return o;
+}
+
+} // namespace
+
+extern "C" {
+
+RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_json,
+                                        const char *options_json, rl_rollouts_t **out_rollouts) {
+    return train_boundary([&] {
+        const char *fn = "rl_rollouts_generate";
+        require(engine && tasks_json && out_rollouts,
+                fn_msg(fn, "engine, tasks_json and out_rollouts are required"));
+        const json tasks = parse_json(tasks_json, fn_msg(fn, "tasks"));
+        require(tasks.is_array() && !tasks.empty(),
+                fn_msg(fn, "tasks must be a non-empty JSON array of task objects"));
+        json opts = parse_json(options_json, fn_msg(fn, "options"));
+        if (opts.is_null()) opts = json::object();
+        require(opts.is_object(), fn_msg(fn, "options must be a JSON object"));
+        std::string chat_template = "none";
+        int64_t group_offset = 0;
+        json sampling = json::object();
+        for (const auto &kv : opts.items()) {
+            if (kv.key() == "chat_template") {
+                require(kv.value().is_string(),
+                        fn_msg(fn, "options.chat_template must be a string"));
+                chat_template = kv.value().get<std::string>();
+            } else if (kv.key() == "group_offset") {
+                require(kv.value().is_number_integer(),
+                        fn_msg(fn, "options.group_offset must be an integer"));
+                group_offset = kv.value().get<int64_t>();
+            } else if (kv.key() == "sampling") {
+                require(kv.value().is_object() || kv.value().is_null(),
+                        fn_msg(fn, "options.sampling must be a JSON object"));
+                if (kv.value().is_object()) sampling = kv.value();
+            } else {
+                throw HostError{RL_ERR_INVALID_ARG,
+                                fn_msg(fn, "unknown option '" + kv.key() +
+                                               "'; valid: chat_template, group_offset, sampling")};
+            }
+        }
+        const core::Tokenizer &tok = engine->policy->require_tokenizer(fn);
+        core::ChatTemplateOptions chat;
+        chat.add_generation_prompt = true;
+        const bool templated = chat_template != "none";
+        const core::ChatFormat format =
+            templated ? core::parse_chat_format(chat_template) : core::ChatFormat{};
+
+        std::vector<std::vector<int64_t>> prompts;
+        for (size_t i = 0; i < tasks.size(); ++i) {
+            const json &t = tasks[i];
+            require(t.is_object() && t.contains("prompt") && t["prompt"].is_string(),
+                    fn_msg(fn, "tasks[" + std::to_string(i) + "] has no string 'prompt'"));
+            std::string text = t["prompt"].get<std::string>();
+            if (templated) text = core::apply_chat_template(format, {{"user", text}}, chat);
+            const auto ids = tok.encode(text, core::EncodeOptions{});
+            require(!ids.empty(), fn_msg(fn, "tasks[" + std::to_string(i) + "]: empty prompt"));
+            prompts.emplace_back(ids.begin(), ids.end());
+        }
+        const core::Generation g =
+            engine->impl->generate(prompts, core::SamplingParams::from_json(sampling.dump()));
+
+        auto r = std::make_unique<rl_rollouts>();
+        r->groups = static_cast<int64_t>(tasks.size());
+        r->vocab_size = engine->policy->model().config().vocab_size;
+        r->items.resize(static_cast<size_t>(g.samples()));
+        for (size_t s = 0; s < r->items.size(); ++s) {
+            auto &it = r->items[s];
+            const int64_t p = g.prompt_index[s];
+            it.prompt_index = p;
+            it.group_id = group_offset + p;
+            it.task = tasks[static_cast<size_t>(p)].dump();
+            it.prompt_ids = prompts[static_cast<size_t>(p)];
+            it.token_ids.assign(g.token_ids.begin() + g.cu_seqlens[s],
+                                g.token_ids.begin() + g.cu_seqlens[s + 1]);
+            it.logprobs.assign(g.logprobs.begin() + g.cu_seqlens[s],
+                               g.logprobs.begin() + g.cu_seqlens[s + 1]);
+            it.text = g.completions[s];
+            it.finish_reason = core::finish_reason_name(g.finish_reasons[s]);
+            it.policy_version = g.policy_version;
+        }
+        *out_rollouts = r.release();
+        return RL_OK;
+    });
+}
+
+RL_API void rl_rollouts_destroy(rl_rollouts_t *rollouts) {
+    delete rollouts;
+}
+
+RL_API rl_status_t rl_rollouts_score(rl_rollouts_t *rollouts, rl_instance_t *env) {
+    return train_boundary([&] {
+        require(rollouts && env, "rl_rollouts_score: rollouts and env are required");
+        for (size_t i = 0; i < rollouts->items.size(); ++i) {
+            auto &it = rollouts->items[i];
+            CallSink s = call_sink([&](rl_result_t **res) {
+                return rl_env_score(env, {it.task.data(), it.task.size()},
+                                    {it.text.data(), it.text.size()}, res);
+            });
+            it.reward = s.scalars.at("reward");
+            it.metrics = std::move(s.metrics);
+            it.scored = true;
+        }
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_rollouts_filter(rl_rollouts_t *rollouts, rl_instance_t *const *filters,
+                                      uint64_t n_filters, rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_rollouts_filter";
+        require(rollouts && out_result, fn_msg(fn, "rollouts and out_result are required"));
+        require(n_filters == 0 || filters != nullptr,
+                fn_msg(fn, "filters is NULL but n_filters is " + std::to_string(n_filters)));
+        for (uint64_t f = 0; f < n_filters; ++f) checked(filters[f], RL_KIND_FILTER, fn);
+        CallSink out;
+        double flagged = 0, masked = 0;
+        for (auto &it : rollouts->items) {
+            bool any = false;
+            for (uint64_t f = 0; f < n_filters; ++f) {
+                std::vector<int64_t> shape_ids{static_cast<int64_t>(it.token_ids.size())};
+                rl_rollout_view_t v{};
+                v.struct_size = sizeof(v);
+                v.token_ids = rl_tensor_view_t{it.token_ids.empty() ? nullptr : it.token_ids.data(),
+                                               {RL_DEVICE_CPU, 0},
+                                               1,
+                                               kI64,
+                                               shape_ids.data(),
+                                               nullptr,
+                                               0};
+                v.logprobs = rl_tensor_view_t{it.logprobs.empty() ? nullptr : it.logprobs.data(),
+                                              {RL_DEVICE_CPU, 0},
+                                              1,
+                                              kF32,
+                                              shape_ids.data(),
+                                              nullptr,
+                                              0};
+                v.vocab_size = rollouts->vocab_size;
+                CallSink s = call_sink(
+                    [&](rl_result_t **res) { return rl_filter_check(filters[f], &v, res); });
+                if (s.scalars.at("flagged") == 0) continue;
+                any = true;
+                const std::string reason = s.texts["reason"];
+                it.flags.push_back(reason);
+                out.scalars["flagged." + reason] += 1;
+                if (s.scalars.at("enforce") != 0) it.masked = true;
+            }
+            if (any) flagged += 1;
+            if (it.masked) masked += 1;
+        }
+        out.scalars["flagged"] = flagged;
+        out.scalars["masked"] = masked;
+        *out_result = new_result(std::move(out));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t **out_result) {
+    return train_boundary([&] {
+        require(rollouts && out_result, "rl_rollouts_info: rollouts and out_result are required");
+        const auto &items = rollouts->items;
+        CallSink s;
+        const double n = static_cast<double>(items.size());
+        std::vector<double> rewards;
+        std::vector<int64_t> groups, prompt_index, versions, lengths;
+        std::vector<uint8_t> masked;
+        json completions = json::array(), reasons = json::array(), tasks = json::array(),
+             flags = json::array();
+        double tokens = 0, flagged = 0, n_masked = 0;
+        bool scored = !items.empty();
+        for (const auto &it : items) {
+            rewards.push_back(it.reward);
+            groups.push_back(it.group_id);
+            prompt_index.push_back(it.prompt_index);
+            versions.push_back(it.policy_version);
+            lengths.push_back(static_cast<int64_t>(it.token_ids.size()));
+            masked.push_back(it.masked ? 1 : 0);
+            completions.push_back(it.text);
+            reasons.push_back(it.finish_reason);
+            tasks.push_back(it.task);
+            flags.push_back(it.flags);
+            tokens += static_cast<double>(it.token_ids.size());
+            flagged += it.flags.empty() ? 0 : 1;
+            n_masked += it.masked ? 1 : 0;
+            scored = scored && it.scored;
+        }
+        s.scalars["rollouts"] = n;
+        s.scalars["groups"] = static_cast<double>(rollouts->groups);
+        s.scalars["tokens"] = tokens;
+        s.scalars["flagged"] = flagged;
+        s.scalars["masked"] = n_masked;
+        if (scored) {
+            // Population statistics, summed in rollout order.
+            double sum = 0, sq = 0, lo = HUGE_VAL, hi = -HUGE_VAL;
+            std::map<std::string, double> msum;
+            for (const auto &it : items) {
+                sum += it.reward;
+                sq += it.reward * it.reward;
+                lo = std::min(lo, it.reward);
+                hi = std::max(hi, it.reward);
+                for (const auto &kv : it.metrics) msum[kv.first] += kv.second;
+            }
+            const double mean = sum / n;
+            s.scalars["reward_mean"] = mean;
+            s.scalars["reward_std"] = std::sqrt(std::max(sq / n - mean * mean, 0.0));
+            s.scalars["reward_min"] = lo;
+            s.scalars["reward_max"] = hi;
+            for (const auto &kv : msum) s.scalars["env/" + kv.first] = kv.second / n;
+        }
+        s.tensors["rewards"] = owned_from_vector(rewards, kF64);
+        s.tensors["group_ids"] = owned_from_vector(groups, kI64);
+        s.tensors["prompt_index"] = owned_from_vector(prompt_index, kI64);
+        s.tensors["policy_versions"] = owned_from_vector(versions, kI64);
+        s.tensors["completion_lengths"] = owned_from_vector(lengths, kI64);
+        s.tensors["masked"] = owned_from_vector(masked, kU8);
+        s.texts["completions"] = completions.dump(-1, ' ', false, json::error_handler_t::replace);
+        s.texts["finish_reasons"] = reasons.dump();
+        s.texts["tasks"] = tasks.dump(-1, ' ', false, json::error_handler_t::replace);
+        s.texts["flags"] = flags.dump();
+        *out_result = new_result(std::move(s));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_buffer_push_rollouts(rl_buffer_t *buffer, const rl_rollouts_t *rollouts,
+                                           rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_buffer_push_rollouts";
+        require(buffer && rollouts, fn_msg(fn, "buffer and rollouts are required"));
+        require_scored(rollouts, fn);
+        for (const auto &it : rollouts->items) buffer->impl->push(buffer_rollout(it));
+        if (out_result) {
+            CallSink s;
+            s.scalars["pushed"] = static_cast<double>(rollouts->items.size());
+            *out_result = new_result(std::move(s));
+        }
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_buffer_pop_train_batch(rl_buffer_t *buffer, uint64_t min_rollouts,
+                                             uint64_t timeout_ms, rl_train_batch_t **out_batch) {
+    return train_boundary([&] {
+        const char *fn = "rl_buffer_pop_train_batch";
+        require(buffer && out_batch, fn_msg(fn, "buffer and out_batch are required"));
+        require(min_rollouts >= 1, fn_msg(fn, "min_rollouts must be >= 1"));
+        *out_batch = nullptr;
+        std::vector<core::Group> groups =
+            buffer->impl->pop_ready(min_rollouts, std::chrono::milliseconds(timeout_ms));
+        if (groups.empty()) return RL_OK;
+        std::vector<const core::Rollout *> rs;
+        for (const auto &g : groups)
+            for (const auto &r : g.rollouts) rs.push_back(&r);
+        auto b = batch_of(rs, static_cast<int64_t>(groups.size()), fn);
+        *out_batch = b.release();
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_rollouts_to_batch(const rl_rollouts_t *rollouts,
+                                        rl_train_batch_t **out_batch) {
+    return train_boundary([&] {
+        const char *fn = "rl_rollouts_to_batch";
+        require(rollouts && out_batch, fn_msg(fn, "rollouts and out_batch are required"));
+        require(!rollouts->items.empty(), fn_msg(fn, "there are no rollouts"));
+        require_scored(rollouts, fn);
+        std::vector<core::Rollout> store;
+        store.reserve(rollouts->items.size());
+        std::vector<const core::Rollout *> rs;
+        for (const auto &it : rollouts->items) {
+            store.push_back(buffer_rollout(it));
+            rs.push_back(&store.back());
+        }
+        *out_batch = batch_of(rs, rollouts->groups, fn).release();
+        return RL_OK;
+    });
+}
+
+RL_API void rl_train_batch_destroy(rl_train_batch_t *batch) {
+    delete batch;
+}
+
+RL_API rl_status_t rl_train_batch_set_tensor(rl_train_batch_t *batch, const char *name,
+                                             const rl_tensor_view_t *tensor) {
+    return train_boundary([&] {
+        const char *fn = "rl_train_batch_set_tensor";
+        require(batch && name && *name && tensor,
+                fn_msg(fn, "batch, name and tensor are required"));
+        const std::string n = name;
+        require(n != "input_ids" && n != "cu_seqlens",
+                fn_msg(fn, "'" + n + "' is the batch's own layout and cannot be replaced"));
+        OwnedTensor t;
+        try {
+            t = OwnedTensor::copy_of(*tensor);
+        } catch (const HostError &e) {
+            throw HostError{e.status, fn_msg(fn, "tensor '" + n + "': " + e.message)};
+        }
+        require(t.dtype.code == RL_DTYPE_FLOAT && (t.dtype.bits == 32 || t.dtype.bits == 64),
+                fn_msg(fn, "tensor '" + n + "' must be float32 or float64, got " +
+                               rl::host::dtype_string(t.dtype)));
+        require(t.shape.size() == 1 && t.numel() == batch->input_ids.numel(),
+                fn_msg(fn, "tensor '" + n + "' must hold one value per token (" +
+                               std::to_string(batch->input_ids.numel()) + "), got " +
+                               std::to_string(t.numel())));
+        batch->tensors[n] = std::move(t);
+        batch->rebuild_args();
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_train_batch_split(const rl_train_batch_t *batch, uint64_t k,
+                                        rl_train_batch_t **out_parts, uint64_t *out_count) {
+    return train_boundary([&] {
+        const char *fn = "rl_train_batch_split";
+        require(batch && out_parts && out_count,
+                fn_msg(fn, "batch, out_parts and out_count are required"));
+        require(k >= 1, fn_msg(fn, "k must be >= 1"));
+        *out_count = 0;
+        const auto *cu = reinterpret_cast<const int64_t *>(batch->cu_seqlens.bytes.data());
+        const int64_t n_seqs = batch->cu_seqlens.numel() - 1;
+        // Part starts: sequence indices where the group changes, about every
+        // n_seqs / k sequences.
+        std::vector<int64_t> starts{0};
+        const double target = static_cast<double>(n_seqs) / static_cast<double>(k);
+        for (int64_t s = 1; s < n_seqs; ++s) {
+            const bool boundary = batch->group_ids[static_cast<size_t>(s)] !=
+                                  batch->group_ids[static_cast<size_t>(s - 1)];
+            if (boundary && starts.size() < k &&
+                static_cast<double>(s) >= target * static_cast<double>(starts.size()))
+                starts.push_back(s);
+        }
+        starts.push_back(n_seqs);
+        std::vector<std::unique_ptr<rl_train_batch>> parts;
+        for (size_t p = 0; p + 1 < starts.size(); ++p) {
+            const int64_t a = starts[p], b = starts[p + 1]; // sequences [a, b)
+            const int64_t t0 = cu[a], t1 = cu[b];           // tokens [t0, t1)
+            auto part = std::make_unique<rl_train_batch>();
+            part->input_ids = slice(batch->input_ids, t0, t1);
+            std::vector<int64_t> offs;
+            for (int64_t s = a; s <= b; ++s) offs.push_back(cu[s] - t0);
+            part->cu_seqlens = owned_from_vector(offs, kI64);
+            for (const auto &kv : batch->tensors)
+                part->tensors[kv.first] = slice(kv.second, t0, t1);
+            auto range = [&](const auto &v) {
+                return std::decay_t<decltype(v)>(v.begin() + a, v.begin() + b);
+            };
+            part->rewards = range(batch->rewards);
+            part->group_ids = range(batch->group_ids);
+            part->policy_versions = range(batch->policy_versions);
+            part->tasks = range(batch->tasks);
+            part->completions = range(batch->completions);
+            int64_t groups = b > a ? 1 : 0;
+            for (int64_t s = a + 1; s < b; ++s)
+                groups += part->group_ids[static_cast<size_t>(s - a)] !=
+                          part->group_ids[static_cast<size_t>(s - a - 1)];
+            part->groups = groups;
+            part->rebuild_args();
+            parts.push_back(std::move(part));
+        }
+        for (size_t p = 0; p < parts.size(); ++p) out_parts[p] = parts[p].release();
+        *out_count = parts.size();
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_train_batch_compute_advantages(rl_train_batch_t *batch,
+                                                     rl_instance_t *advantage,
+                                                     rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_train_batch_compute_advantages";
+        require(batch && advantage, fn_msg(fn, "batch and advantage are required"));
+        const OwnedTensor rewards = owned_from_vector(batch->rewards, kF64);
+        const OwnedTensor group_ids = owned_from_vector(batch->group_ids, kI64);
+        rl_tensor_arg_t mask{"loss_mask", batch->tensors.at("loss_mask").view()};
+        rl_advantage_inputs_t in{};
+        in.struct_size = sizeof(in);
+        in.rewards = rewards.view();
+        in.group_ids = group_ids.view();
+        in.cu_seqlens = batch->cu_seqlens.view();
+        in.tensors = rl_tensor_list_t{&mask, 1};
+        CallSink s =
+            call_sink([&](rl_result_t **res) { return rl_advantage_compute(advantage, &in, res); });
+        const OwnedTensor &adv = s.tensors.at("advantages");
+        require(adv.numel() == batch->input_ids.numel(),
+                fn_msg(fn, "the advantage plugin emitted " + std::to_string(adv.numel()) +
+                               " advantages for " + std::to_string(batch->input_ids.numel()) +
+                               " tokens"));
+        batch->tensors["advantages"] = adv;
+        batch->rebuild_args();
+        if (out_result) *out_result = new_result(std::move(s));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_train_batch_view(const rl_train_batch_t *batch, rl_batch_t *out_batch) {
+    return train_boundary([&] {
+        require(batch && out_batch, "rl_train_batch_view: batch and out_batch are required");
+        require(out_batch->struct_size >= sizeof(rl_batch_t),
+                "rl_train_batch_view: out_batch->struct_size is too small (set it to "
+                "sizeof(rl_batch_t))");
+        out_batch->input_ids = batch->input_ids.view();
+        out_batch->cu_seqlens = batch->cu_seqlens.view();
+        out_batch->tensors = rl_tensor_list_t{batch->args.data(), batch->args.size()};
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_train_batch_info(const rl_train_batch_t *batch, rl_result_t **out_result) {
+    return train_boundary([&] {
+        require(batch && out_result, "rl_train_batch_info: batch and out_result are required");
+        CallSink s;
+        const auto &mask = batch->tensors.at("loss_mask");
+        const auto *m = reinterpret_cast<const float *>(mask.bytes.data());
+        double loss_tokens = 0;
+        for (int64_t i = 0; i < mask.numel(); ++i) loss_tokens += m[i] != 0 ? 1 : 0;
+        int64_t min_version = batch->policy_versions.empty() ? 0 : batch->policy_versions[0];
+        for (int64_t v : batch->policy_versions) min_version = std::min(min_version, v);
+        s.scalars["groups"] = static_cast<double>(batch->groups);
+        s.scalars["rollouts"] = static_cast<double>(batch->rewards.size());
+        s.scalars["tokens"] = static_cast<double>(batch->input_ids.numel());
+        s.scalars["loss_tokens"] = loss_tokens;
+        s.scalars["min_policy_version"] = static_cast<double>(min_version);
+        s.tensors["rewards"] = owned_from_vector(batch->rewards, kF64);
+        s.tensors["group_ids"] = owned_from_vector(batch->group_ids, kI64);
+        s.tensors["policy_versions"] = owned_from_vector(batch->policy_versions, kI64);
+        s.tensors["input_ids"] = batch->input_ids;
+        s.tensors["cu_seqlens"] = batch->cu_seqlens;
+        for (const auto &kv : batch->tensors) s.tensors[kv.first] = kv.second;
+        s.texts["tasks"] = json(batch->tasks).dump(-1, ' ', false, json::error_handler_t::replace);
+        s.texts["completions"] =
+            json(batch->completions).dump(-1, ' ', false, json::error_handler_t::replace);
+        *out_result = new_result(std::move(s));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_sync_weights(rl_engine_t *engine, rl_buffer_t *buffer,
+                                   rl_result_t **out_result) {
+    return train_boundary([&] {
+        require(engine != nullptr, "rl_sync_weights: engine is NULL");
+        const int64_t version = engine->impl->sync_weights();
+        if (buffer) buffer->impl->set_policy_version(version);
+        if (out_result) {
+            CallSink s;
+            s.scalars["policy_version"] = static_cast<double>(version);
+            *out_result = new_result(std::move(s));
+        }
+        return RL_OK;
+    });
+}
+
+} // extern "C"
