@@ -120,22 +120,22 @@ Vec synthetic_input(const std::string &name) {
     return floats({0.1, 0.2, 0.3, 0.4}); // values, old_values, returns, ...
 }
 
-void smoke_loss(Report &rep, rl_instance_t *inst) {
+void smoke_loss(Report &rep, const std::string &who, rl_instance_t *inst) {
     Result sig;
     rl_status_t st = rl_loss_signature(inst, &sig.r);
-    if (st != RL_OK) return rep.fail("loss signature", status_msg(st));
+    if (st != RL_OK) return rep.fail(who + " signature", status_msg(st));
     const json j = json::parse(sig.text("signature"), nullptr, false);
     if (!j.is_object() || !j["required"].is_array() || !j["optional"].is_array() ||
         !j["differentiable"].is_array())
-        return rep.fail("loss signature", "not {required, optional, differentiable} lists");
+        return rep.fail(who + " signature", "not {required, optional, differentiable} lists");
     std::set<std::string> accepted;
     for (const auto &k : {"required", "optional"})
         for (const auto &n : j[k]) accepted.insert(n.get<std::string>());
     for (const auto &n : j["differentiable"])
         if (!accepted.count(n.get<std::string>()))
-            return rep.fail("loss signature", "differentiable input '" + n.get<std::string>() +
-                                                  "' is neither required nor optional");
-    rep.pass("loss signature", j.dump());
+            return rep.fail(who + " signature", "differentiable input '" + n.get<std::string>() +
+                                                    "' is neither required nor optional");
+    rep.pass(who + " signature", j.dump());
 
     std::vector<Vec> store;
     std::vector<std::string> names;
@@ -152,21 +152,21 @@ void smoke_loss(Report &rep, rl_instance_t *inst) {
     in.cu_seqlens = cu.view();
     Result out;
     st = rl_loss_compute(inst, &in, 1, &out.r);
-    if (st != RL_OK) return judge_refusal(rep, "loss compute", st);
+    if (st != RL_OK) return judge_refusal(rep, who + " compute", st);
     double loss = 0;
     if (!out.scalar("loss", &loss) || !std::isfinite(loss))
-        return rep.fail("loss compute", "no finite scalar 'loss'");
+        return rep.fail(who + " compute", "no finite scalar 'loss'");
     for (const auto &n : j["differentiable"]) {
         const std::string name = n.get<std::string>();
         if (std::find(names.begin(), names.end(), name) == names.end()) continue;
         rl_tensor_view_t g{};
         if (!out.tensor(("grad." + name).c_str(), &g) || g.ndim != 1 || g.shape[0] != 4)
-            return rep.fail("loss compute", "no gradient 'grad." + name + "' of 4 tokens");
+            return rep.fail(who + " compute", "no gradient 'grad." + name + "' of 4 tokens");
     }
-    rep.pass("loss compute", "loss " + std::to_string(loss) + " over the required inputs");
+    rep.pass(who + " compute", "loss " + std::to_string(loss) + " over the required inputs");
 }
 
-void smoke_advantage(Report &rep, rl_instance_t *inst) {
+void smoke_advantage(Report &rep, const std::string &who, rl_instance_t *inst) {
     Vec rewards = floats({1.0, 0.0, 1.0, 0.0}), groups = ints({0, 0, 1, 1});
     Vec cu = ints({0, 2, 4, 6, 8});
     rl_advantage_inputs_t in{};
@@ -176,14 +176,14 @@ void smoke_advantage(Report &rep, rl_instance_t *inst) {
     in.cu_seqlens = cu.view();
     Result out;
     rl_status_t st = rl_advantage_compute(inst, &in, &out.r);
-    if (st != RL_OK) return judge_refusal(rep, "advantage compute", st);
+    if (st != RL_OK) return judge_refusal(rep, who + " compute", st);
     rl_tensor_view_t a{};
     if (!out.tensor("advantages", &a) || a.ndim != 1 || a.shape[0] != 8)
-        return rep.fail("advantage compute", "no tensor 'advantages' of 8 tokens");
-    rep.pass("advantage compute", "4 sequences in 2 groups");
+        return rep.fail(who + " compute", "no tensor 'advantages' of 8 tokens");
+    rep.pass(who + " compute", "4 sequences in 2 groups");
 }
 
-void smoke_filter(Report &rep, rl_instance_t *inst) {
+void smoke_filter(Report &rep, const std::string &who, rl_instance_t *inst) {
     Vec ids = ints({1, 2, 3, 4}), lps = floats({-0.5, -1.0, -0.25, -2.0});
     rl_rollout_view_t ro{};
     ro.struct_size = sizeof(ro);
@@ -192,28 +192,28 @@ void smoke_filter(Report &rep, rl_instance_t *inst) {
     ro.vocab_size = 16;
     Result out;
     rl_status_t st = rl_filter_check(inst, &ro, &out.r);
-    if (st != RL_OK) return judge_refusal(rep, "filter check", st);
+    if (st != RL_OK) return judge_refusal(rep, who + " check", st);
     double flagged = -1;
-    if (!out.scalar("flagged", &flagged)) return rep.fail("filter check", "no verdict");
-    rep.pass("filter check", flagged != 0 ? "flagged '" + out.text("reason") + "'" : "not flagged");
+    if (!out.scalar("flagged", &flagged)) return rep.fail(who + " check", "no verdict");
+    rep.pass(who + " check", flagged != 0 ? "flagged '" + out.text("reason") + "'" : "not flagged");
 }
 
-void smoke_env(Report &rep, rl_instance_t *inst) {
+void smoke_env(Report &rep, const std::string &who, rl_instance_t *inst) {
     Result tasks;
     rl_status_t st = rl_env_sample(inst, 2, 0, &tasks.r);
-    if (st != RL_OK) return judge_refusal(rep, "env sample", st);
+    if (st != RL_OK) return judge_refusal(rep, who + " sample", st);
     const json j = json::parse(tasks.text("tasks"), nullptr, false);
     if (!j.is_array() || j.size() != 2 || !j[0].is_object() || !j[0].contains("prompt"))
-        return rep.fail("env sample", "'tasks' is not an array of 2 {prompt, ...} objects");
-    rep.pass("env sample", "2 tasks");
+        return rep.fail(who + " sample", "'tasks' is not an array of 2 {prompt, ...} objects");
+    rep.pass(who + " sample", "2 tasks");
     const std::string task = j[0].dump();
     Result score;
     st = rl_env_score(inst, rl_string_view_t{task.data(), task.size()}, rl_string_view_t{"", 0},
                       &score.r);
-    if (st != RL_OK) return judge_refusal(rep, "env score", st);
+    if (st != RL_OK) return judge_refusal(rep, who + " score", st);
     double reward = NAN;
-    if (!score.scalar("reward", &reward)) return rep.fail("env score", "no reward");
-    rep.pass("env score", "empty completion scores " + std::to_string(reward));
+    if (!score.scalar("reward", &reward)) return rep.fail(who + " score", "no reward");
+    rep.pass(who + " score", "empty completion scores " + std::to_string(reward));
 }
 
 const std::regex &reverse_dns() {
@@ -284,13 +284,13 @@ void validate_plugin(Report &rep, rl_runtime_t *rt, const json &p,
                                      : " (as given; the plugin has no get_params)"));
     }
     if (kind == RL_KIND_LOSS)
-        smoke_loss(rep, inst);
+        smoke_loss(rep, who, inst);
     else if (kind == RL_KIND_ADVANTAGE)
-        smoke_advantage(rep, inst);
+        smoke_advantage(rep, who, inst);
     else if (kind == RL_KIND_FILTER)
-        smoke_filter(rep, inst);
+        smoke_filter(rep, who, inst);
     else if (kind == RL_KIND_ENV)
-        smoke_env(rep, inst);
+        smoke_env(rep, who, inst);
     else
         rep.skip(who + " smoke", "no smoke call for kind " + kind + " (needs a peer)");
     rl_instance_destroy(inst);

@@ -303,7 +303,8 @@ std::unique_ptr<Instance> Runtime::create(const std::string &kind, const std::st
     const std::string where = rec->path + ": " + sink.who;
     if (!plugin)
         throw HostError{RL_ERR_INCOMPATIBLE, where + ": create() returned RL_OK and no instance"};
-    // From here on the instance exists: destroy it on every refusal, if we can.
+    // From here on the instance exists: destroy it on every refusal, except
+    // when rl_plugin_t is too small to be sure `destroy` is there (it leaks).
     if (plugin->struct_size < kMinPluginSize)
         throw HostError{RL_ERR_INCOMPATIBLE,
                         too_small(rec->path, sink.who + ": create()", "rl_plugin_t",
