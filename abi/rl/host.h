@@ -39,8 +39,9 @@ typedef struct rl_host_api {
     const char *name;     /* host name, e.g. "rlhost"; static */
     const char *version;  /* host version, e.g. "0.1.0"; static */
 
-    /* [thread-safe] Host extension by revisioned id ("rl.host.xxx/1"); NULL if
-     * absent. Owned by the host, valid until the plugin entry's deinit(). */
+    /* [thread-safe] Host extension by revisioned id (the RL_EXT_HOST_* ids
+     * below); NULL for an id the host does not know. Owned by the host, valid
+     * until the plugin entry's deinit(). */
     const void *(RL_ABI *get_extension)(const struct rl_host_api *host, const char *id);
 
     /* [thread-safe] Log a NUL-terminated UTF-8 message. The host copies it. */
@@ -74,6 +75,25 @@ typedef struct rl_host_api {
 
     /* ---- slots added in later minors go below, never above ---- */
 } rl_host_api_t;
+
+/* ---- host extensions ------------------------------------------------------
+ * What host->get_extension(host, id) answers. An extension struct starts with
+ * struct_size and grows at its end like every other; a changed meaning gets a
+ * new revision ("/2"). The host of librl provides every extension listed here.
+ *
+ * Every ABI 0.2 host (librl):
+ *   RL_EXT_HOST_THREAD_CHECK  rl_host_thread_check_t */
+
+/* "rl.host.thread-check/1" (ABI 0.2): lets a plugin assert the thread
+ * annotations of this header (CLAP's thread-check). */
+#define RL_EXT_HOST_THREAD_CHECK "rl.host.thread-check/1"
+typedef struct rl_host_thread_check {
+    uint32_t struct_size;
+    uint32_t reserved0; /* 0 */
+    /* [thread-safe] 1 when called on the host's [control-thread] (the thread
+     * that created the runtime), else 0. */
+    uint32_t(RL_ABI *is_control_thread)(const struct rl_host_api *host);
+} rl_host_thread_check_t;
 
 RL_EXTERN_C_END
 

@@ -60,6 +60,14 @@ typedef struct rl_plugin {
      * (RL_IFACE_LOSS, ...) and optional ones. NULL if not provided. Owned by the
      * plugin, valid until destroy(). */
     const void *(RL_ABI *get_interface)(const struct rl_plugin *plugin, const char *id);
+
+    /* ---- ABI 0.2: read with RL_HAS_FIELD(plugin, rl_plugin_t, get_params) ---- */
+
+    /* [control-thread] Optional (NULL, or absent from a 0.1 plugin): emit text
+     * "params", the instance's effective parameters as one JSON object, defaults
+     * filled in. When absent the host reports the parameters it passed to
+     * create(). */
+    rl_status_t(RL_ABI *get_params)(const struct rl_plugin *plugin, const rl_call_ctx_t *ctx);
 } rl_plugin_t;
 
 typedef struct rl_plugin_factory {

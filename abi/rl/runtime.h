@@ -60,7 +60,7 @@ RL_API void rl_runtime_destroy(rl_runtime_t *runtime);
 RL_API rl_status_t rl_runtime_load_plugin(rl_runtime_t *runtime, const char *path);
 
 /* [control-thread] Text "plugins": JSON {"plugins": [{kind, name, id, version,
- * abi_version, path, description}], "refused": [{path, reason}]}. */
+ * abi_version, path, description, features}], "refused": [{path, reason}]}. */
 RL_API rl_status_t rl_runtime_list_plugins(rl_runtime_t *runtime, rl_result_t **out_result);
 
 /* [control-thread] Create an instance of plugin `name` of `kind` with
@@ -69,6 +69,12 @@ RL_API rl_status_t rl_instance_create(rl_runtime_t *runtime, const char *kind, c
                                       const char *params_json, rl_instance_t **out_instance);
 /* [control-thread] NULL is a no-op. */
 RL_API void rl_instance_destroy(rl_instance_t *instance);
+
+/* [control-thread] (ABI 0.2) Text "params": the instance's effective parameters
+ * as a JSON object; scalar "from_plugin": 1 when they come from the plugin's
+ * get_params(), 0 when the plugin has none (a 0.1 plugin) and they are the
+ * parameters the host passed to create(). */
+RL_API rl_status_t rl_instance_params(rl_instance_t *instance, rl_result_t **out_result);
 
 /* [worker] Evaluate a loss. want_grads != 0 asks for gradients: result tensors
  * "grad.<input>" for each differentiable input present. Result scalar "loss",

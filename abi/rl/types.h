@@ -23,7 +23,11 @@ typedef struct rl_chain {
 /* Every struct that may grow starts with `uint32_t struct_size` and grows only at
  * its end. A reader checks that a struct from the other side is new enough to
  * hold `field` before reading it. */
-#define RL_HAS_FIELD(ptr, type, field)                                                             \
-    ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type *)0)->field))
+#define RL_HAS_FIELD(ptr, type, field) ((ptr)->struct_size >= RL_SIZE_THROUGH(type, field))
+
+/* The size of `type` up to and including `field`: the struct_size of a layout
+ * whose last member is `field`. A struct's minimum accepted size is
+ * RL_SIZE_THROUGH(type, <last member of its first published layout>). */
+#define RL_SIZE_THROUGH(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
 
 #endif /* RL_TYPES_H */

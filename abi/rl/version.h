@@ -14,9 +14,14 @@
 /* Major 0: the ABI is young. The loader requires equal majors, and while the
  * major is 0 it also refuses a plugin built for a newer minor than the host.
  * Minors are additive: structs only grow at the end (see struct_size), new
- * interfaces come as new revisioned ids. */
+ * interfaces come as new revisioned ids.
+ *
+ * History (docs/abi.md keeps the full list):
+ *   0.1  first published layout; every struct's minimum accepted size.
+ *   0.2  rl_plugin_t.get_params (optional slot); host extension
+ *        RL_EXT_HOST_THREAD_CHECK; rl_instance_params(). */
 #define RL_ABI_VERSION_MAJOR 0
-#define RL_ABI_VERSION_MINOR 1
+#define RL_ABI_VERSION_MINOR 2
 #define RL_ABI_VERSION_PATCH 0
 #define RL_ABI_VERSION                                                                             \
     RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)

@@ -144,6 +144,33 @@ RL_API void rl_instance_destroy(rl_instance_t *instance) {
     delete inst_of(instance);
 }
 
+RL_API rl_status_t rl_instance_params(rl_instance_t *instance, rl_result_t **out_result) {
+    return boundary([&] {
+        require(instance && out_result, "rl_instance_params: instance and out_result are required");
+        Instance &inst = *inst_of(instance);
+        const rl_plugin_t *p = inst.plugin();
+        CallSink sink;
+        if (RL_HAS_FIELD(p, rl_plugin_t, get_params) && p->get_params) { // ABI 0.2 slot
+            sink = inst.call([&](const rl_call_ctx_t *ctx) { return p->get_params(p, ctx); });
+            auto it = sink.texts.find("params");
+            const nlohmann::json j = it == sink.texts.end()
+                                         ? nlohmann::json()
+                                         : nlohmann::json::parse(it->second, nullptr, false);
+            if (!j.is_object())
+                throw HostError{RL_ERR_INTERNAL,
+                                inst.record().path + ": " + inst.who() +
+                                    ": get_params() must emit text 'params' holding a JSON object"};
+            sink.scalars["from_plugin"] = 1.0;
+        } else { // a 0.1 plugin, or one without the slot: what create() was given
+            sink.who = inst.who();
+            sink.texts["params"] = inst.create_params();
+            sink.scalars["from_plugin"] = 0.0;
+        }
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
 RL_API rl_status_t rl_loss_signature(rl_instance_t *instance, rl_result_t **out_result) {
     return boundary([&] {
         Instance &inst = checked(instance, RL_KIND_LOSS, "rl_loss_signature");

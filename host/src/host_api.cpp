@@ -16,7 +16,27 @@ CallSink *sink_of(const rl_call_ctx_t *ctx) {
     return ctx ? static_cast<CallSink *>(ctx->host_data) : nullptr;
 }
 
-const void *RL_ABI api_get_extension(const rl_host_api_t *, const char *) {
+uint32_t RL_ABI ext_is_control_thread(const rl_host_api_t *host) {
+    auto *rt = host ? static_cast<const Runtime *>(host->host_data) : nullptr;
+    return rt && rt->on_control_thread() ? 1u : 0u;
+}
+
+const rl_host_thread_check_t k_thread_check = {sizeof(rl_host_thread_check_t), 0,
+                                               &ext_is_control_thread};
+
+// Every extension this host provides (documented in abi/rl/host.h).
+struct Extension {
+    const char *id;
+    const void *table;
+};
+const Extension k_extensions[] = {
+    {RL_EXT_HOST_THREAD_CHECK, &k_thread_check},
+};
+
+const void *RL_ABI api_get_extension(const rl_host_api_t *, const char *id) {
+    if (!id) return nullptr;
+    for (const Extension &e : k_extensions)
+        if (std::strcmp(e.id, id) == 0) return e.table;
     return nullptr;
 }
 

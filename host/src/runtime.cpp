@@ -1,6 +1,8 @@
 // The plugin host: loading, ABI negotiation, registry, instances.
 #include "rl/host/runtime.hpp"
 
+#include "kinds.hpp"
+
 #define BOOST_DLL_USE_STD_FS 1
 #include <boost/dll/shared_library.hpp>
 #include <nlohmann/json.hpp>
@@ -19,26 +21,6 @@ namespace fs = std::filesystem;
 
 namespace rl::host {
 
-static std::string version_string(uint32_t v) {
-    return std::to_string(RL_VERSION_MAJOR(v)) + "." + std::to_string(RL_VERSION_MINOR(v)) + "." +
-           std::to_string(RL_VERSION_PATCH(v));
-}
-
-static const std::set<std::string> &known_kinds() {
-    static const std::set<std::string> k = {RL_KIND_LOSS, RL_KIND_ADVANTAGE, RL_KIND_FILTER,
-                                            RL_KIND_TRANSPORT, RL_KIND_ENV};
-    return k;
-}
-
-static const char *iface_id_for(const std::string &kind) {
-    if (kind == RL_KIND_LOSS) return RL_IFACE_LOSS;
-    if (kind == RL_KIND_ADVANTAGE) return RL_IFACE_ADVANTAGE;
-    if (kind == RL_KIND_FILTER) return RL_IFACE_FILTER;
-    if (kind == RL_KIND_TRANSPORT) return RL_IFACE_TRANSPORT;
-    if (kind == RL_KIND_ENV) return RL_IFACE_ENV;
-    return nullptr;
-}
-
 // A loaded plugin library. Unloaded (after deinit) when the runtime goes away.
 class Library {
 public:
@@ -50,6 +32,7 @@ public:
     }
     const std::string &path() const { return path_; }
     const rl_plugin_factory_t *factory() const { return factory_; }
+    uint32_t abi_version() const { return entry_->abi_version; }
     int live_instances = 0;
 
 private:
@@ -138,9 +121,10 @@ Library *Runtime::load_library(const std::string &path) {
     auto entry_fn = lib.get<const rl_plugin_entry_t *(void)>(RL_PLUGIN_ENTRY_SYMBOL);
     const rl_plugin_entry_t *entry = entry_fn();
     if (!entry) throw HostError{RL_ERR_INCOMPATIBLE, "rl_plugin_entry() returned NULL"};
-    if (entry->struct_size < offsetof(rl_plugin_entry_t, get_factory) + sizeof(void *))
-        throw HostError{RL_ERR_INCOMPATIBLE, "entry table is too small (struct_size " +
-                                                 std::to_string(entry->struct_size) + ")"};
+    if (entry->struct_size < kMinEntrySize)
+        throw HostError{RL_ERR_INCOMPATIBLE,
+                        too_small("", "the entry table", "rl_plugin_entry_t", entry->struct_size,
+                                  kMinEntrySize, entry->abi_version)};
     if (!RL_ABI_COMPATIBLE(RL_ABI_VERSION, entry->abi_version))
         throw HostError{RL_ERR_INCOMPATIBLE,
                         "plugin ABI version " + version_string(entry->abi_version) +
@@ -158,11 +142,18 @@ Library *Runtime::load_library(const std::string &path) {
                                 (logged.empty() ? "" : ": " + logged)};
     }
     auto *factory = static_cast<const rl_plugin_factory_t *>(entry->get_factory(RL_FACTORY_PLUGIN));
-    if (!factory || factory->struct_size < sizeof(rl_plugin_factory_t) || !factory->count ||
-        !factory->get_desc || !factory->create) {
+    std::string bad_factory;
+    if (!factory)
+        bad_factory = std::string("get_factory(\"") + RL_FACTORY_PLUGIN + "\") returned NULL";
+    else if (factory->struct_size < kMinFactorySize)
+        bad_factory = too_small("", "the plugin factory", "rl_plugin_factory_t",
+                                factory->struct_size, kMinFactorySize, entry->abi_version);
+    else if (!factory->count || !factory->get_desc || !factory->create)
+        bad_factory = "the plugin factory has a NULL function (count, get_desc and create are "
+                      "mandatory)";
+    if (!bad_factory.empty()) {
         entry->deinit();
-        throw HostError{RL_ERR_INCOMPATIBLE,
-                        std::string("no usable plugin factory '") + RL_FACTORY_PLUGIN + "'"};
+        throw HostError{RL_ERR_INCOMPATIBLE, bad_factory};
     }
     auto owned = std::make_unique<Library>(path, std::move(lib), entry, factory);
     Library *library = owned.get();
@@ -171,10 +162,24 @@ Library *Runtime::load_library(const std::string &path) {
     for (uint32_t i = 0; i < n; ++i) {
         const rl_plugin_desc_t *d = factory->get_desc(factory, i);
         std::string where = "plugin " + std::to_string(i);
-        if (!d || d->struct_size < sizeof(rl_plugin_desc_t) || !d->id || !d->kind || !d->name ||
-            !d->version) {
-            refuse(path, where + ": descriptor is missing or incomplete (id, kind, name and "
-                                 "version are mandatory)");
+        if (!d) {
+            refuse(path, where + ": get_desc() returned NULL");
+            continue;
+        }
+        if (d->struct_size < kMinDescSize) {
+            refuse(path, too_small("", where, "rl_plugin_desc_t", d->struct_size, kMinDescSize,
+                                   d->abi_version));
+            continue;
+        }
+        if (!d->id || !d->kind || !d->name || !d->version) {
+            std::string missing;
+            for (auto [field, value] : {std::pair<const char *, const char *>{"id", d->id},
+                                        {"kind", d->kind},
+                                        {"name", d->name},
+                                        {"version", d->version}})
+                if (!value) missing += (missing.empty() ? "" : ", ") + std::string(field);
+            refuse(path, where + ": descriptor is incomplete: " + missing +
+                             " is NULL (id, kind, name and version are mandatory)");
             continue;
         }
         where = std::string(d->kind) + " '" + d->name + "'";
@@ -184,9 +189,8 @@ Library *Runtime::load_library(const std::string &path) {
                              version_string(RL_ABI_VERSION));
             continue;
         }
-        if (!known_kinds().count(d->kind)) {
-            refuse(path, where + ": unknown kind '" + d->kind +
-                             "'; known kinds: advantage, env, filter, loss, transport");
+        if (!find_kind(d->kind)) {
+            refuse(path, where + ": unknown kind '" + d->kind + "'; known kinds: " + kind_names());
             continue;
         }
         if (const PluginRecord *prev = find(d->kind, d->name)) {
@@ -208,6 +212,7 @@ Library *Runtime::load_library(const std::string &path) {
         rec.id = d->id;
         rec.version = d->version;
         rec.description = d->description ? d->description : "";
+        for (const char *const *f = d->features; f && *f; ++f) rec.features.emplace_back(*f);
         plugins_.push_back(rec);
         ++registered;
         spdlog::debug("registered {} '{}' {} from {}", rec.kind, rec.name, rec.version, path);
@@ -234,7 +239,8 @@ std::string Runtime::plugins_json() const {
                                 {"version", r.version},
                                 {"abi_version", version_string(r.desc->abi_version)},
                                 {"path", r.path},
-                                {"description", r.description}});
+                                {"description", r.description},
+                                {"features", r.features}});
     j["refused"] = nlohmann::json::array();
     for (const auto &r : refused_) j["refused"].push_back({{"path", r.path}, {"reason", r.reason}});
     return j.dump();
@@ -247,17 +253,16 @@ std::unique_ptr<Instance> Runtime::create(const std::string &kind, const std::st
         std::string have;
         for (const auto &r : plugins_)
             if (r.kind == kind) have += (have.empty() ? "" : ", ") + r.name;
-        if (!known_kinds().count(kind))
+        if (!find_kind(kind))
             throw HostError{RL_ERR_INVALID_ARG,
-                            "unknown plugin kind '" + kind +
-                                "'; known kinds: advantage, env, filter, loss, transport"};
+                            "unknown plugin kind '" + kind + "'; known kinds: " + kind_names()};
         throw HostError{RL_ERR_NOT_FOUND, "no " + kind + " plugin named '" + name +
                                               "'; available: " + (have.empty() ? "(none)" : have)};
     }
     // Filters: `enforce` is the host's policy, not the detector's parameter.
     std::string params = params_json.empty() ? "{}" : params_json;
     bool enforce = false;
-    if (kind == RL_KIND_FILTER) {
+    if (kind == RL_KIND_FILTER) { // the one kind-specific creation rule
         nlohmann::json j;
         try {
             j = nlohmann::json::parse(params);
@@ -294,16 +299,39 @@ std::unique_ptr<Instance> Runtime::create(const std::string &kind, const std::st
         throw HostError{st, sink.fail_message.empty()
                                 ? sink.who + ": create() failed with " + rl_status_name(st)
                                 : sink.fail_message};
-    if (!plugin || plugin->struct_size < sizeof(rl_plugin_t) || !plugin->destroy ||
-        !plugin->get_interface)
-        throw HostError{RL_ERR_INCOMPATIBLE, sink.who + ": create() returned an unusable instance"};
-    const void *iface = plugin->get_interface(plugin, iface_id_for(kind));
-    if (!iface) {
-        plugin->destroy(plugin);
-        throw HostError{RL_ERR_INCOMPATIBLE, sink.who + ": the instance does not provide the " +
-                                                 iface_id_for(kind) + " interface"};
+    const uint32_t abi = rec->desc->abi_version;
+    const std::string where = rec->path + ": " + sink.who;
+    if (!plugin)
+        throw HostError{RL_ERR_INCOMPATIBLE, where + ": create() returned RL_OK and no instance"};
+    // From here on the instance exists: destroy it on every refusal, except
+    // when rl_plugin_t is too small to be sure `destroy` is there (it leaks).
+    if (plugin->struct_size < kMinPluginSize)
+        throw HostError{RL_ERR_INCOMPATIBLE,
+                        too_small(rec->path, sink.who + ": create()", "rl_plugin_t",
+                                  plugin->struct_size, kMinPluginSize, abi)};
+    if (!plugin->destroy || !plugin->get_interface) {
+        if (plugin->destroy) plugin->destroy(plugin);
+        throw HostError{RL_ERR_INCOMPATIBLE,
+                        where + ": the instance's rl_plugin_t has a NULL destroy or get_interface"};
     }
-    return std::make_unique<Instance>(this, rec, plugin, iface, enforce);
+    const KindInfo &k = *find_kind(kind);
+    const void *iface = plugin->get_interface(plugin, k.iface_id);
+    std::string bad;
+    if (!iface) {
+        bad = where + ": the instance does not provide the " + k.iface_id + " interface";
+    } else {
+        const uint32_t size = *static_cast<const uint32_t *>(iface);
+        if (size < k.min_iface_size)
+            bad = too_small(rec->path, sink.who + ": interface " + k.iface_id, k.iface_struct, size,
+                            k.min_iface_size, abi);
+        else if (std::string missing = k.missing_slots(iface); !missing.empty())
+            bad = where + ": " + k.iface_struct + " has NULL mandatory slot(s): " + missing;
+    }
+    if (!bad.empty()) {
+        plugin->destroy(plugin);
+        throw HostError{RL_ERR_INCOMPATIBLE, bad};
+    }
+    return std::make_unique<Instance>(this, rec, plugin, iface, enforce, params);
 }
 
 void Runtime::register_instance(Instance *inst) {
@@ -319,8 +347,9 @@ void Runtime::unregister_instance(Instance *inst) {
 }
 
 Instance::Instance(Runtime *rt, const PluginRecord *rec, const rl_plugin_t *plugin,
-                   const void *iface, bool enforce)
-    : rt_(rt), rec_(rec), plugin_(plugin), iface_(iface), enforce_(enforce) {
+                   const void *iface, bool enforce, std::string create_params)
+    : rt_(rt), rec_(rec), plugin_(plugin), iface_(iface), enforce_(enforce),
+      create_params_(std::move(create_params)) {
     rt_->register_instance(this);
 }
 

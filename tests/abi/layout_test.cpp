@@ -91,6 +91,28 @@ TEST(AbiLayout, HostAndCallContextHaveGoldenLayout) {
     EXPECT_OFFSET(rl_host_api_t, emit_metric, 72);
     EXPECT_OFFSET(rl_host_api_t, emit_tensor, 80);
     EXPECT_OFFSET(rl_host_api_t, emit_text, 88);
+    EXPECT_LAYOUT(rl_host_thread_check_t, 16); // extension "rl.host.thread-check/1", ABI 0.2
+    EXPECT_OFFSET(rl_host_thread_check_t, is_control_thread, 8);
+}
+
+// The first published (0.1) layout of every struct a plugin provides is its
+// minimum accepted size; the host reads newer fields behind RL_HAS_FIELD.
+TEST(AbiLayout, FirstPublishedLayoutsArePrefixesOfToday) {
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_entry_t, get_factory), size_t{32});
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_factory_t, create), size_t{32});
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_desc_t, features), size_t{56});
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_t, get_interface), size_t{40});
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_loss_iface_t, compute), size_t{24});
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_advantage_iface_t, compute), size_t{16});
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_filter_iface_t, check), size_t{16});
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_env_iface_t, step), size_t{32});
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_transport_iface_t, broadcast), size_t{32});
+    rl_plugin_t old{};
+    old.struct_size = 40;
+    EXPECT_TRUE(RL_HAS_FIELD(&old, rl_plugin_t, get_interface));
+    EXPECT_FALSE(RL_HAS_FIELD(&old, rl_plugin_t, get_params));
+    old.struct_size = sizeof(rl_plugin_t);
+    EXPECT_TRUE(RL_HAS_FIELD(&old, rl_plugin_t, get_params));
 }
 
 TEST(AbiLayout, EntryFactoryAndPluginHaveGoldenLayout) {
@@ -108,7 +130,9 @@ TEST(AbiLayout, EntryFactoryAndPluginHaveGoldenLayout) {
     EXPECT_LAYOUT(rl_plugin_create_desc_t, 32);
     EXPECT_OFFSET(rl_plugin_create_desc_t, next_in_chain, 8);
     EXPECT_OFFSET(rl_plugin_create_desc_t, params, 16);
-    EXPECT_LAYOUT(rl_plugin_t, 40);
+    EXPECT_LAYOUT(rl_plugin_t, 48); // 40 in ABI 0.1
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_t, get_interface), size_t{40}) << "0.1 layout";
+    EXPECT_OFFSET(rl_plugin_t, get_params, 40); // ABI 0.2
     EXPECT_OFFSET(rl_plugin_t, desc, 8);
     EXPECT_OFFSET(rl_plugin_t, plugin_data, 16);
     EXPECT_OFFSET(rl_plugin_t, destroy, 24);
@@ -177,5 +201,5 @@ TEST(AbiLayout, VersionMacrosRoundTrip) {
     EXPECT_EQ(RL_VERSION_MAJOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_MINOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_PATCH(v), 4095u);
-    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 1, 0));
+    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 2, 0));
 }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -78,7 +79,7 @@ TEST(Loader, LoadsCppAndPlainCPluginsWithTheirDescriptors) {
     EXPECT_EQ(names, (std::vector<std::string>{"loss/fixture_sum", "filter/fixture_length",
                                                "loss/my_c_loss"}));
     EXPECT_EQ(j["plugins"][0]["version"], "1.2.3");
-    EXPECT_EQ(j["plugins"][0]["abi_version"], "0.1.0");
+    EXPECT_EQ(j["plugins"][0]["abi_version"], "0.2.0");
     EXPECT_NE(j["plugins"][2]["path"].get<std::string>().find("fixture_plain_c.so"),
               std::string::npos);
 }
@@ -87,14 +88,14 @@ TEST(Loader, RefusesWrongAbiMajorNamingBothVersions) {
     Runtime rt(fixture("fixture_broken_wrong_major"));
     const std::string why = rt.refusal_for("fixture_broken_wrong_major.so");
     EXPECT_NE(why.find("plugin ABI version 1.0.0"), std::string::npos) << why;
-    EXPECT_NE(why.find("host's ABI version 0.1.0"), std::string::npos) << why;
+    EXPECT_NE(why.find("host's ABI version 0.2.0"), std::string::npos) << why;
     EXPECT_TRUE(rt.list()["plugins"].empty());
 }
 
 TEST(Loader, RefusesNewerMinorWhileMajorIsZero) {
     Runtime rt(fixture("fixture_broken_newer_minor"));
     const std::string why = rt.refusal_for("fixture_broken_newer_minor.so");
-    EXPECT_NE(why.find("plugin ABI version 0.2.0"), std::string::npos) << why;
+    EXPECT_NE(why.find("plugin ABI version 0.3.0"), std::string::npos) << why;
 }
 
 TEST(Loader, RefusesLibraryWithoutEntrySymbol) {
@@ -131,8 +132,10 @@ TEST(Loader, RefusesPluginWhoseInitFailsWithItsLoggedReason) {
 TEST(Loader, FolderScanLoadsGoodLibrariesAndRecordsEveryBrokenOne) {
     Runtime rt(kFixtures);
     auto j = rt.list();
-    EXPECT_EQ(j["plugins"].size(), 4u) << j.dump(2); // good (2), plain C, throws
-    EXPECT_EQ(j["refused"].size(), 6u) << j.dump(2);
+    // good (2), plain C, throws, old minor, and the broken ones that only fail
+    // later (bad_id, dup_id's first, null_slot, small_iface, small_plugin)
+    EXPECT_EQ(j["plugins"].size(), 10u) << j.dump(2);
+    EXPECT_EQ(j["refused"].size(), 9u) << j.dump(2);
 }
 
 TEST(Loader, ExplicitLoadOfBrokenFileFailsWithTheReason) {
@@ -291,6 +294,107 @@ TEST(Loader, RuntimeDestroyReleasesInstancesStillAlive) {
     rl_instance_t *inst = nullptr;
     ASSERT_EQ(rl_instance_create(rt->rt, "loss", "fixture_sum", nullptr, &inst), RL_OK);
     delete rt; // must not leak or crash (checked under ASan)
+}
+
+TEST(Loader, PluginBuiltForAbi01LoadsComputesAndIsDestroyed) {
+    Runtime rt(fixture("fixture_old_minor"));
+    auto j = rt.list();
+    ASSERT_EQ(j["plugins"].size(), 1u) << j.dump(2);
+    EXPECT_EQ(j["plugins"][0]["abi_version"], "0.1.0");
+    rl_instance_t *inst = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "fixture_old_minor", "{\"a\": 1}", &inst), RL_OK)
+        << rl_last_error();
+    rl_result_t *r = nullptr;
+    ASSERT_EQ(rl_loss_signature(inst, &r), RL_OK) << rl_last_error();
+    rl_result_destroy(r);
+    LossBatch b(false);
+    ASSERT_EQ(rl_loss_compute(inst, &b.in, 1, &r), RL_OK) << rl_last_error();
+    double loss = 0, tokens = 0;
+    EXPECT_EQ(rl_result_scalar(r, "loss", &loss), RL_OK);
+    EXPECT_DOUBLE_EQ(loss, 3.5);
+    EXPECT_EQ(rl_result_metric(r, "tokens", &tokens), RL_OK);
+    EXPECT_EQ(tokens, 3.0);
+    rl_tensor_view_t g{};
+    ASSERT_EQ(rl_result_tensor(r, "grad.logprobs", &g), RL_OK);
+    EXPECT_DOUBLE_EQ(static_cast<const double *>(g.data)[2], -1.0);
+    rl_result_destroy(r);
+    // Its rl_plugin_t has no get_params (0.1): the host answers with what it gave create().
+    ASSERT_EQ(rl_instance_params(inst, &r), RL_OK) << rl_last_error();
+    rl_string_view_t p{};
+    double from_plugin = -1;
+    EXPECT_EQ(rl_result_text(r, "params", &p), RL_OK);
+    EXPECT_EQ(std::string(p.data, p.length), "{\"a\": 1}");
+    EXPECT_EQ(rl_result_scalar(r, "from_plugin", &from_plugin), RL_OK);
+    EXPECT_EQ(from_plugin, 0.0);
+    rl_result_destroy(r);
+    rl_instance_destroy(inst);
+}
+
+TEST(Loader, SdkPluginReportsEffectiveParamsThroughGetParams) {
+    Runtime rt(fixture("fixture_good"));
+    rl_instance_t *inst = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "fixture_sum", nullptr, &inst), RL_OK);
+    rl_result_t *r = nullptr;
+    ASSERT_EQ(rl_instance_params(inst, &r), RL_OK) << rl_last_error();
+    rl_string_view_t p{};
+    double from_plugin = -1;
+    EXPECT_EQ(rl_result_text(r, "params", &p), RL_OK);
+    EXPECT_EQ(nlohmann::json::parse(std::string(p.data, p.length)),
+              (nlohmann::json{{"scale", 1.0}}));
+    EXPECT_EQ(rl_result_scalar(r, "from_plugin", &from_plugin), RL_OK);
+    EXPECT_EQ(from_plugin, 1.0);
+    rl_result_destroy(r);
+    rl_instance_destroy(inst);
+}
+
+TEST(Loader, RefusesMalformedDescriptorsAndInstancesNamingStructAndSizes) {
+    Runtime rt(fixture("fixture_broken_small_desc") + ":" + fixture("fixture_broken_missing_name") +
+               ":" + fixture("fixture_broken_dup_id") + ":" +
+               fixture("fixture_broken_small_iface"));
+    std::string why = rt.refusal_for("fixture_broken_small_desc.so");
+    EXPECT_NE(why.find("rl_plugin_desc_t has struct_size 24, smaller than 56 bytes"),
+              std::string::npos)
+        << why;
+    EXPECT_NE(why.find("the plugin declares ABI 0.2.0, the host is ABI 0.2.0"), std::string::npos)
+        << why;
+    why = rt.refusal_for("fixture_broken_missing_name.so");
+    EXPECT_NE(why.find("descriptor is incomplete: name is NULL"), std::string::npos) << why;
+    why = rt.refusal_for("fixture_broken_dup_id.so");
+    EXPECT_NE(why.find("duplicate plugin id 'org.rl.test.broken'"), std::string::npos) << why;
+    rl_instance_t *inst = nullptr;
+    EXPECT_EQ(rl_instance_create(rt.rt, "loss", "fixture_small_iface", nullptr, &inst),
+              RL_ERR_INCOMPATIBLE);
+    const std::string err = rl_last_error();
+    EXPECT_NE(err.find("fixture_broken_small_iface.so: loss 'fixture_small_iface'"),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find("rl_loss_iface_t has struct_size 8, smaller than 24 bytes"),
+              std::string::npos)
+        << err;
+}
+
+TEST(HostExtensions, KnownIdsAnswerAndUnknownIdsAreNull) {
+    Runtime rt(fixture("fixture_good"));
+    rl_instance_t *inst = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "fixture_sum", nullptr, &inst), RL_OK);
+    LossBatch b(false);
+    auto metric = [](rl_result_t *r, const char *name) {
+        double v = -1;
+        EXPECT_EQ(rl_result_metric(r, name, &v), RL_OK) << name;
+        return v;
+    };
+    rl_result_t *r = nullptr;
+    ASSERT_EQ(rl_loss_compute(inst, &b.in, 0, &r), RL_OK) << rl_last_error();
+    EXPECT_EQ(metric(r, "ext.thread_check"), 1.0);
+    EXPECT_EQ(metric(r, "ext.unknown"), 0.0);
+    EXPECT_EQ(metric(r, "ext.control_thread"), 1.0); // the runtime was created on this thread
+    rl_result_destroy(r);
+    std::thread worker(
+        [&] { ASSERT_EQ(rl_loss_compute(inst, &b.in, 0, &r), RL_OK) << rl_last_error(); });
+    worker.join();
+    EXPECT_EQ(metric(r, "ext.control_thread"), 0.0);
+    rl_result_destroy(r);
+    rl_instance_destroy(inst);
 }
 
 TEST(StatusNames, EveryStatusHasAStableName) {

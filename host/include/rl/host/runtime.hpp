@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace rl::host {
@@ -21,6 +22,7 @@ struct PluginRecord {
     Library *library = nullptr;
     std::string path;
     std::string kind, name, id, version, description;
+    std::vector<std::string> features;
 };
 
 struct Refusal {
@@ -40,7 +42,7 @@ class Runtime;
 class Instance {
 public:
     Instance(Runtime *rt, const PluginRecord *rec, const rl_plugin_t *plugin, const void *iface,
-             bool enforce);
+             bool enforce, std::string create_params);
     ~Instance();
     Instance(const Instance &) = delete;
     Instance &operator=(const Instance &) = delete;
@@ -49,6 +51,8 @@ public:
     const void *iface() const { return iface_; }
     const rl_plugin_t *plugin() const { return plugin_; }
     bool enforce() const { return enforce_; }
+    // The JSON parameters the host passed to create().
+    const std::string &create_params() const { return create_params_; }
     std::string who() const { return rec_->kind + " '" + rec_->name + "'"; }
 
     // Runs fn(ctx) as one call into the plugin; on a failing status, throws a
@@ -65,6 +69,7 @@ private:
     const rl_plugin_t *plugin_;
     const void *iface_;
     bool enforce_;
+    std::string create_params_;
 };
 
 class Runtime {
@@ -88,6 +93,8 @@ public:
                                      const std::string &params_json);
 
     const rl_host_api_t *host_api() const { return &host_api_; }
+    // The thread that created the runtime: the [control-thread].
+    bool on_control_thread() const { return std::this_thread::get_id() == control_thread_; }
     void register_instance(Instance *inst);
     void unregister_instance(Instance *inst);
 
@@ -96,6 +103,7 @@ private:
     void refuse(const std::string &path, const std::string &reason);
 
     rl_host_api_t host_api_{};
+    std::thread::id control_thread_ = std::this_thread::get_id();
     std::vector<std::unique_ptr<Library>> libraries_;
     std::vector<PluginRecord> plugins_;
     std::vector<Refusal> refused_;

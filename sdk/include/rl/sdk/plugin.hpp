@@ -28,6 +28,8 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace rl::sdk {
@@ -81,6 +83,17 @@ public:
               name);
     }
     bool aborted() const { return ctx_ && ctx_->abort_flag && *ctx_->abort_flag != 0; }
+    // A host extension table (RL_EXT_HOST_*), or nullptr when the host has none
+    // or its table is older than `min_size` (RL_SIZE_THROUGH of the last member
+    // the plugin uses).
+    template <class Ext>
+    const Ext *host_extension(const char *id, size_t min_size = sizeof(Ext)) const {
+        const rl_host_api_t *h = host();
+        if (!h || !RL_HAS_FIELD(h, rl_host_api_t, get_extension) || !h->get_extension)
+            return nullptr;
+        auto *ext = static_cast<const Ext *>(h->get_extension(h, id));
+        return ext && ext->struct_size >= min_size ? ext : nullptr;
+    }
     void log(rl_log_level_t level, const std::string &msg) const {
         if (host() && host()->log) host()->log(host(), level, msg.c_str());
     }
@@ -275,6 +288,7 @@ template <class T>
 struct Instance {
     rl_plugin_t plugin{};
     std::unique_ptr<T> impl;
+    json given_params; // what create() was given, for get_params()
     // Signature strings kept alive for get_signature().
     std::vector<std::string> sig_store[3];
     std::vector<const char *> sig_ptrs[3];
@@ -498,6 +512,28 @@ void RL_ABI destroy(const rl_plugin_t *p) {
     delete static_cast<Instance<T> *>(p->plugin_data);
 }
 
+// A plugin class may report its effective parameters (defaults filled in) by
+// defining `json params() const`; otherwise get_params() reports the
+// parameters it was created with.
+template <class T, class = void>
+struct HasParams : std::false_type {};
+template <class T>
+struct HasParams<T, std::void_t<decltype(std::declval<const T &>().params())>> : std::true_type {};
+
+template <class T>
+rl_status_t RL_ABI get_params(const rl_plugin_t *p, const rl_call_ctx_t *ctx) {
+    return guard(ctx, [&] {
+        auto *inst = static_cast<Instance<T> *>(p->plugin_data);
+        json j;
+        if constexpr (HasParams<T>::value)
+            j = inst->impl->params();
+        else
+            j = inst->given_params;
+        if (!j.is_object()) fail(RL_ERR_INTERNAL, "params() must return a JSON object");
+        Call(ctx).text("params", j.dump());
+    });
+}
+
 template <class T>
 const void *RL_ABI get_interface(const rl_plugin_t *p, const char *id) {
     using I = Iface<T, KindOf<T>>;
@@ -526,11 +562,15 @@ rl_status_t create_instance(const rl_plugin_desc_t *desc, const rl_call_ctx_t *c
         auto inst = std::make_unique<detail::Instance<T>>();
         inst->impl = std::make_unique<T>(p);
         p.finish();
-        inst->plugin.struct_size = sizeof(rl_plugin_t);
+        const std::string_view given = detail::view_of(params);
+        inst->given_params = given.empty() ? json::object() : json::parse(given);
+        if (inst->given_params.is_null()) inst->given_params = json::object();
+        inst->plugin.struct_size = sizeof(rl_plugin_t); // the 0.2 layout: get_params is set
         inst->plugin.desc = desc;
         inst->plugin.plugin_data = inst.get();
         inst->plugin.destroy = &detail::destroy<T>;
         inst->plugin.get_interface = &detail::get_interface<T>;
+        inst->plugin.get_params = &detail::get_params<T>;
         *out = &inst.release()->plugin;
     });
 }
@@ -592,7 +632,11 @@ inline const rl_plugin_factory_t *factory() {
 }
 
 inline rl_status_t RL_ABI entry_init(const rl_host_api_t *host, const char *) {
-    if (!host || !RL_ABI_COMPATIBLE(host->abi_version, RL_ABI_VERSION)) return RL_ERR_INCOMPATIBLE;
+    // Host structs are read by struct_size: the 0.1 table is the least we use;
+    // any slot added after 0.1 is read behind RL_HAS_FIELD (see host_extension).
+    if (!host || host->struct_size < RL_SIZE_THROUGH(rl_host_api_t, emit_text) ||
+        !RL_ABI_COMPATIBLE(host->abi_version, RL_ABI_VERSION))
+        return RL_ERR_INCOMPATIBLE;
     library().host = host;
     return RL_OK;
 }
