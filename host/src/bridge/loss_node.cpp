@@ -1,7 +1,7 @@
 #include "loss_node.hpp"
 
 #include "../capi/train_common.hpp"
-#include "../loss_call.hpp"
+#include "loss_call.hpp"
 
 #include <ATen/ATen.h>
 

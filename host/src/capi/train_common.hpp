@@ -3,7 +3,7 @@
 // tensor conversion between ABI views and ATen tensors. Internal to librl.
 #pragma once
 
-#include "../capi_common.hpp"
+#include "common.hpp"
 #include "rl/host/runtime.hpp"
 
 #include "rl/core/buffer.hpp"

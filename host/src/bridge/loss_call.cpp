@@ -1,6 +1,6 @@
 #include "loss_call.hpp"
 
-#include "capi_common.hpp"
+#include "../capi/common.hpp"
 
 #include <cmath>
 #include <set>

@@ -1,4 +1,4 @@
-// Internal helpers of the C API translation units (capi.cpp, capi/*.cpp):
+// Internal helpers of the C API translation units (host/src/capi/*.cpp):
 // the exception boundary, the thread-local last error, argument checks and
 // result construction. Not installed.
 #pragma once

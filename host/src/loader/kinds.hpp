@@ -1,5 +1,5 @@
 // The plugin kinds and the ABI's minimum struct sizes, in one place. The loader
-// (runtime.cpp), the C API (capi.cpp) and rl-validate's checks read them from
+// (runtime.cpp), the C API (capi/plugins.cpp) and rl-validate's checks read them from
 // here; adding a kind is one row in kinds.cpp. Internal to librl.
 #pragma once
 

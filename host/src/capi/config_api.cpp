@@ -1,6 +1,6 @@
 // abi/rl/runtime.h: run configurations (load, a script's own sections, the
 // schema).
-#include "../capi_common.hpp"
+#include "common.hpp"
 #include "rl/host/config.hpp"
 
 using namespace rl::host::capi;

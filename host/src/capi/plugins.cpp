@@ -1,7 +1,7 @@
 // The embedder API (abi/rl/runtime.h): a C boundary over rl::host. No
 // exception crosses it; failures set the thread-local last error.
-#include "capi_common.hpp"
-#include "loss_call.hpp"
+#include "common.hpp"
+#include "../bridge/loss_call.hpp"
 #include "rl/host/config.hpp"
 #include "rl/host/runtime.hpp"
 

@@ -1,4 +1,4 @@
-// One call into a loss plugin, shared by rl_loss_compute (capi.cpp) and the
+// One call into a loss plugin, shared by rl_loss_compute (capi/plugins.cpp) and the
 // trainer's loss node (bridge/loss_node.cpp). Internal to librl.
 #pragma once
 
