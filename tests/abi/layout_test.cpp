@@ -5,6 +5,11 @@
 #include <dlpack/dlpack.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
 #include <cstddef>
 
 #define EXPECT_LAYOUT(type, size) EXPECT_EQ(sizeof(type), size_t{size}) << #type
@@ -202,4 +207,19 @@ TEST(AbiLayout, VersionMacrosRoundTrip) {
     EXPECT_EQ(RL_VERSION_MINOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_PATCH(v), 4095u);
     EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 2, 0));
+}
+
+// docs/abi.md lists every header of abi/ (a header added without a line there
+// fails here).
+TEST(AbiDocs, EveryHeaderIsListed) {
+    const std::filesystem::path root = std::filesystem::path(RL_TEST_SOURCE_DIR) / "abi";
+    std::ifstream in(std::filesystem::path(RL_TEST_SOURCE_DIR) / "docs" / "abi.md");
+    ASSERT_TRUE(in) << "docs/abi.md is missing";
+    const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (const auto &e : std::filesystem::recursive_directory_iterator(root)) {
+        if (e.path().extension() != ".h") continue;
+        const std::string rel = std::filesystem::relative(e.path(), root).generic_string();
+        EXPECT_NE(doc.find("`" + rel + "`"), std::string::npos)
+            << "docs/abi.md does not list " << rel;
+    }
 }
