@@ -60,6 +60,23 @@ std::string Range::describe() const {
     return "";
 }
 
+ParamSpec param(std::string key, ParamType type, json fallback, std::string doc, Range range) {
+    ParamSpec s;
+    s.key = std::move(key);
+    s.type = type;
+    s.fallback = std::move(fallback);
+    s.doc = std::move(doc);
+    s.range = range;
+    return s;
+}
+
+ParamSpec choice_param(std::string key, std::string fallback, std::vector<std::string> choices,
+                       std::string doc) {
+    ParamSpec s = param(std::move(key), ParamType::String, std::move(fallback), std::move(doc));
+    s.choices = std::move(choices);
+    return s;
+}
+
 bool choice_allowed(const ParamSpec &spec, const std::string &s) {
     for (const auto &c : spec.choices) {
         if (c == s) return true;

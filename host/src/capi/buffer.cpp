@@ -1,4 +1,5 @@
 // abi/rl/train.h: the rollout buffer.
+#include "batch.hpp"
 #include "train_common.hpp"
 
 #include <chrono>
@@ -6,18 +7,14 @@
 #include <optional>
 #include <set>
 
-using namespace rl::host::capi;
-using nlohmann::json;
-using rl::host::CallSink;
-using rl::host::HostError;
-using rl::host::Instance;
-namespace core = rl::core;
-
 namespace {
 
 // ---- the rollout buffer -----------------------------------------------------------
 
+// rl_buffer_pop_batch's result: the training batch's tensors, with the
+// sampling logprobs as "rollout_logprobs" when the rollouts carry them.
 CallSink batch_sink(std::vector<core::Group> groups) {
+    const char *fn = "rl_buffer_pop_batch";
     CallSink sink;
     std::vector<const core::Rollout *> rs;
     for (const auto &g : groups)
@@ -28,57 +25,29 @@ CallSink batch_sink(std::vector<core::Group> groups) {
         sink.scalars["tokens"] = 0;
         return sink;
     }
-    std::vector<int64_t> ids, cu{0}, group_ids, versions;
-    std::vector<float> mask, logprobs;
-    std::vector<double> rewards;
-    std::map<std::string, std::vector<float>> extras;
     const bool with_logprobs = !rs.front()->logprobs.empty();
-    json tasks = json::array(), completions = json::array();
-    for (size_t i = 0; i < rs.size(); ++i) {
-        const core::Rollout &r = *rs[i];
-        const size_t n = r.token_ids.size();
-        ids.insert(ids.end(), r.token_ids.begin(), r.token_ids.end());
-        cu.push_back(static_cast<int64_t>(ids.size()));
-        group_ids.push_back(r.group_id);
-        versions.push_back(r.policy_version);
-        rewards.push_back(r.reward);
-        if (r.loss_mask.empty())
-            mask.insert(mask.end(), n, 1.0f);
-        else
-            for (uint8_t m : r.loss_mask) mask.push_back(m ? 1.0f : 0.0f);
-        if (with_logprobs != !r.logprobs.empty())
+    for (const core::Rollout *r : rs)
+        if (with_logprobs != !r->logprobs.empty())
             throw HostError{RL_ERR_BAD_STATE,
-                            "rl_buffer_pop_batch: some rollouts carry logprobs and others do not "
-                            "(group " +
-                                std::to_string(r.group_id) + ")"};
-        logprobs.insert(logprobs.end(), r.logprobs.begin(), r.logprobs.end());
-        if (i == 0)
-            for (const auto &kv : r.extras) extras[kv.first];
-        for (auto &kv : extras) {
-            auto it = r.extras.find(kv.first);
-            if (it == r.extras.end() || r.extras.size() != extras.size())
-                throw HostError{RL_ERR_BAD_STATE,
-                                "rl_buffer_pop_batch: rollouts of the batch carry different "
-                                "extra tensors (group " +
-                                    std::to_string(r.group_id) + ")"};
-            kv.second.insert(kv.second.end(), it->second.begin(), it->second.end());
-        }
-        tasks.push_back(r.task);
-        completions.push_back(r.completion);
+                            fn_msg(fn, "some rollouts carry logprobs and others do not (group " +
+                                           std::to_string(r->group_id) + ")")};
+    std::unique_ptr<rl_train_batch> b = batch_of(rs, static_cast<int64_t>(groups.size()), fn);
+    sink.scalars["tokens"] = static_cast<double>(b->input_ids.numel());
+    sink.tensors["input_ids"] = std::move(b->input_ids);
+    sink.tensors["cu_seqlens"] = std::move(b->cu_seqlens);
+    for (auto &kv : b->tensors) {
+        if (kv.first != "old_logprobs")
+            sink.tensors[kv.first] = std::move(kv.second);
+        else if (with_logprobs)
+            sink.tensors["rollout_logprobs"] = std::move(kv.second);
     }
-    const rl_dtype_t f32{RL_DTYPE_FLOAT, 32, 1}, f64{RL_DTYPE_FLOAT, 64, 1},
-        i64{RL_DTYPE_INT, 64, 1};
-    sink.scalars["tokens"] = static_cast<double>(ids.size());
-    sink.tensors["input_ids"] = owned_from_vector(ids, i64);
-    sink.tensors["cu_seqlens"] = owned_from_vector(cu, i64);
-    sink.tensors["loss_mask"] = owned_from_vector(mask, f32);
-    if (with_logprobs) sink.tensors["rollout_logprobs"] = owned_from_vector(logprobs, f32);
-    for (const auto &kv : extras) sink.tensors[kv.first] = owned_from_vector(kv.second, f32);
-    sink.tensors["rewards"] = owned_from_vector(rewards, f64);
-    sink.tensors["group_ids"] = owned_from_vector(group_ids, i64);
-    sink.tensors["policy_versions"] = owned_from_vector(versions, i64);
-    sink.texts["tasks"] = tasks.dump();
-    sink.texts["completions"] = completions.dump();
+    sink.tensors["rewards"] = owned_from_vector(b->rewards, rl_dtype_t{RL_DTYPE_FLOAT, 64, 1});
+    sink.tensors["group_ids"] = owned_from_vector(b->group_ids, rl_dtype_t{RL_DTYPE_INT, 64, 1});
+    sink.tensors["policy_versions"] =
+        owned_from_vector(b->policy_versions, rl_dtype_t{RL_DTYPE_INT, 64, 1});
+    sink.texts["tasks"] = json(b->tasks).dump(-1, ' ', false, json::error_handler_t::replace);
+    sink.texts["completions"] =
+        json(b->completions).dump(-1, ' ', false, json::error_handler_t::replace);
     return sink;
 }
 

@@ -1,13 +1,6 @@
 // abi/rl/train.h: the co-located rollout engine.
 #include "train_common.hpp"
 
-using namespace rl::host::capi;
-using nlohmann::json;
-using rl::host::CallSink;
-using rl::host::HostError;
-using rl::host::Instance;
-namespace core = rl::core;
-
 extern "C" {
 
 // ---- engine -------------------------------------------------------------------------

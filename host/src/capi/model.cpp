@@ -14,13 +14,6 @@
 
 namespace fs = std::filesystem;
 
-using namespace rl::host::capi;
-using nlohmann::json;
-using rl::host::CallSink;
-using rl::host::HostError;
-using rl::host::Instance;
-namespace core = rl::core;
-
 extern "C" {
 
 // ---- models ---------------------------------------------------------------------

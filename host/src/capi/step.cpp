@@ -1,5 +1,6 @@
 // abi/rl/step.h: one RL step as typed values (generate -> score -> filter ->
 // buffer -> batch -> advantages -> sync), the per-token work of the loop.
+#include "batch.hpp"
 #include "train_common.hpp"
 
 #include "rl/core/chat_template.hpp"
@@ -8,13 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <map>
-
-using namespace rl::host::capi;
-using nlohmann::json;
-using rl::host::CallSink;
-using rl::host::HostError;
-using rl::host::OwnedTensor;
-namespace core = rl::core;
 
 struct rl_rollouts {
     struct Item {
@@ -36,21 +30,6 @@ struct rl_rollouts {
     int64_t vocab_size = 0;
 };
 
-struct rl_train_batch {
-    OwnedTensor input_ids, cu_seqlens;
-    std::map<std::string, OwnedTensor> tensors; // per-token
-    std::vector<double> rewards;
-    std::vector<int64_t> group_ids, policy_versions;
-    std::vector<std::string> tasks, completions;
-    int64_t groups = 0;
-    std::vector<rl_tensor_arg_t> args; // views of `tensors`, rebuilt on change
-
-    void rebuild_args() {
-        args.clear();
-        for (const auto &kv : tensors) args.push_back({kv.first.c_str(), kv.second.view()});
-    }
-};
-
 namespace {
 
 constexpr rl_dtype_t kF32{RL_DTYPE_FLOAT, 32, 1}, kF64{RL_DTYPE_FLOAT, 64, 1},
@@ -65,59 +44,6 @@ CallSink call_sink(F &&f) {
     CallSink sink = std::move(res->sink);
     rl_result_destroy(res);
     return sink;
-}
-
-// The training batch of rollouts taken in order (pushed-rollout layout: prompt
-// then completion, loss mask 0 on the prompt, sampling logprobs as
-// "old_logprobs").
-std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *> &rs,
-                                         int64_t groups, const char *fn) {
-    auto b = std::make_unique<rl_train_batch>();
-    b->groups = groups;
-    std::vector<int64_t> ids, cu{0};
-    std::vector<float> mask, old;
-    std::map<std::string, std::vector<float>> extras;
-    for (size_t i = 0; i < rs.size(); ++i) {
-        const core::Rollout &r = *rs[i];
-        const size_t n = r.token_ids.size();
-        ids.insert(ids.end(), r.token_ids.begin(), r.token_ids.end());
-        cu.push_back(static_cast<int64_t>(ids.size()));
-        if (r.loss_mask.empty())
-            mask.insert(mask.end(), n, 1.0f);
-        else
-            for (uint8_t m : r.loss_mask) mask.push_back(m ? 1.0f : 0.0f);
-        if (r.logprobs.empty())
-            old.insert(old.end(), n, 0.0f);
-        else
-            old.insert(old.end(), r.logprobs.begin(), r.logprobs.end());
-        if (i == 0)
-            for (const auto &kv : r.extras) extras[kv.first];
-        for (auto &kv : extras) {
-            auto it = r.extras.find(kv.first);
-            if (it == r.extras.end() || r.extras.size() != extras.size())
-                throw HostError{RL_ERR_BAD_STATE,
-                                fn_msg(fn, "rollouts of the batch carry different extra tensors "
-                                           "(group " +
-                                               std::to_string(r.group_id) + ")")};
-            kv.second.insert(kv.second.end(), it->second.begin(), it->second.end());
-        }
-        b->rewards.push_back(r.reward);
-        b->group_ids.push_back(r.group_id);
-        b->policy_versions.push_back(r.policy_version);
-        b->tasks.push_back(r.task);
-        b->completions.push_back(r.completion);
-    }
-    b->input_ids = owned_from_vector(ids, kI64);
-    b->cu_seqlens = owned_from_vector(cu, kI64);
-    b->tensors["loss_mask"] = owned_from_vector(mask, kF32);
-    b->tensors["old_logprobs"] = owned_from_vector(old, kF32);
-    for (const auto &kv : extras) {
-        require(!b->tensors.count(kv.first),
-                fn_msg(fn, "an extra tensor is named '" + kv.first + "', a batch tensor"));
-        b->tensors[kv.first] = owned_from_vector(kv.second, kF32);
-    }
-    b->rebuild_args();
-    return b;
 }
 
 // A scored rollout as the buffer holds it.

@@ -84,3 +84,13 @@ OwnedTensor owned_from_vector(const std::vector<T> &v, rl_dtype_t dtype) {
 }
 
 } // namespace rl::host::capi
+
+// The names every translation unit of the training C API uses (internal
+// header: these never reach an installed one).
+using namespace rl::host::capi;
+using nlohmann::json;
+using rl::host::CallSink;
+using rl::host::HostError;
+using rl::host::Instance;
+using rl::host::OwnedTensor;
+namespace core = rl::core;

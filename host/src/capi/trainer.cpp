@@ -5,13 +5,6 @@
 
 #include "rl/core/checkpoint.hpp"
 
-using namespace rl::host::capi;
-using nlohmann::json;
-using rl::host::CallSink;
-using rl::host::HostError;
-using rl::host::Instance;
-namespace core = rl::core;
-
 namespace {
 
 // ---- batches and results ----------------------------------------------------------

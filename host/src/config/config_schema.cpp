@@ -12,22 +12,8 @@ using T = ConfigType;
 using nlohmann::json;
 using rl::core::Range;
 
-ConfigKey key(std::string path, T type, json fallback, std::string doc, Range range = {}) {
-    ConfigKey k;
-    k.key = std::move(path);
-    k.type = type;
-    k.fallback = std::move(fallback);
-    k.doc = std::move(doc);
-    k.range = range;
-    return k;
-}
-
-ConfigKey choice(std::string path, std::string fallback, std::vector<std::string> choices,
-                 std::string doc) {
-    ConfigKey k = key(std::move(path), T::String, std::move(fallback), std::move(doc));
-    k.choices = std::move(choices);
-    return k;
-}
+using rl::core::choice_param;
+using rl::core::param;
 
 void add_section(std::vector<ConfigKey> &keys, const std::string &section,
                  const std::vector<rl::core::ParamSpec> &specs) {
@@ -41,75 +27,79 @@ void add_section(std::vector<ConfigKey> &keys, const std::string &section,
 
 std::vector<ConfigKey> build() {
     std::vector<ConfigKey> keys = {
-        choice("log_level", "info", {"trace", "debug", "info", "warn", "error", "off"},
-               "Log verbosity."),
-        key("plugins.path", T::StringList, json::array(),
-            "Extra plugin files or folders, searched before RL_PLUGIN_PATH."),
+        choice_param("log_level", "info", {"trace", "debug", "info", "warn", "error", "off"},
+                     "Log verbosity."),
+        param("plugins.path", T::StringList, json::array(),
+              "Extra plugin files or folders, searched before RL_PLUGIN_PATH."),
 
-        key("run.name", T::String, "run", "Run name; the run folder is run.dir/run.name."),
-        key("run.dir", T::String, "runs", "Parent folder of run folders."),
-        key("run.seed", T::Integer, 0, "Seed of every random choice in the run.",
-            Range::at_least(0)),
-        key("run.steps", T::Integer, 20, "RL steps (optimizer steps) to run.", Range::at_least(0)),
-        key("run.resume", T::Boolean, false,
-            "Continue from the last complete checkpoint in the run folder."),
-        key("run.checkpoint_every", T::Integer, 10,
-            "Steps between checkpoints (0: only at the end).", Range::at_least(0)),
-        choice("run.progress", "auto", {"auto", "bar", "lines"},
-               "Progress display: a bar on a terminal, plain lines otherwise."),
-        key("run.overwrite", T::Boolean, false,
-            "Without run.resume, replace the checkpoints an earlier run left in the run folder "
-            "(else that is an error)."),
+        param("run.name", T::String, "run", "Run name; the run folder is run.dir/run.name."),
+        param("run.dir", T::String, "runs", "Parent folder of run folders."),
+        param("run.seed", T::Integer, 0, "Seed of every random choice in the run.",
+              Range::at_least(0)),
+        param("run.steps", T::Integer, 20, "RL steps (optimizer steps) to run.",
+              Range::at_least(0)),
+        param("run.resume", T::Boolean, false,
+              "Continue from the last complete checkpoint in the run folder."),
+        param("run.checkpoint_every", T::Integer, 10,
+              "Steps between checkpoints (0: only at the end).", Range::at_least(0)),
+        choice_param("run.progress", "auto", {"auto", "bar", "lines"},
+                     "Progress display: a bar on a terminal, plain lines otherwise."),
+        param("run.overwrite", T::Boolean, false,
+              "Without run.resume, replace the checkpoints an earlier run left in the run folder "
+              "(else that is an error)."),
 
-        key("model.path", T::String, "",
-            "Hugging Face model folder; empty: the built-in tiny model (created if absent)."),
-        choice("model.preset", "tiny", {"tiny"},
-               "Built-in model created when model.path is empty."),
-        key("model.init_dir", T::String, "models/tiny",
-            "Where the built-in model is created when model.path is empty."),
-        key("model.threads", T::Integer, 0, "CPU threads for tensor math (0: all cores).",
-            Range::at_least(0)),
-        choice("model.device", "auto", {"auto", "cpu", "cuda", "cuda:N"},
-               "Where trainer and engine run: auto (the first GPU when CUDA is usable, else the "
-               "CPU), cpu, cuda or cuda:N."),
-        choice("model.dtype", "float32", {"float32", "bfloat16"},
-               "Weights and activations; bfloat16 keeps float32 master weights and AdamW state "
-               "in the trainer."),
+        param("model.path", T::String, "",
+              "Hugging Face model folder; empty: the built-in tiny model (created if absent)."),
+        choice_param("model.preset", "tiny", {"tiny"},
+                     "Built-in model created when model.path is empty."),
+        param("model.init_dir", T::String, "models/tiny",
+              "Where the built-in model is created when model.path is empty."),
+        param("model.threads", T::Integer, 0, "CPU threads for tensor math (0: all cores).",
+              Range::at_least(0)),
+        choice_param(
+            "model.device", "auto", {"auto", "cpu", "cuda", "cuda:N"},
+            "Where trainer and engine run: auto (the first GPU when CUDA is usable, else the "
+            "CPU), cpu, cuda or cuda:N."),
+        choice_param(
+            "model.dtype", "float32", {"float32", "bfloat16"},
+            "Weights and activations; bfloat16 keeps float32 master weights and AdamW state "
+            "in the trainer."),
 
-        choice("tokenizer.chat_template", "none", {"none", "chatml", "llama3"},
-               "Chat template applied to prompts."),
+        choice_param("tokenizer.chat_template", "none", {"none", "chatml", "llama3"},
+                     "Chat template applied to prompts."),
     };
     add_section(keys, "trainer", rl::core::trainer_params());
     add_section(keys, "engine", rl::core::engine_params());
     const std::vector<ConfigKey> rest = {
-        key("rollout.prompts_per_step", T::Integer, 8, "Prompts sampled per RL step.",
-            Range::at_least(1)),
-        key("rollout.n", T::Integer, 8, "Samples per prompt (the GRPO group size).",
-            Range::at_least(1)),
-        key("rollout.temperature", T::Number, 1.0, "Sampling temperature (0: greedy).",
-            Range::at_least(0)),
-        key("rollout.top_p", T::Number, 1.0, "Nucleus sampling mass (1: off).",
-            Range::left_open(0, 1)),
-        key("rollout.top_k", T::Integer, 0, "Top-k sampling (0: off).", Range::at_least(0)),
-        key("rollout.max_tokens", T::Integer, 32, "Completion length limit.", Range::at_least(1)),
-        key("rollout.stop", T::StringList, json::array(), "Stop strings."),
+        param("rollout.prompts_per_step", T::Integer, 8, "Prompts sampled per RL step.",
+              Range::at_least(1)),
+        param("rollout.n", T::Integer, 8, "Samples per prompt (the GRPO group size).",
+              Range::at_least(1)),
+        param("rollout.temperature", T::Number, 1.0, "Sampling temperature (0: greedy).",
+              Range::at_least(0)),
+        param("rollout.top_p", T::Number, 1.0, "Nucleus sampling mass (1: off).",
+              Range::left_open(0, 1)),
+        param("rollout.top_k", T::Integer, 0, "Top-k sampling (0: off).", Range::at_least(0)),
+        param("rollout.max_tokens", T::Integer, 32, "Completion length limit.", Range::at_least(1)),
+        param("rollout.stop", T::StringList, json::array(), "Stop strings."),
 
-        key("env.name", T::String, "reverse_text", "Environment plugin."),
-        key("env.params", T::Object, json::object(), "Environment parameters (see docs/envs.md)."),
-        key("loss.name", T::String, "policy_loss", "Loss plugin."),
-        key("loss.params", T::Object, json::object(), "Loss parameters (see docs/losses.md)."),
-        key("advantage.name", T::String, "grpo", "Advantage plugin."),
-        key("advantage.params", T::Object, json::object(),
-            "Advantage parameters (see docs/advantages.md)."),
-        key("filters", T::ObjectList, json::array(),
-            "Rollout filters: a list of {name, params, enforce} (see docs/filters.md)."),
+        param("env.name", T::String, "reverse_text", "Environment plugin."),
+        param("env.params", T::Object, json::object(),
+              "Environment parameters (see docs/envs.md)."),
+        param("loss.name", T::String, "policy_loss", "Loss plugin."),
+        param("loss.params", T::Object, json::object(), "Loss parameters (see docs/losses.md)."),
+        param("advantage.name", T::String, "grpo", "Advantage plugin."),
+        param("advantage.params", T::Object, json::object(),
+              "Advantage parameters (see docs/advantages.md)."),
+        param("filters", T::ObjectList, json::array(),
+              "Rollout filters: a list of {name, params, enforce} (see docs/filters.md)."),
     };
     keys.insert(keys.end(), rest.begin(), rest.end());
     add_section(keys, "buffer", rl::core::buffer_params());
-    keys.push_back(key("buffer.min_rollouts", T::Integer, 1,
-                       "Rollouts of kept groups needed for a training step; with fewer, the "
-                       "examples generate again and train once enough have gathered.",
-                       Range::at_least(1)));
+    keys.push_back(param("buffer.min_rollouts", T::Integer, 1,
+                         "Rollouts of kept groups needed for a training step; with fewer, the "
+                         "examples generate again and train once enough have gathered.",
+                         Range::at_least(1)));
     return keys;
 }
 

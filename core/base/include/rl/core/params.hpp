@@ -50,6 +50,13 @@ struct ParamSpec {
     bool in_run_config = true;
 };
 
+/// A declaration (the fields that most declarations set).
+ParamSpec param(std::string key, ParamType type, nlohmann::json fallback, std::string doc,
+                Range range = {});
+/// A string declaration with a fixed set of choices.
+ParamSpec choice_param(std::string key, std::string fallback, std::vector<std::string> choices,
+                       std::string doc);
+
 /// Whether `value` is one of the spec's choices ("cuda:N" patterns included).
 bool choice_allowed(const ParamSpec &spec, const std::string &value);
 

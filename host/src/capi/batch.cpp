@@ -1,0 +1,60 @@
+#include "batch.hpp"
+
+namespace rl::host::capi {
+
+namespace core = rl::core;
+
+// The training batch of rollouts taken in order (pushed-rollout layout: prompt
+// then completion, loss mask 0 on the prompt, sampling logprobs as
+// "old_logprobs").
+std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *> &rs,
+                                         int64_t groups, const char *fn) {
+    auto b = std::make_unique<rl_train_batch>();
+    b->groups = groups;
+    std::vector<int64_t> ids, cu{0};
+    std::vector<float> mask, old;
+    std::map<std::string, std::vector<float>> extras;
+    for (size_t i = 0; i < rs.size(); ++i) {
+        const core::Rollout &r = *rs[i];
+        const size_t n = r.token_ids.size();
+        ids.insert(ids.end(), r.token_ids.begin(), r.token_ids.end());
+        cu.push_back(static_cast<int64_t>(ids.size()));
+        if (r.loss_mask.empty())
+            mask.insert(mask.end(), n, 1.0f);
+        else
+            for (uint8_t m : r.loss_mask) mask.push_back(m ? 1.0f : 0.0f);
+        if (r.logprobs.empty())
+            old.insert(old.end(), n, 0.0f);
+        else
+            old.insert(old.end(), r.logprobs.begin(), r.logprobs.end());
+        if (i == 0)
+            for (const auto &kv : r.extras) extras[kv.first];
+        for (auto &kv : extras) {
+            auto it = r.extras.find(kv.first);
+            if (it == r.extras.end() || r.extras.size() != extras.size())
+                throw HostError{RL_ERR_BAD_STATE,
+                                fn_msg(fn, "rollouts of the batch carry different extra tensors "
+                                           "(group " +
+                                               std::to_string(r.group_id) + ")")};
+            kv.second.insert(kv.second.end(), it->second.begin(), it->second.end());
+        }
+        b->rewards.push_back(r.reward);
+        b->group_ids.push_back(r.group_id);
+        b->policy_versions.push_back(r.policy_version);
+        b->tasks.push_back(r.task);
+        b->completions.push_back(r.completion);
+    }
+    b->input_ids = owned_from_vector(ids, rl_dtype_t{RL_DTYPE_INT, 64, 1});
+    b->cu_seqlens = owned_from_vector(cu, rl_dtype_t{RL_DTYPE_INT, 64, 1});
+    b->tensors["loss_mask"] = owned_from_vector(mask, rl_dtype_t{RL_DTYPE_FLOAT, 32, 1});
+    b->tensors["old_logprobs"] = owned_from_vector(old, rl_dtype_t{RL_DTYPE_FLOAT, 32, 1});
+    for (const auto &kv : extras) {
+        require(!b->tensors.count(kv.first),
+                fn_msg(fn, "an extra tensor is named '" + kv.first + "', a batch tensor"));
+        b->tensors[kv.first] = owned_from_vector(kv.second, rl_dtype_t{RL_DTYPE_FLOAT, 32, 1});
+    }
+    b->rebuild_args();
+    return b;
+}
+
+} // namespace rl::host::capi
