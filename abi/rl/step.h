@@ -92,6 +92,17 @@ RL_API rl_status_t rl_buffer_push_rollouts(rl_buffer_t *buffer, const rl_rollout
 RL_API rl_status_t rl_rollouts_to_batch(const rl_rollouts_t *rollouts,
                                         rl_train_batch_t **out_batch);
 
+/* [control-thread] A supervised batch on the tasks' reference answers
+ * (tasks_json: JSON array of tasks with string "prompt" and "answer"): per
+ * sequence the prompt (wrapped by the chat template when one is named), then
+ * the answer followed by a newline, then the end-of-sequence token; tensor
+ * "loss_mask" (float32) is 1 on the answer, newline and EOS tokens.
+ * options_json (may be NULL): {"chat_template": "none" | "chatml" | "llama3",
+ * "eos_token_id": int (default: the model's first EOS id)}. */
+RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *tasks_json,
+                                             const char *options_json,
+                                             rl_train_batch_t **out_batch);
+
 /* [thread-safe] Wait up to timeout_ms (0: do not wait) until at least
  * min_rollouts rollouts of complete, kept groups are ready, then take every
  * ready group as one training batch (sequences group-major). *out_batch is

@@ -147,6 +147,19 @@ int m_tokenizer(lua_State *L) {
     return 1;
 }
 
+// x:sft_batch(tasks [, {chat_template, eos_token_id}]) -> rl.train_batch: the
+// supervised batch on the tasks' reference answers
+int m_sft_batch(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    const std::string tasks = config_arg(L, 2, "sft_batch: tasks");
+    const std::string opts = config_arg(L, 3, "sft_batch: options");
+    Handle *h = push_handle(L, kTrainBatchMT, nullptr, destroy_train_batch, 0);
+    rl_train_batch_t *b = nullptr;
+    check_status(L, rl_train_batch_supervised(m, tasks.c_str(), opts.c_str(), &b), "sft_batch");
+    h->ptr = b;
+    return 1;
+}
+
 // model:trainer([config]) -> rl.trainer
 int m_trainer(lua_State *L) {
     Handle *model = check_handle(L, 1, kModelMT);
@@ -602,6 +615,7 @@ void open_train(lua_State *L, int M) {
                                              RL_LUA_FN("encode", m_encode),
                                              RL_LUA_FN("decode", m_decode),
                                              RL_LUA_FN("apply_chat_template", m_chat),
+                                             RL_LUA_FN("sft_batch", m_sft_batch),
                                              RL_LUA_FN("tokenizer", m_tokenizer),
                                              RL_LUA_FN("trainer", m_trainer),
                                              RL_LUA_FN("engine", m_engine),
@@ -610,6 +624,7 @@ void open_train(lua_State *L, int M) {
     static const luaL_Reg tokenizer_methods[] = {RL_LUA_FN("encode", m_encode),
                                                  RL_LUA_FN("decode", m_decode),
                                                  RL_LUA_FN("apply_chat_template", m_chat),
+                                                 RL_LUA_FN("sft_batch", m_sft_batch),
                                                  {nullptr, nullptr}};
     define_handle_type(L, kTokenizerMT, tokenizer_methods);
     static const luaL_Reg trainer_methods[] = {RL_LUA_FN("forward_backward", t_forward_backward),

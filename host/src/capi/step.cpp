@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 
 struct rl_rollouts {
     struct Item {
@@ -44,6 +45,30 @@ CallSink call_sink(F &&f) {
     CallSink sink = std::move(res->sink);
     rl_result_destroy(res);
     return sink;
+}
+
+// The prompt ids of each task: its "prompt", wrapped as one user turn with the
+// assistant prompt after it when a chat template is named.
+std::vector<std::vector<int64_t>> encode_prompts(const core::Policy &policy, const json &tasks,
+                                                 const std::string &chat_template, const char *fn) {
+    const core::Tokenizer &tok = policy.require_tokenizer(fn);
+    core::ChatTemplateOptions chat;
+    chat.add_generation_prompt = true;
+    const bool templated = chat_template != "none";
+    const core::ChatFormat format =
+        templated ? core::parse_chat_format(chat_template) : core::ChatFormat{};
+    std::vector<std::vector<int64_t>> prompts;
+    for (size_t i = 0; i < tasks.size(); ++i) {
+        const json &t = tasks[i];
+        require(t.is_object() && t.contains("prompt") && t["prompt"].is_string(),
+                fn_msg(fn, "tasks[" + std::to_string(i) + "] has no string 'prompt'"));
+        std::string text = t["prompt"].get<std::string>();
+        if (templated) text = core::apply_chat_template(format, {{"user", text}}, chat);
+        const auto ids = tok.encode(text, core::EncodeOptions{});
+        require(!ids.empty(), fn_msg(fn, "tasks[" + std::to_string(i) + "]: empty prompt"));
+        prompts.emplace_back(ids.begin(), ids.end());
+    }
+    return prompts;
 }
 
 // A scored rollout as the buffer holds it.
@@ -120,24 +145,8 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
                                                "'; valid: chat_template, group_offset, sampling")};
             }
         }
-        const core::Tokenizer &tok = engine->policy->require_tokenizer(fn);
-        core::ChatTemplateOptions chat;
-        chat.add_generation_prompt = true;
-        const bool templated = chat_template != "none";
-        const core::ChatFormat format =
-            templated ? core::parse_chat_format(chat_template) : core::ChatFormat{};
-
-        std::vector<std::vector<int64_t>> prompts;
-        for (size_t i = 0; i < tasks.size(); ++i) {
-            const json &t = tasks[i];
-            require(t.is_object() && t.contains("prompt") && t["prompt"].is_string(),
-                    fn_msg(fn, "tasks[" + std::to_string(i) + "] has no string 'prompt'"));
-            std::string text = t["prompt"].get<std::string>();
-            if (templated) text = core::apply_chat_template(format, {{"user", text}}, chat);
-            const auto ids = tok.encode(text, core::EncodeOptions{});
-            require(!ids.empty(), fn_msg(fn, "tasks[" + std::to_string(i) + "]: empty prompt"));
-            prompts.emplace_back(ids.begin(), ids.end());
-        }
+        const std::vector<std::vector<int64_t>> prompts =
+            encode_prompts(*engine->policy, tasks, chat_template, fn);
         const core::Generation g =
             engine->impl->generate(prompts, core::SamplingParams::from_json(sampling.dump()));
 
@@ -353,6 +362,76 @@ RL_API rl_status_t rl_rollouts_to_batch(const rl_rollouts_t *rollouts,
             rs.push_back(&store.back());
         }
         *out_batch = batch_of(rs, rollouts->groups, fn).release();
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *tasks_json,
+                                             const char *options_json,
+                                             rl_train_batch_t **out_batch) {
+    return train_boundary([&] {
+        const char *fn = "rl_train_batch_supervised";
+        require(model && tasks_json && out_batch,
+                fn_msg(fn, "model, tasks_json and out_batch are required"));
+        const json tasks = parse_json(tasks_json, fn_msg(fn, "tasks"));
+        require(tasks.is_array() && !tasks.empty(),
+                fn_msg(fn, "tasks must be a non-empty JSON array of task objects"));
+        json opts = parse_json(options_json, fn_msg(fn, "options"));
+        if (opts.is_null()) opts = json::object();
+        require(opts.is_object(), fn_msg(fn, "options must be a JSON object"));
+        std::string chat_template = "none";
+        std::optional<int64_t> eos;
+        for (const auto &kv : opts.items()) {
+            if (kv.key() == "chat_template" && kv.value().is_string()) {
+                chat_template = kv.value().get<std::string>();
+            } else if (kv.key() == "eos_token_id" && kv.value().is_number_integer()) {
+                eos = kv.value().get<int64_t>();
+            } else {
+                throw HostError{RL_ERR_INVALID_ARG,
+                                fn_msg(fn, "option '" + kv.key() +
+                                               "' is unknown or of the wrong type; valid: "
+                                               "chat_template (a string), eos_token_id (an "
+                                               "integer)")};
+            }
+        }
+        if (!eos) {
+            const auto ids = model->policy->eos_token_ids();
+            require(!ids.empty(), fn_msg(fn, "the model has no end-of-sequence token; pass "
+                                             "eos_token_id"));
+            eos = ids.front();
+        }
+        const core::Tokenizer &tok = model->policy->require_tokenizer(fn);
+        const auto prompts = encode_prompts(*model->policy, tasks, chat_template, fn);
+        std::vector<int64_t> ids, cu{0};
+        std::vector<float> mask;
+        for (size_t i = 0; i < tasks.size(); ++i) {
+            require(tasks[i].contains("answer") && tasks[i]["answer"].is_string(),
+                    fn_msg(fn, "tasks[" + std::to_string(i) +
+                                   "] has no reference answer (a string 'answer')"));
+            const auto answer =
+                tok.encode(tasks[i]["answer"].get<std::string>() + "\n", core::EncodeOptions{});
+            ids.insert(ids.end(), prompts[i].begin(), prompts[i].end());
+            mask.insert(mask.end(), prompts[i].size(), 0.0f);
+            ids.insert(ids.end(), answer.begin(), answer.end());
+            mask.insert(mask.end(), answer.size(), 1.0f);
+            ids.push_back(*eos);
+            mask.push_back(1.0f);
+            cu.push_back(static_cast<int64_t>(ids.size()));
+        }
+        auto b = std::make_unique<rl_train_batch>();
+        b->groups = static_cast<int64_t>(tasks.size());
+        b->input_ids = owned_from_vector(ids, kI64);
+        b->cu_seqlens = owned_from_vector(cu, kI64);
+        b->tensors["loss_mask"] = owned_from_vector(mask, kF32);
+        for (size_t i = 0; i < tasks.size(); ++i) {
+            b->rewards.push_back(0.0);
+            b->group_ids.push_back(static_cast<int64_t>(i));
+            b->policy_versions.push_back(model->policy->version());
+            b->tasks.push_back(tasks[i].dump());
+            b->completions.push_back(tasks[i]["answer"].get<std::string>());
+        }
+        b->rebuild_args();
+        *out_batch = b.release();
         return RL_OK;
     });
 }

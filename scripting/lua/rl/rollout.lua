@@ -3,7 +3,8 @@
 -- filter / info / to_batch, buffer:push_rollouts / pop_train_batch,
 -- batch:compute_advantages / split / set, engine:sync_weights(buffer); no
 -- per-token work of the RL step is done in Lua. What stays here: prompt
--- encoding and the supervised batch of the warm-up, and reading loss metrics.
+-- encoding, the supervised batch of the warm-up (a call into librl), and
+-- reading loss metrics.
 local rl = require("rl")
 
 local M = {}
@@ -34,38 +35,14 @@ function M.encode_prompts(tok, tasks, chat_template)
     return out
 end
 
---- rl.sft_batch(tokenizer, tasks, eos_id [, chat_template]) -> batch
+--- rl.sft_batch(tokenizer, tasks, eos_id [, chat_template]) -> rl.train_batch
 --- Supervised batch on the tasks' reference answers: prompt, then the answer
 --- and a newline, then the end-of-sequence token; loss_mask on the answer,
---- newline and EOS tokens.
+--- newline and EOS tokens (built in librl: rl_train_batch_supervised).
 function M.sft_batch(tok, tasks, eos_id, chat_template)
     check_table(tasks, "tasks", 2)
     if math.type(eos_id) ~= "integer" then error("rl.sft_batch: eos_id must be an integer", 2) end
-    local prompts = M.encode_prompts(tok, tasks, chat_template)
-    local ids, mask, cu = {}, {}, { 0 }
-    local n = 0
-    for i, task in ipairs(tasks) do
-        if type(task.answer) ~= "string" then
-            error(("tasks[%d] has no reference answer (a string)"):format(i), 2)
-        end
-        local p, a = prompts[i], tok:encode(task.answer .. "\n")
-        for k = 1, #p do
-            n = n + 1
-            ids[n], mask[n] = p[k], 0
-        end
-        for k = 1, #a do
-            n = n + 1
-            ids[n], mask[n] = a[k], 1
-        end
-        n = n + 1
-        ids[n], mask[n] = eos_id, 1
-        cu[#cu + 1] = n
-    end
-    return {
-        input_ids = rl.tensor(ids, "int64"),
-        cu_seqlens = rl.tensor(cu, "int64"),
-        loss_mask = rl.tensor(mask, "float32"),
-    }
+    return tok:sft_batch(tasks, { eos_token_id = eos_id, chat_template = chat_template or "none" })
 end
 
 --- rl.loss_stats(result) -> {loss, kl, clip_frac, mask_frac} read from a
