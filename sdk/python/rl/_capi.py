@@ -1,4 +1,5 @@
-"""ctypes declarations of abi/rl/runtime.h. Layouts are pinned by tests/abi."""
+"""ctypes declarations of abi/rl/runtime.h, train.h and step.h. Layouts are pinned by
+tests/abi (C) and tests/python (these declarations against the same sizes)."""
 
 import ctypes as C
 import os
@@ -80,7 +81,18 @@ class RolloutView(C.Structure):
     ]
 
 
+class Batch(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32),
+        ("reserved0", C.c_uint32),
+        ("input_ids", TensorView),
+        ("cu_seqlens", TensorView),
+        ("tensors", TensorList),
+    ]
+
+
 RL_OK = 0
+RL_ERR_NOT_FOUND = 6
 RL_RUNTIME_NO_DEFAULT_PLUGINS = 1
 DTYPE_INT, DTYPE_UINT, DTYPE_FLOAT, DTYPE_BOOL = 0, 1, 2, 6
 DEVICE_CPU = 1
@@ -144,6 +156,54 @@ def load_library():
         "rl_env_score": (S, [H, StringView, StringView, P(H)]),
         "rl_config_load": (S, [C.c_char_p, P(C.c_char_p), C.c_uint64, P(H)]),
         "rl_config_schema": (S, [P(H)]),
+        "rl_config_declare": (S, [C.c_char_p, C.c_char_p, P(H)]),
+        # train.h
+        "rl_platform_info": (C.c_char_p, []),
+        "rl_model_init_preset": (S, [C.c_char_p, C.c_char_p, C.c_uint64]),
+        "rl_model_load": (S, [C.c_char_p, C.c_char_p, P(H)]),
+        "rl_model_destroy": (None, [H]),
+        "rl_model_info": (S, [H, P(H)]),
+        "rl_model_save": (S, [H, C.c_char_p]),
+        "rl_tokenizer_encode": (S, [H, StringView, C.c_uint32, P(H)]),
+        "rl_tokenizer_decode": (S, [H, P(C.c_int64), C.c_uint64, P(H)]),
+        "rl_tokenizer_apply_chat_template": (S, [H, C.c_char_p, C.c_char_p, C.c_uint32, P(H)]),
+        "rl_trainer_create": (S, [H, C.c_char_p, P(H)]),
+        "rl_trainer_destroy": (None, [H]),
+        "rl_trainer_forward_backward": (S, [H, P(Batch), H, P(H)]),
+        "rl_trainer_forward": (S, [H, P(Batch), H, P(H)]),
+        "rl_trainer_optim_step": (S, [H, C.c_char_p, P(H)]),
+        "rl_trainer_save_checkpoint": (S, [H, C.c_char_p, C.c_char_p, P(H)]),
+        "rl_trainer_load_checkpoint": (S, [H, C.c_char_p, P(H)]),
+        "rl_engine_create": (S, [H, C.c_char_p, P(H)]),
+        "rl_engine_destroy": (None, [H]),
+        "rl_engine_generate": (S, [H, P(TensorView), P(TensorView), C.c_char_p, P(H)]),
+        "rl_engine_sync_weights": (S, [H, P(H)]),
+        "rl_engine_sleep": (S, [H]),
+        "rl_engine_wake_up": (S, [H]),
+        "rl_buffer_create": (S, [C.c_char_p, P(H)]),
+        "rl_buffer_destroy": (None, [H]),
+        "rl_buffer_set_policy_version": (S, [H, C.c_int64]),
+        "rl_buffer_push": (S, [H, C.c_char_p, P(TensorList)]),
+        "rl_buffer_close_group": (S, [H, C.c_int64, P(C.c_uint32)]),
+        "rl_buffer_pop_batch": (S, [H, C.c_uint64, C.c_uint64, P(H)]),
+        "rl_buffer_stats": (S, [H, C.c_uint32, P(H)]),
+        # step.h
+        "rl_rollouts_generate": (S, [H, C.c_char_p, C.c_char_p, P(H)]),
+        "rl_rollouts_destroy": (None, [H]),
+        "rl_rollouts_score": (S, [H, H]),
+        "rl_rollouts_filter": (S, [H, P(H), C.c_uint64, P(H)]),
+        "rl_rollouts_info": (S, [H, P(H)]),
+        "rl_rollouts_to_batch": (S, [H, P(H)]),
+        "rl_buffer_push_rollouts": (S, [H, H, P(H)]),
+        "rl_buffer_pop_train_batch": (S, [H, C.c_uint64, C.c_uint64, P(H)]),
+        "rl_train_batch_destroy": (None, [H]),
+        "rl_train_batch_supervised": (S, [H, C.c_char_p, C.c_char_p, P(H)]),
+        "rl_train_batch_compute_advantages": (S, [H, H, P(H)]),
+        "rl_train_batch_set_tensor": (S, [H, C.c_char_p, P(TensorView)]),
+        "rl_train_batch_split": (S, [H, C.c_uint64, P(H), P(C.c_uint64)]),
+        "rl_train_batch_view": (S, [H, P(Batch)]),
+        "rl_train_batch_info": (S, [H, P(H)]),
+        "rl_sync_weights": (S, [H, H, P(H)]),
         "rl_result_destroy": (None, [H]),
         "rl_result_json": (S, [H, P(StringView)]),
         "rl_result_scalar": (S, [H, C.c_char_p, P(C.c_double)]),

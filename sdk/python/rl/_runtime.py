@@ -10,6 +10,7 @@ _DTYPES = {
     "float32": (A.DTYPE_FLOAT, 32, C.c_float),
     "int64": (A.DTYPE_INT, 64, C.c_int64),
     "int32": (A.DTYPE_INT, 32, C.c_int32),
+    "uint8": (A.DTYPE_UINT, 8, C.c_uint8),
 }
 
 

@@ -1,0 +1,331 @@
+"""Models, trainers, engines, the rollout buffer and the typed RL step
+(abi/rl/train.h and abi/rl/step.h) over the C API.
+
+Ownership: every object owns one C handle and releases it in close() (also on
+`with` exit and when collected). A model outlives what it made: closing a model
+closes its trainers and engines first, as the C API requires. Tensors come back
+as Python lists.
+"""
+
+import ctypes as C
+import json
+
+from . import _capi as A
+from ._runtime import Result, _Tensor, _as_tensor, _call
+
+_lib = A.load_library
+
+
+def _text(obj):
+    return json.dumps(obj).encode()
+
+
+class _Handle:
+    _destroy = None
+
+    def __init__(self, handle):
+        self._h = handle
+        self._children = []
+
+    def close(self):
+        for child in self._children:
+            child.close()
+        self._children = []
+        if self._h:
+            getattr(_lib(), self._destroy)(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _handle(self):
+        if not self._h:
+            raise A.Error("RL_ERR_BAD_STATE", f"{type(self).__name__} is closed")
+        return self._h
+
+
+def platform_info():
+    """The tensor platform: {"torch_version", "cuda_built", "cuda_devices", "summary"}."""
+    return json.loads(_lib().rl_platform_info().decode())
+
+
+def init_model(preset, directory, seed=0):
+    """Write a built-in model (preset "tiny") into directory."""
+    A.check(_lib().rl_model_init_preset(preset.encode(), directory.encode(), seed))
+
+
+def config_declare(config, keys):
+    """The configuration with a script's own keys checked and defaulted (rl_config_declare).
+    keys: [{"key": "ppo.epochs", "type": "integer", "default": 2, "doc": ..., "min": 1}, ...]."""
+    res = _call(_lib().rl_config_declare, _text(config), _text(keys))
+    return json.loads(res.texts["config"])
+
+
+def seed(base, *parts):
+    """A seed in [0, 2^53) derived from a base seed and integers or strings; the same
+    value as the Lua module's rl.seed(base, ...) (splitmix64 over 64-bit words)."""
+    mask = (1 << 64) - 1
+
+    def mix(x):
+        x = (x + 0x9E3779B97F4A7C15) & mask
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    h = mix(int(base) & mask)
+    for p in parts:
+        if isinstance(p, str):
+            for b in p.encode():
+                h = mix(h ^ b)
+        else:
+            h = mix(h ^ (int(p) & mask))
+    return h & ((1 << 53) - 1)
+
+
+class Model(_Handle):
+    """One Hugging Face model folder: weights, config, tokenizer."""
+
+    _destroy = "rl_model_destroy"
+
+    def __init__(self, path, options=None):
+        h = C.c_void_p()
+        A.check(_lib().rl_model_load(path.encode(), _text(options or {}), C.byref(h)))
+        super().__init__(h)
+
+    def info(self):
+        return json.loads(_call(_lib().rl_model_info, self._handle()).texts["info"])
+
+    def save(self, directory):
+        A.check(_lib().rl_model_save(self._handle(), directory.encode()))
+
+    # tokenizer
+    def encode(self, text, add_special=False):
+        b = text.encode()
+        return _call(_lib().rl_tokenizer_encode, self._handle(), A.StringView(b, len(b)),
+                     1 if add_special else 0).tensors["ids"]
+
+    def decode(self, ids):
+        arr = (C.c_int64 * max(len(ids), 1))(*ids)
+        return _call(_lib().rl_tokenizer_decode, self._handle(), arr, len(ids)).texts["text"]
+
+    def apply_chat_template(self, messages, template=None, add_generation_prompt=True):
+        return _call(_lib().rl_tokenizer_apply_chat_template, self._handle(), _text(messages),
+                     template.encode() if template else None,
+                     1 if add_generation_prompt else 0).texts["prompt"]
+
+    def sft_batch(self, tasks, eos_token_id=None, chat_template="none"):
+        """The supervised batch on the tasks' reference answers (a TrainBatch)."""
+        opts = {"chat_template": chat_template}
+        if eos_token_id is not None:
+            opts["eos_token_id"] = eos_token_id
+        h = C.c_void_p()
+        A.check(_lib().rl_train_batch_supervised(self._handle(), _text(tasks), _text(opts),
+                                                 C.byref(h)))
+        return TrainBatch(h)
+
+    def trainer(self, config=None):
+        t = Trainer(self, config)
+        self._children.append(t)
+        return t
+
+    def engine(self, config=None):
+        e = Engine(self, config)
+        self._children.append(e)
+        return e
+
+
+class _BatchArg:
+    """An rl_batch_t for a TrainBatch (borrowed views) or a dict of lists (copies)."""
+
+    def __init__(self, batch):
+        self.struct = A.Batch()
+        self.struct.struct_size = C.sizeof(A.Batch)
+        if isinstance(batch, TrainBatch):
+            A.check(_lib().rl_train_batch_view(batch._handle(), C.byref(self.struct)))
+            self._owner = batch
+            return
+        if "input_ids" not in batch or "cu_seqlens" not in batch:
+            raise A.Error("RL_ERR_INVALID_ARG", "batch needs 'input_ids' and 'cu_seqlens'")
+        self._ids = _Tensor(batch["input_ids"], "int64")
+        self._cu = _Tensor(batch["cu_seqlens"], "int64")
+        self._rest = [(k, _as_tensor(k, v)) for k, v in batch.items()
+                      if k not in ("input_ids", "cu_seqlens")]
+        self._args = (A.TensorArg * max(len(self._rest), 1))(
+            *[A.TensorArg(k.encode(), t.view) for k, t in self._rest])
+        self.struct.input_ids = self._ids.view
+        self.struct.cu_seqlens = self._cu.view
+        self.struct.tensors = A.TensorList(self._args, len(self._rest))
+
+
+class Trainer(_Handle):
+    """Optimizer state over a model's parameters (forward, forward_backward, optim_step)."""
+
+    _destroy = "rl_trainer_destroy"
+
+    def __init__(self, model, config=None):
+        h = C.c_void_p()
+        A.check(_lib().rl_trainer_create(model._handle(), _text(config or {}), C.byref(h)))
+        super().__init__(h)
+        self._model = model  # the model outlives its trainer
+
+    def forward_backward(self, batch, loss):
+        b = _BatchArg(batch)
+        return _call(_lib().rl_trainer_forward_backward, self._handle(), C.byref(b.struct),
+                     loss._h)
+
+    def forward(self, batch, loss=None):
+        b = _BatchArg(batch)
+        return _call(_lib().rl_trainer_forward, self._handle(), C.byref(b.struct),
+                     loss._h if loss else None)
+
+    def optim_step(self, params=None):
+        return _call(_lib().rl_trainer_optim_step, self._handle(),
+                     _text(params) if params else None)
+
+    def save_checkpoint(self, directory, state=None):
+        return _call(_lib().rl_trainer_save_checkpoint, self._handle(), directory.encode(),
+                     _text(state) if state is not None else None)
+
+    def load_checkpoint(self, directory):
+        """The restored checkpoint's Result, or None when there is none."""
+        out = C.c_void_p()
+        st = _lib().rl_trainer_load_checkpoint(self._handle(), directory.encode(), C.byref(out))
+        if st == A.RL_ERR_NOT_FOUND:
+            return None
+        A.check(st)
+        return Result(out)
+
+
+class Engine(_Handle):
+    """The co-located rollout engine (reads the trainer's parameters in place)."""
+
+    _destroy = "rl_engine_destroy"
+
+    def __init__(self, model, config=None):
+        h = C.c_void_p()
+        A.check(_lib().rl_engine_create(model._handle(), _text(config or {}), C.byref(h)))
+        super().__init__(h)
+        self._model = model  # the model outlives its engine
+
+    def generate(self, prompts, params=None):
+        ids = [t for p in prompts for t in p]
+        cu = [0]
+        for p in prompts:
+            cu.append(cu[-1] + len(p))
+        ti, tc = _Tensor(ids, "int64"), _Tensor(cu, "int64")
+        return _call(_lib().rl_engine_generate, self._handle(), C.byref(ti.view),
+                     C.byref(tc.view), _text(params or {}))
+
+    def rollouts(self, tasks, chat_template="none", group_offset=0, sampling=None):
+        """Generate: encode the tasks' prompts, sample sampling["n"] completions each."""
+        opts = {"chat_template": chat_template, "group_offset": group_offset,
+                "sampling": sampling or {}}
+        h = C.c_void_p()
+        A.check(_lib().rl_rollouts_generate(self._handle(), _text(tasks), _text(opts),
+                                            C.byref(h)))
+        return Rollouts(h)
+
+    def sync_weights(self, buffer=None):
+        """Adopt the trainer's weights; the buffer (if given) learns the new version."""
+        res = _call(_lib().rl_sync_weights, self._handle(), buffer._handle() if buffer else None)
+        return int(res.scalars["policy_version"])
+
+    def sleep(self):
+        A.check(_lib().rl_engine_sleep(self._handle()))
+
+    def wake_up(self):
+        A.check(_lib().rl_engine_wake_up(self._handle()))
+
+
+class Buffer(_Handle):
+    """The rollout buffer: difficulty filter, staleness, complete groups out."""
+
+    _destroy = "rl_buffer_destroy"
+
+    def __init__(self, config=None):
+        h = C.c_void_p()
+        A.check(_lib().rl_buffer_create(_text(config or {}), C.byref(h)))
+        super().__init__(h)
+
+    def set_policy_version(self, version):
+        A.check(_lib().rl_buffer_set_policy_version(self._handle(), version))
+
+    def push(self, rollout, tensors):
+        keep = [(k, _as_tensor(k, v)) for k, v in tensors.items()]
+        args = (A.TensorArg * max(len(keep), 1))(*[A.TensorArg(k.encode(), t.view) for k, t in keep])
+        lst = A.TensorList(args, len(keep))
+        A.check(_lib().rl_buffer_push(self._handle(), _text(rollout), C.byref(lst)))
+
+    def push_rollouts(self, rollouts):
+        res = _call(_lib().rl_buffer_push_rollouts, self._handle(), rollouts._handle())
+        return int(res.scalars["pushed"])
+
+    def close_group(self, group_id):
+        found = C.c_uint32()
+        A.check(_lib().rl_buffer_close_group(self._handle(), group_id, C.byref(found)))
+        return bool(found.value)
+
+    def pop_batch(self, min_rollouts, timeout_ms=0):
+        return _call(_lib().rl_buffer_pop_batch, self._handle(), min_rollouts, timeout_ms)
+
+    def pop_train_batch(self, min_rollouts, timeout_ms=0):
+        """Every ready group as a TrainBatch once min_rollouts are ready, else None."""
+        h = C.c_void_p()
+        A.check(_lib().rl_buffer_pop_train_batch(self._handle(), min_rollouts, timeout_ms,
+                                                 C.byref(h)))
+        return TrainBatch(h) if h.value else None
+
+    def stats(self, take=False):
+        return _call(_lib().rl_buffer_stats, self._handle(), 1 if take else 0)
+
+
+class Rollouts(_Handle):
+    """One step's rollouts (abi/rl/step.h): score, filter, info, to_batch."""
+
+    _destroy = "rl_rollouts_destroy"
+
+    def score(self, env):
+        A.check(_lib().rl_rollouts_score(self._handle(), env._h))
+
+    def filter(self, filters):
+        arr = (C.c_void_p * max(len(filters), 1))(*[f._h for f in filters])
+        return _call(_lib().rl_rollouts_filter, self._handle(), arr, len(filters))
+
+    def info(self):
+        return _call(_lib().rl_rollouts_info, self._handle())
+
+    def to_batch(self):
+        h = C.c_void_p()
+        A.check(_lib().rl_rollouts_to_batch(self._handle(), C.byref(h)))
+        return TrainBatch(h)
+
+
+class TrainBatch(_Handle):
+    """A training batch: packed sequences, loss mask, old logprobs, advantages."""
+
+    _destroy = "rl_train_batch_destroy"
+
+    def compute_advantages(self, advantage):
+        return _call(_lib().rl_train_batch_compute_advantages, self._handle(), advantage._h)
+
+    def set(self, name, values):
+        t = _Tensor(values, "float32")
+        A.check(_lib().rl_train_batch_set_tensor(self._handle(), name.encode(), C.byref(t.view)))
+
+    def split(self, k):
+        parts = (C.c_void_p * k)()
+        n = C.c_uint64()
+        A.check(_lib().rl_train_batch_split(self._handle(), k, parts, C.byref(n)))
+        return [TrainBatch(C.c_void_p(parts[i])) for i in range(n.value)]
+
+    def info(self):
+        return _call(_lib().rl_train_batch_info, self._handle())

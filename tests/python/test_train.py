@@ -1,0 +1,192 @@
+"""Python embeds the training API (train.h) and the typed RL step (step.h):
+same numbers as the C API, errors that name the bad argument, and
+examples/grpo.py equal to examples/grpo.lua step for step."""
+
+import ctypes as C
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import rl
+from rl import _capi as A
+
+PLUGINS = os.environ["RL_TEST_PLUGIN_DIR"]
+RLHOST = os.environ.get("RL_TEST_RLHOST")
+SOURCE = os.environ.get("RL_TEST_SOURCE_DIR")
+
+
+class Tiny:
+    """The built-in tiny model, written once per test run."""
+    _dir = None
+
+    @classmethod
+    def path(cls):
+        if cls._dir is None:
+            cls._tmp = tempfile.TemporaryDirectory()
+            cls._dir = os.path.join(cls._tmp.name, "tiny")
+            rl.init_model("tiny", cls._dir, 7)
+        return cls._dir
+
+
+class LayoutTest(unittest.TestCase):
+    def test_ctypes_structs_have_the_pinned_c_sizes(self):
+        # The sizes tests/abi/layout_test.cpp pins for the C structs.
+        pinned = {A.StringView: 16, A.TensorView: 48, A.TensorArg: 56, A.TensorList: 16,
+                  A.RuntimeDesc: 32, A.LossInputs: 88, A.AdvantageInputs: 168,
+                  A.RolloutView: 112, A.Batch: 120}
+        for struct, size in pinned.items():
+            self.assertEqual(C.sizeof(struct), size, struct.__name__)
+
+
+class TrainTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.rt = rl.Runtime(plugin_path=PLUGINS, default_plugins=False)
+        cls.model = rl.Model(Tiny.path(), {"threads": 1})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.model.close()
+        cls.rt.close()
+
+    def test_model_info_and_tokenizer_round_trip(self):
+        info = self.model.info()
+        self.assertEqual(info["vocab_size"], 259)
+        ids = self.model.encode("Reverse: abc")
+        self.assertEqual(self.model.decode(ids), "Reverse: abc")
+        prompt = self.model.apply_chat_template([{"role": "user", "content": "hi"}], "chatml")
+        self.assertIn("<|im_start|>user\nhi<|im_end|>", prompt)
+
+    def test_seed_equals_the_lua_module(self):
+        # rl.seed(0, "rl", 3) in Lua (scripting/lua/rl/init.lua).
+        self.assertEqual(rl.seed(0, "rl", 3), 6535251894777909)
+        self.assertNotEqual(rl.seed(0, "rl", 3), rl.seed(0, "rl", 4))
+
+    def test_a_training_step_lowers_the_loss_on_its_batch(self):
+        with self.model.trainer({"learning_rate": 1e-2, "seed": 1}) as trainer:
+            ce = self.rt.create("loss", "causallm_loss")
+            tasks = [{"prompt": "Reverse: abc\n", "answer": "cba"}]
+            with self.model.sft_batch(tasks, self.model.info()["eos_token_ids"][0]) as batch:
+                first = trainer.forward_backward(batch, ce).scalars["loss"]
+                for _ in range(3):
+                    trainer.optim_step()
+                    later = trainer.forward_backward(batch, ce).scalars["loss"]
+                self.assertLess(later, first)
+            # a dict batch works too, and a wrong tensor is refused by name
+            ids = self.model.encode("Reverse: ab\nba")
+            out = trainer.forward({"input_ids": ids, "cu_seqlens": [0, len(ids)]})
+            self.assertEqual(len(out.tensors["logprobs"]), len(ids))
+
+    def test_generation_with_a_seed_is_deterministic(self):
+        with self.model.engine() as engine:
+            ids = self.model.encode("Reverse: abc\n")
+            a = engine.generate([ids], {"n": 2, "max_tokens": 6, "seed": 5})
+            b = engine.generate([ids], {"n": 2, "max_tokens": 6, "seed": 5})
+            self.assertEqual(a.tensors["token_ids"], b.tensors["token_ids"])
+            self.assertEqual(len(json.loads(a.texts["completions"])), 2)
+
+    def test_the_typed_step_from_rollouts_to_an_update(self):
+        env = self.rt.create("env", "reverse_text")
+        adv = self.rt.create("advantage", "grpo")
+        loss = self.rt.create("loss", "policy_loss")
+        with self.model.trainer({"learning_rate": 1e-3, "seed": 1}) as trainer, \
+                self.model.engine() as engine, rl.Buffer({"group_size": 4}) as buffer:
+            engine.sync_weights(buffer)  # the model may have been trained by an earlier test
+            tasks = env.sample(3, 11)
+            with engine.rollouts(tasks, group_offset=0,
+                                 sampling={"n": 4, "max_tokens": 6, "seed": 2}) as ro:
+                with self.assertRaises(rl.Error) as cm:
+                    buffer.push_rollouts(ro)
+                self.assertIn("is not scored", str(cm.exception))
+                ro.score(env)
+                info = ro.info()
+                self.assertEqual(info.scalars["rollouts"], 12)
+                self.assertEqual(info.tensors["group_ids"], [0] * 4 + [1] * 4 + [2] * 4)
+                rewards = info.tensors["rewards"]
+                self.assertAlmostEqual(info.scalars["reward_mean"], sum(rewards) / 12, places=12)
+                self.assertEqual(buffer.push_rollouts(ro), 12)
+            kept = buffer.stats().scalars["ready_rollouts"]
+            batch = buffer.pop_train_batch(1)
+            if kept == 0:
+                self.assertIsNone(batch)
+                return
+            with batch:
+                out = batch.compute_advantages(adv)
+                self.assertEqual(len(out.tensors["advantages"]), batch.info().scalars["tokens"])
+                r = trainer.forward_backward(batch, loss)
+                self.assertIn("loss", r.scalars)
+                parts = batch.split(8)
+                self.assertEqual(sum(p.info().scalars["rollouts"] for p in parts), kept)
+                for p in parts:
+                    p.close()
+            opt = trainer.optim_step()
+            self.assertEqual(engine.sync_weights(buffer), opt.scalars["policy_version"])
+            self.assertEqual(buffer.stats().scalars["policy_version"], opt.scalars["policy_version"])
+
+    def test_errors_carry_status_and_name_the_argument(self):
+        with self.assertRaises(rl.Error) as cm:
+            rl.Model("/nonexistent/model")
+        self.assertIn("/nonexistent/model", str(cm.exception))
+        with self.assertRaises(rl.Error) as cm:
+            self.model.trainer({"learning_rate": -1})
+        self.assertEqual(cm.exception.status, "RL_ERR_INVALID_ARG")
+        self.assertIn("'trainer.learning_rate' must be >= 0", str(cm.exception))
+        with self.model.engine() as engine:
+            with self.assertRaises(rl.Error) as cm:
+                engine.rollouts([{"question": "x"}])
+            self.assertIn("tasks[0] has no string 'prompt'", str(cm.exception))
+        with self.assertRaises(rl.Error) as cm:
+            rl.Buffer({"group_sise": 2})
+        self.assertIn("'buffer.group_sise'", str(cm.exception))
+        cfg = rl.config_load(None, ["ppo.epochs=0"])
+        with self.assertRaises(rl.Error) as cm:
+            rl.config_declare(cfg, [{"key": "ppo.epochs", "type": "integer", "default": 2,
+                                     "min": 1}])
+        self.assertIn("key 'ppo.epochs' must be >= 1, got 0", str(cm.exception))
+
+    def test_closing_a_model_closes_its_trainers_and_engines(self):
+        model = rl.Model(Tiny.path(), {"threads": 1})
+        trainer, engine = model.trainer(), model.engine()
+        model.close()
+        with self.assertRaises(rl.Error) as cm:
+            trainer.optim_step()
+        self.assertIn("Trainer is closed", str(cm.exception))
+        with self.assertRaises(rl.Error):
+            engine.sync_weights()
+
+
+@unittest.skipUnless(RLHOST and SOURCE, "RL_TEST_RLHOST / RL_TEST_SOURCE_DIR not set")
+class ExampleTest(unittest.TestCase):
+    def test_python_grpo_example_equals_the_lua_one_step_for_step(self):
+        config = os.path.join(SOURCE, "tests", "lua", "scripts", "grpo_test.yaml")
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, RL_PLUGIN_PATH=PLUGINS)
+            lua = subprocess.run([RLHOST, "run", os.path.join(SOURCE, "examples", "grpo.lua"),
+                                  "--config", config], cwd=tmp, env=env, capture_output=True,
+                                 text=True, timeout=600)
+            self.assertEqual(lua.returncode, 0, lua.stderr)
+            py_metrics = os.path.join(tmp, "py.jsonl")
+            py = subprocess.run([sys.executable, os.path.join(SOURCE, "examples", "grpo.py"),
+                                 "--config", config, "--plugin-path", PLUGINS,
+                                 "--set", "run.name=grpo_py", "--metrics", py_metrics],
+                                cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+            self.assertEqual(py.returncode, 0, py.stderr)
+            with open(os.path.join(tmp, "runs", "grpo_test", "metrics.jsonl")) as f:
+                lua_lines = [json.loads(line) for line in f]
+            with open(py_metrics) as f:
+                py_lines = [json.loads(line) for line in f]
+        self.assertEqual(len(py_lines), len(lua_lines))
+        rl_steps = 0
+        for a, b in zip(lua_lines, py_lines):
+            self.assertEqual((a["phase"], a["step"]), (b["phase"], b["step"]))
+            for key in ("reward", "loss", "grad_norm", "tokens", "dropped_groups"):
+                self.assertEqual(a.get(key), b.get(key), f"{a['phase']} step {a['step']}: {key}")
+            rl_steps += a["phase"] == "rl"
+        self.assertGreater(rl_steps, 10)
+
+
+if __name__ == "__main__":
+    unittest.main()
