@@ -9,11 +9,11 @@
 // batch order) with the largest reward, so ties are deterministic; a tie at the
 // top gives margin 0. Groups of one and all-equal groups get A = 0 exactly.
 // A is broadcast to the completion tokens of each sequence.
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class GrpoPassK : public rl::sdk::Advantage {
 public:

@@ -4,9 +4,11 @@
 // a gradient; clipping only bounds its weight.
 #pragma once
 
-#include "../common/loss_common.hpp"
+#include <rl/sdk/loss.hpp>
 
 namespace rl::losses {
+
+using namespace rl::sdk::loss;
 
 class Cispo : public LossPlugin {
 public:
@@ -48,11 +50,11 @@ public:
             g[t] += -w[t] * c * adv[t];
         }
         r.loss = pg;
-        r.metric("pg_loss", pg);
+        r.metric(metric::kPgLoss, pg);
         rs.emit_ratio(r);
         r.metric("clip_fraction", frac(clipped, d.loss_tokens));
         if (compute_kl_stats_) rs.emit_kl(r);
-        r.metric("valid_tokens", double(d.loss_tokens));
+        r.metric(metric::kValidTokens, double(d.loss_tokens));
         reg_.apply(d, sg, w, r);
         return r;
     }

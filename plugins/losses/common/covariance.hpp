@@ -7,11 +7,13 @@
 // for the gradient, like every mask.
 #pragma once
 
-#include "loss_common.hpp"
+#include <rl/sdk/loss.hpp>
 
 #include <cstring>
 
 namespace rl::losses {
+
+using namespace rl::sdk::loss;
 
 // Per-token covariance term; 0 on tokens that are not loss tokens.
 inline std::vector<double> token_covariance(const Data &sg) {

@@ -2,9 +2,11 @@
 // tokens, shared by causallm_loss and per_token_ce.
 #pragma once
 
-#include "loss_common.hpp"
+#include <rl/sdk/loss.hpp>
 
 namespace rl::losses {
+
+using namespace rl::sdk::loss;
 
 class CrossEntropy : public LossPlugin {
 public:
@@ -30,7 +32,7 @@ public:
             g[t] = -w[t];
             nll.add(-lp[t]);
         }
-        r.metric("valid_tokens", double(d.loss_tokens));
+        r.metric(metric::kValidTokens, double(d.loss_tokens));
         r.metric("perplexity", std::exp(nll.mean()));
         if (per_token_) {
             std::vector<double> out_lp(static_cast<size_t>(d.n), 0.0), out_loss(out_lp);
