@@ -8,11 +8,11 @@
 //   R_t     = A_t + V_t
 // Outputs "advantages" = A (whitened over the batch's completion tokens when
 // whiten: true) and "returns" = R (never whitened).
-#include <rl/sdk/advantage.hpp>
+#include "../common/advantage_common.hpp"
 
 namespace {
 
-using namespace rl::sdk::advantage;
+using namespace rl::adv;
 
 class Gae : public rl::sdk::Advantage {
 public:
@@ -46,7 +46,7 @@ public:
         if (whiten_) whiten_masked(adv, mask, eps_);
         call.tensor("advantages", adv);
         call.tensor("returns", returns);
-        call.metric(metric::kRewardMean, mean_of(rewards));
+        call.metric("reward_mean", mean_of(rewards));
         emit_summary(call, "adv", adv, mask);
         emit_summary(call, "returns", returns, mask);
         emit_summary(call, "values", values, mask);

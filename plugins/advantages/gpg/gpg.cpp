@@ -10,11 +10,11 @@
 //   alpha "one": 1.
 // Groups of one and all-equal groups get A = 0 exactly. A_i is broadcast to
 // the completion tokens of sequence i.
-#include <rl/sdk/advantage.hpp>
+#include "../common/advantage_common.hpp"
 
 namespace {
 
-using namespace rl::sdk::advantage;
+using namespace rl::adv;
 
 class Gpg : public rl::sdk::Advantage {
 public:

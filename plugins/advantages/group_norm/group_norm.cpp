@@ -9,11 +9,11 @@
 // sample std. x is the input "advantages" (source: "advantages") or each
 // sequence's reward broadcast to its completion tokens (source: "rewards").
 // A T_g whose values are all equal gives exactly 0.
-#include <rl/sdk/advantage.hpp>
+#include "../common/advantage_common.hpp"
 
 namespace {
 
-using namespace rl::sdk::advantage;
+using namespace rl::adv;
 
 class GroupNorm : public rl::sdk::Advantage {
 public:
@@ -57,8 +57,8 @@ public:
         }
 
         call.tensor("advantages", adv);
-        call.metric(metric::kGroups, static_cast<double>(sets.size()));
-        call.metric(metric::kGroupsZeroStd, static_cast<double>(constant_sets));
+        call.metric("groups", static_cast<double>(sets.size()));
+        call.metric("groups_zero_std", static_cast<double>(constant_sets));
         emit_summary(call, "adv", adv, mask);
     }
 

@@ -9,11 +9,11 @@
 // population standard deviation of the group's rewards. Groups of one and
 // groups whose rewards are all equal get A = 0 exactly. A_i is broadcast to
 // the completion tokens of sequence i.
-#include <rl/sdk/advantage.hpp>
+#include "../common/advantage_common.hpp"
 
 namespace {
 
-using namespace rl::sdk::advantage;
+using namespace rl::adv;
 
 class Grpo : public rl::sdk::Advantage {
 public:

@@ -9,11 +9,11 @@
 // batch order) with the largest reward, so ties are deterministic; a tie at the
 // top gives margin 0. Groups of one and all-equal groups get A = 0 exactly.
 // A is broadcast to the completion tokens of each sequence.
-#include <rl/sdk/advantage.hpp>
+#include "../common/advantage_common.hpp"
 
 namespace {
 
-using namespace rl::sdk::advantage;
+using namespace rl::adv;
 
 class GrpoPassK : public rl::sdk::Advantage {
 public:

@@ -10,11 +10,11 @@
 //   A_t    = (G_t - mu) / (sigma + eps) with mu, sigma the mean and population
 //            std of G over every completion token of the batch (whiten: true)
 // Outputs "advantages" = A and "returns" = G (before whitening).
-#include <rl/sdk/advantage.hpp>
+#include "../common/advantage_common.hpp"
 
 namespace {
 
-using namespace rl::sdk::advantage;
+using namespace rl::adv;
 
 class ReinforcePP : public rl::sdk::Advantage {
 public:
@@ -69,7 +69,7 @@ public:
         if (whiten_) whiten_masked(adv, mask, eps_);
         call.tensor("advantages", adv);
         call.tensor("returns", returns);
-        call.metric(metric::kRewardMean, mean_of(rewards));
+        call.metric("reward_mean", mean_of(rewards));
         emit_summary(call, "adv", adv, mask);
         emit_summary(call, "returns", returns, mask);
     }

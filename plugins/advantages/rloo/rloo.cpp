@@ -6,11 +6,11 @@
 // of the other members (the plain leave-one-out mean when their lengths are
 // all 0). Groups of one and all-equal groups get A = 0 exactly. A_i is
 // broadcast to the completion tokens of sequence i.
-#include <rl/sdk/advantage.hpp>
+#include "../common/advantage_common.hpp"
 
 namespace {
 
-using namespace rl::sdk::advantage;
+using namespace rl::adv;
 
 class Rloo : public rl::sdk::Advantage {
 public:

@@ -7,7 +7,7 @@
 // Whether a flagged rollout is masked (`enforce`) is the host's decision.
 #include <rl/sdk/sdk.hpp>
 
-#include <rl/sdk/filter.hpp>
+#include "../common/filter_common.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -25,7 +25,7 @@ public:
     }
 
     rl::sdk::Verdict check(rl::sdk::Call &call, const rl::sdk::Rollout &r) override {
-        rl::sdk::filter::validate_rollout(r);
+        rl::filters::validate_rollout(r);
         int64_t run = 0, longest = 0, high = 0;
         for (int64_t t = 0; t < r.logprobs.size(); ++t) {
             if (std::exp(r.logprobs[t]) > threshold_) {

@@ -4,11 +4,9 @@
 // a gradient; clipping only bounds its weight.
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "../common/loss_common.hpp"
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 class Cispo : public LossPlugin {
 public:
@@ -50,11 +48,11 @@ public:
             g[t] += -w[t] * c * adv[t];
         }
         r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
+        r.metric("pg_loss", pg);
         rs.emit_ratio(r);
         r.metric("clip_fraction", frac(clipped, d.loss_tokens));
         if (compute_kl_stats_) rs.emit_kl(r);
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("valid_tokens", double(d.loss_tokens));
         reg_.apply(d, sg, w, r);
         return r;
     }

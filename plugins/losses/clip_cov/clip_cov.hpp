@@ -87,11 +87,11 @@ public:
             }
         }
         r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
-        r.metric(metric::kPgClipFrac, frac(clipped, d.loss_tokens));
+        r.metric("pg_loss", pg);
+        r.metric("pg_clipfrac", frac(clipped, d.loss_tokens));
         r.metric("cov_clipfrac", frac(int64_t(chosen.size()), d.loss_tokens));
         r.metric("cov_candidates", double(candidates.size()));
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("valid_tokens", double(d.loss_tokens));
         reg_.apply(d, sg, w, r);
         return r;
     }

@@ -7,13 +7,11 @@
 // for the gradient, like every mask.
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "loss_common.hpp"
 
 #include <cstring>
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 // Per-token covariance term; 0 on tokens that are not loss tokens.
 inline std::vector<double> token_covariance(const Data &sg) {

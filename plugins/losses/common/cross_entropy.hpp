@@ -2,11 +2,9 @@
 // tokens, shared by causallm_loss and per_token_ce.
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "loss_common.hpp"
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 class CrossEntropy : public LossPlugin {
 public:
@@ -32,7 +30,7 @@ public:
             g[t] = -w[t];
             nll.add(-lp[t]);
         }
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("valid_tokens", double(d.loss_tokens));
         r.metric("perplexity", std::exp(nll.mean()));
         if (per_token_) {
             std::vector<double> out_lp(static_cast<size_t>(d.n), 0.0), out_loss(out_lp);

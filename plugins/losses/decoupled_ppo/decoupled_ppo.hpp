@@ -5,11 +5,9 @@
 // behav_imp_weight_cap are dropped (they still count in the normalizer).
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "../common/loss_common.hpp"
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 class DecoupledPpo : public LossPlugin {
 public:
@@ -79,15 +77,15 @@ public:
             g[t] += w[t] * bw * dl;
         }
         r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
-        r.metric(metric::kPgClipFrac, frac(clipped, d.loss_tokens));
+        r.metric("pg_loss", pg);
+        r.metric("pg_clipfrac", frac(clipped, d.loss_tokens));
         if (c_clip_) r.metric("dual_clipfrac", frac(dual_clipped, d.loss_tokens));
-        r.metric(metric::kRatioMean, ratio_s.mean(1.0));
+        r.metric("ratio_mean", ratio_s.mean(1.0));
         r.metric("approx_kl", approx_kl.mean());
         r.metric("behav_imp_weight", behav_w.mean(1.0));
         r.metric("behav_approx_kl", behav_kl.mean());
         if (behav_cap_) r.metric("behav_maskfrac", frac(behav_masked, d.loss_tokens));
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("valid_tokens", double(d.loss_tokens));
         reg_.apply(d, sg, w, r);
         return r;
     }

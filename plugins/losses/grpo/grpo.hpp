@@ -6,11 +6,9 @@
 // Formulas, masks and metrics: docs/losses.md.
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "../common/loss_common.hpp"
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 class GrpoLoss : public LossPlugin {
 public:
@@ -98,9 +96,9 @@ public:
             g[t] += -w[t] * coeff;
         }
         r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
+        r.metric("pg_loss", pg);
         r.metric("kl", kl.mean());
-        r.metric(metric::kMasked, frac(masked, d.loss_tokens));
+        r.metric("masked", frac(masked, d.loss_tokens));
         r.metric("masked_seqs", frac(masked_seqs, d.loss_seqs));
         r.metric("tokens", double(d.loss_tokens));
         if (teacher) r.metric("teacher_kl", teacher_kl.mean());

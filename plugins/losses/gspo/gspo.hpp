@@ -7,11 +7,9 @@
 // this is GSPO's gradient; GSPO-token's stop-gradient form agrees there).
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "../common/loss_common.hpp"
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 class Gspo : public LossPlugin {
 public:
@@ -68,12 +66,12 @@ public:
                 if (d.mask[t] != 0) g[t] += per_token;
         }
         r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
-        r.metric(metric::kPgClipFrac, frac(clipped, d.loss_tokens));
-        r.metric(metric::kSeqRatioMean, seq_ratio.mean(1.0));
-        r.metric(metric::kSeqRatioMin, seq_ratio.min(1.0));
-        r.metric(metric::kSeqRatioMax, seq_ratio.max(1.0));
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("pg_loss", pg);
+        r.metric("pg_clipfrac", frac(clipped, d.loss_tokens));
+        r.metric("seq_ratio_mean", seq_ratio.mean(1.0));
+        r.metric("seq_ratio_min", seq_ratio.min(1.0));
+        r.metric("seq_ratio_max", seq_ratio.max(1.0));
+        r.metric("valid_tokens", double(d.loss_tokens));
         reg_.apply(d, sg, w, r);
         return r;
     }

@@ -3,11 +3,9 @@
 // Tinker "importance_sampling"), with the shared KL / entropy terms.
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "../common/loss_common.hpp"
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 class ImportanceSampling : public LossPlugin {
 public:
@@ -40,10 +38,10 @@ public:
             rs.add(lp[t] - old[t], old[t]);
         }
         r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
+        r.metric("pg_loss", pg);
         rs.emit_ratio(r);
         if (compute_kl_stats_) rs.emit_kl(r);
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("valid_tokens", double(d.loss_tokens));
         reg_.apply(d, sg, w, r);
         return r;
     }

@@ -59,10 +59,10 @@ public:
             abs_kl.add(std::fabs(lr));
         }
         r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
+        r.metric("pg_loss", pg);
         r.metric("kl_cov_frac", frac(int64_t(chosen.size()), d.loss_tokens));
         r.metric("abs_kl", abs_kl.mean());
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("valid_tokens", double(d.loss_tokens));
         reg_.apply(d, sg, w, r);
         return r;
     }

@@ -3,11 +3,9 @@
 // loss_agg_mode. Formulas and metrics: docs/losses.md.
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "../common/loss_common.hpp"
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 class PolicyLoss : public LossPlugin {
 public:
@@ -102,8 +100,8 @@ public:
             }
         }
         r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
-        r.metric(metric::kPgClipFrac, frac(clipped, d.loss_tokens));
+        r.metric("pg_loss", pg);
+        r.metric("pg_clipfrac", frac(clipped, d.loss_tokens));
         if (icepop_beta_) r.metric("icepop_maskfrac", frac(icepop_masked, d.loss_tokens));
         if (use_tis_) {
             r.metric("tis_mean", tis.mean(1.0));
@@ -115,7 +113,7 @@ public:
             rs.emit_kl(r);
             rs.emit_ratio(r);
         }
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("valid_tokens", double(d.loss_tokens));
         reg_.apply(d, sg, w, r);
         return r;
     }

@@ -8,11 +8,9 @@
 //   d l_t / d logprobs_t = -A_t * 4 * s (1 - s) * r_t,   s = sigmoid(tau_t (r_t - 1)).
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "../common/loss_common.hpp"
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 class Sapo : public LossPlugin {
 public:
@@ -63,10 +61,10 @@ public:
             rs.add(lp_sg[t] - old[t], old[t]);
         }
         r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
+        r.metric("pg_loss", pg);
         r.metric("gate_mean", gate.mean());
         rs.emit_ratio(r);
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("valid_tokens", double(d.loss_tokens));
         reg_.apply(d, sg, w, r);
         return r;
     }

@@ -5,11 +5,9 @@
 //   h(e) = e^2 / 2 for |e| <= delta, delta * (|e| - delta / 2) beyond.
 #pragma once
 
-#include <rl/sdk/loss.hpp>
+#include "../common/loss_common.hpp"
 
 namespace rl::losses {
-
-using namespace rl::sdk::loss;
 
 class ValueLoss : public LossPlugin {
 public:
@@ -74,7 +72,7 @@ public:
         r.metric("value_error_sq_mean", err.mean());
         if (vf_clip_) r.metric("vf_clipfrac", frac(clipped, d.loss_tokens));
         if (huber_delta_) r.metric("huber_linear_frac", frac(linear, d.loss_tokens));
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
+        r.metric("valid_tokens", double(d.loss_tokens));
         return r;
     }
 

@@ -1,18 +1,30 @@
-// A complete loss plugin on the SDK's policy-gradient toolkit (rl/sdk/loss.hpp):
-// REINFORCE, l_t = -scale * advantage_t * logprob_t. The toolkit adds every
-// loss_agg_mode, the kl_coef / entropy_coef terms and the input checks.
-#include <rl/sdk/loss.hpp>
+// A complete loss plugin: REINFORCE with a baseline-free advantage,
+// loss = -mean over loss tokens of (advantage * logprob).
+#include <rl/sdk/sdk.hpp>
 
-using namespace rl::sdk::loss;
-
-class MyLoss : public TokenLoss {
+class MyLoss : public rl::sdk::Loss {
 public:
-    explicit MyLoss(Params &p)
-        : TokenLoss(p, {"advantages"}), scale_(p.number("scale", 1.0, 0.0)) {}
+    explicit MyLoss(rl::sdk::Params &p) : scale_(p.number("scale", 1.0, 0.0, 1e6)) {}
 
-    Term token(const Data &d, const Data &, int64_t t) const override {
-        const double a = d.at("advantages")[t];
-        return {-scale_ * a * d.at("logprobs")[t], -scale_ * a};
+    rl::sdk::LossSignature signature() const override {
+        return {{"logprobs", "advantages"}, {"loss_mask"}, {"logprobs"}};
+    }
+
+    double compute(rl::sdk::Call &call, const rl::sdk::LossBatch &b, rl::sdk::Grads &g) override {
+        const auto &lp = b.inputs.get("logprobs");
+        const auto &adv = b.inputs.get("advantages");
+        const auto *mask = b.inputs.find("loss_mask");
+        double tokens = 0, sum = 0;
+        for (int64_t i = 0; i < b.n_tokens; ++i) tokens += mask ? (*mask)[i] : 1.0;
+        const double denom = b.global_tokens > 0 ? b.global_tokens : std::max(tokens, 1.0);
+        const rl::sdk::TensorOut *grad = g.find("logprobs");
+        for (int64_t i = 0; i < b.n_tokens; ++i) {
+            const double m = mask ? (*mask)[i] : 1.0;
+            sum += m * adv[i] * lp[i];
+            if (grad) grad->set(i, -scale_ * m * adv[i] / denom);
+        }
+        call.metric("tokens", tokens);
+        return -scale_ * sum / denom;
     }
 
 private:
@@ -20,4 +32,4 @@ private:
 };
 
 RL_PLUGIN_DEFINE(rl::sdk::plugin<MyLoss>("org.example.loss.my_loss", "my_loss", "0.1.0",
-                                         "REINFORCE: -advantage * logprob, any loss_agg_mode"))
+                                         "REINFORCE: -mean(advantage * logprob)"))

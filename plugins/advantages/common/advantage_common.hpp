@@ -1,5 +1,5 @@
-// rl/sdk/advantage.hpp: the group-advantage toolkit of the SDK (header-only),
-// shared by the advantage estimators in tree and out of tree. Everything is computed in
+// plugins/advantages/common/advantage_common.hpp: helpers shared by the
+// advantage estimators (header-only, SDK only). Everything is computed in
 // double on the CPU; per-token vectors are small.
 //
 // Conventions shared by every estimator (docs/advantages.md):
@@ -13,7 +13,6 @@
 //     exactly equal normalizes to exactly 0.
 #pragma once
 
-#include <rl/sdk/metrics.hpp>
 #include <rl/sdk/sdk.hpp>
 
 #include <algorithm>
@@ -25,9 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace rl::sdk::advantage {
-
-namespace metric = rl::sdk::metric; // the standard metric names
+namespace rl::adv {
 
 using rl::sdk::AdvantageBatch;
 using rl::sdk::Call;
@@ -199,11 +196,11 @@ inline void emit_summary(const Call &call, const std::string &prefix, const std:
 // Sequence-reward metrics shared by the group estimators.
 inline void emit_reward_summary(const Call &call, const std::vector<double> &rewards,
                                 size_t n_groups, size_t singleton, size_t zero_std) {
-    call.metric(metric::kRewardMean, mean_of(rewards));
-    call.metric(metric::kRewardStd, std_of(rewards, false));
-    call.metric(metric::kGroups, static_cast<double>(n_groups));
-    call.metric(metric::kGroupsSingleton, static_cast<double>(singleton));
-    call.metric(metric::kGroupsZeroStd, static_cast<double>(zero_std));
+    call.metric("reward_mean", mean_of(rewards));
+    call.metric("reward_std", std_of(rewards, false));
+    call.metric("groups", static_cast<double>(n_groups));
+    call.metric("groups_singleton", static_cast<double>(singleton));
+    call.metric("groups_zero_std", static_cast<double>(zero_std));
 }
 
-} // namespace rl::sdk::advantage
+} // namespace rl::adv

@@ -1,5 +1,5 @@
-// rl/sdk/filter.hpp: the rollout-filter toolkit of the SDK (header-only): the
-// input checks every filter makes before judging a rollout.
+// plugins/filters/common/filter_common.hpp: input checks shared by the rollout
+// filters (header-only, SDK only).
 #pragma once
 
 #include <rl/sdk/sdk.hpp>
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <string>
 
-namespace rl::sdk::filter {
+namespace rl::filters {
 
 // Log-probabilities may round slightly above 0; anything beyond this is not a
 // log-probability (logits or probabilities passed by mistake).
@@ -35,4 +35,4 @@ inline void validate_rollout(const rl::sdk::Rollout &r) {
     }
 }
 
-} // namespace rl::sdk::filter
+} // namespace rl::filters

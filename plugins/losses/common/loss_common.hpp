@@ -1,7 +1,4 @@
-// rl/sdk/loss.hpp: the policy-gradient loss toolkit of the SDK (header-only):
-// what every loss plugin shares. In-tree and out-of-tree losses use it alike;
-// a loss that derives from LossPlugin and implements evaluate() supports every
-// aggregation mode, the KL and entropy terms and the input checks.
+// plugins/losses/common/loss_common.hpp: what every loss plugin shares.
 //
 // - Data: the per-token inputs of one call as double vectors, the loss mask,
 //   the sequence structure (cu_seqlens) and the global normalizers.
@@ -22,7 +19,6 @@
 // evaluate() check the gradient a stop-gradient implementation must produce.
 #pragma once
 
-#include <rl/sdk/metrics.hpp>
 #include <rl/sdk/sdk.hpp>
 
 #include <algorithm>
@@ -37,9 +33,7 @@
 #include <utility>
 #include <vector>
 
-namespace rl::sdk::loss {
-
-namespace metric = rl::sdk::metric; // the standard metric names
+namespace rl::losses {
 
 using rl::sdk::invalid;
 using rl::sdk::LossBatch;
@@ -367,13 +361,13 @@ struct RatioStats {
         old_nll.add(-old_lp);
     }
     void emit_ratio(Result &r) const {
-        r.metric(metric::kRatioMean, ratio.mean(1.0));
-        r.metric(metric::kRatioMin, ratio.min(1.0));
-        r.metric(metric::kRatioMax, ratio.max(1.0));
+        r.metric("ratio_mean", ratio.mean(1.0));
+        r.metric("ratio_min", ratio.min(1.0));
+        r.metric("ratio_max", ratio.max(1.0));
     }
     void emit_kl(Result &r) const {
-        r.metric(metric::kKlSampleTrain, k3.mean());
-        r.metric(metric::kEntropySample, old_nll.mean());
+        r.metric("kl_sample_train_k3", k3.mean());
+        r.metric("entropy_sample", old_nll.mean());
     }
 };
 
@@ -419,7 +413,7 @@ struct Regularizers {
                     g[t] += w[t] * kl_coef * kl_term_grad(kl_type, lp[t], (*ref)[t]);
                 }
             }
-            r.metric(metric::kRefKl, s.mean());
+            r.metric("ref_kl", s.mean());
         }
         if (ent) {
             Stat s;
@@ -432,7 +426,7 @@ struct Regularizers {
                     (*g)[t] = -w[t] * entropy_coef;
                 }
             }
-            r.metric(metric::kEntropy, s.mean());
+            r.metric("entropy", s.mean());
         }
     }
 };
@@ -478,57 +472,4 @@ protected:
     virtual ReadOptions read_options() const { return {}; }
 };
 
-// A loss that is a sum of per-token terms of the logprobs: l_t(logprob_t, inputs).
-// The base reads loss_agg_mode (and max_seq_len), kl_coef / kl_type and
-// entropy_coef, declares the signature (logprobs + `inputs`, loss_mask and the
-// regularizers' inputs optional), aggregates, adds the regularizers and emits
-// pg_loss and valid_tokens. A derived loss implements token(): the term and its
-// derivative d l_t / d logprob_t at token t (detached quantities from `sg`).
-class TokenLoss : public LossPlugin {
-public:
-    struct Term {
-        double value; // l_t
-        double grad;  // d l_t / d logprob_t
-    };
-
-    TokenLoss(Params &p, std::vector<std::string> inputs, std::vector<std::string> optional = {})
-        : inputs_(std::move(inputs)), optional_(std::move(optional)) {
-        agg_ = Aggregation::read(p);
-        reg_.read(p);
-    }
-
-    virtual Term token(const Data &live, const Data &sg, int64_t t) const = 0;
-
-    LossSignature signature() const override {
-        LossSignature s{{"logprobs"}, {"loss_mask"}, {"logprobs"}};
-        s.required.insert(s.required.end(), inputs_.begin(), inputs_.end());
-        s.optional.insert(s.optional.end(), optional_.begin(), optional_.end());
-        reg_.add_to(s);
-        return s;
-    }
-
-    Result evaluate(const Data &d, const Data &sg) const override {
-        Result r;
-        const auto w = agg_.weights(d);
-        auto &g = r.g("logprobs", d.n);
-        double pg = 0;
-        for (int64_t t = 0; t < d.n; ++t) {
-            if (d.mask[t] == 0) continue;
-            const Term term = token(d, sg, t);
-            pg += w[t] * term.value;
-            g[t] += w[t] * term.grad;
-        }
-        r.loss = pg;
-        r.metric(metric::kPgLoss, pg);
-        r.metric(metric::kValidTokens, double(d.loss_tokens));
-        reg_.apply(d, sg, w, r);
-        return r;
-    }
-
-private:
-    std::vector<std::string> inputs_, optional_;
-    Aggregation agg_;
-    Regularizers reg_;
-};
-
-} // namespace rl::sdk::loss
+} // namespace rl::losses
