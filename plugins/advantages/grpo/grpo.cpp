@@ -9,11 +9,11 @@
 // population standard deviation of the group's rewards. Groups of one and
 // groups whose rewards are all equal get A = 0 exactly. A_i is broadcast to
 // the completion tokens of sequence i.
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class Grpo : public rl::sdk::Advantage {
 public:
@@ -54,7 +54,7 @@ public:
         const std::vector<double> adv = broadcast(seq_adv, b.cu_seqlens, mask);
         call.tensor("advantages", adv);
         emit_reward_summary(call, rewards, groups.size(), singleton, zero_std);
-        emit_summary(call, "adv", adv, mask);
+        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
     }
 
 private:

@@ -9,11 +9,11 @@
 // batch order) with the largest reward, so ties are deterministic; a tie at the
 // top gives margin 0. Groups of one and all-equal groups get A = 0 exactly.
 // A is broadcast to the completion tokens of each sequence.
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class GrpoPassK : public rl::sdk::Advantage {
 public:
@@ -54,7 +54,7 @@ public:
         const std::vector<double> adv = broadcast(seq_adv, b.cu_seqlens, mask);
         call.tensor("advantages", adv);
         emit_reward_summary(call, rewards, groups.size(), singleton, zero_std);
-        emit_summary(call, "adv", adv, mask);
+        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
     }
 
 private:

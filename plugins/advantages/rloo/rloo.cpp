@@ -6,11 +6,11 @@
 // of the other members (the plain leave-one-out mean when their lengths are
 // all 0). Groups of one and all-equal groups get A = 0 exactly. A_i is
 // broadcast to the completion tokens of sequence i.
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class Rloo : public rl::sdk::Advantage {
 public:
@@ -58,7 +58,7 @@ public:
         const std::vector<double> adv = broadcast(seq_adv, b.cu_seqlens, mask);
         call.tensor("advantages", adv);
         emit_reward_summary(call, rewards, groups.size(), singleton, zero_std);
-        emit_summary(call, "adv", adv, mask);
+        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
     }
 
 private:

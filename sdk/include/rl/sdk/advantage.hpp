@@ -1,6 +1,9 @@
-// plugins/advantages/common/advantage_common.hpp: helpers shared by the
-// advantage estimators (header-only, SDK only). Everything is computed in
-// double on the CPU; per-token vectors are small.
+// rl/sdk/advantage.hpp: the group-advantage toolkit for advantage estimators
+// (header-only, C++17, ABI + SDK only): input checks, the loss mask, grouping
+// sequences by prompt (group id), per-group mean / std, normalization and
+// whitening, broadcasting sequence values to tokens, and the standard metrics
+// (rl/sdk/metrics.hpp). Everything is computed in double on the CPU;
+// per-token vectors are small.
 //
 // Conventions shared by every estimator (docs/advantages.md):
 //   * a group is the set of sequences with the same group id; members need not
@@ -13,7 +16,8 @@
 //     exactly equal normalizes to exactly 0.
 #pragma once
 
-#include <rl/sdk/sdk.hpp>
+#include "metrics.hpp"
+#include "sdk.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -24,7 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace rl::adv {
+namespace rl::sdk::advantage {
 
 using rl::sdk::AdvantageBatch;
 using rl::sdk::Call;
@@ -196,11 +200,11 @@ inline void emit_summary(const Call &call, const std::string &prefix, const std:
 // Sequence-reward metrics shared by the group estimators.
 inline void emit_reward_summary(const Call &call, const std::vector<double> &rewards,
                                 size_t n_groups, size_t singleton, size_t zero_std) {
-    call.metric("reward_mean", mean_of(rewards));
-    call.metric("reward_std", std_of(rewards, false));
-    call.metric("groups", static_cast<double>(n_groups));
-    call.metric("groups_singleton", static_cast<double>(singleton));
-    call.metric("groups_zero_std", static_cast<double>(zero_std));
+    call.metric(metrics::kRewardMean, mean_of(rewards));
+    call.metric(metrics::kRewardStd, std_of(rewards, false));
+    call.metric(metrics::kGroups, static_cast<double>(n_groups));
+    call.metric(metrics::kGroupsSingleton, static_cast<double>(singleton));
+    call.metric(metrics::kGroupsZeroStd, static_cast<double>(zero_std));
 }
 
-} // namespace rl::adv
+} // namespace rl::sdk::advantage
