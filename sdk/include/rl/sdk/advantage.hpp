@@ -207,4 +207,45 @@ inline void emit_reward_summary(const Call &call, const std::vector<double> &rew
     call.metric(metrics::kGroupsZeroStd, static_cast<double>(zero_std));
 }
 
+// The skeleton of a group-relative estimator (GRPO, RLOO, pass@k): reads the
+// mask and rewards, groups the sequences by group id, and for every group of
+// two or more whose rewards are not all equal calls
+//   f(members, r, w, seq_adv)
+// with the members' sequence indices, rewards r and completion lengths w; f
+// writes seq_adv[members[k]]. Groups of one and all-equal groups keep 0 and are
+// counted. Then emits the `advantages` tensor (broadcast to completion tokens),
+// the reward summary and the adv_* summary.
+template <class F>
+void group_relative(const Call &call, const AdvantageBatch &b, F &&f) {
+    check_inputs(b, {"loss_mask"});
+    const std::vector<uint8_t> mask = read_mask(b);
+    const std::vector<double> rewards = b.rewards.to_vector();
+    const std::vector<double> lengths = completion_lengths(b.cu_seqlens, mask);
+    const auto groups = group_members(b.group_ids);
+
+    std::vector<double> seq_adv(rewards.size(), 0.0);
+    size_t singleton = 0, zero_std = 0;
+    for (const auto &members : groups) {
+        std::vector<double> r, w;
+        for (int64_t i : members) {
+            r.push_back(rewards[static_cast<size_t>(i)]);
+            w.push_back(lengths[static_cast<size_t>(i)]);
+        }
+        if (r.size() == 1) {
+            ++singleton;
+            continue;
+        }
+        if (all_equal(r)) {
+            ++zero_std;
+            continue;
+        }
+        f(members, r, w, seq_adv);
+    }
+
+    const std::vector<double> adv = broadcast(seq_adv, b.cu_seqlens, mask);
+    call.tensor("advantages", adv);
+    emit_reward_summary(call, rewards, groups.size(), singleton, zero_std);
+    emit_summary(call, metrics::kAdv, adv, mask);
+}
+
 } // namespace rl::sdk::advantage
