@@ -3,19 +3,7 @@
 // through the SDK test host (the C++ path of production) or directly.
 #pragma once
 
-#include "causallm_loss/causallm_loss.hpp"
-#include "cispo/cispo.hpp"
-#include "clip_cov/clip_cov.hpp"
-#include "decoupled_ppo/decoupled_ppo.hpp"
-#include "gmpo/gmpo.hpp"
-#include "grpo/grpo.hpp"
-#include "gspo/gspo.hpp"
-#include "importance_sampling/importance_sampling.hpp"
-#include "kl_cov/kl_cov.hpp"
-#include "per_token_ce/per_token_ce.hpp"
-#include "policy_loss/policy_loss.hpp"
-#include "sapo/sapo.hpp"
-#include "value_loss/value_loss.hpp"
+#include "loss_registry.hpp" // generated: every loss plugin of the build
 
 #include <rl/sdk/testing.hpp>
 
@@ -176,37 +164,6 @@ inline Batch decoupled_batch(uint64_t seed, const GenOptions &opt = {}) {
 }
 
 // ---- running a loss -----------------------------------------------------------
-
-// Calls f(Tag<L>{}) with the class of the loss named `name`.
-template <class L>
-struct Tag {
-    using type = L;
-};
-template <class F>
-void with_loss(const std::string &name, F &&f) {
-    if (name == "causallm_loss") return f(Tag<CausalLmLoss>{});
-    if (name == "per_token_ce") return f(Tag<PerTokenCe>{});
-    if (name == "policy_loss") return f(Tag<PolicyLoss>{});
-    if (name == "importance_sampling") return f(Tag<ImportanceSampling>{});
-    if (name == "grpo") return f(Tag<GrpoLoss>{});
-    if (name == "decoupled_ppo") return f(Tag<DecoupledPpo>{});
-    if (name == "cispo") return f(Tag<Cispo>{});
-    if (name == "gspo") return f(Tag<Gspo>{});
-    if (name == "value_loss") return f(Tag<ValueLoss>{});
-    if (name == "sapo") return f(Tag<Sapo>{});
-    if (name == "gmpo") return f(Tag<Gmpo>{});
-    if (name == "clip_cov") return f(Tag<ClipCov>{});
-    if (name == "kl_cov") return f(Tag<KlCov>{});
-    throw std::invalid_argument("no loss named '" + name + "'");
-}
-
-inline const std::vector<std::string> &loss_names() {
-    static const std::vector<std::string> n = {
-        "causallm_loss", "per_token_ce", "policy_loss", "importance_sampling", "grpo",
-        "decoupled_ppo", "cispo",        "gspo",        "value_loss",          "sapo",
-        "gmpo",          "clip_cov",     "kl_cov"};
-    return n;
-}
 
 // The inputs a loss instance accepts (required + optional), from its signature.
 template <class L>

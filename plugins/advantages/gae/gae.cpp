@@ -8,11 +8,11 @@
 //   R_t     = A_t + V_t
 // Outputs "advantages" = A (whitened over the batch's completion tokens when
 // whiten: true) and "returns" = R (never whitened).
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class Gae : public rl::sdk::Advantage {
 public:
@@ -46,10 +46,10 @@ public:
         if (whiten_) whiten_masked(adv, mask, eps_);
         call.tensor("advantages", adv);
         call.tensor("returns", returns);
-        call.metric("reward_mean", mean_of(rewards));
-        emit_summary(call, "adv", adv, mask);
-        emit_summary(call, "returns", returns, mask);
-        emit_summary(call, "values", values, mask);
+        call.metric(rl::sdk::metrics::kRewardMean, mean_of(rewards));
+        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
+        emit_summary(call, rl::sdk::metrics::kReturns, returns, mask);
+        emit_summary(call, rl::sdk::metrics::kValues, values, mask);
     }
 
 private:

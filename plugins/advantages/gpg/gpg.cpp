@@ -10,11 +10,11 @@
 //   alpha "one": 1.
 // Groups of one and all-equal groups get A = 0 exactly. A_i is broadcast to
 // the completion tokens of sequence i.
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class Gpg : public rl::sdk::Advantage {
 public:
@@ -60,8 +60,8 @@ public:
         const std::vector<double> adv = broadcast(seq_adv, b.cu_seqlens, mask);
         call.tensor("advantages", adv);
         emit_reward_summary(call, rewards, groups.size(), singleton, zero_std);
-        call.metric("alpha", alpha);
-        emit_summary(call, "adv", adv, mask);
+        call.metric(rl::sdk::metrics::kAlpha, alpha);
+        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
     }
 
 private:

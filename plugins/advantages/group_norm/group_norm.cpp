@@ -9,11 +9,11 @@
 // sample std. x is the input "advantages" (source: "advantages") or each
 // sequence's reward broadcast to its completion tokens (source: "rewards").
 // A T_g whose values are all equal gives exactly 0.
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class GroupNorm : public rl::sdk::Advantage {
 public:
@@ -57,9 +57,9 @@ public:
         }
 
         call.tensor("advantages", adv);
-        call.metric("groups", static_cast<double>(sets.size()));
-        call.metric("groups_zero_std", static_cast<double>(constant_sets));
-        emit_summary(call, "adv", adv, mask);
+        call.metric(rl::sdk::metrics::kGroups, static_cast<double>(sets.size()));
+        call.metric(rl::sdk::metrics::kGroupsZeroStd, static_cast<double>(constant_sets));
+        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
     }
 
 private:

@@ -9,11 +9,11 @@
 // population standard deviation of the group's rewards. Groups of one and
 // groups whose rewards are all equal get A = 0 exactly. A_i is broadcast to
 // the completion tokens of sequence i.
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class Grpo : public rl::sdk::Advantage {
 public:
@@ -23,38 +23,13 @@ public:
           length_weighted_(p.boolean("length_weighted_mean", false)) {}
 
     void compute(Call &call, const AdvantageBatch &b) override {
-        check_inputs(b, {"loss_mask"});
-        const std::vector<uint8_t> mask = read_mask(b);
-        const std::vector<double> rewards = b.rewards.to_vector();
-        const std::vector<double> lengths = completion_lengths(b.cu_seqlens, mask);
-        const auto groups = group_members(b.group_ids);
-
-        std::vector<double> seq_adv(rewards.size(), 0.0);
-        size_t singleton = 0, zero_std = 0;
-        for (const auto &members : groups) {
-            std::vector<double> r, w;
-            for (int64_t i : members) {
-                r.push_back(rewards[static_cast<size_t>(i)]);
-                w.push_back(lengths[static_cast<size_t>(i)]);
-            }
-            if (r.size() == 1) {
-                ++singleton;
-                continue;
-            }
-            if (all_equal(r)) {
-                ++zero_std;
-                continue;
-            }
-            const double base = length_weighted_ ? weighted_mean(r, w) : mean_of(r);
-            const double scale = norm_by_std_ ? 1.0 / (std_of(r, unbiased_) + eps_) : 1.0;
-            for (size_t k = 0; k < members.size(); ++k)
-                seq_adv[static_cast<size_t>(members[k])] = (r[k] - base) * scale;
-        }
-
-        const std::vector<double> adv = broadcast(seq_adv, b.cu_seqlens, mask);
-        call.tensor("advantages", adv);
-        emit_reward_summary(call, rewards, groups.size(), singleton, zero_std);
-        emit_summary(call, "adv", adv, mask);
+        group_relative(
+            call, b, [&](const auto &members, const auto &r, const auto &w, auto &seq_adv) {
+                const double base = length_weighted_ ? weighted_mean(r, w) : mean_of(r);
+                const double scale = norm_by_std_ ? 1.0 / (std_of(r, unbiased_) + eps_) : 1.0;
+                for (size_t k = 0; k < members.size(); ++k)
+                    seq_adv[static_cast<size_t>(members[k])] = (r[k] - base) * scale;
+            });
     }
 
 private:

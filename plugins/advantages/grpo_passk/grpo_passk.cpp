@@ -9,11 +9,11 @@
 // batch order) with the largest reward, so ties are deterministic; a tie at the
 // top gives margin 0. Groups of one and all-equal groups get A = 0 exactly.
 // A is broadcast to the completion tokens of each sequence.
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class GrpoPassK : public rl::sdk::Advantage {
 public:
@@ -22,39 +22,18 @@ public:
           unbiased_(p.boolean("std_unbiased", true)) {}
 
     void compute(Call &call, const AdvantageBatch &b) override {
-        check_inputs(b, {"loss_mask"});
-        const std::vector<uint8_t> mask = read_mask(b);
-        const std::vector<double> rewards = b.rewards.to_vector();
-        const auto groups = group_members(b.group_ids);
-
-        std::vector<double> seq_adv(rewards.size(), 0.0);
-        size_t singleton = 0, zero_std = 0;
-        for (const auto &members : groups) {
-            std::vector<double> r;
-            for (int64_t i : members) r.push_back(rewards[static_cast<size_t>(i)]);
-            if (r.size() == 1) {
-                ++singleton;
-                continue;
-            }
-            if (all_equal(r)) {
-                ++zero_std;
-                continue;
-            }
-            size_t best = 0;
-            for (size_t k = 1; k < r.size(); ++k)
-                if (r[k] > r[best]) best = k;
-            double second = -std::numeric_limits<double>::infinity();
-            for (size_t k = 0; k < r.size(); ++k)
-                if (k != best) second = std::max(second, r[k]);
-            double a = r[best] - second;
-            if (norm_by_std_) a /= std_of(r, unbiased_) + eps_;
-            seq_adv[static_cast<size_t>(members[best])] = a;
-        }
-
-        const std::vector<double> adv = broadcast(seq_adv, b.cu_seqlens, mask);
-        call.tensor("advantages", adv);
-        emit_reward_summary(call, rewards, groups.size(), singleton, zero_std);
-        emit_summary(call, "adv", adv, mask);
+        group_relative(call, b,
+                       [&](const auto &members, const auto &r, const auto &, auto &seq_adv) {
+                           size_t best = 0;
+                           for (size_t k = 1; k < r.size(); ++k)
+                               if (r[k] > r[best]) best = k;
+                           double second = -std::numeric_limits<double>::infinity();
+                           for (size_t k = 0; k < r.size(); ++k)
+                               if (k != best) second = std::max(second, r[k]);
+                           double a = r[best] - second;
+                           if (norm_by_std_) a /= std_of(r, unbiased_) + eps_;
+                           seq_adv[static_cast<size_t>(members[best])] = a;
+                       });
     }
 
 private:

@@ -10,11 +10,11 @@
 //   A_t    = (G_t - mu) / (sigma + eps) with mu, sigma the mean and population
 //            std of G over every completion token of the batch (whiten: true)
 // Outputs "advantages" = A and "returns" = G (before whitening).
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class ReinforcePP : public rl::sdk::Advantage {
 public:
@@ -69,9 +69,9 @@ public:
         if (whiten_) whiten_masked(adv, mask, eps_);
         call.tensor("advantages", adv);
         call.tensor("returns", returns);
-        call.metric("reward_mean", mean_of(rewards));
-        emit_summary(call, "adv", adv, mask);
-        emit_summary(call, "returns", returns, mask);
+        call.metric(rl::sdk::metrics::kRewardMean, mean_of(rewards));
+        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
+        emit_summary(call, rl::sdk::metrics::kReturns, returns, mask);
     }
 
 private:

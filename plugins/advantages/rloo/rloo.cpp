@@ -6,11 +6,11 @@
 // of the other members (the plain leave-one-out mean when their lengths are
 // all 0). Groups of one and all-equal groups get A = 0 exactly. A_i is
 // broadcast to the completion tokens of sequence i.
-#include "../common/advantage_common.hpp"
+#include <rl/sdk/advantage.hpp>
 
 namespace {
 
-using namespace rl::adv;
+using namespace rl::sdk::advantage;
 
 class Rloo : public rl::sdk::Advantage {
 public:
@@ -18,47 +18,22 @@ public:
         : length_weighted_(p.boolean("length_weighted_mean", false)) {}
 
     void compute(Call &call, const AdvantageBatch &b) override {
-        check_inputs(b, {"loss_mask"});
-        const std::vector<uint8_t> mask = read_mask(b);
-        const std::vector<double> rewards = b.rewards.to_vector();
-        const std::vector<double> lengths = completion_lengths(b.cu_seqlens, mask);
-        const auto groups = group_members(b.group_ids);
-
-        std::vector<double> seq_adv(rewards.size(), 0.0);
-        size_t singleton = 0, zero_std = 0;
-        for (const auto &members : groups) {
-            const size_t n = members.size();
-            std::vector<double> r, w;
-            for (int64_t i : members) {
-                r.push_back(rewards[static_cast<size_t>(i)]);
-                w.push_back(lengths[static_cast<size_t>(i)]);
-            }
-            if (n == 1) {
-                ++singleton;
-                continue;
-            }
-            if (all_equal(r)) {
-                ++zero_std;
-                continue;
-            }
-            double sum_r = 0.0, sum_w = 0.0, sum_wr = 0.0;
-            for (size_t k = 0; k < n; ++k) {
-                sum_r += r[k];
-                sum_w += w[k];
-                sum_wr += w[k] * r[k];
-            }
-            for (size_t k = 0; k < n; ++k) {
-                double base = (sum_r - r[k]) / static_cast<double>(n - 1);
-                if (length_weighted_ && sum_w - w[k] > 0.0)
-                    base = (sum_wr - w[k] * r[k]) / (sum_w - w[k]);
-                seq_adv[static_cast<size_t>(members[k])] = r[k] - base;
-            }
-        }
-
-        const std::vector<double> adv = broadcast(seq_adv, b.cu_seqlens, mask);
-        call.tensor("advantages", adv);
-        emit_reward_summary(call, rewards, groups.size(), singleton, zero_std);
-        emit_summary(call, "adv", adv, mask);
+        group_relative(call, b,
+                       [&](const auto &members, const auto &r, const auto &w, auto &seq_adv) {
+                           const size_t n = members.size();
+                           double sum_r = 0.0, sum_w = 0.0, sum_wr = 0.0;
+                           for (size_t k = 0; k < n; ++k) {
+                               sum_r += r[k];
+                               sum_w += w[k];
+                               sum_wr += w[k] * r[k];
+                           }
+                           for (size_t k = 0; k < n; ++k) {
+                               double base = (sum_r - r[k]) / static_cast<double>(n - 1);
+                               if (length_weighted_ && sum_w - w[k] > 0.0)
+                                   base = (sum_wr - w[k] * r[k]) / (sum_w - w[k]);
+                               seq_adv[static_cast<size_t>(members[k])] = r[k] - base;
+                           }
+                       });
     }
 
 private:

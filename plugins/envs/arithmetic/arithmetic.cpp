@@ -10,11 +10,11 @@
 // first_number, or exact = the whole trimmed completion) equals the result.
 #include <rl/sdk/sdk.hpp>
 
-#include "../common/env_common.hpp"
+#include <rl/sdk/env.hpp>
 
 namespace {
 
-using namespace rl::envs;
+using namespace rl::sdk::env;
 
 int64_t pow10(int64_t d) {
     int64_t x = 1;

@@ -17,7 +17,7 @@
 // keeps the process. Reward range: whatever the verifier returns (finite).
 #include <rl/sdk/sdk.hpp>
 
-#include "../common/env_common.hpp"
+#include <rl/sdk/env.hpp>
 #include "subprocess.hpp"
 
 #include <map>
@@ -26,7 +26,8 @@
 
 namespace {
 
-using namespace rl::envs;
+using namespace rl::sdk::env;
+using namespace rl::envs; // subprocess.hpp
 
 class CommandEnv : public rl::sdk::Env {
 public:

@@ -15,13 +15,13 @@
 // `tolerance` when it is > 0.
 #include <rl/sdk/sdk.hpp>
 
-#include "../common/env_common.hpp"
+#include <rl/sdk/env.hpp>
 
 #include <cctype>
 
 namespace {
 
-using namespace rl::envs;
+using namespace rl::sdk::env;
 
 std::string lower(std::string_view s) {
     std::string out(s);

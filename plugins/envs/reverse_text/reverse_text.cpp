@@ -8,13 +8,13 @@
 // true). 1 only for the exact reversal.
 #include <rl/sdk/sdk.hpp>
 
-#include "../common/env_common.hpp"
+#include <rl/sdk/env.hpp>
 
 #include <set>
 
 namespace {
 
-using namespace rl::envs;
+using namespace rl::sdk::env;
 
 class ReverseText : public rl::sdk::Env {
 public:
@@ -27,14 +27,14 @@ public:
                     ") must be >= 'min_len' (" + std::to_string(min_len_) + ")");
         const std::string alphabet = p.string("alphabet", "abcdefghijklmnopqrstuvwxyz");
         bool ok = true;
-        alphabet_ = decode_utf8(alphabet, &ok);
+        alphabet_ = utf8::decode(alphabet, &ok);
         if (!ok) invalid(p.owner() + ": parameter 'alphabet' is not valid UTF-8");
         if (alphabet_.empty()) invalid(p.owner() + ": parameter 'alphabet' must not be empty");
         std::set<uint32_t> seen;
         for (uint32_t c : alphabet_)
             if (!seen.insert(c).second)
                 invalid(p.owner() + ": parameter 'alphabet' repeats the character '" +
-                        encode_utf8({c}) + "'");
+                        utf8::encode({c}) + "'");
         check_format(p.owner(), "prompt_format", format_, "{text}");
     }
 
@@ -48,8 +48,8 @@ public:
                 text.push_back(alphabet_[static_cast<size_t>(
                     rng.uniform(0, static_cast<int64_t>(alphabet_.size()) - 1))]);
             std::vector<uint32_t> rev(text.rbegin(), text.rend());
-            const std::string s = encode_utf8(text);
-            tasks.push_back(make_task(fill(format_, "{text}", s), encode_utf8(rev),
+            const std::string s = utf8::encode(text);
+            tasks.push_back(make_task(fill(format_, "{text}", s), utf8::encode(rev),
                                       json{{"text", s}, {"length", len}}));
         }
         return tasks;
@@ -60,7 +60,7 @@ public:
         std::string_view reply = completion;
         if (first_line_) reply = first_line(reply);
         if (strip_) reply = trim(reply);
-        const std::vector<uint32_t> want = decode_utf8(answer), got = decode_utf8(reply);
+        const std::vector<uint32_t> want = utf8::decode(answer), got = utf8::decode(reply);
         const double reward = lcs_ratio(want, got);
         call.metric("exact_match", want == got ? 1.0 : 0.0);
         call.metric("reply_chars", static_cast<double>(got.size()));

@@ -6,9 +6,7 @@
 //   logprobs[t]  < -ln(vocab_size) - logprob_offset
 // The rollout is flagged (reason "gibberish") when at least one token trips.
 // Whether a flagged rollout is masked (`enforce`) is the host's decision.
-#include <rl/sdk/sdk.hpp>
-
-#include "../common/filter_common.hpp"
+#include <rl/sdk/filter.hpp>
 
 #include <cmath>
 
@@ -21,7 +19,7 @@ public:
           offset_(p.number("logprob_offset", 2.0, 0.0)) {}
 
     rl::sdk::Verdict check(rl::sdk::Call &call, const rl::sdk::Rollout &r) override {
-        rl::filters::validate_rollout(r);
+        rl::sdk::filter::validate_rollout(r);
         const double cutoff = -std::log(static_cast<double>(r.vocab_size)) - offset_;
         int64_t count = 0, first = -1;
         for (int64_t t = 0; t < r.token_ids.size(); ++t) {

@@ -5,9 +5,7 @@
 // The rollout is flagged (reason "repetition") when it contains a run of at
 // least `window` consecutive near-certain tokens; any other token ends a run.
 // Whether a flagged rollout is masked (`enforce`) is the host's decision.
-#include <rl/sdk/sdk.hpp>
-
-#include "../common/filter_common.hpp"
+#include <rl/sdk/filter.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -25,7 +23,7 @@ public:
     }
 
     rl::sdk::Verdict check(rl::sdk::Call &call, const rl::sdk::Rollout &r) override {
-        rl::filters::validate_rollout(r);
+        rl::sdk::filter::validate_rollout(r);
         int64_t run = 0, longest = 0, high = 0;
         for (int64_t t = 0; t < r.logprobs.size(); ++t) {
             if (std::exp(r.logprobs[t]) > threshold_) {

@@ -1,13 +1,13 @@
 // causallm_loss: mean next-token cross-entropy over label tokens (SFT).
 #pragma once
 
-#include "../common/cross_entropy.hpp"
+#include <rl/sdk/loss.hpp>
 
 namespace rl::losses {
 
-class CausalLmLoss : public CrossEntropy {
+class CausalLmLoss : public rl::sdk::loss::CrossEntropyLoss {
 public:
-    explicit CausalLmLoss(Params &p) : CrossEntropy(p, false) {}
+    explicit CausalLmLoss(rl::sdk::Params &p) : CrossEntropyLoss(p, false) {}
 };
 
 } // namespace rl::losses

@@ -9,35 +9,28 @@
 // the unclipped branch is taken, 0 where the clipped one is.
 #pragma once
 
-#include "../common/loss_common.hpp"
+#include <rl/sdk/pg_loss.hpp>
 
 namespace rl::losses {
 
-class Gmpo : public LossPlugin {
+using namespace rl::sdk::loss;
+
+class Gmpo : public PolicyGradientLoss {
 public:
     explicit Gmpo(Params &p) {
         eps_clip_ = p.number("eps_clip", 0.4, 0.0);
         eps_clip_high_ = p.number("eps_clip_high", 0.4, 0.0);
-        agg_ = Aggregation::read(p, "seq-mean-token-mean");
-        reg_.read(p);
+        read_shared(p, "seq-mean-token-mean");
     }
 
-    LossSignature signature() const override {
-        LossSignature s{{"logprobs", "old_logprobs", "advantages"}, {"loss_mask"}, {"logprobs"}};
-        reg_.add_to(s);
-        return s;
-    }
-
-    Result evaluate(const Data &d, const Data &sg) const override {
-        Result r;
-        const auto w = agg_.weights(d);
-        const auto &lp = d.at("logprobs");
-        const auto &old = d.at("old_logprobs");
-        const auto &adv = d.at("advantages");
-        auto &g = r.g("logprobs", d.n);
+    void policy(PgCall &c) const override {
+        const Data &d = c.d;
+        const auto &w = c.w;
+        const auto &lp = c.lp;
+        const auto &old = c.old;
+        const auto &adv = c.adv;
         int64_t clipped = 0;
         Stat seq_ratio;
-        double pg = 0;
         std::vector<uint8_t> live(static_cast<size_t>(d.n), 0); // unclipped branch taken
         for (int64_t s = 0; s < d.n_seqs(); ++s) {
             const int64_t ni = d.seq_tokens[s];
@@ -63,27 +56,20 @@ public:
             const double si = std::exp(sum_lr / double(ni));
             const double abar = sum_adv / double(ni);
             seq_ratio.add(si);
-            pg += -weight * abar * si;
+            c.pg += -weight * abar * si;
             // d L / d s_i = -weight * abar; d s_i / d lp_u = s_i / n_i on live tokens.
             const double per_token = -weight * abar * si / double(ni);
             for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
-                if (d.mask[t] != 0 && live[t]) g[t] += per_token;
+                if (d.mask[t] != 0 && live[t]) c.g[t] += per_token;
         }
-        r.loss = pg;
-        r.metric("pg_loss", pg);
-        r.metric("pg_clipfrac", frac(clipped, d.loss_tokens));
-        r.metric("seq_ratio_mean", seq_ratio.mean(1.0));
-        r.metric("seq_ratio_min", seq_ratio.min(1.0));
-        r.metric("seq_ratio_max", seq_ratio.max(1.0));
-        r.metric("valid_tokens", double(d.loss_tokens));
-        reg_.apply(d, sg, w, r);
-        return r;
+        c.metric(metrics::kPgClipfrac, c.frac(clipped));
+        c.metric(metrics::kSeqRatioMean, seq_ratio.mean(1.0));
+        c.metric(metrics::kSeqRatioMin, seq_ratio.min(1.0));
+        c.metric(metrics::kSeqRatioMax, seq_ratio.max(1.0));
     }
 
 private:
     double eps_clip_, eps_clip_high_;
-    Aggregation agg_;
-    Regularizers reg_;
 };
 
 } // namespace rl::losses

@@ -6,11 +6,13 @@
 // Formulas, masks and metrics: docs/losses.md.
 #pragma once
 
-#include "../common/loss_common.hpp"
+#include <rl/sdk/pg_loss.hpp>
 
 namespace rl::losses {
 
-class GrpoLoss : public LossPlugin {
+using namespace rl::sdk::loss;
+
+class GrpoLoss : public PolicyGradientLoss {
 public:
     explicit GrpoLoss(Params &p) {
         sequence_ratio_ = p.choice("ratio_type", "token", {"token", "sequence"}) == "sequence";
@@ -26,30 +28,27 @@ public:
         sequence_clip_high_ = p.number("sequence_clip_high", 10.0, 0.0);
         if (sequence_clip_high_ <= 0)
             invalid(p.owner() + ": parameter 'sequence_clip_high' must be > 0");
-        order(p, "token_mask_low", token_mask_low_, "token_mask_high", token_mask_high_);
-        order(p, "geo_mask_low", geo_mask_low_, "geo_mask_high", geo_mask_high_);
-        order(p, "sequence_mask_low", sequence_mask_low_, "sequence_mask_high",
-              sequence_mask_high_);
-        agg_ = Aggregation::read(p);
-        reg_.read(p);
+        check_order(p, "token_mask_low", token_mask_low_, "token_mask_high", token_mask_high_);
+        check_order(p, "geo_mask_low", geo_mask_low_, "geo_mask_high", geo_mask_high_);
+        check_order(p, "sequence_mask_low", sequence_mask_low_, "sequence_mask_high",
+                    sequence_mask_high_);
+        read_shared(p);
+        report_valid_tokens_ = false; // grpo reports `tokens`
     }
 
-    LossSignature signature() const override {
-        LossSignature s{{"logprobs", "old_logprobs", "advantages"}, {"loss_mask"}, {"logprobs"}};
+    void add_inputs(LossSignature &s) const override {
         (teacher_tau_ != 0 ? s.required : s.optional).push_back("teacher_logprobs");
-        reg_.add_to(s);
-        return s;
     }
 
-    Result evaluate(const Data &d, const Data &sg) const override {
-        Result r;
-        const auto w = agg_.weights(d);
-        const auto &lp = d.at("logprobs");
-        const auto &lp_sg = sg.at("logprobs");
-        const auto &old = d.at("old_logprobs");
-        const auto &adv = d.at("advantages");
+    void policy(PgCall &c) const override {
+        const Data &d = c.d;
+        const auto &w = c.w;
+        const auto &lp = c.lp;
+        const auto &lp_sg = c.lp_sg;
+        const auto &old = c.old;
+        const auto &adv = c.adv;
         const auto *teacher = d.find("teacher_logprobs");
-        auto &g = r.g("logprobs", d.n);
+        auto &g = c.g;
 
         // Sequence-level quantities over each sequence's loss tokens (all detached).
         const int64_t S = d.n_seqs();
@@ -75,7 +74,7 @@ public:
 
         Stat kl, teacher_kl;
         int64_t masked = 0;
-        double pg = 0;
+        double &pg = c.pg;
         for (int64_t t = 0; t < d.n; ++t) {
             if (d.mask[t] == 0) continue;
             const double lr = lp_sg[t] - old[t];
@@ -95,30 +94,18 @@ public:
             pg += -w[t] * coeff * lp[t];
             g[t] += -w[t] * coeff;
         }
-        r.loss = pg;
-        r.metric("pg_loss", pg);
-        r.metric("kl", kl.mean());
-        r.metric("masked", frac(masked, d.loss_tokens));
-        r.metric("masked_seqs", frac(masked_seqs, d.loss_seqs));
-        r.metric("tokens", double(d.loss_tokens));
-        if (teacher) r.metric("teacher_kl", teacher_kl.mean());
-        reg_.apply(d, sg, w, r);
-        return r;
+        c.metric(metrics::kKl, kl.mean());
+        c.metric(metrics::kMasked, c.frac(masked));
+        c.metric(metrics::kMaskedSeqs, frac(masked_seqs, d.loss_seqs));
+        c.metric(metrics::kTokens, double(d.loss_tokens));
+        if (teacher) c.metric(metrics::kTeacherKl, teacher_kl.mean());
     }
 
 private:
-    static void order(Params &p, const char *lo_name, double lo, const char *hi_name, double hi) {
-        if (hi < lo)
-            invalid(p.owner() + ": parameter '" + hi_name + "' (" + num(hi) + ") must be >= '" +
-                    lo_name + "' (" + num(lo) + ")");
-    }
-
     bool sequence_ratio_;
     double adv_tau_, teacher_tau_, kl_tau_;
     double token_mask_low_, token_mask_high_, geo_mask_low_, geo_mask_high_;
     double sequence_mask_low_, sequence_mask_high_, sequence_clip_high_;
-    Aggregation agg_;
-    Regularizers reg_;
 };
 
 } // namespace rl::losses

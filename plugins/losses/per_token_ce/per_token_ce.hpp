@@ -3,13 +3,13 @@
 // proximal logprobs with a forward-only call.
 #pragma once
 
-#include "../common/cross_entropy.hpp"
+#include <rl/sdk/loss.hpp>
 
 namespace rl::losses {
 
-class PerTokenCe : public CrossEntropy {
+class PerTokenCe : public rl::sdk::loss::CrossEntropyLoss {
 public:
-    explicit PerTokenCe(Params &p) : CrossEntropy(p, true) {}
+    explicit PerTokenCe(rl::sdk::Params &p) : CrossEntropyLoss(p, true) {}
 };
 
 } // namespace rl::losses

@@ -5,11 +5,13 @@
 //   h(e) = e^2 / 2 for |e| <= delta, delta * (|e| - delta / 2) beyond.
 #pragma once
 
-#include "../common/loss_common.hpp"
+#include <rl/sdk/loss.hpp>
 
 namespace rl::losses {
 
-class ValueLoss : public LossPlugin {
+using namespace rl::sdk::loss;
+
+class ValueLoss : public LossBase {
 public:
     explicit ValueLoss(Params &p) {
         vf_clip_ = p.optional_number("vf_clip", 0.0);
@@ -67,12 +69,12 @@ public:
             ret.add(R[t]);
             err.add(e1 * e1);
         }
-        r.metric("value_mean", value.mean());
-        r.metric("return_mean", ret.mean());
-        r.metric("value_error_sq_mean", err.mean());
-        if (vf_clip_) r.metric("vf_clipfrac", frac(clipped, d.loss_tokens));
-        if (huber_delta_) r.metric("huber_linear_frac", frac(linear, d.loss_tokens));
-        r.metric("valid_tokens", double(d.loss_tokens));
+        r.metric(metrics::kValueMean, value.mean());
+        r.metric(metrics::kReturnMean, ret.mean());
+        r.metric(metrics::kValueErrorSqMean, err.mean());
+        if (vf_clip_) r.metric(metrics::kVfClipfrac, frac(clipped, d.loss_tokens));
+        if (huber_delta_) r.metric(metrics::kHuberLinearFrac, frac(linear, d.loss_tokens));
+        r.metric(metrics::kValidTokens, double(d.loss_tokens));
         return r;
     }
 

@@ -1,30 +1,23 @@
-// A complete loss plugin: REINFORCE with a baseline-free advantage,
-// loss = -mean over loss tokens of (advantage * logprob).
-#include <rl/sdk/sdk.hpp>
+// A complete loss plugin on the SDK's policy-gradient base (rl/sdk/pg_loss.hpp):
+// REINFORCE with the importance ratio, l_t = -scale * exp(logprobs - old) * A_t.
+// The base adds every loss_agg_mode, kl_coef / kl_type, entropy_coef, the
+// input checks, pg_loss / valid_tokens / ref_kl / entropy metrics and gradients.
+#include <rl/sdk/pg_loss.hpp>
 
-class MyLoss : public rl::sdk::Loss {
+using namespace rl::sdk::loss;
+
+class MyLoss : public PolicyGradientLoss {
 public:
-    explicit MyLoss(rl::sdk::Params &p) : scale_(p.number("scale", 1.0, 0.0, 1e6)) {}
-
-    rl::sdk::LossSignature signature() const override {
-        return {{"logprobs", "advantages"}, {"loss_mask"}, {"logprobs"}};
+    explicit MyLoss(rl::sdk::Params &p) : scale_(p.number("scale", 1.0, 0.0, 1e6)) {
+        read_shared(p); // loss_agg_mode, max_seq_len, kl_coef, kl_type, entropy_coef
     }
 
-    double compute(rl::sdk::Call &call, const rl::sdk::LossBatch &b, rl::sdk::Grads &g) override {
-        const auto &lp = b.inputs.get("logprobs");
-        const auto &adv = b.inputs.get("advantages");
-        const auto *mask = b.inputs.find("loss_mask");
-        double tokens = 0, sum = 0;
-        for (int64_t i = 0; i < b.n_tokens; ++i) tokens += mask ? (*mask)[i] : 1.0;
-        const double denom = b.global_tokens > 0 ? b.global_tokens : std::max(tokens, 1.0);
-        const rl::sdk::TensorOut *grad = g.find("logprobs");
-        for (int64_t i = 0; i < b.n_tokens; ++i) {
-            const double m = mask ? (*mask)[i] : 1.0;
-            sum += m * adv[i] * lp[i];
-            if (grad) grad->set(i, -scale_ * m * adv[i] / denom);
+    // Per loss token: the weighted value and its gradient w.r.t. logprobs.
+    void policy(PgCall &c) const override {
+        for (int64_t t : c.tokens()) {
+            const double l = -scale_ * c.ratio(t) * c.adv[t];
+            c.add(t, l, l); // d l / d logprobs = l, since d ratio / d logprobs = ratio
         }
-        call.metric("tokens", tokens);
-        return -scale_ * sum / denom;
     }
 
 private:
@@ -32,4 +25,4 @@ private:
 };
 
 RL_PLUGIN_DEFINE(rl::sdk::plugin<MyLoss>("org.example.loss.my_loss", "my_loss", "0.1.0",
-                                         "REINFORCE: -mean(advantage * logprob)"))
+                                         "-scale * ratio * advantage, every loss_agg_mode"))

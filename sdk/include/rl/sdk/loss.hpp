@@ -1,15 +1,20 @@
-// plugins/losses/common/loss_common.hpp: what every loss plugin shares.
+// rl/sdk/loss.hpp: the loss toolkit. Header-only, C++17, depends on the ABI
+// and the SDK headers only (never on libtorch). What every loss plugin shares:
 //
 // - Data: the per-token inputs of one call as double vectors, the loss mask,
-//   the sequence structure (cu_seqlens) and the global normalizers.
-// - Aggregation: the loss_agg_mode family. Every mode is linear in the
-//   per-token losses, so it is a weight per token: L = sum_t w_t * l_t.
-// - KL estimators k1 / k2 / k3 (= low_var_kl) / abs, the straight-through
-//   k1+ / k3+ (= low_var_kl+), and the shared regularizers of
-//   every policy loss (kl_coef against ref_logprobs, entropy_coef on entropy).
-// - Result and the LossPlugin base class: a loss implements evaluate(live, sg)
-//   and gets compute() (input checks, gradients into the host's buffers,
-//   metrics, finiteness checks) for free.
+//   the sequence structure (cu_seqlens) and the global normalizers; read_batch()
+//   checks them against the loss's signature.
+// - Aggregation: the loss_agg_mode family (token-mean, seq-mean-token-sum,
+//   seq-mean-token-mean, seq-mean-token-sum-norm, sum). Every mode is linear in
+//   the per-token losses, so it is a weight per token: L = sum_t w_t * l_t.
+// - KL estimators k1 / k2 / k3 (= low_var_kl) / abs and the straight-through
+//   k1+ / k3+ (= low_var_kl+); Regularizers: kl_coef against ref_logprobs and
+//   entropy_coef on entropy, as every policy loss offers them.
+// - Result, Stat, RatioStats: loss, gradients, metrics (rl/sdk/metrics.hpp).
+// - LossBase: a loss implements evaluate(live, sg) and gets compute() (input
+//   checks, finiteness checks, gradients into the host's buffers, metrics) for
+//   free. CrossEntropyLoss: next-token cross-entropy over label tokens.
+// - Policy-gradient losses build on rl/sdk/pg_loss.hpp.
 //
 // Stop-gradient convention: evaluate() takes two views of the same inputs.
 // Quantities the loss treats as constants ("detached": TIS weights, CISPO and
@@ -19,7 +24,8 @@
 // evaluate() check the gradient a stop-gradient implementation must produce.
 #pragma once
 
-#include <rl/sdk/sdk.hpp>
+#include "metrics.hpp"
+#include "sdk.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -33,8 +39,9 @@
 #include <utility>
 #include <vector>
 
-namespace rl::losses {
+namespace rl::sdk::loss {
 
+namespace metrics = rl::sdk::metrics;
 using rl::sdk::invalid;
 using rl::sdk::LossBatch;
 using rl::sdk::LossSignature;
@@ -361,13 +368,13 @@ struct RatioStats {
         old_nll.add(-old_lp);
     }
     void emit_ratio(Result &r) const {
-        r.metric("ratio_mean", ratio.mean(1.0));
-        r.metric("ratio_min", ratio.min(1.0));
-        r.metric("ratio_max", ratio.max(1.0));
+        r.metric(metrics::kRatioMean, ratio.mean(1.0));
+        r.metric(metrics::kRatioMin, ratio.min(1.0));
+        r.metric(metrics::kRatioMax, ratio.max(1.0));
     }
     void emit_kl(Result &r) const {
-        r.metric("kl_sample_train_k3", k3.mean());
-        r.metric("entropy_sample", old_nll.mean());
+        r.metric(metrics::kKlSampleTrainK3, k3.mean());
+        r.metric(metrics::kEntropySample, old_nll.mean());
     }
 };
 
@@ -413,7 +420,7 @@ struct Regularizers {
                     g[t] += w[t] * kl_coef * kl_term_grad(kl_type, lp[t], (*ref)[t]);
                 }
             }
-            r.metric("ref_kl", s.mean());
+            r.metric(metrics::kRefKl, s.mean());
         }
         if (ent) {
             Stat s;
@@ -426,14 +433,14 @@ struct Regularizers {
                     (*g)[t] = -w[t] * entropy_coef;
                 }
             }
-            r.metric("entropy", s.mean());
+            r.metric(metrics::kEntropy, s.mean());
         }
     }
 };
 
-// ---- the plugin base ----------------------------------------------------------------
+// ---- the loss base ----------------------------------------------------------------
 
-class LossPlugin : public rl::sdk::Loss {
+class LossBase : public rl::sdk::Loss {
 public:
     // The math: loss, gradients w.r.t. the differentiable inputs (computed from
     // `live`, with detached quantities from `sg`), metrics and extra tensors.
@@ -472,4 +479,57 @@ protected:
     virtual ReadOptions read_options() const { return {}; }
 };
 
-} // namespace rl::losses
+// ---- cross-entropy -------------------------------------------------------------------
+
+// Next-token cross-entropy over label tokens: l_t = -logprobs_t on tokens with a
+// label (labels != ignore_index) and loss_mask 1, aggregated by loss_agg_mode.
+// With per_token_outputs it also returns the tensors `logprobs` and
+// `elementwise_loss` (0 on ignored tokens).
+class CrossEntropyLoss : public LossBase {
+public:
+    CrossEntropyLoss(Params &p, bool per_token_outputs) : per_token_(per_token_outputs) {
+        ignore_index_ = p.integer("ignore_index", -100);
+        agg_ = Aggregation::read(p);
+    }
+
+    LossSignature signature() const override {
+        return {{"logprobs", "labels"}, {"loss_mask"}, {"logprobs"}};
+    }
+
+    Result evaluate(const Data &d, const Data &) const override {
+        Result r;
+        const auto w = agg_.weights(d);
+        const auto &lp = d.at("logprobs");
+        auto &g = r.g("logprobs", d.n);
+        Stat nll;
+        for (int64_t t = 0; t < d.n; ++t) {
+            if (d.mask[t] == 0) continue;
+            r.loss += -w[t] * lp[t];
+            g[t] = -w[t];
+            nll.add(-lp[t]);
+        }
+        r.metric(metrics::kValidTokens, double(d.loss_tokens));
+        r.metric(metrics::kPerplexity, std::exp(nll.mean()));
+        if (per_token_) {
+            std::vector<double> out_lp(static_cast<size_t>(d.n), 0.0), out_loss(out_lp);
+            for (int64_t t = 0; t < d.n; ++t) {
+                if (d.mask[t] == 0) continue;
+                out_lp[t] = lp[t];
+                out_loss[t] = -lp[t];
+            }
+            r.tensors.emplace_back("logprobs", std::move(out_lp));
+            r.tensors.emplace_back("elementwise_loss", std::move(out_loss));
+        }
+        return r;
+    }
+
+protected:
+    ReadOptions read_options() const override { return {true, ignore_index_}; }
+
+private:
+    bool per_token_;
+    int64_t ignore_index_ = -100;
+    Aggregation agg_;
+};
+
+} // namespace rl::sdk::loss

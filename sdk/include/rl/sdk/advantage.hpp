@@ -1,6 +1,9 @@
-// plugins/advantages/common/advantage_common.hpp: helpers shared by the
-// advantage estimators (header-only, SDK only). Everything is computed in
-// double on the CPU; per-token vectors are small.
+// rl/sdk/advantage.hpp: the group-advantage toolkit for advantage estimators
+// (header-only, C++17, ABI + SDK only): input checks, the loss mask, grouping
+// sequences by prompt (group id), per-group mean / std, normalization and
+// whitening, broadcasting sequence values to tokens, and the standard metrics
+// (rl/sdk/metrics.hpp). Everything is computed in double on the CPU;
+// per-token vectors are small.
 //
 // Conventions shared by every estimator (docs/advantages.md):
 //   * a group is the set of sequences with the same group id; members need not
@@ -13,7 +16,8 @@
 //     exactly equal normalizes to exactly 0.
 #pragma once
 
-#include <rl/sdk/sdk.hpp>
+#include "metrics.hpp"
+#include "sdk.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -24,7 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace rl::adv {
+namespace rl::sdk::advantage {
 
 using rl::sdk::AdvantageBatch;
 using rl::sdk::Call;
@@ -196,11 +200,52 @@ inline void emit_summary(const Call &call, const std::string &prefix, const std:
 // Sequence-reward metrics shared by the group estimators.
 inline void emit_reward_summary(const Call &call, const std::vector<double> &rewards,
                                 size_t n_groups, size_t singleton, size_t zero_std) {
-    call.metric("reward_mean", mean_of(rewards));
-    call.metric("reward_std", std_of(rewards, false));
-    call.metric("groups", static_cast<double>(n_groups));
-    call.metric("groups_singleton", static_cast<double>(singleton));
-    call.metric("groups_zero_std", static_cast<double>(zero_std));
+    call.metric(metrics::kRewardMean, mean_of(rewards));
+    call.metric(metrics::kRewardStd, std_of(rewards, false));
+    call.metric(metrics::kGroups, static_cast<double>(n_groups));
+    call.metric(metrics::kGroupsSingleton, static_cast<double>(singleton));
+    call.metric(metrics::kGroupsZeroStd, static_cast<double>(zero_std));
 }
 
-} // namespace rl::adv
+// The skeleton of a group-relative estimator (GRPO, RLOO, pass@k): reads the
+// mask and rewards, groups the sequences by group id, and for every group of
+// two or more whose rewards are not all equal calls
+//   f(members, r, w, seq_adv)
+// with the members' sequence indices, rewards r and completion lengths w; f
+// writes seq_adv[members[k]]. Groups of one and all-equal groups keep 0 and are
+// counted. Then emits the `advantages` tensor (broadcast to completion tokens),
+// the reward summary and the adv_* summary.
+template <class F>
+void group_relative(const Call &call, const AdvantageBatch &b, F &&f) {
+    check_inputs(b, {"loss_mask"});
+    const std::vector<uint8_t> mask = read_mask(b);
+    const std::vector<double> rewards = b.rewards.to_vector();
+    const std::vector<double> lengths = completion_lengths(b.cu_seqlens, mask);
+    const auto groups = group_members(b.group_ids);
+
+    std::vector<double> seq_adv(rewards.size(), 0.0);
+    size_t singleton = 0, zero_std = 0;
+    for (const auto &members : groups) {
+        std::vector<double> r, w;
+        for (int64_t i : members) {
+            r.push_back(rewards[static_cast<size_t>(i)]);
+            w.push_back(lengths[static_cast<size_t>(i)]);
+        }
+        if (r.size() == 1) {
+            ++singleton;
+            continue;
+        }
+        if (all_equal(r)) {
+            ++zero_std;
+            continue;
+        }
+        f(members, r, w, seq_adv);
+    }
+
+    const std::vector<double> adv = broadcast(seq_adv, b.cu_seqlens, mask);
+    call.tensor("advantages", adv);
+    emit_reward_summary(call, rewards, groups.size(), singleton, zero_std);
+    emit_summary(call, metrics::kAdv, adv, mask);
+}
+
+} // namespace rl::sdk::advantage

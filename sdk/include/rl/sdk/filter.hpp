@@ -1,13 +1,14 @@
-// plugins/filters/common/filter_common.hpp: input checks shared by the rollout
-// filters (header-only, SDK only).
+// rl/sdk/filter.hpp: the rollout-filter toolkit (header-only, C++17, ABI +
+// SDK only): the input checks every filter makes. Text and randomness helpers
+// are in rl/sdk/utf8_rng.hpp.
 #pragma once
 
-#include <rl/sdk/sdk.hpp>
+#include "sdk.hpp"
 
 #include <cmath>
 #include <string>
 
-namespace rl::filters {
+namespace rl::sdk::filter {
 
 // Log-probabilities may round slightly above 0; anything beyond this is not a
 // log-probability (logits or probabilities passed by mistake).
@@ -35,4 +36,4 @@ inline void validate_rollout(const rl::sdk::Rollout &r) {
     }
 }
 
-} // namespace rl::filters
+} // namespace rl::sdk::filter

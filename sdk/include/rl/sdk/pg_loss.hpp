@@ -1,0 +1,274 @@
+// rl/sdk/pg_loss.hpp: the policy-gradient loss base, on top of rl/sdk/loss.hpp.
+// Header-only, C++17, SDK only.
+//
+// A policy loss derives from PolicyGradientLoss, reads its own parameters,
+// calls read_shared(p) (loss_agg_mode + max_seq_len, kl_coef / kl_type /
+// entropy_coef) and implements policy(PgCall &): per loss token, add the
+// policy term's weighted value and gradient. The base gives it
+//   - the signature {logprobs, old_logprobs, advantages} + loss_mask, the
+//     differentiable logprobs, ref_logprobs / entropy when the regularizers need
+//     them, plus whatever add_inputs() declares;
+//   - the aggregation weights, the inputs as vectors, the gradient buffer;
+//   - the metrics pg_loss (first), valid_tokens and ref_kl / entropy (last), and
+//     the KL / entropy terms added to the loss and its gradient;
+//   - everything of LossBase (input, dtype and finiteness checks, gradients).
+//
+// A complete loss (REINFORCE with importance ratio, every loss_agg_mode):
+//
+//   struct Is : rl::sdk::loss::PolicyGradientLoss {
+//       explicit Is(rl::sdk::Params &p) { read_shared(p); }
+//       void policy(rl::sdk::loss::PgCall &c) const override {
+//           for (int64_t t : c.tokens()) {
+//               const double r = c.ratio(t);
+//               c.add(t, -r * c.adv[t], -r * c.adv[t]);
+//           }
+//       }
+//   };
+//
+// Also here: the PPO clip (with dual clip) as one function, parameter checks
+// the policy losses share, sequence-level ratios, and the token selections of
+// the Clip-Cov / KL-Cov losses.
+#pragma once
+
+#include "loss.hpp"
+#include "utf8_rng.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rl::sdk::loss {
+
+// ---- parameter checks -----------------------------------------------------------------
+
+// eps_clip in [0, 1): the lower PPO bound is 1 - eps_clip.
+inline double read_eps_clip(Params &p, double def, const char *key = "eps_clip") {
+    const double v = p.number(key, def, 0.0, 1.0);
+    if (v >= 1.0)
+        invalid(p.owner() + ": parameter '" + key + "' must be < 1 (the lower bound is 1 - " + key +
+                ")");
+    return v;
+}
+
+// Refuses hi < lo, naming both parameters.
+inline void check_order(Params &p, const char *lo_name, double lo, const char *hi_name, double hi) {
+    if (hi < lo)
+        invalid(p.owner() + ": parameter '" + hi_name + "' (" + num(hi) + ") must be >= '" +
+                lo_name + "' (" + num(lo) + ")");
+}
+
+// Refuses v <= 0.
+inline void check_positive(Params &p, const char *name, double v) {
+    if (v <= 0) invalid(p.owner() + ": parameter '" + name + "' must be > 0, got " + num(v));
+}
+
+// An optional bound that must be > 1 (null or absent: off).
+inline std::optional<double> read_optional_above_one(Params &p, const char *name) {
+    const auto v = p.optional_number(name, 1.0);
+    if (v && *v <= 1.0)
+        invalid(p.owner() + ": parameter '" + name + "' must be > 1 (or null for off), got " +
+                num(*v));
+    return v;
+}
+
+// ---- PPO clip ------------------------------------------------------------------------------
+
+// PPO's per-token surrogate max(-A r, -A clip(r, lo, hi)) and, with `dual`
+// (dual clip, A < 0 only), min(that, -A dual). `loss` is its value, `dloss`
+// its derivative in r times r (= d loss / d logprobs when r = exp(logprobs -
+// old)): -A r on the unclipped branch, 0 on a clipped one.
+struct PpoTerm {
+    double loss = 0, dloss = 0;
+    bool clipped = false;      // the clip(r) branch was taken
+    bool dual_clipped = false; // the dual-clip branch was taken
+};
+
+inline PpoTerm ppo_clip(double A, double ratio, double lo, double hi,
+                        std::optional<double> dual = std::nullopt) {
+    PpoTerm p;
+    const double l1 = -A * ratio, l2 = -A * std::clamp(ratio, lo, hi);
+    p.loss = l1;
+    p.dloss = -A * ratio;
+    if (l2 > l1) {
+        p.loss = l2;
+        p.dloss = 0;
+        p.clipped = true;
+    }
+    if (dual && A < 0) {
+        const double l3 = -A * *dual;
+        if (l3 < p.loss) {
+            p.loss = l3;
+            p.dloss = 0;
+            p.dual_clipped = true;
+        }
+    }
+    return p;
+}
+
+// ---- the policy-gradient base -----------------------------------------------------------
+
+// One call of a policy loss: the inputs, the aggregation weights and the
+// outputs being built.
+struct PgCall {
+    PgCall(const Data &live, const Data &detached, std::vector<double> weights)
+        : d(live), sg(detached), w(std::move(weights)), lp(live.at("logprobs")),
+          lp_sg(detached.at("logprobs")), old(live.at("old_logprobs")), adv(live.at("advantages")),
+          g(r.g("logprobs", live.n)) {}
+
+    const Data &d, &sg;          // live and detached views (see loss.hpp)
+    const std::vector<double> w; // aggregation weight of each token
+    const std::vector<double> &lp, &lp_sg, &old, &adv;
+    Result r;               // loss, gradients, metrics
+    std::vector<double> &g; // d loss / d logprobs
+    double pg = 0;          // the policy term, reported as pg_loss
+
+    // Indices of the loss tokens, in order.
+    std::vector<int64_t> tokens() const {
+        std::vector<int64_t> v;
+        for (int64_t t = 0; t < d.n; ++t)
+            if (d.mask[t] != 0) v.push_back(t);
+        return v;
+    }
+    double log_ratio(int64_t t) const { return lp[t] - old[t]; }
+    double ratio(int64_t t) const { return std::exp(lp[t] - old[t]); }
+    double log_ratio_sg(int64_t t) const { return lp_sg[t] - old[t]; }
+    double ratio_sg(int64_t t) const { return std::exp(lp_sg[t] - old[t]); }
+    // pg += w_t * l, g_t += w_t * dl.
+    void add(int64_t t, double l, double dl) {
+        pg += w[t] * l;
+        g[t] += w[t] * dl;
+    }
+    void metric(const std::string &name, double v) { r.metric(name, v); }
+    // k out of the call's loss tokens.
+    double frac(int64_t k) const { return loss::frac(k, d.loss_tokens); }
+};
+
+class PolicyGradientLoss : public LossBase {
+public:
+    LossSignature signature() const override {
+        LossSignature s{{"logprobs", "old_logprobs", "advantages"}, {"loss_mask"}, {"logprobs"}};
+        add_inputs(s);
+        reg_.add_to(s);
+        return s;
+    }
+
+    Result evaluate(const Data &d, const Data &sg) const final {
+        PgCall c(d, sg, agg_.weights(d));
+        policy(c);
+        c.r.loss = c.pg;
+        c.r.metrics.insert(c.r.metrics.begin(), {metrics::kPgLoss, c.pg});
+        if (report_valid_tokens_) c.r.metric(metrics::kValidTokens, double(d.loss_tokens));
+        reg_.apply(d, sg, c.w, c.r);
+        return std::move(c.r);
+    }
+
+    // The policy term: add every loss token's weighted value to c.pg and its
+    // gradient to c.g (c.add does both) and emit the loss's own metrics.
+    virtual void policy(PgCall &c) const = 0;
+
+protected:
+    // loss_agg_mode (default `default_agg`) and the KL / entropy regularizers.
+    // Call once, after reading the loss's own parameters.
+    void read_shared(Params &p, const std::string &default_agg = "token-mean") {
+        agg_ = Aggregation::read(p, default_agg);
+        reg_.read(p);
+    }
+    // Inputs beyond the standard ones (e.g. rollout_logprobs for TIS).
+    virtual void add_inputs(LossSignature &) const {}
+
+    const Aggregation &aggregation() const { return agg_; }
+    bool report_valid_tokens_ = true;
+
+private:
+    Aggregation agg_;
+    Regularizers reg_;
+};
+
+// ---- sequence-level quantities ---------------------------------------------------------
+
+// exp(mean over the loss tokens of sequence s of (lp - old)); 1 when it has none.
+inline double seq_geo_ratio(const Data &d, const std::vector<double> &lp,
+                            const std::vector<double> &old, int64_t s) {
+    const int64_t ni = d.seq_tokens[s];
+    if (ni == 0) return 1.0;
+    double sum = 0;
+    for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
+        if (d.mask[t] != 0) sum += lp[t] - old[t];
+    return std::exp(sum / double(ni));
+}
+
+// ---- covariance token selection (Clip-Cov, KL-Cov) ---------------------------------------
+//
+// cov_t = (A_t - mean A) * (logprobs_t - mean logprobs), means over the call's
+// loss tokens, computed from the detached view: the selection is a constant for
+// the gradient, like every mask (Cui et al. 2025, "The Entropy Mechanism of
+// Reinforcement Learning for Reasoning Language Models").
+
+// Per-token covariance term; 0 on tokens that are not loss tokens.
+inline std::vector<double> token_covariance(const Data &sg) {
+    const auto &lp = sg.at("logprobs");
+    const auto &adv = sg.at("advantages");
+    std::vector<double> cov(static_cast<size_t>(sg.n), 0.0);
+    if (sg.loss_tokens == 0) return cov;
+    double mean_a = 0, mean_lp = 0;
+    for (int64_t t = 0; t < sg.n; ++t)
+        if (sg.mask[t] != 0) {
+            mean_a += adv[t];
+            mean_lp += lp[t];
+        }
+    mean_a /= double(sg.loss_tokens);
+    mean_lp /= double(sg.loss_tokens);
+    for (int64_t t = 0; t < sg.n; ++t)
+        if (sg.mask[t] != 0) cov[t] = (adv[t] - mean_a) * (lp[t] - mean_lp);
+    return cov;
+}
+
+// How many tokens to select: max(floor(ratio * loss tokens of the call), 1), 0
+// when the call has no loss token.
+inline int64_t selection_count(double ratio, int64_t loss_tokens) {
+    if (loss_tokens == 0) return 0;
+    return std::max<int64_t>(static_cast<int64_t>(std::floor(ratio * double(loss_tokens))), 1);
+}
+
+// The k candidates with the largest cov, ties to the lower token index.
+inline std::vector<int64_t> select_top(std::vector<int64_t> candidates,
+                                       const std::vector<double> &cov, int64_t k) {
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [&](int64_t a, int64_t b) { return cov[a] > cov[b]; });
+    if (int64_t(candidates.size()) > k) candidates.resize(static_cast<size_t>(k));
+    std::sort(candidates.begin(), candidates.end());
+    return candidates;
+}
+
+// k candidates drawn uniformly without replacement. The generator is seeded
+// with `seed` mixed with the bits of the call's detached logprobs and
+// advantages on loss tokens, so one call always selects the same tokens and
+// different batches get independent draws.
+inline std::vector<int64_t> select_random(std::vector<int64_t> candidates, const Data &sg,
+                                          int64_t seed, int64_t k) {
+    uint64_t h = Rng(static_cast<uint64_t>(seed)).next();
+    const auto &lp = sg.at("logprobs");
+    const auto &adv = sg.at("advantages");
+    for (int64_t t = 0; t < sg.n; ++t) {
+        if (sg.mask[t] == 0) continue;
+        for (double x : {lp[t], adv[t]}) {
+            uint64_t bits;
+            std::memcpy(&bits, &x, sizeof bits);
+            h = Rng(h ^ bits).next();
+        }
+    }
+    Rng rng(h);
+    const size_t m = std::min(candidates.size(), static_cast<size_t>(k));
+    for (size_t i = 0; i < m; ++i) { // partial Fisher-Yates
+        const size_t j = i + static_cast<size_t>(rng.below(candidates.size() - i));
+        std::swap(candidates[i], candidates[j]);
+    }
+    candidates.resize(m);
+    std::sort(candidates.begin(), candidates.end());
+    return candidates;
+}
+
+} // namespace rl::sdk::loss
