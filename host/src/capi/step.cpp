@@ -47,6 +47,22 @@ CallSink call_sink(F &&f) {
     return sink;
 }
 
+// The tasks argument of a verb: a non-empty JSON array.
+json tasks_arg(const char *tasks_json, const char *fn) {
+    json tasks = parse_json(tasks_json, fn_msg(fn, "tasks"));
+    require(tasks.is_array() && !tasks.empty(),
+            fn_msg(fn, "tasks must be a non-empty JSON array of task objects"));
+    return tasks;
+}
+
+// The options argument of a verb: a JSON object (NULL: none).
+json options_arg(const char *options_json, const char *fn) {
+    json opts = parse_json(options_json, fn_msg(fn, "options"));
+    if (opts.is_null()) opts = json::object();
+    require(opts.is_object(), fn_msg(fn, "options must be a JSON object"));
+    return opts;
+}
+
 // The prompt ids of each task: its "prompt", wrapped as one user turn with the
 // assistant prompt after it when a chat template is named.
 std::vector<std::vector<int64_t>> encode_prompts(const core::Policy &policy, const json &tasks,
@@ -117,12 +133,8 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
         const char *fn = "rl_rollouts_generate";
         require(engine && tasks_json && out_rollouts,
                 fn_msg(fn, "engine, tasks_json and out_rollouts are required"));
-        const json tasks = parse_json(tasks_json, fn_msg(fn, "tasks"));
-        require(tasks.is_array() && !tasks.empty(),
-                fn_msg(fn, "tasks must be a non-empty JSON array of task objects"));
-        json opts = parse_json(options_json, fn_msg(fn, "options"));
-        if (opts.is_null()) opts = json::object();
-        require(opts.is_object(), fn_msg(fn, "options must be a JSON object"));
+        const json tasks = tasks_arg(tasks_json, fn);
+        const json opts = options_arg(options_json, fn);
         std::string chat_template = "none";
         int64_t group_offset = 0;
         json sampling = json::object();
@@ -373,12 +385,8 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
         const char *fn = "rl_train_batch_supervised";
         require(model && tasks_json && out_batch,
                 fn_msg(fn, "model, tasks_json and out_batch are required"));
-        const json tasks = parse_json(tasks_json, fn_msg(fn, "tasks"));
-        require(tasks.is_array() && !tasks.empty(),
-                fn_msg(fn, "tasks must be a non-empty JSON array of task objects"));
-        json opts = parse_json(options_json, fn_msg(fn, "options"));
-        if (opts.is_null()) opts = json::object();
-        require(opts.is_object(), fn_msg(fn, "options must be a JSON object"));
+        const json tasks = tasks_arg(tasks_json, fn);
+        const json opts = options_arg(options_json, fn);
         std::string chat_template = "none";
         std::optional<int64_t> eos;
         for (const auto &kv : opts.items()) {

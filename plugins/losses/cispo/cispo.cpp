@@ -3,4 +3,5 @@
 
 RL_PLUGIN_DEFINE(rl::sdk::plugin<rl::losses::Cispo>(
     "org.rl.loss.cispo", "cispo", "1.0.0",
-    "CISPO: detached clipped importance weight times logprobs times A"))
+    "CISPO: detached clipped importance weight times logprobs times A",
+    rl::sdk::loss::kStopGradientFeatures))

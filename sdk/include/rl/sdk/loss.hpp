@@ -41,6 +41,13 @@
 
 namespace rl::sdk::loss {
 
+// Descriptor feature of a loss whose gradients are those of a surrogate with
+// detached (stop-gradient) factors, as CISPO's and GRPO's coefficients: the
+// finite differences of its loss value do not equal its gradients, by design.
+// Generic gradient checks (tests/python/test_loss_discovery.py) read it.
+inline constexpr const char *kStopGradientFeature = "stop-gradient";
+inline const char *const kStopGradientFeatures[] = {kStopGradientFeature, nullptr};
+
 namespace metrics = rl::sdk::metrics;
 using rl::sdk::invalid;
 using rl::sdk::LossBatch;
