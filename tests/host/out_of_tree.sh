@@ -34,7 +34,10 @@ lines=$(wc -l < "$src/sdk/templates/cpp_loss/my_loss.cpp")
 [ "$lines" -le 30 ] || { echo "cpp_loss template has $lines lines (> 30)"; exit 1; }
 librl=$(ls "$tmp/prefix/lib/"librl.so* 2>/dev/null | head -1)
 [ -n "$librl" ] || librl=$(ls "$tmp/prefix/"lib*/librl.so* | head -1)
-PYTHONPATH="$src/sdk/python" RL_LIBRARY="$librl" PYTHONDONTWRITEBYTECODE=1 \
+# Under a sanitizer build the (uninstrumented) interpreter needs the ASan
+# runtime preloaded (RL_TEST_PYTHON_PRELOAD, set by CMake then).
+LD_PRELOAD="${RL_TEST_PYTHON_PRELOAD:-${LD_PRELOAD:-}}" ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}" \
+  PYTHONPATH="$src/sdk/python" RL_LIBRARY="$librl" PYTHONDONTWRITEBYTECODE=1 \
   python3 - "$tmp/plugins" <<'PY'
 import math, sys
 import rl
