@@ -28,5 +28,6 @@
 #include "rl/runtime.h"
 #include "rl/train.h"
 #include "rl/step.h"
+#include "rl/dist.h"
 
 #endif /* RL_API_H */

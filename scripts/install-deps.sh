@@ -19,6 +19,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-numpy
   libpcre2-dev libutf8proc-dev
+  libgloo-dev
 )
 
 missing=()

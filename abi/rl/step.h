@@ -106,7 +106,11 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
 /* [thread-safe] Wait up to timeout_ms (0: do not wait) until at least
  * min_rollouts rollouts of complete, kept groups are ready, then take every
  * ready group as one training batch (sequences group-major). *out_batch is
- * NULL when fewer are ready (they stay for a later call). */
+ * NULL when fewer are ready (they stay for a later call).
+ * In a distributed run (dist.h) this is a collective: min_rollouts counts the
+ * ready rollouts of all ranks, each rank waits up to timeout_ms for one of its
+ * own, and either every rank takes its ready groups (at least one each) or
+ * none does, so the ranks train in step. */
 RL_API rl_status_t rl_buffer_pop_train_batch(rl_buffer_t *buffer, uint64_t min_rollouts,
                                              uint64_t timeout_ms, rl_train_batch_t **out_batch);
 /* [control-thread] NULL is a no-op. */

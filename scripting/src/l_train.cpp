@@ -1,6 +1,8 @@
 // rl.model, tokenizer, trainer, engine and buffer over abi/rl/train.h.
 #include "l_common.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -147,12 +149,121 @@ int m_tokenizer(lua_State *L) {
     return 1;
 }
 
-// x:sft_batch(tasks [, {chat_template, eos_token_id}]) -> rl.train_batch: the
-// supervised batch on the tasks' reference answers
+// ---- distributed runs -------------------------------------------------------------
+
+// (rank, world size) of this process (0, 1 without a distributed launch).
+std::pair<int, int> rank_and_world(lua_State *L) {
+    rl_result_t *res = nullptr;
+    check_status(L, rl_dist_info(&res), "rl.dist");
+    double rank = 0, world = 1;
+    rl_result_scalar(res, "rank", &rank);
+    rl_result_scalar(res, "world_size", &world);
+    rl_result_destroy(res);
+    return {static_cast<int>(rank), static_cast<int>(world)};
+}
+
+// In a distributed run the task list is the whole step's: this rank keeps its
+// contiguous share (n * r / W .. n * (r + 1) / W), unless the options say
+// {share = false}. The "share" key is removed from `opts`.
+std::string rank_share(lua_State *L, const std::string &tasks, std::string &opts,
+                       const char *what) {
+    bool share = true;
+    if (!opts.empty()) {
+        nlohmann::json o = nlohmann::json::parse(opts, nullptr, false);
+        if (o.is_object() && o.contains("share")) {
+            if (!o["share"].is_boolean())
+                luaL_error(L, "%s: option 'share' must be a boolean", what);
+            share = o["share"].get<bool>();
+            o.erase("share");
+            opts = o.dump();
+        }
+    }
+    if (!share) return tasks;
+    const auto [rank, world] = rank_and_world(L);
+    if (world <= 1) return tasks;
+    nlohmann::json all = nlohmann::json::parse(tasks, nullptr, false);
+    if (!all.is_array()) return tasks; // the C API reports the error
+    const size_t n = all.size();
+    if (n < static_cast<size_t>(world))
+        luaL_error(L,
+                   "%s: %d task(s) for %d ranks; each rank needs at least one (sample at least "
+                   "as many tasks per step as there are ranks, or pass {share = false})",
+                   what, static_cast<int>(n), world);
+    const size_t a = n * static_cast<size_t>(rank) / static_cast<size_t>(world);
+    const size_t b = n * static_cast<size_t>(rank + 1) / static_cast<size_t>(world);
+    return nlohmann::json(std::vector<nlohmann::json>(all.begin() + static_cast<long>(a),
+                                                      all.begin() + static_cast<long>(b)))
+        .dump();
+}
+
+// rl.dist_init([dist config [, device]]) -> {rank, world_size, ...}
+int d_init(lua_State *L) {
+    const std::string cfg = lua_isnoneornil(L, 1) ? "" : config_arg(L, 1, "rl.dist.init: config");
+    const char *device = luaL_optstring(L, 2, nullptr);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_dist_init(cfg.empty() ? nullptr : cfg.c_str(), device, &res),
+                 "rl.dist.init");
+    push_result(L, res);
+    return 1;
+}
+
+int d_info(lua_State *L) {
+    rl_result_t *res = nullptr;
+    check_status(L, rl_dist_info(&res), "rl.dist.info");
+    push_result(L, res);
+    return 1;
+}
+
+int d_barrier(lua_State *L) {
+    check_status(L, rl_dist_barrier(), "rl.dist.barrier");
+    return 0;
+}
+
+// rl.dist_broadcast_text(text, root) -> text
+int d_broadcast(lua_State *L) {
+    size_t len = 0;
+    const char *text = luaL_checklstring(L, 1, &len);
+    const lua_Integer root = luaL_checkinteger(L, 2);
+    rl_result_t *res = nullptr;
+    check_status(L,
+                 rl_dist_broadcast(rl_string_view_t{text, static_cast<uint64_t>(len)},
+                                   static_cast<int32_t>(root), &res),
+                 "rl.dist.broadcast");
+    rl_string_view_t v{};
+    rl_result_text(res, "value", &v);
+    lua_pushlstring(L, v.data, static_cast<size_t>(v.length));
+    rl_result_destroy(res);
+    return 1;
+}
+
+// rl.dist_all_gather_text(text) -> {text of rank 0, text of rank 1, ...}
+int d_all_gather(lua_State *L) {
+    size_t len = 0;
+    const char *text = luaL_checklstring(L, 1, &len);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_dist_all_gather(rl_string_view_t{text, static_cast<uint64_t>(len)}, &res),
+                 "rl.dist.all_gather");
+    double world = 1;
+    rl_result_scalar(res, "world_size", &world);
+    lua_createtable(L, static_cast<int>(world), 0);
+    for (int r = 0; r < static_cast<int>(world); ++r) {
+        rl_string_view_t v{};
+        rl_result_text(res, std::to_string(r).c_str(), &v);
+        lua_pushlstring(L, v.data, static_cast<size_t>(v.length));
+        lua_rawseti(L, -2, r + 1);
+    }
+    rl_result_destroy(res);
+    return 1;
+}
+
+// x:sft_batch(tasks [, {chat_template, eos_token_id, share}]) -> rl.train_batch:
+// the supervised batch on the tasks' reference answers (this rank's share in
+// a distributed run)
 int m_sft_batch(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
-    const std::string tasks = config_arg(L, 2, "sft_batch: tasks");
-    const std::string opts = config_arg(L, 3, "sft_batch: options");
+    std::string opts = config_arg(L, 3, "sft_batch: options");
+    const std::string tasks =
+        rank_share(L, config_arg(L, 2, "sft_batch: tasks"), opts, "sft_batch");
     Handle *h = push_handle(L, kTrainBatchMT, nullptr, destroy_train_batch, 0);
     rl_train_batch_t *b = nullptr;
     check_status(L, rl_train_batch_supervised(m, tasks.c_str(), opts.c_str(), &b), "sft_batch");
@@ -346,8 +457,9 @@ int e_sync_weights(lua_State *L) {
 // engine:rollouts(tasks [, {chat_template, group_offset, sampling}]) -> rl.rollouts
 int e_rollouts(lua_State *L) {
     rl_engine_t *e = engine_of(L);
-    const std::string tasks = config_arg(L, 2, "engine:rollouts: tasks");
-    const std::string opts = config_arg(L, 3, "engine:rollouts: options");
+    std::string opts = config_arg(L, 3, "engine:rollouts: options");
+    const std::string tasks =
+        rank_share(L, config_arg(L, 2, "engine:rollouts: tasks"), opts, "engine:rollouts");
     Handle *h = push_handle(L, kRolloutsMT, nullptr, destroy_rollouts, 0);
     rl_rollouts_t *r = nullptr;
     check_status(L, rl_rollouts_generate(e, tasks.c_str(), opts.c_str(), &r), "engine:rollouts");
@@ -666,6 +778,11 @@ void open_train(lua_State *L, int M) {
     static const luaL_Reg fns[] = {RL_LUA_FN("model", m_load),
                                    RL_LUA_FN("buffer", b_new),
                                    RL_LUA_FN("init_model", m_init_preset),
+                                   RL_LUA_FN("dist_init", d_init),
+                                   RL_LUA_FN("dist_info", d_info),
+                                   RL_LUA_FN("dist_barrier", d_barrier),
+                                   RL_LUA_FN("dist_broadcast_text", d_broadcast),
+                                   RL_LUA_FN("dist_all_gather_text", d_all_gather),
                                    {nullptr, nullptr}};
     lua_pushvalue(L, M);
     luaL_setfuncs(L, fns, 0);

@@ -50,12 +50,30 @@ const std::vector<ParamSpec> &trainer_params() {
         param("activation_checkpointing", T::Boolean, false,
               "Keep only each decoder layer's input during the forward and recompute the layer "
               "in the backward (less activation memory, about a third more compute)."),
+        choice_param("parallel", "dp", {"dp", "fsdp"},
+                     "Strategy over the ranks of a distributed run (one process: ignored). dp: a "
+                     "full replica per rank, gradients all-reduced in buckets; fsdp: parameters, "
+                     "gradients and AdamW state sharded over the ranks (docs/distributed.md)."),
+        param("bucket_mb", T::Number, 25.0,
+              "dp: megabytes of float32 gradients per all-reduce bucket.", Range::at_least(0.001)),
         script_only(param("total_steps", T::Integer, 0,
                           "Optimizer steps of the run (the cosine schedule's length).",
                           Range::at_least(0))),
         script_only(nullable(param("seed", T::Integer, nullptr,
                                    "Seeds torch's generator and the engine's sampling stream.",
                                    Range::at_least(0)))),
+    };
+    return specs;
+}
+
+const std::vector<ParamSpec> &dist_params() {
+    static const std::vector<ParamSpec> specs = {
+        param("timeout", T::Number, 300.0,
+              "Seconds a rank waits for the others (rendezvous, every collective) before the run "
+              "fails naming the rank at fault.",
+              Range::at_least(0.001)),
+        choice_param("backend", "auto", {"auto", "gloo", "nccl"},
+                     "Collective backend: auto picks NCCL for a CUDA model, Gloo otherwise."),
     };
     return specs;
 }

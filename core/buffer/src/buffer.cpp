@@ -417,6 +417,13 @@ std::vector<Group> RolloutBuffer::pop_ready(size_t min_rollouts,
     return pop_batch_locked(ready);
 }
 
+size_t RolloutBuffer::wait_ready(size_t min_rollouts, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (timeout.count() > 0)
+        cv_.wait_for(lock, timeout, [&] { return ready_rollouts_locked() >= min_rollouts; });
+    return ready_rollouts_locked();
+}
+
 // ---- reporting ----------------------------------------------------------------------
 
 BufferStats RolloutBuffer::stats() const {

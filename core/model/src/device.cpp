@@ -41,12 +41,25 @@ std::string torch_summary() {
     return s + ", CUDA usable (" + std::to_string(n) + (n == 1 ? " device)" : " devices)");
 }
 
+// In a distributed run each local rank takes its own GPU: "auto" and "cuda"
+// mean cuda:LOCAL_RANK (torchrun's convention).
+int local_rank_gpu() {
+    const char *v = std::getenv("LOCAL_RANK");
+    if (v == nullptr || std::getenv("WORLD_SIZE") == nullptr) return 0;
+    const long n = std::strtol(v, nullptr, 10);
+    return n > 0 ? static_cast<int>(n) : 0;
+}
+
 at::Device resolve_device(const std::string &spec, const std::string &what) {
     if (spec == "cpu") return at::Device(at::kCPU);
-    if (spec == "auto") return cuda_device_count() > 0 ? at::Device(at::kCUDA, 0) : at::kCPU;
+    if (spec == "auto")
+        return cuda_device_count() > 0
+                   ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_rank_gpu() %
+                                                                         cuda_device_count()))
+                   : at::kCPU;
     int index = -1;
     if (spec == "cuda") {
-        index = 0;
+        index = local_rank_gpu();
     } else if (spec.rfind("cuda:", 0) == 0 && spec.size() > 5 && spec.size() < 9) {
         char *end = nullptr;
         const long n = std::strtol(spec.c_str() + 5, &end, 10);

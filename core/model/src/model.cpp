@@ -51,6 +51,8 @@ at::Tensor as_float(const at::Tensor &t) {
 // (its parameter gradients accumulate as usual).
 struct LayerClosure : torch::CustomClassHolder {
     std::function<at::Tensor(const at::Tensor &)> fn;
+    WeightHooks *hooks = nullptr; // around the recomputation and its backward
+    size_t layer = 0;
 };
 
 struct CheckpointedLayerFn : public torch::autograd::Function<CheckpointedLayerFn> {
@@ -71,20 +73,24 @@ struct CheckpointedLayerFn : public torch::autograd::Function<CheckpointedLayerF
         at::Tensor h = ctx->get_saved_variables()[0].detach().requires_grad_(true);
         auto closure =
             c10::static_intrusive_pointer_cast<LayerClosure>(ctx->saved_data["layer"].toCapsule());
+        if (closure->hooks != nullptr) closure->hooks->before_layer(closure->layer, true);
         at::Tensor out;
         {
             at::AutoGradMode grad_on(true);
             out = closure->fn(h);
         }
         torch::autograd::backward({out}, {grads[0]});
+        if (closure->hooks != nullptr) closure->hooks->after_layer(closure->layer, true);
         return {h.grad(), at::Tensor()};
     }
 };
 
-at::Tensor checkpointed_layer(const at::Tensor &h,
-                              std::function<at::Tensor(const at::Tensor &)> fn) {
+at::Tensor checkpointed_layer(const at::Tensor &h, std::function<at::Tensor(const at::Tensor &)> fn,
+                              WeightHooks *hooks, size_t layer) {
     auto closure = c10::make_intrusive<LayerClosure>();
     closure->fn = std::move(fn);
+    closure->hooks = hooks;
+    closure->layer = layer;
     return CheckpointedLayerFn::apply(h, std::move(closure));
 }
 
@@ -297,14 +303,26 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         at::Tensor hout = hin + attn.o_proj->forward(a);
         return hout + layer.mlp->forward(layer.post_attention_layernorm->forward(hout));
     };
-    const bool recompute = checkpoint_layers_ && cache == nullptr && at::GradMode::is_enabled();
+    // Hooks (a sharded trainer) run around every layer of a training or
+    // scoring pass; decoding asks for all weights up front (extend).
+    WeightHooks *hooks = cache == nullptr ? hooks_ : nullptr;
+    const bool recompute =
+        (checkpoint_layers_ || hooks != nullptr) && cache == nullptr && at::GradMode::is_enabled();
     if (recompute) {
         auto shared = std::make_shared<std::function<at::Tensor(size_t, const at::Tensor &)>>(
             std::move(layer_fn));
-        for (size_t i = 0; i < model->layers.size(); ++i)
-            h = checkpointed_layer(h, [shared, i](const at::Tensor &x) { return (*shared)(i, x); });
+        for (size_t i = 0; i < model->layers.size(); ++i) {
+            if (hooks != nullptr) hooks->before_layer(i, false);
+            h = checkpointed_layer(
+                h, [shared, i](const at::Tensor &x) { return (*shared)(i, x); }, hooks, i);
+            if (hooks != nullptr) hooks->after_layer(i, false);
+        }
     } else {
-        for (size_t i = 0; i < model->layers.size(); ++i) h = layer_fn(i, h);
+        for (size_t i = 0; i < model->layers.size(); ++i) {
+            if (hooks != nullptr) hooks->before_layer(i, false);
+            h = layer_fn(i, h);
+            if (hooks != nullptr) hooks->after_layer(i, false);
+        }
     }
     return model->norm->forward(h);
 }
@@ -381,6 +399,7 @@ KVCache CausalLM::make_cache(int64_t slots, int64_t capacity) const {
 at::Tensor CausalLM::extend(KVCache &cache, const std::vector<int64_t> &slots,
                             const at::Tensor &tokens, const std::vector<int64_t> &counts,
                             bool all_logits) {
+    materialize_weights();
     at::NoGradGuard no_grad;
     check(cache.allocated(), "extend: the KV cache is released (call allocate())");
     check(cache.num_layers() == config_.num_hidden_layers &&

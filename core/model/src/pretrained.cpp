@@ -166,6 +166,7 @@ std::shared_ptr<CausalLM> load_pretrained(const std::string &dir, const LoadOpti
 }
 
 void save_pretrained(const CausalLM &model, const std::string &dir, const SaveOptions &options) {
+    model.materialize_weights();
     std::error_code ec;
     fs::create_directories(dir, ec);
     check(!ec && fs::is_directory(dir),

@@ -1,6 +1,9 @@
 #include "rl/core/trainer.hpp"
 
+#include "fsdp.hpp"
+
 #include "rl/core/atomic_file.hpp"
+#include "rl/core/dist.hpp"
 #include "rl/core/checkpoint.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
@@ -111,10 +114,21 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config)
     config_.validate();
     params_ = policy_->model().named_weights();
     for (auto &kv : params_) kv.second.set_requires_grad(true);
+    group_ = dist::current(policy_->model().device().str());
+    if (group_ && group_->size() <= 1) group_.reset();
+    if (group_ && config_.parallel == "fsdp") {
+        // The shards are the optimizer's float32 masters (no masters_).
+        masters_.assign(params_.size(), at::Tensor());
+        fsdp_ = std::make_unique<Fsdp>(policy_->model(), params_, group_);
+    } else if (group_) {
+        // Replicas start from rank 0's weights.
+        at::NoGradGuard no_grad;
+        for (auto &kv : params_) group_->broadcast(kv.second, 0);
+    }
     // Low-precision parameters train through float32 master copies: the
     // optimizer (and its state) works on the masters, each step writes them
     // back rounded to the model's dtype.
-    {
+    if (!fsdp_) {
         at::NoGradGuard no_grad;
         for (auto &kv : params_) {
             const at::ScalarType t = kv.second.scalar_type();
@@ -135,13 +149,54 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config)
 
 Trainer::~Trainer() = default;
 
+int Trainer::rank() const {
+    return group_ ? group_->rank() : 0;
+}
+int Trainer::world_size() const {
+    return group_ ? group_->size() : 1;
+}
+std::string Trainer::strategy() const {
+    return fsdp_ ? "fsdp" : group_ ? "dp" : "single";
+}
+
+int64_t Trainer::state_bytes() const {
+    int64_t n = 0;
+    auto bytes = [](const at::Tensor &t) {
+        return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+    };
+    std::vector<at::Tensor> opt_params;
+    if (fsdp_) {
+        for (const auto &u : fsdp_->units()) {
+            n += bytes(u.grad);
+            opt_params.push_back(u.master);
+        }
+    } else {
+        for (size_t i = 0; i < params_.size(); ++i) {
+            n += bytes(params_[i].second) + bytes(params_[i].second.grad());
+            if (masters_[i].defined()) n += bytes(masters_[i]) + bytes(masters_[i].grad());
+            opt_params.push_back(optimized(i));
+        }
+    }
+    for (const auto &p : opt_params) {
+        if (fsdp_) n += bytes(p);
+        auto it = optimizer_->state().find(state_key(p));
+        if (it == optimizer_->state().end()) continue;
+        auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
+        n += bytes(st.exp_avg()) + bytes(st.exp_avg_sq());
+    }
+    return n;
+}
+
 const at::Tensor &Trainer::optimized(size_t i) const {
     return masters_[i].defined() ? masters_[i] : params_[i].second;
 }
 
 void Trainer::rebuild_optimizer() {
     std::vector<at::Tensor> ps;
-    for (size_t i = 0; i < params_.size(); ++i) ps.push_back(optimized(i));
+    if (fsdp_)
+        for (auto &u : fsdp_->units()) ps.push_back(u.master);
+    else
+        for (size_t i = 0; i < params_.size(); ++i) ps.push_back(optimized(i));
     torch::optim::AdamWOptions o(config_.learning_rate);
     o.betas(std::make_tuple(config_.beta1, config_.beta2));
     o.eps(config_.eps);
@@ -314,6 +369,14 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
     P.global_tokens = global(batch.global_tokens, P.loss_tokens, "global_tokens", "loss tokens");
     P.global_seqs =
         global(batch.global_seqs, P.loss_seqs, "global_seqs", "sequences with loss tokens");
+    if (group_ && (batch.global_tokens == 0 || batch.global_seqs == 0)) {
+        // The whole step's normalizers: every rank's counts summed.
+        at::Tensor sums = at::tensor(
+            {static_cast<double>(P.loss_tokens), static_cast<double>(P.loss_seqs)}, at::kDouble);
+        group_->all_reduce_sum(sums);
+        if (batch.global_tokens == 0) P.global_tokens = sums[0].item<double>();
+        if (batch.global_seqs == 0) P.global_seqs = sums[1].item<double>();
+    }
 
     if (sig.accepts("labels")) P.inputs.emplace_back("labels", labels);
     if (mask.defined()) P.inputs.emplace_back("loss_mask", mask);
@@ -332,6 +395,23 @@ StepResult Trainer::forward_backward(const TrainBatch &batch, const LossFunction
 
 StepResult Trainer::forward(const TrainBatch &batch, const LossFunction *loss) {
     return run(batch, loss, /*backward=*/false);
+}
+
+// An empty turn of an fsdp rank that has fewer micro-batches than another:
+// one token through every layer (and back with a zero gradient) so that this
+// rank joins each all-gather and reduce-scatter.
+void Trainer::idle_micro_batch(bool backward) {
+    std::optional<at::NoGradGuard> no_grad;
+    if (!backward) no_grad.emplace();
+    fsdp_->begin_micro_batch();
+    PackedBatch pb;
+    pb.input_ids = at::zeros({1}, at::kLong);
+    pb.cu_seqlens = long_tensor({0, 1});
+    LogprobOptions lopts;
+    lopts.chunk_tokens = config_.logprob_chunk_tokens;
+    TokenLogprobs tl = policy_->model().token_logprobs(pb, at::zeros({1}, at::kLong), lopts);
+    if (backward) torch::autograd::backward({tl.logprobs}, {at::zeros_like(tl.logprobs)});
+    fsdp_->end_micro_batch(backward);
 }
 
 StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool backward) {
@@ -358,7 +438,18 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     lopts.chunk_tokens = config_.logprob_chunk_tokens;
     lopts.entropy = P.want_entropy;
 
+    // fsdp: every rank runs as many micro-batches as the rank with the most
+    // (the per-layer collectives must pair up); the extra ones are empty.
+    int64_t rounds = static_cast<int64_t>(P.plan.micro_batches.size());
+    if (fsdp_) {
+        fsdp_->begin_pass(backward);
+        at::Tensor most = at::full({1}, rounds, at::kLong);
+        group_->all_reduce_max(most);
+        for (int64_t k = rounds; k < most.item<int64_t>(); ++k) idle_micro_batch(backward);
+    }
+
     for (const MicroBatch &mb : P.plan.micro_batches) {
+        if (fsdp_) fsdp_->begin_micro_batch();
         const int64_t a = mb.range.token_begin, n = mb.range.tokens();
         std::vector<int64_t> cu_local;
         for (int64_t s = mb.range.first_seq; s <= mb.range.end_seq; ++s)
@@ -378,7 +469,10 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
             out_lp.push_back(lp);
             out_ent.push_back(ent);
         }
-        if (loss == nullptr) continue;
+        if (loss == nullptr) {
+            if (fsdp_) fsdp_->end_micro_batch(backward);
+            continue;
+        }
 
         LossCall call;
         // Loss plugins read host memory in float64.
@@ -417,13 +511,13 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
                 const at::Tensor &g = it->second;
                 if (!g.defined() || g.numel() != n)
                     throw Error(ErrorKind::InvalidArgument,
-                                     loss->name + ": gradient for '" + name + "' has " +
-                                         std::to_string(g.defined() ? g.numel() : 0) +
-                                         " values, expected " + std::to_string(n));
+                                loss->name + ": gradient for '" + name + "' has " +
+                                    std::to_string(g.defined() ? g.numel() : 0) +
+                                    " values, expected " + std::to_string(n));
                 at::Tensor gf = g.to(at::kFloat).reshape({n});
                 if (!at::isfinite(gf).all().item<bool>())
                     throw Error(ErrorKind::Numeric,
-                                     loss->name + ": gradient for '" + name + "' is not finite");
+                                loss->name + ": gradient for '" + name + "' is not finite");
                 // An all-zero gradient (e.g. entropy read for metrics only) adds
                 // nothing: skip its backward pass.
                 if (!gf.ne(0).any().item<bool>()) return;
@@ -432,8 +526,13 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
             };
             take("logprobs", lp);
             take("entropy", ent);
+            if (outs.empty() && fsdp_) { // the layers' collectives run regardless
+                outs.push_back(lp);
+                grads.push_back(at::zeros_like(lp));
+            }
             if (!outs.empty()) torch::autograd::backward(outs, grads);
         }
+        if (fsdp_) fsdp_->end_micro_batch(backward);
     }
     if (backward) ++pending_backwards_;
 
@@ -448,10 +547,10 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     }
     for (auto &e : extras) {
         if (static_cast<int64_t>(e.second.size()) != R.micro_batches)
-            throw Error(ErrorKind::InvalidArgument,
-                             loss->name + ": emitted tensor '" + e.first + "' in " +
-                                 std::to_string(e.second.size()) + " of " +
-                                 std::to_string(R.micro_batches) + " micro-batches");
+            throw Error(ErrorKind::InvalidArgument, loss->name + ": emitted tensor '" + e.first +
+                                                        "' in " + std::to_string(e.second.size()) +
+                                                        " of " + std::to_string(R.micro_batches) +
+                                                        " micro-batches");
         std::string name = e.first;
         if (!backward && (name == "logprobs" || name == "entropy")) name = "loss." + name;
         R.tensors[name] = e.second.size() == 1 ? e.second[0] : at::cat(e.second);
@@ -463,6 +562,11 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
 
 void Trainer::zero_grad() {
     for (auto &kv : params_) kv.second.mutable_grad() = at::Tensor();
+    if (fsdp_)
+        for (auto &u : fsdp_->units()) {
+            u.grad = at::Tensor();
+            u.master.mutable_grad() = at::Tensor();
+        }
     for (auto &m : masters_)
         if (m.defined()) m.mutable_grad() = at::Tensor();
     pending_backwards_ = 0;
@@ -472,15 +576,24 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     require(pending_backwards_ > 0, ErrorKind::BadState,
             "optim_step: no gradients were accumulated since the last step (call "
             "forward_backward first)");
+    if (fsdp_) return fsdp_step(ov);
     at::NoGradGuard no_grad;
+    // dp: the gradients summed over ranks (each rank's loss was normalized by
+    // the global counts, so the sum is the gradient of the global batch).
+    std::vector<at::Tensor> reduced;
+    if (group_) reduced = all_reduce_gradients();
     // Gradients as the optimizer sees them (float32 on the masters), and
     // their global norm with one device-to-host read.
     std::vector<at::Tensor> grads;
     at::Tensor sq;
     for (size_t i = 0; i < params_.size(); ++i) {
-        const at::Tensor &g = params_[i].second.grad();
+        // dp: the reduced float32 sum goes straight to the optimized tensor.
+        const at::Tensor g = group_ ? reduced[i] : params_[i].second.grad();
         if (!g.defined()) continue;
-        if (masters_[i].defined()) masters_[i].mutable_grad() = g.to(at::kFloat);
+        if (masters_[i].defined())
+            masters_[i].mutable_grad() = g.to(at::kFloat);
+        else if (group_)
+            params_[i].second.mutable_grad() = g.to(params_[i].second.scalar_type());
         const at::Tensor &og = optimized(i).grad();
         grads.push_back(og);
         at::Tensor s = og.to(at::kDouble).pow(2).sum();
@@ -490,25 +603,16 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     if (!std::isfinite(norm)) {
         zero_grad();
         throw Error(ErrorKind::Numeric,
-                         std::string("optim_step: the gradient norm is ") +
-                             (std::isnan(norm) ? "NaN" : "infinite") +
-                             "; the step was skipped and the gradients were cleared");
+                    std::string("optim_step: the gradient norm is ") +
+                        (std::isnan(norm) ? "NaN" : "infinite") +
+                        "; the step was skipped and the gradients were cleared");
     }
     const double clip = ov.gradient_clip.value_or(config_.gradient_clip);
     if (clip > 0 && norm > clip) {
         const double scale = clip / (norm + 1e-6);
         for (auto &g : grads) g.mul_(scale);
     }
-    const double lr =
-        ov.learning_rate.value_or(scheduled_learning_rate(config_, config_.learning_rate, step_));
-    for (auto &group : optimizer_->param_groups()) {
-        auto &o = static_cast<torch::optim::AdamWOptions &>(group.options());
-        o.lr(lr);
-        o.betas(
-            std::make_tuple(ov.beta1.value_or(config_.beta1), ov.beta2.value_or(config_.beta2)));
-        o.eps(ov.eps.value_or(config_.eps));
-        o.weight_decay(ov.weight_decay.value_or(config_.weight_decay));
-    }
+    const double lr = apply_optimizer_options(ov);
     optimizer_->step();
     for (size_t i = 0; i < params_.size(); ++i)
         if (masters_[i].defined()) params_[i].second.copy_(masters_[i]);
@@ -522,7 +626,148 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     return r;
 }
 
+// Sets this step's rate (scheduled, or the override) and AdamW settings.
+double Trainer::apply_optimizer_options(const OptimOverrides &ov) {
+    const double lr =
+        ov.learning_rate.value_or(scheduled_learning_rate(config_, config_.learning_rate, step_));
+    for (auto &group : optimizer_->param_groups()) {
+        auto &o = static_cast<torch::optim::AdamWOptions &>(group.options());
+        o.lr(lr);
+        o.betas(
+            std::make_tuple(ov.beta1.value_or(config_.beta1), ov.beta2.value_or(config_.beta2)));
+        o.eps(ov.eps.value_or(config_.eps));
+        o.weight_decay(ov.weight_decay.value_or(config_.weight_decay));
+    }
+    return lr;
+}
+
+std::vector<at::Tensor> Trainer::all_reduce_gradients() {
+    at::NoGradGuard no_grad;
+    const size_t n = params_.size();
+    at::Tensor present = at::zeros({static_cast<int64_t>(n)}, at::kFloat);
+    for (size_t i = 0; i < n; ++i)
+        if (params_[i].second.grad().defined()) present[static_cast<int64_t>(i)] = 1.0f;
+    group_->all_reduce_sum(present);
+    // Buckets of about bucket_mb megabytes of float32, in parameter order.
+    const int64_t cap =
+        std::max<int64_t>(1, static_cast<int64_t>(config_.bucket_mb * 1024.0 * 1024.0 / 4.0));
+    struct Slot {
+        size_t bucket;
+        int64_t offset;
+    };
+    std::vector<Slot> slots(n);
+    std::vector<int64_t> sizes;
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t k = params_[i].second.numel();
+        if (sizes.empty() || (sizes.back() > 0 && sizes.back() + k > cap)) sizes.push_back(0);
+        slots[i] = {sizes.size() - 1, sizes.back()};
+        sizes.back() += k;
+    }
+    const at::TensorOptions fp32 =
+        at::TensorOptions().dtype(at::kFloat).device(policy_->model().device());
+    std::vector<at::Tensor> buckets;
+    for (int64_t k : sizes) buckets.push_back(at::zeros({k}, fp32));
+    for (size_t i = 0; i < n; ++i) {
+        const at::Tensor &g = params_[i].second.grad();
+        if (g.defined())
+            buckets[slots[i].bucket].narrow(0, slots[i].offset, g.numel()).copy_(g.reshape({-1}));
+    }
+    group_->all_reduce_sum(buckets);
+    std::vector<at::Tensor> out(n);
+    for (size_t i = 0; i < n; ++i) {
+        if (present[static_cast<int64_t>(i)].item<float>() == 0.0f) continue;
+        const at::Tensor &p = params_[i].second;
+        out[i] = buckets[slots[i].bucket].narrow(0, slots[i].offset, p.numel()).view(p.sizes());
+    }
+    return out;
+}
+
+OptimResult Trainer::fsdp_step(const OptimOverrides &ov) {
+    at::NoGradGuard no_grad;
+    auto &units = fsdp_->units();
+    // The global norm: squares of every rank's gradient shards, summed.
+    at::Tensor sq =
+        at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(policy_->model().device()));
+    for (auto &u : units)
+        if (u.grad.defined()) sq += u.grad.to(at::kDouble).pow(2).sum();
+    group_->all_reduce_sum(sq);
+    const double norm = std::sqrt(sq.item<double>());
+    if (!std::isfinite(norm)) {
+        zero_grad();
+        throw Error(ErrorKind::Numeric,
+                    std::string("optim_step: the gradient norm is ") +
+                        (std::isnan(norm) ? "NaN" : "infinite") +
+                        "; the step was skipped and the gradients were cleared");
+    }
+    const double clip = ov.gradient_clip.value_or(config_.gradient_clip);
+    const double scale = clip > 0 && norm > clip ? clip / (norm + 1e-6) : 1.0;
+    for (auto &u : units)
+        if (u.grad.defined()) u.master.mutable_grad() = scale == 1.0 ? u.grad : u.grad * scale;
+    const double lr = apply_optimizer_options(ov);
+    optimizer_->step();
+    zero_grad();
+    fsdp_->invalidate(); // full weights are gathered again when next needed
+    ++step_;
+    OptimResult r;
+    r.grad_norm = norm;
+    r.learning_rate = lr;
+    r.step = step_;
+    r.policy_version = policy_->bump_version();
+    return r;
+}
+
 // -- checkpoints ----------------------------------------------------------------
+
+void Trainer::collect_state(std::vector<std::pair<std::string, at::Tensor>> &opt,
+                            std::vector<std::pair<std::string, at::Tensor>> &masters) {
+    at::NoGradGuard no_grad;
+    auto add_moments = [&](const std::string &name, const at::Tensor &exp_avg,
+                           const at::Tensor &exp_avg_sq, int64_t step) {
+        opt.emplace_back("exp_avg." + name, exp_avg.to(at::kCPU));
+        opt.emplace_back("exp_avg_sq." + name, exp_avg_sq.to(at::kCPU));
+        opt.emplace_back("step." + name, at::full({1}, step, at::kLong));
+    };
+    if (!fsdp_) {
+        for (size_t i = 0; i < params_.size(); ++i) {
+            const std::string &name = params_[i].first;
+            if (masters_[i].defined()) masters.emplace_back(name, masters_[i].to(at::kCPU));
+            auto it = optimizer_->state().find(state_key(optimized(i)));
+            if (it == optimizer_->state().end()) continue;
+            auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
+            add_moments(name, st.exp_avg(), st.exp_avg_sq(), st.step());
+        }
+        return;
+    }
+    // fsdp: every rank's shards gathered into whole tensors (a collective).
+    auto &units = fsdp_->units();
+    std::vector<at::Tensor> m, ea, eas;
+    std::vector<int64_t> steps;
+    for (auto &u : units) {
+        m.push_back(u.master);
+        auto it = optimizer_->state().find(state_key(u.master));
+        if (it == optimizer_->state().end()) {
+            ea.push_back(at::zeros_like(u.master));
+            eas.push_back(at::zeros_like(u.master));
+            steps.push_back(-1);
+            continue;
+        }
+        auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
+        ea.push_back(st.exp_avg());
+        eas.push_back(st.exp_avg_sq());
+        steps.push_back(st.step());
+    }
+    const std::vector<at::Tensor> full_m = fsdp_->gather_full(m);
+    const std::vector<at::Tensor> full_ea = fsdp_->gather_full(ea);
+    const std::vector<at::Tensor> full_eas = fsdp_->gather_full(eas);
+    const bool low_precision = policy_->model().dtype() != at::kFloat;
+    for (size_t ui = 0; ui < units.size(); ++ui)
+        for (size_t i : units[ui].params) {
+            const std::string &name = params_[i].first;
+            if (low_precision) masters.emplace_back(name, full_m[i].to(at::kCPU));
+            if (steps[ui] >= 0) add_moments(name, full_ea[i], full_eas[i], steps[ui]);
+        }
+    fsdp_->materialize(); // the model folder is written from the whole weights
+}
 
 std::string Trainer::save_checkpoint(const std::string &dir, const std::string &state_json) {
     json state = json::object();
@@ -532,23 +777,34 @@ std::string Trainer::save_checkpoint(const std::string &dir, const std::string &
             invalid("checkpoint state must be a JSON object");
         if (state.is_null()) state = json::object();
     }
+    std::vector<std::pair<std::string, at::Tensor>> opt, masters;
+    collect_state(opt, masters);
+    if (!group_) return write_checkpoint(dir, state.dump(), opt, masters);
+    // Distributed: rank 0 writes (the replicas are equal; fsdp gathered the
+    // shards above), every rank learns the outcome.
+    std::string outcome;
+    if (group_->rank() == 0) {
+        try {
+            outcome = "ok\n" + write_checkpoint(dir, state.dump(), opt, masters);
+        } catch (const std::exception &e) {
+            outcome = std::string("error\n") + e.what();
+        }
+    }
+    outcome = group_->broadcast_bytes(outcome, 0);
+    const size_t nl = outcome.find('\n');
+    if (outcome.compare(0, nl, "ok") != 0)
+        throw Error(ErrorKind::Io, "checkpoint (written by rank 0): " + outcome.substr(nl + 1));
+    return outcome.substr(nl + 1);
+}
+
+std::string Trainer::write_checkpoint(const std::string &dir, const std::string &state,
+                                      std::vector<std::pair<std::string, at::Tensor>> &opt,
+                                      std::vector<std::pair<std::string, at::Tensor>> &masters) {
     const std::string tmp = begin_checkpoint(dir, step_);
     try {
         const fs::path root(tmp);
         save_pretrained(policy_->model(), (root / "model").string());
-
         // Optimizer moments, by parameter name.
-        std::vector<std::pair<std::string, at::Tensor>> opt, masters;
-        for (size_t i = 0; i < params_.size(); ++i) {
-            const std::string &name = params_[i].first;
-            if (masters_[i].defined()) masters.emplace_back(name, masters_[i].to(at::kCPU));
-            auto it = optimizer_->state().find(state_key(optimized(i)));
-            if (it == optimizer_->state().end()) continue;
-            auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
-            opt.emplace_back("exp_avg." + name, st.exp_avg().to(at::kCPU));
-            opt.emplace_back("exp_avg_sq." + name, st.exp_avg_sq().to(at::kCPU));
-            opt.emplace_back("step." + name, at::full({1}, st.step(), at::kLong));
-        }
         save_safetensors((root / "optimizer.safetensors").string(), opt,
                          {{"format", "pt"}, {"optimizer", "adamw"}});
         // The float32 masters of a low-precision model: the model folder holds
@@ -566,9 +822,10 @@ std::string Trainer::save_checkpoint(const std::string &dir, const std::string &
         json meta = {
             {"format", kCheckpointFormat},          {"step", step_},
             {"policy_version", policy_->version()}, {"sampling_state", policy_->sampling_state()},
-            {"optimizer_params", opt.size() / 3},   {"config", json::parse(config_.to_json())}};
+            {"optimizer_params", opt.size() / 3},   {"config", json::parse(config_.to_json())},
+            {"world_size", world_size()},           {"strategy", strategy()}};
         atomic_write_file((root / "trainer.json").string(), meta.dump(2) + "\n");
-        atomic_write_file((root / "state.json").string(), state.dump() + "\n");
+        atomic_write_file((root / "state.json").string(), state + "\n");
         return commit_checkpoint(tmp, dir, step_);
     } catch (...) {
         abandon_checkpoint(tmp);
@@ -576,7 +833,41 @@ std::string Trainer::save_checkpoint(const std::string &dir, const std::string &
     }
 }
 
+// fsdp: this rank's shards of the whole tensors of a checkpoint (written by
+// any world size and strategy).
+void Trainer::load_sharded(const std::map<std::string, at::Tensor> &weights,
+                           const std::map<std::string, at::Tensor> &opt) {
+    at::NoGradGuard no_grad;
+    zero_grad();
+    optimizer_->state().clear();
+    auto &units = fsdp_->units();
+    auto by_param = [&](const std::string &prefix) {
+        std::vector<at::Tensor> v(params_.size());
+        for (size_t i = 0; i < params_.size(); ++i) {
+            auto it = (prefix.empty() ? weights : opt).find(prefix + params_[i].first);
+            if (it != (prefix.empty() ? weights : opt).end()) v[i] = it->second.to(at::kFloat);
+        }
+        return v;
+    };
+    const std::vector<at::Tensor> w = by_param(""), ea = by_param("exp_avg."),
+                                  eas = by_param("exp_avg_sq.");
+    for (size_t ui = 0; ui < units.size(); ++ui) {
+        auto &u = units[ui];
+        u.master.copy_(fsdp_->shard_of(ui, w));
+        bool has_state = !u.params.empty();
+        for (size_t i : u.params) has_state = has_state && ea[i].defined();
+        if (!has_state) continue;
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(opt.at("step." + params_[u.params[0]].first).to(at::kLong).item<int64_t>());
+        st->exp_avg(fsdp_->shard_of(ui, ea));
+        st->exp_avg_sq(fsdp_->shard_of(ui, eas));
+        optimizer_->state()[state_key(u.master)] = std::move(st);
+    }
+    fsdp_->invalidate();
+}
+
 CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
+    if (fsdp_) fsdp_->materialize(); // the checks below compare whole shapes
     const auto latest = latest_checkpoint(dir);
     require(latest.has_value(), ErrorKind::NotFound,
             "no complete checkpoint (step_<N>/ with a '" + std::string(kCheckpointMarker) +
@@ -584,7 +875,7 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
     const fs::path root(latest->path);
     auto bad_file = [&](const std::string &file, const std::string &msg) -> Error {
         return Error(ErrorKind::InvalidArgument,
-                          "checkpoint '" + (root / file).string() + "': " + msg);
+                     "checkpoint '" + (root / file).string() + "': " + msg);
     };
 
     const json meta = json::parse(read_file((root / "trainer.json").string()), nullptr, false);
@@ -650,7 +941,9 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
         throw bad_file("rng.safetensors", "tensor 'torch_cpu_generator' is missing");
 
     // Apply: parameters in place (the engine reads the same tensors).
-    {
+    if (fsdp_) {
+        load_sharded(weights, opt);
+    } else {
         at::NoGradGuard no_grad;
         for (size_t i = 0; i < params_.size(); ++i) {
             const at::Tensor &w = weights.at(params_[i].first);
@@ -658,9 +951,11 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
             params_[i].second.copy_(w);
         }
     }
-    zero_grad();
-    optimizer_->state().clear();
-    for (size_t i = 0; i < params_.size(); ++i) {
+    if (!fsdp_) {
+        zero_grad();
+        optimizer_->state().clear();
+    }
+    for (size_t i = 0; i < params_.size() && !fsdp_; ++i) {
         const std::string &name = params_[i].first;
         auto a = opt.find("exp_avg." + name);
         if (a == opt.end()) continue;

@@ -62,6 +62,8 @@ TrainerConfig TrainerConfig::from_json(const std::string &text) {
     c.packing.micro_batch_tokens = j["micro_batch_tokens"].get<int64_t>();
     c.logprob_chunk_tokens = j["logprob_chunk_tokens"].get<int64_t>();
     c.activation_checkpointing = j["activation_checkpointing"].get<bool>();
+    c.parallel = j["parallel"].get<std::string>();
+    c.bucket_mb = j["bucket_mb"].get<double>();
     if (!j["seed"].is_null()) c.seed = j["seed"].get<uint64_t>();
     c.validate();
     return c;
@@ -98,7 +100,9 @@ std::string TrainerConfig::to_json() const {
               {"sample_packing_sequence_len", packing.sample_packing_sequence_len},
               {"micro_batch_tokens", packing.micro_batch_tokens},
               {"logprob_chunk_tokens", logprob_chunk_tokens},
-              {"activation_checkpointing", activation_checkpointing}};
+              {"activation_checkpointing", activation_checkpointing},
+              {"parallel", parallel},
+              {"bucket_mb", bucket_mb}};
     j["seed"] = seed ? json(*seed) : json(nullptr);
     return j.dump();
 }

@@ -3,6 +3,10 @@
 #include "batch.hpp"
 #include "train_common.hpp"
 
+#include "rl/core/dist.hpp"
+
+#include <limits>
+
 #include "rl/core/chat_template.hpp"
 #include "rl/core/tokenizer.hpp"
 
@@ -347,8 +351,24 @@ RL_API rl_status_t rl_buffer_pop_train_batch(rl_buffer_t *buffer, uint64_t min_r
         require(buffer && out_batch, fn_msg(fn, "buffer and out_batch are required"));
         require(min_rollouts >= 1, fn_msg(fn, "min_rollouts must be >= 1"));
         *out_batch = nullptr;
-        std::vector<core::Group> groups =
-            buffer->impl->pop_ready(min_rollouts, std::chrono::milliseconds(timeout_ms));
+        std::vector<core::Group> groups;
+        if (auto g = core::dist::current(); g && g->size() > 1) {
+            // Distributed: each rank holds its own groups and min_rollouts
+            // counts all ranks'; every rank pops (its ready groups) or none
+            // does, so the ranks train in step.
+            const size_t ready = buffer->impl->wait_ready(1, std::chrono::milliseconds(timeout_ms));
+            at::Tensor counts =
+                at::tensor({static_cast<double>(ready), ready == 0 ? 1.0 : 0.0}, at::kDouble);
+            g->all_reduce_sum(counts);
+            if (counts[0].item<double>() < static_cast<double>(min_rollouts) ||
+                counts[1].item<double>() > 0)
+                return RL_OK;
+            groups = buffer->impl->pop_ready(1, std::chrono::milliseconds(0));
+            require(!groups.empty(), fn_msg(fn, "the ready groups vanished (a second consumer "
+                                                "of the buffer?)"));
+        } else {
+            groups = buffer->impl->pop_ready(min_rollouts, std::chrono::milliseconds(timeout_ms));
+        }
         if (groups.empty()) return RL_OK;
         std::vector<const core::Rollout *> rs;
         for (const auto &g : groups)

@@ -96,6 +96,7 @@ std::vector<ConfigKey> build() {
     };
     keys.insert(keys.end(), rest.begin(), rest.end());
     add_section(keys, "buffer", rl::core::buffer_params());
+    add_section(keys, "dist", rl::core::dist_params());
     keys.push_back(param("buffer.min_rollouts", T::Integer, 1,
                          "Rollouts of kept groups needed for a training step; with fewer, the "
                          "examples generate again and train once enough have gathered.",

@@ -231,6 +231,7 @@ end
 local rollout = require("rl.rollout")
 for k, v in pairs(rollout) do rl[k] = v end
 rl.metrics = require("rl.metrics").new
+rl.dist = require("rl.dist")
 rl.run = require("rl.run").new
 
 return rl

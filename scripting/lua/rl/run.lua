@@ -8,6 +8,11 @@
 -- the end. Ctrl-C asks the loop to stop: the step in flight completes, a
 -- checkpoint is saved and the steps iterator ends; a second Ctrl-C aborts.
 --
+-- In a distributed run (docs/distributed.md) every rank makes the same calls;
+-- rank 0 alone owns the folder and the console. A step's record is merged
+-- over the ranks: numbers are averaged, counts (COUNTS below) summed, the step
+-- time is the slowest rank's; a stop asked on any rank stops them all.
+--
 --   local run = rl.run(cfg)
 --   run:attach(trainer)                 -- resumes when run.resume is set
 --   for step in run:steps("rl", cfg.run.steps) do
@@ -28,6 +33,30 @@ local COLUMNS = {
     { "reward", "reward" }, { "kl", "kl" }, { "clip_frac", "clip" }, { "mask_frac", "mask" },
     { "loss", "loss" },
 }
+
+-- Record fields summed (not averaged) over the ranks of a distributed run.
+local COUNTS = { tokens = true, groups = true, rollouts = true, flagged = true, masked = true,
+    dropped_groups = true, loss_tokens = true }
+
+-- One record from every rank's: see the header.
+local function merge_records(recs)
+    if #recs == 1 then return recs[1] end
+    local out = {}
+    for k, v in pairs(recs[1]) do
+        if type(v) == "number" then
+            local sum, n, most = 0, 0, -math.huge
+            for _, r in ipairs(recs) do
+                if type(r[k]) == "number" then sum, n, most = sum + r[k], n + 1, math.max(most, r[k]) end
+            end
+            if k == "step_time" or k == "time" then out[k] = most
+            elseif COUNTS[k] then out[k] = sum
+            else out[k] = sum / n end
+        else
+            out[k] = v
+        end
+    end
+    return out
+end
 
 local function has_checkpoints(dir)
     if rl.exists(dir) ~= "dir" then return false end
@@ -61,12 +90,33 @@ function M.new(cfg)
     local mode = r.progress
     if mode == "auto" then mode = rl.isatty("stdout") and "bar" or "lines" end
     self.use_bar = mode == "bar"
+    rl.dist.init(cfg)
+    self.main = rl.dist.is_main()
+    self.world = rl.dist.world_size()
 
+    -- Rank 0 prepares the folder; every rank learns whether that worked.
+    local ok, err = true, nil
+    if self.main then ok, err = pcall(self._open_folder, self) end
+    if self.world > 1 then
+        local outcome = rl.dist.broadcast({ ok = ok, err = ok and "" or tostring(err) }, 0)
+        if not outcome.ok then
+            error(self.main and err or ("rank 0 could not open the run folder: " .. outcome.err), 2)
+        end
+    elseif not ok then
+        rl.rethrow(err, 2)
+    end
+    rl.catch_interrupts(true)
+    self:print(("run '%s' in %s"):format(self.name, self.dir))
+    return self
+end
+
+function Run:_open_folder()
+    local r = self.cfg.run
     rl.mkdir(self.dir)
     -- One run per folder: a second process on it stops here, before it touches
     -- checkpoints or metrics (the lock ends with this process).
     local ok, lock = pcall(rl.lock_dir, self.dir)
-    if not ok then rl.rethrow(lock, 2) end
+    if not ok then rl.rethrow(lock, 3) end
     self.lock = lock
     if not r.resume and has_checkpoints(self.checkpoint_dir) then
         if r.overwrite then
@@ -74,27 +124,24 @@ function M.new(cfg)
         else
             error(("run folder %s holds checkpoints of an earlier run: set run.resume=true to "
                 .. "continue it, run.overwrite=true to replace it, or choose another run.name")
-                :format(self.dir), 2)
+                :format(self.dir), 3)
         end
     end
-    rl.write_file(self.dir .. "/config.json", rl.json.encode(cfg, 2) .. "\n")
+    rl.write_file(self.dir .. "/config.json", rl.json.encode(self.cfg, 2) .. "\n")
     if not r.resume then rl.write_file(self.metrics_path, "") end
-    rl.catch_interrupts(true)
-    self:print(("run '%s' in %s"):format(self.name, self.dir))
-    return self
 end
 
 -- ---- console -------------------------------------------------------------------------
 
 function Run:_clear_bar()
-    if self.bar_shown then
+    if self.bar_shown and self.main then
         io.stdout:write("\r\27[2K")
         self.bar_shown = false
     end
 end
 
 function Run:_draw_bar()
-    if not self.use_bar or not self.bar_active then return end
+    if not self.use_bar or not self.bar_active or not self.main then return end
     local total = self.total or 0
     local done = self.pending and self.step - 1 or self.step
     local width = math.max(10, math.min(40, (rl.terminal_width("stdout") or 80) - 40))
@@ -114,6 +161,7 @@ end
 
 --- run:print(text): a line on the console (above the progress bar).
 function Run:print(text)
+    if not self.main then return end
     self:_clear_bar()
     io.stdout:write(text, "\n")
     io.stdout:flush()
@@ -143,7 +191,7 @@ function Run:attach(trainer)
     local ck = trainer:load_checkpoint(self.checkpoint_dir)
     if not ck then
         self:print("resume: no checkpoint in " .. self.checkpoint_dir .. "; starting fresh")
-        rl.write_file(self.metrics_path, "")
+        if self.main then rl.write_file(self.metrics_path, "") end
         return nil
     end
     local state = type(ck.state) == "table" and ck.state or {}
@@ -153,7 +201,7 @@ function Run:attach(trainer)
     self.last_checkpoint = ck.path
     -- Keep the metric lines the checkpoint covers; later ones are redone.
     local kept = {}
-    local f = io.open(self.metrics_path, "r")
+    local f = self.main and io.open(self.metrics_path, "r")
     if f then
         for line in f:lines() do
             local ok, rec = pcall(rl.json.decode, line)
@@ -164,7 +212,9 @@ function Run:attach(trainer)
         end
         f:close()
     end
-    rl.write_file(self.metrics_path, #kept > 0 and table.concat(kept, "\n") .. "\n" or "")
+    if self.main then
+        rl.write_file(self.metrics_path, #kept > 0 and table.concat(kept, "\n") .. "\n" or "")
+    end
     local where = {}
     for k, v in pairs(self.phases) do where[#where + 1] = k .. " step " .. v end
     table.sort(where)
@@ -196,6 +246,9 @@ end
 
 --- run:stopping(): true once Ctrl-C was pressed (or run:request_stop() called).
 function Run:stopping()
+    -- Distributed: only the stop agreed at the end of a step counts, so that
+    -- every rank leaves the loop at the same step.
+    if self.world > 1 then return self.stop_requested end
     return self.stop_requested or rl.interrupted() > 0
 end
 
@@ -221,17 +274,28 @@ function Run:_end_step()
     rec.phase, rec.step = self.phase, self.step
     rec.step_time = now - self.step_t0
     rec.time = now - self.t0
+    if self.world > 1 then
+        local stop = self.stop_requested or rl.interrupted() > 0
+        local recs, any_stop = {}, false
+        for i, got in ipairs(rl.dist.all_gather({ rec = rec, stop = stop })) do
+            recs[i] = got.rec
+            any_stop = any_stop or got.stop
+        end
+        rec = merge_records(recs)
+        if any_stop then self.stop_requested = true end
+    end
     if type(rec.tokens) == "number" and rec.step_time > 0 then
         rec.tokens_per_s = rec.tokens / rec.step_time
     end
+    local h = self.history[self.phase]
+    h[#h + 1] = rec
+    self.phases[self.phase] = self.step
+    if not self.main then return end
     if not self.metrics_file then
         self.metrics_file = assert(io.open(self.metrics_path, "a"))
     end
     self.metrics_file:write(rl.json.encode(rec), "\n")
     self.metrics_file:flush()
-    local h = self.history[self.phase]
-    h[#h + 1] = rec
-    self.phases[self.phase] = self.step
     self:_clear_bar()
     io.stdout:write(self:_step_line(rec), "\n")
     io.stdout:flush()
@@ -374,7 +438,7 @@ function Run:finish()
     end
     if s.checkpoint then self:print("  checkpoint " .. s.checkpoint) end
     self:print("  metrics    " .. self.metrics_path)
-    rl.write_file(self.dir .. "/summary.json", rl.json.encode(s, 2) .. "\n")
+    if self.main then rl.write_file(self.dir .. "/summary.json", rl.json.encode(s, 2) .. "\n") end
     if self.metrics_file then
         self.metrics_file:close()
         self.metrics_file = nil

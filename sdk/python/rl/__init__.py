@@ -19,6 +19,7 @@ librl is found through RL_LIBRARY (a path), else next to this package in a build
 tree (../../../build/lib), else by the dynamic loader ("librl.so.0.1").
 """
 
+from . import dist
 from ._capi import Error, load_library
 from ._runtime import Instance, Result, Runtime, config_load, config_schema
 from ._train import (Buffer, Engine, Model, Rollouts, Trainer, TrainBatch, config_declare,
@@ -26,4 +27,4 @@ from ._train import (Buffer, Engine, Model, Rollouts, Trainer, TrainBatch, confi
 
 __all__ = ["Buffer", "Engine", "Error", "Instance", "Model", "Result", "Rollouts", "Runtime",
            "TrainBatch", "Trainer", "config_declare", "config_load", "config_schema", "init_model",
-           "load_library", "platform_info", "seed"]
+           "dist", "load_library", "platform_info", "seed"]

@@ -204,6 +204,12 @@ def load_library():
         "rl_train_batch_view": (S, [H, P(Batch)]),
         "rl_train_batch_info": (S, [H, P(H)]),
         "rl_sync_weights": (S, [H, H, P(H)]),
+        # dist.h
+        "rl_dist_init": (S, [C.c_char_p, C.c_char_p, P(H)]),
+        "rl_dist_info": (S, [P(H)]),
+        "rl_dist_barrier": (S, []),
+        "rl_dist_broadcast": (S, [StringView, C.c_int32, P(H)]),
+        "rl_dist_all_gather": (S, [StringView, P(H)]),
         "rl_result_destroy": (None, [H]),
         "rl_result_json": (S, [H, P(StringView)]),
         "rl_result_scalar": (S, [H, C.c_char_p, P(C.c_double)]),

@@ -83,5 +83,7 @@ nlohmann::json read_params_text(const std::string &text, const std::vector<Param
 const std::vector<ParamSpec> &trainer_params();
 const std::vector<ParamSpec> &engine_params();
 const std::vector<ParamSpec> &buffer_params();
+/// The "dist" section: process-group settings of a distributed run.
+const std::vector<ParamSpec> &dist_params();
 
 } // namespace rl::core

@@ -150,6 +150,9 @@ public:
     // Every ready group, once at least min_rollouts rollouts are ready (waiting
     // up to `timeout`, 0: not at all); empty when fewer are.
     std::vector<Group> pop_ready(size_t min_rollouts, std::chrono::milliseconds timeout);
+    /// Waits up to `timeout` for `min_rollouts` ready rollouts; returns how
+    /// many are ready (pops nothing).
+    size_t wait_ready(size_t min_rollouts, std::chrono::milliseconds timeout);
 
     BufferStats stats() const; // since construction
     BufferStats take_stats();  // since the previous take_stats()

@@ -115,6 +115,19 @@ public:
 
 class RotaryEmbedding;
 
+/// Lets a sharded trainer (fsdp) hold a decoder layer's weights only while the
+/// layer runs. The model calls before_layer / after_layer around each layer's
+/// forward (backward = false) and around its recomputation and backward when
+/// layers are checkpointed (backward = true), and materialize() before any
+/// use of the full weights outside of the layer loop (decoding, saving).
+class WeightHooks {
+public:
+    virtual ~WeightHooks() = default;
+    virtual void before_layer(size_t layer, bool backward) = 0;
+    virtual void after_layer(size_t layer, bool backward) = 0;
+    virtual void materialize() = 0;
+};
+
 class CausalLM : public torch::nn::Module {
 public:
     /// Allocates (uninitialized) parameters; see init_weights / load_pretrained.
@@ -167,6 +180,15 @@ public:
     void set_activation_checkpointing(bool on) { checkpoint_layers_ = on; }
     bool activation_checkpointing() const { return checkpoint_layers_; }
 
+    /// Installs hooks (not owned; null removes them). Layers are then always
+    /// checkpointed in grad mode: released weights cannot serve a backward.
+    void set_weight_hooks(WeightHooks *hooks) { hooks_ = hooks; }
+    WeightHooks *weight_hooks() const { return hooks_; }
+    /// Makes every weight present (a no-op without hooks).
+    void materialize_weights() const {
+        if (hooks_ != nullptr) hooks_->materialize();
+    }
+
     /// (HF name, parameter) in checkpoint order.
     std::vector<std::pair<std::string, at::Tensor>> named_weights() const;
     int64_t num_parameters() const;
@@ -190,6 +212,7 @@ private:
     std::unique_ptr<RotaryEmbedding> rope_;
     std::map<std::string, std::string> aux_files_;
     bool checkpoint_layers_ = false;
+    WeightHooks *hooks_ = nullptr;
 };
 
 } // namespace rl::core

@@ -30,6 +30,11 @@ class AdamW;
 
 namespace rl::core {
 
+namespace dist {
+class Group;
+}
+class Fsdp;
+
 /// A batch as the caller gives it. Tensors are 1-D CPU tensors.
 struct TrainBatch {
     at::Tensor input_ids;                      ///< int64 [T]
@@ -38,6 +43,8 @@ struct TrainBatch {
     /// Normalizers of the whole optimizer step when it is split over several
     /// forward_backward calls (gradient accumulation): loss tokens and
     /// sequences with loss tokens over all calls. 0: this call's own counts.
+    /// In a distributed run these count every rank's batch; 0 sums the
+    /// ranks' own counts (a collective: every rank calls in step).
     double global_tokens = 0;
     double global_seqs = 0;
 };
@@ -113,6 +120,18 @@ public:
     /// forward_backward calls since the last optimizer step.
     int64_t pending_backwards() const { return pending_backwards_; }
 
+    /// Distributed run (docs/distributed.md): this process's rank and the
+    /// number of ranks (0 and 1 for a single process), and the strategy in
+    /// use ("single", "dp" or "fsdp"). With W > 1 every call below that
+    /// touches the model is a collective: all ranks make it in the same order.
+    int rank() const;
+    int world_size() const;
+    std::string strategy() const;
+    /// Bytes of training state this rank holds: the weights the optimizer
+    /// updates (float32 masters or the parameters), their AdamW moments and
+    /// their gradients (fsdp: this rank's shards only).
+    int64_t state_bytes() const;
+
     /// Forward + backward through `loss`; gradients accumulate in the
     /// parameters until optim_step.
     StepResult forward_backward(const TrainBatch &batch, const LossFunction &loss);
@@ -144,10 +163,24 @@ private:
     struct Prepared;
     Prepared prepare(const TrainBatch &batch, const LossFunction *loss, bool backward) const;
     StepResult run(const TrainBatch &batch, const LossFunction *loss, bool backward);
+    void idle_micro_batch(bool backward);
     void rebuild_optimizer();
     /// The tensor the optimizer updates for parameter i: its float32 master,
     /// or the parameter itself when it is float32 already.
     const at::Tensor &optimized(size_t i) const;
+    /// dp: every parameter's gradient summed over ranks, in float32 buckets
+    /// (undefined where no rank has one).
+    std::vector<at::Tensor> all_reduce_gradients();
+    OptimResult fsdp_step(const OptimOverrides &overrides);
+    double apply_optimizer_options(const OptimOverrides &overrides);
+    /// The full optimizer state by parameter name (fsdp: gathered; a collective).
+    void collect_state(std::vector<std::pair<std::string, at::Tensor>> &optimizer,
+                       std::vector<std::pair<std::string, at::Tensor>> &masters);
+    void load_sharded(const std::map<std::string, at::Tensor> &weights,
+                      const std::map<std::string, at::Tensor> &optimizer);
+    std::string write_checkpoint(const std::string &dir, const std::string &state,
+                                 std::vector<std::pair<std::string, at::Tensor>> &optimizer,
+                                 std::vector<std::pair<std::string, at::Tensor>> &masters);
 
     std::shared_ptr<Policy> policy_;
     TrainerConfig config_;
@@ -156,6 +189,8 @@ private:
     std::vector<at::Tensor> masters_; ///< float32 copy per low-precision parameter, else undefined
     int64_t step_ = 0;
     int64_t pending_backwards_ = 0;
+    std::shared_ptr<dist::Group> group_; ///< null for a single process
+    std::unique_ptr<Fsdp> fsdp_;         ///< fsdp over W > 1 ranks
 };
 
 } // namespace rl::core

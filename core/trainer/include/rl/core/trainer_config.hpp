@@ -36,6 +36,10 @@ struct TrainerConfig {
     /// Recompute each decoder layer in the backward instead of keeping its
     /// activations (only the layer inputs stay in memory).
     bool activation_checkpointing = false;
+    /// Over the ranks of a distributed run: "dp" (replicas) or "fsdp" (sharded).
+    std::string parallel = "dp";
+    /// dp: megabytes of float32 gradients per all-reduce bucket.
+    double bucket_mb = 25.0;
     /// Seeds torch's default generator and the engine's sampling stream.
     std::optional<uint64_t> seed;
 

@@ -1,0 +1,118 @@
+// The data of the distributed parity tests: a small model, a loss, and a
+// global batch per step that each rank takes an uneven share of.
+#pragma once
+
+#include "rl/core/model.hpp"
+#include "rl/core/policy.hpp"
+#include "rl/core/tiny.hpp"
+#include "rl/core/trainer.hpp"
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <random>
+#include <vector>
+
+namespace rl_dist_test {
+
+inline std::shared_ptr<rl::core::Policy> tiny_policy() {
+    rl::core::TinyModelSpec spec;
+    spec.hidden_size = 64;
+    spec.intermediate_size = 128;
+    spec.num_hidden_layers = 3;
+    spec.num_attention_heads = 4;
+    spec.num_key_value_heads = 2;
+    spec.head_dim = 16;
+    auto model = std::make_shared<rl::core::CausalLM>(
+        rl::core::ModelConfig::parse(rl::core::tiny_config_json(spec)));
+    model->init_weights(7);
+    return std::make_shared<rl::core::Policy>(model, nullptr);
+}
+
+inline rl::core::TrainerConfig trainer_config() {
+    rl::core::TrainerConfig c;
+    c.learning_rate = 1e-3;
+    c.weight_decay = 0.01;
+    c.gradient_clip = 0.5;
+    c.packing.sample_packing_sequence_len = 32;
+    c.packing.micro_batch_tokens = 32;
+    return c;
+}
+
+// Sequence s of the global half-batch (step, half): tokens and advantages.
+struct Seq {
+    std::vector<int64_t> ids;
+    std::vector<float> adv;
+};
+
+inline std::vector<Seq> global_half_batch(int step, int half) {
+    std::mt19937 gen(static_cast<unsigned>(1000 * step + 10 * half + 1));
+    std::vector<Seq> out;
+    for (int s = 0; s < 6; ++s) {
+        const int len = 5 + static_cast<int>(gen() % 20);
+        Seq q;
+        for (int t = 0; t < len; ++t) {
+            q.ids.push_back(static_cast<int64_t>(gen() % rl::core::kTinyVocabSize));
+            q.adv.push_back(static_cast<float>(static_cast<int>(gen() % 2001) - 1000) / 1000.0f);
+        }
+        out.push_back(std::move(q));
+    }
+    return out;
+}
+
+// Rank r's share: all of it for one rank; 4 + 2 sequences for two ranks.
+inline rl::core::TrainBatch rank_batch(int step, int half, int rank, int world) {
+    const std::vector<Seq> all = global_half_batch(step, half);
+    size_t begin = 0, end = all.size();
+    if (world == 2) {
+        begin = rank == 0 ? 0 : 4;
+        end = rank == 0 ? 4 : all.size();
+    }
+    std::vector<int64_t> ids, cu{0};
+    std::vector<float> adv;
+    for (size_t s = begin; s < end; ++s) {
+        ids.insert(ids.end(), all[s].ids.begin(), all[s].ids.end());
+        adv.insert(adv.end(), all[s].adv.begin(), all[s].adv.end());
+        cu.push_back(static_cast<int64_t>(ids.size()));
+    }
+    rl::core::TrainBatch b;
+    b.input_ids = at::tensor(ids, at::kLong);
+    b.cu_seqlens = cu;
+    b.tensors["advantages"] = at::tensor(adv, at::kFloat);
+    return b;
+}
+
+// Loss tokens of the global half-batch (every token but each sequence's first).
+// Half 1 passes it explicitly, half 0 lets the trainer sum the ranks' counts.
+inline double global_loss_tokens(int step, int half) {
+    if (half == 0) return 0;
+    double n = 0;
+    for (const auto &s : global_half_batch(step, half)) n += static_cast<double>(s.ids.size()) - 1;
+    return n;
+}
+
+// loss = -sum_t adv_t * mask_t * logprob_t / global_tokens
+inline rl::core::LossFunction weighted_logprob_loss() {
+    rl::core::LossFunction f;
+    f.name = "loss 'weighted_logprob'";
+    f.signature.required = {"logprobs", "advantages"};
+    f.signature.optional = {"loss_mask"};
+    f.signature.differentiable = {"logprobs"};
+    f.compute = [](const rl::core::LossCall &call) {
+        at::Tensor lp, adv, mask;
+        for (const auto &kv : call.tensors) {
+            if (kv.first == "logprobs") lp = kv.second;
+            if (kv.first == "advantages") adv = kv.second;
+            if (kv.first == "loss_mask") mask = kv.second;
+        }
+        if (!mask.defined()) mask = at::ones_like(lp);
+        rl::core::LossResult r;
+        at::Tensor w = adv * mask / call.global_tokens;
+        r.loss = -(w * lp).sum().item<double>();
+        if (call.want_grads) r.grads["logprobs"] = -w;
+        return r;
+    };
+    return f;
+}
+
+} // namespace rl_dist_test

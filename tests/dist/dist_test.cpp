@@ -1,0 +1,262 @@
+// Distributed training on this machine: two processes over Gloo (the workers
+// are tests/dist/worker.cpp), compared with one process on the same global
+// batch; resume across world sizes; faults and launch errors.
+#include "rl/core/safetensors.hpp"
+#include "rl/core/tensor_io.hpp"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+int free_port() {
+    int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    ::bind(s, reinterpret_cast<sockaddr *>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(s, reinterpret_cast<sockaddr *>(&a), &len);
+    ::close(s);
+    return ntohs(a.sin_port);
+}
+
+struct Exit {
+    int status = -1; ///< exit code, or 128 + signal
+    std::string err;
+};
+
+class Ranks {
+public:
+    explicit Ranks(const std::string &name) : dir_(fs::temp_directory_path() / name) {
+        fs::remove_all(dir_);
+        fs::create_directories(dir_);
+    }
+    ~Ranks() { fs::remove_all(dir_); }
+    fs::path path(const std::string &f) const { return dir_ / f; }
+
+    /// Starts one process per entry of `envs` (extra variables per rank) with
+    /// `args`; waits at most `limit` for all of them.
+    std::vector<Exit> run(const std::vector<std::string> &args,
+                          const std::vector<std::map<std::string, std::string>> &envs,
+                          std::chrono::seconds limit = std::chrono::seconds(240)) {
+        std::vector<pid_t> pids;
+        for (size_t r = 0; r < envs.size(); ++r) {
+            const std::string err = (dir_ / ("rank" + std::to_string(r) + ".err")).string();
+            pid_t pid = ::fork();
+            if (pid == 0) {
+                for (const auto &kv : envs[r]) ::setenv(kv.first.c_str(), kv.second.c_str(), 1);
+                ::setenv("OMP_NUM_THREADS", "1", 1);
+                FILE *f = std::freopen(err.c_str(), "w", stderr);
+                (void)f;
+                std::vector<char *> argv;
+                std::string exe = RL_DIST_WORKER;
+                argv.push_back(exe.data());
+                std::vector<std::string> copy = args;
+                for (auto &a : copy) argv.push_back(a.data());
+                argv.push_back(nullptr);
+                ::execv(exe.c_str(), argv.data());
+                _exit(127);
+            }
+            pids.push_back(pid);
+        }
+        std::vector<Exit> out(pids.size());
+        const auto deadline = std::chrono::steady_clock::now() + limit;
+        size_t left = pids.size();
+        while (left > 0) {
+            for (size_t r = 0; r < pids.size(); ++r) {
+                if (pids[r] == 0) continue;
+                int st = 0;
+                if (::waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+                    out[r].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                    pids[r] = 0;
+                    --left;
+                }
+            }
+            if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+                for (pid_t p : pids)
+                    if (p != 0) ::kill(p, SIGKILL);
+                ADD_FAILURE() << "ranks still running after " << limit.count() << " s";
+                for (pid_t p : pids)
+                    if (p != 0) ::waitpid(p, nullptr, 0);
+                break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        for (size_t r = 0; r < out.size(); ++r) {
+            std::ifstream f(dir_ / ("rank" + std::to_string(r) + ".err"));
+            std::stringstream ss;
+            ss << f.rdbuf();
+            out[r].err = ss.str();
+        }
+        return out;
+    }
+
+    /// The torchrun variables of `world` ranks on this machine.
+    static std::vector<std::map<std::string, std::string>> world(int world, int port = 0) {
+        if (port == 0) port = free_port();
+        std::vector<std::map<std::string, std::string>> envs;
+        for (int r = 0; r < world; ++r)
+            envs.push_back({{"RANK", std::to_string(r)},
+                            {"WORLD_SIZE", std::to_string(world)},
+                            {"LOCAL_RANK", std::to_string(r)},
+                            {"LOCAL_WORLD_SIZE", std::to_string(world)},
+                            {"MASTER_ADDR", "127.0.0.1"},
+                            {"MASTER_PORT", std::to_string(port)}});
+        return envs;
+    }
+
+private:
+    fs::path dir_;
+};
+
+void expect_all_ok(const std::vector<Exit> &exits) {
+    for (size_t r = 0; r < exits.size(); ++r)
+        EXPECT_EQ(exits[r].status, 0) << "rank " << r << ":\n" << exits[r].err;
+}
+
+double max_abs_diff(const fs::path &a, const fs::path &b) {
+    auto ta = rl::core::load_safetensors(a.string());
+    auto tb = rl::core::load_safetensors(b.string());
+    EXPECT_EQ(ta.size(), tb.size());
+    double worst = 0;
+    for (auto &kv : ta) {
+        auto it = tb.find(kv.first);
+        if (it == tb.end()) {
+            ADD_FAILURE() << "missing " << kv.first;
+            continue;
+        }
+        worst = std::max(worst, (kv.second - it->second).abs().max().item<double>());
+    }
+    return worst;
+}
+
+const std::vector<std::map<std::string, std::string>> kOneProcess = {{}};
+
+TEST(DistCollectives, EveryOperationAgreesAcrossTwoRanks) {
+    Ranks ranks("rl_dist_collectives");
+    expect_all_ok(ranks.run({"collectives"}, Ranks::world(2)));
+}
+
+class DistParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DistParity, FiveStepsOnTwoRanksEqualOneProcessWithUnevenMicroBatches) {
+    Ranks ranks("rl_dist_parity_" + GetParam());
+    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
+    expect_all_ok(ranks.run({"train", "dp", "5", one}, kOneProcess));
+    expect_all_ok(ranks.run({"train", GetParam(), "5", two}, Ranks::world(2)));
+    const double d = max_abs_diff(one, two);
+    EXPECT_LE(d, 1e-5);
+    // The run changed the weights (the comparison is not of two initial states).
+    const std::string zero = ranks.path("zero.safetensors");
+    expect_all_ok(ranks.run({"train", "dp", "0", zero}, kOneProcess));
+    EXPECT_GT(max_abs_diff(zero, one), 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, DistParity, ::testing::Values("dp", "fsdp"));
+
+TEST(DistResume, TwoRanksToOneAndOneToTwoEqualAnUninterruptedRun) {
+    Ranks ranks("rl_dist_resume");
+    const std::string full = ranks.path("full.safetensors");
+    expect_all_ok(ranks.run({"train", "dp", "5", full}, kOneProcess));
+
+    // fsdp on 2 ranks for 3 steps (sharded state gathered into the
+    // checkpoint), then 1 process to step 5.
+    const std::string ck1 = ranks.path("ck1").string();
+    const std::string a = ranks.path("a.safetensors"), a2 = ranks.path("a2.safetensors");
+    expect_all_ok(ranks.run({"train", "fsdp", "3", a, "--save", ck1}, Ranks::world(2)));
+    expect_all_ok(ranks.run({"train", "dp", "5", a2, "--resume", ck1}, kOneProcess));
+    EXPECT_LE(max_abs_diff(full, a2), 1e-5);
+
+    // 1 process for 3 steps, then fsdp on 2 ranks (each takes its shards).
+    const std::string ck2 = ranks.path("ck2").string();
+    const std::string b = ranks.path("b.safetensors"), b2 = ranks.path("b2.safetensors");
+    expect_all_ok(ranks.run({"train", "dp", "3", b, "--save", ck2}, kOneProcess));
+    expect_all_ok(ranks.run({"train", "fsdp", "5", b2, "--resume", ck2}, Ranks::world(2)));
+    EXPECT_LE(max_abs_diff(full, b2), 1e-5);
+}
+
+TEST(DistFaults, ARankThatDiesIsNamedByTheOthersWithinTheTimeout) {
+    Ranks ranks("rl_dist_die");
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto exits = ranks.run({"die-before-collective"}, Ranks::world(2));
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(exits[1].status, 7);
+    EXPECT_NE(exits[0].status, 0);
+    EXPECT_NE(exits[0].err.find("rank 1"), std::string::npos) << exits[0].err;
+    EXPECT_LT(secs, 40.0); // dist.timeout is 20 s in the worker
+}
+
+TEST(DistErrors, AMasterPortInUseIsNamed) {
+    Ranks ranks("rl_dist_port");
+    // Hold a listening socket on the port.
+    int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    ASSERT_EQ(::listen(s, 4), 0);
+    socklen_t len = sizeof a;
+    ::getsockname(s, reinterpret_cast<sockaddr *>(&a), &len);
+    auto envs = Ranks::world(2, ntohs(a.sin_port));
+    envs.resize(1);
+    const auto exits = ranks.run({"rendezvous", "3000"}, envs);
+    ::close(s);
+    EXPECT_EQ(exits[0].status, 1);
+    EXPECT_NE(exits[0].err.find("MASTER_PORT"), std::string::npos) << exits[0].err;
+}
+
+TEST(DistErrors, AnUnreachableMasterIsNamedAfterTheTimeout) {
+    Ranks ranks("rl_dist_unreachable");
+    auto envs = Ranks::world(2);
+    std::vector<std::map<std::string, std::string>> only_rank1 = {envs[1]};
+    const auto exits = ranks.run({"rendezvous", "2000"}, only_rank1);
+    EXPECT_EQ(exits[0].status, 1);
+    EXPECT_NE(exits[0].err.find("cannot reach the rendezvous master at 127.0.0.1:"),
+              std::string::npos)
+        << exits[0].err;
+}
+
+TEST(DistErrors, RanksThatDisagreeOnTheWorldSizeAreTold) {
+    Ranks ranks("rl_dist_world");
+    auto envs = Ranks::world(2);
+    envs[1]["WORLD_SIZE"] = "3";
+    const auto exits = ranks.run({"rendezvous", "5000"}, envs);
+    EXPECT_NE(exits[1].status, 0);
+    EXPECT_NE(exits[1].err.find("WORLD_SIZE differs between ranks: rank 0 has 2, rank 1 has 3"),
+              std::string::npos)
+        << exits[1].err;
+    EXPECT_NE(exits[0].status, 0); // rank 0 does not wait forever either
+}
+
+TEST(DistErrors, ARankOutsideTheWorldIsRefused) {
+    Ranks ranks("rl_dist_rank");
+    auto envs = Ranks::world(2);
+    envs[0]["RANK"] = "2";
+    envs.resize(1);
+    const auto exits = ranks.run({"rendezvous", "2000"}, envs);
+    EXPECT_EQ(exits[0].status, 1);
+    EXPECT_NE(exits[0].err.find("RANK=2 is not below WORLD_SIZE=2"), std::string::npos)
+        << exits[0].err;
+}
+
+} // namespace

@@ -1,0 +1,138 @@
+// One rank of the distributed tests (tests/dist/dist_test.cpp starts several
+// with the torchrun variables set). Usage:
+//   dist_worker collectives
+//   dist_worker train STRATEGY STEPS OUT.safetensors [--save DIR] [--resume DIR]
+//   dist_worker die-before-collective
+// Exit status 0 on success; on failure the error goes to stderr.
+#include "rl/core/dist.hpp"
+#include "rl/core/error.hpp"
+#include "rl/core/policy.hpp"
+#include "rl/core/safetensors.hpp"
+#include "rl/core/tensor_io.hpp"
+#include "rl/core/trainer.hpp"
+
+#include "dist_batch.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <unistd.h>
+
+namespace {
+
+using rl::core::dist::Group;
+
+void expect(bool cond, const std::string &what) {
+    if (!cond) throw std::runtime_error("check failed: " + what);
+}
+
+int collectives() {
+    auto g = rl::core::dist::init({});
+    expect(g != nullptr, "a group for WORLD_SIZE > 1");
+    const int r = g->rank(), W = g->size();
+    at::Tensor t = at::full({3}, static_cast<double>(r + 1), at::kDouble);
+    g->all_reduce_sum(t);
+    expect(t[0].item<double>() == W * (W + 1) / 2.0, "all_reduce_sum");
+    at::Tensor m = at::full({1}, static_cast<int64_t>(r * 10), at::kLong);
+    g->all_reduce_max(m);
+    expect(m.item<int64_t>() == (W - 1) * 10, "all_reduce_max");
+    at::Tensor in = at::full({2}, static_cast<float>(r), at::kFloat);
+    at::Tensor all = at::empty({2 * W}, at::kFloat);
+    g->all_gather(all, in);
+    for (int k = 0; k < W; ++k) expect(all[2 * k].item<float>() == k, "all_gather order");
+    at::Tensor big = at::arange(2 * W, at::kFloat); // every rank: 0 .. 2W-1
+    at::Tensor part = at::empty({2}, at::kFloat);
+    g->reduce_scatter_sum(part, big);
+    expect(part[0].item<float>() == static_cast<float>(W * 2 * r), "reduce_scatter slice");
+    at::Tensor b = at::full({1}, static_cast<float>(r == 1 ? 42 : 0), at::kFloat);
+    g->broadcast(b, 1);
+    expect(b.item<float>() == 42, "broadcast from rank 1");
+    expect(g->broadcast_bytes(r == 0 ? "hello" : "", 0) == "hello", "broadcast_bytes");
+    const auto texts = g->all_gather_bytes(std::string(static_cast<size_t>(r) + 1, 'x'));
+    for (int k = 0; k < W; ++k)
+        expect(texts[static_cast<size_t>(k)].size() == static_cast<size_t>(k) + 1,
+               "all_gather_bytes");
+    g->barrier();
+    std::cout << "collectives ok on rank " << r << "\n";
+    return 0;
+}
+
+int train(int argc, char **argv) {
+    if (argc < 5) throw std::runtime_error("train STRATEGY STEPS OUT [--save DIR] [--resume DIR]");
+    const std::string strategy = argv[2];
+    const int steps = std::atoi(argv[3]);
+    const std::string out = argv[4];
+    std::string save, resume;
+    for (int i = 5; i + 1 < argc; i += 2) {
+        if (std::string(argv[i]) == "--save") save = argv[i + 1];
+        if (std::string(argv[i]) == "--resume") resume = argv[i + 1];
+    }
+    rl::core::dist::Options o;
+    o.timeout = std::chrono::seconds(60);
+    auto g = rl::core::dist::init(o);
+    const int rank = g ? g->rank() : 0, world = g ? g->size() : 1;
+
+    auto policy = rl_dist_test::tiny_policy();
+    rl::core::TrainerConfig tc = rl_dist_test::trainer_config();
+    tc.parallel = strategy;
+    rl::core::Trainer trainer(policy, tc);
+    expect(trainer.world_size() == world, "trainer sees the world size");
+    int start = 0;
+    if (!resume.empty()) start = static_cast<int>(trainer.load_checkpoint(resume).step);
+    const rl::core::LossFunction loss = rl_dist_test::weighted_logprob_loss();
+    for (int step = start; step < steps; ++step) {
+        // Gradient accumulation over two calls, each this rank's share of a
+        // global half-batch (uneven shares: different micro-batch counts).
+        for (int half = 0; half < 2; ++half) {
+            rl::core::TrainBatch b = rl_dist_test::rank_batch(step, half, rank, world);
+            if (b.input_ids.numel() == 0) continue;
+            b.global_tokens = rl_dist_test::global_loss_tokens(step, half);
+            trainer.forward_backward(b, loss);
+        }
+        trainer.optim_step();
+    }
+    if (!save.empty()) trainer.save_checkpoint(save, "{}");
+    std::cerr << "rank " << rank << " state bytes " << trainer.state_bytes() << "\n";
+    // Whole float32 weights (fsdp gathers them for the engine anyway).
+    policy->model().materialize_weights();
+    if (rank == 0) {
+        std::vector<std::pair<std::string, at::Tensor>> w;
+        for (auto &kv : policy->model().named_weights())
+            w.emplace_back(kv.first, kv.second.detach().to(at::kFloat).contiguous());
+        rl::core::save_safetensors(out, w, {});
+    }
+    if (g) g->barrier();
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    try {
+        const std::string mode = argc > 1 ? argv[1] : "";
+        if (mode == "collectives") return collectives();
+        if (mode == "train") return train(argc, argv);
+        if (mode == "die-before-collective") {
+            rl::core::dist::Options o;
+            o.timeout = std::chrono::seconds(20);
+            auto g = rl::core::dist::init(o);
+            if (g->rank() == 1) _exit(7); // gone without a word
+            at::Tensor t = at::ones({4}, at::kFloat);
+            g->all_reduce_sum(t);
+            return 0;
+        }
+        if (mode == "rendezvous") { // only joins (error tests)
+            rl::core::dist::Options o;
+            o.timeout = std::chrono::milliseconds(std::atoi(argc > 2 ? argv[2] : "5000"));
+            rl::core::dist::init(o);
+            return 0;
+        }
+        std::cerr << "unknown mode '" << mode << "'\n";
+        return 2;
+    } catch (const std::exception &e) {
+        std::cerr << "worker error: " << e.what() << "\n";
+        return 1;
+    }
+}
