@@ -1,4 +1,5 @@
 // rlhost: the command-line host. A client of the C API (librl) like any embedder.
+#include "launch.hpp"
 #include "run.hpp"
 
 #include <rl_api.h>
@@ -7,6 +8,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -21,6 +23,9 @@ const char *kUsage =
     "commands:\n"
     "  run SCRIPT.lua [--config FILE] [--set K=V]... [-- ARGS]\n"
     "                                      run a Lua training script (see rlhost run --help)\n"
+    "  launch --nproc-per-node N [...] -- COMMAND [ARGS]\n"
+    "                                      run N ranks of a distributed run (rlhost launch "
+    "--help)\n"
     "  plugins [--json]                    list loaded plugins and refused libraries\n"
     "  config [--config FILE] [--set K=V]...  print the resolved run configuration (JSON)\n"
     "  config --schema                     print every configuration key (JSON)\n"
@@ -193,6 +198,18 @@ int main(int argc, char **argv) {
     }
     if (o.command == "plugins") return cmd_plugins(o);
     if (o.command == "config") return cmd_config(o);
+    if (o.command == "launch") {
+        std::vector<std::string> host_args;
+        if (o.log_level_given) host_args.insert(host_args.end(), {"--log-level", o.log_level});
+        size_t start = 0;
+        while (start < o.plugin_path.size()) {
+            const size_t end = std::min(o.plugin_path.find(':', start), o.plugin_path.size());
+            host_args.insert(host_args.end(),
+                             {"--plugin-path", o.plugin_path.substr(start, end - start)});
+            start = end + 1;
+        }
+        return rlhost::cmd_launch(o.args, host_args);
+    }
     if (o.command == "run")
         return rlhost::cmd_run(o.args, o.plugin_path, o.log_level_given ? o.log_level : "");
     return fail("unknown command '" + o.command + "'\n" + kUsage);

@@ -70,10 +70,14 @@ std::string temp_dir() {
 
 // Runs `rlhost --plugin-path <build plugins> run ARGS...` in `cwd`. `poll`
 // (if given) is called about every 50 ms with the child's pid while it runs.
+// rlhost [--plugin-path ...] COMMAND ARGS in `cwd`; COMMAND is `run` unless
+// `command` says otherwise (e.g. {"launch", "--nproc-per-node", "2", "--", "run"}).
 Proc rlhost(const std::vector<std::string> &args, const std::string &cwd, int timeout_s,
-            const std::function<void(pid_t)> &poll = nullptr) {
+            const std::function<void(pid_t)> &poll = nullptr,
+            const std::vector<std::string> &command = {"run"}) {
     const std::string out_path = cwd + "/.stdout", err_path = cwd + "/.stderr";
-    std::vector<std::string> argv_s = {RL_TEST_RLHOST, "--plugin-path", RL_TEST_PLUGIN_DIR, "run"};
+    std::vector<std::string> argv_s = {RL_TEST_RLHOST, "--plugin-path", RL_TEST_PLUGIN_DIR};
+    argv_s.insert(argv_s.end(), command.begin(), command.end());
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char *> argv;
     for (auto &s : argv_s) argv.push_back(s.data());
@@ -215,6 +219,35 @@ TEST(RlhostRun, GrpoOnTheTinyModelImprovesReward) {
     EXPECT_TRUE(exists(dir + "/runs/grpo_test/summary.json"));
     EXPECT_TRUE(exists(dir + "/models/tiny/config.json")); // created because model.path is empty
 }
+
+// The same run on two ranks (rlhost launch, Gloo): each rank generates its
+// share of the prompts, the trainer sums gradients over the ranks; rank 0
+// alone writes the run folder, with one merged line per step, and the reward
+// rises as in one process. dp and fsdp.
+class LaunchTwoRanks : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LaunchTwoRanks, GrpoOnTheTinyModelImprovesRewardLikeOneProcess) {
+    const std::string dir = temp_dir();
+    const Proc p = rlhost({kExamples + "/grpo.lua", "--config", kScripts + "/grpo_test.yaml",
+                           "--set", "trainer.parallel=" + GetParam()},
+                          dir, 900, nullptr, {"launch", "--nproc-per-node", "2", "--", "run"});
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
+    const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
+    const auto lines = metrics_lines(dir + "/runs/grpo_test/metrics.jsonl");
+    const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
+    ASSERT_EQ(static_cast<int64_t>(lines.size()), sft_steps + rl_steps) << p.out;
+    std::vector<json> rl(lines.begin() + sft_steps, lines.end());
+    const size_t k = 5;
+    const double first = mean_reward(rl, 0, k), last = mean_reward(rl, rl.size() - k, k);
+    EXPECT_GT(last, first + 0.15) << "reward: first " << k << " steps " << first << ", last " << k
+                                  << " steps " << last << "\n"
+                                  << p.out;
+    EXPECT_NE(p.out.find("[rank 0] finished 'grpo_test'"), std::string::npos) << p.out;
+    EXPECT_EQ(p.out.find("[rank 1] finished"), std::string::npos) << p.out;
+    EXPECT_TRUE(exists(dir + "/runs/grpo_test/summary.json"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, LaunchTwoRanks, ::testing::Values("dp", "fsdp"));
 
 // Ctrl-C during a run: the step in flight completes, a checkpoint is saved,
 // the process exits with 130; metrics.jsonl holds one line per finished step;

@@ -10,8 +10,9 @@
 --
 -- In a distributed run (docs/distributed.md) every rank makes the same calls;
 -- rank 0 alone owns the folder and the console. A step's record is merged
--- over the ranks: numbers are averaged, counts (COUNTS below) summed, the step
+-- over the ranks: numbers are averaged, counts and the loss summed, the step
 -- time is the slowest rank's; a stop asked on any rank stops them all.
+-- (SUMMED below lists the summed fields.)
 --
 --   local run = rl.run(cfg)
 --   run:attach(trainer)                 -- resumes when run.resume is set
@@ -34,9 +35,10 @@ local COLUMNS = {
     { "loss", "loss" },
 }
 
--- Record fields summed (not averaged) over the ranks of a distributed run.
-local COUNTS = { tokens = true, groups = true, rollouts = true, flagged = true, masked = true,
-    dropped_groups = true, loss_tokens = true }
+-- Record fields summed (not averaged) over the ranks of a distributed run:
+-- counts, and the loss (each rank's share is normalized by the global batch).
+local SUMMED = { tokens = true, groups = true, rollouts = true, flagged = true, masked = true,
+    dropped_groups = true, loss_tokens = true, loss = true }
 
 -- One record from every rank's: see the header.
 local function merge_records(recs)
@@ -49,7 +51,7 @@ local function merge_records(recs)
                 if type(r[k]) == "number" then sum, n, most = sum + r[k], n + 1, math.max(most, r[k]) end
             end
             if k == "step_time" or k == "time" then out[k] = most
-            elseif COUNTS[k] then out[k] = sum
+            elseif SUMMED[k] then out[k] = sum
             else out[k] = sum / n end
         else
             out[k] = v

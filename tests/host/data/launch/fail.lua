@@ -1,0 +1,9 @@
+-- Rank 1 fails as asked by `...` ("exit3" or "kill9"); the others spin for a
+-- minute, so the test passes only if the launcher stops them.
+local how = ...
+if os.getenv("RANK") == "1" then
+    if how == "kill9" then os.execute("kill -9 $PPID") end
+    os.exit(3)
+end
+local t = os.time()
+while os.time() - t < 60 do end
