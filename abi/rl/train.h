@@ -172,6 +172,32 @@ RL_API rl_status_t rl_engine_sync_weights(rl_engine_t *engine, rl_result_t **out
 RL_API rl_status_t rl_engine_sleep(rl_engine_t *engine);
 RL_API rl_status_t rl_engine_wake_up(rl_engine_t *engine);
 
+/* ---- weight sync over a transport (docs/transports.md) --------------------------- */
+
+/* [control-thread] (ABI 0.2) The trainer side of a weight sync: send the
+ * model's weights as policy `version` through a transport instance (one
+ * message: header {"kind": "rl.weights", "version", "step"}, every parameter
+ * as a tensor with its checksum). Under trainer.parallel fsdp every rank calls
+ * it (the weights are gathered); ranks that do not send pass transport NULL.
+ * A send that times out or fails on I/O is retried. options_json (may be
+ * NULL): {"retries": 2, "dtype": "native" | "float32" | "bfloat16"}. Result
+ * (may be NULL): metrics "sync/bytes", "sync/seconds", "sync/version",
+ * "sync/attempts". */
+RL_API rl_status_t rl_weights_send(rl_model_t *model, rl_instance_t *transport, int64_t version,
+                                   const char *options_json, rl_result_t **out_result);
+
+/* [control-thread] (ABI 0.2) The inference side: wait up to timeout_ms
+ * (negative: no limit) for a weight set newer than the one in use, check it
+ * (checksums, names, shapes, count) and swap it into `model` at once: the
+ * model is never half-updated, and any failure leaves the previous version in
+ * use. Malformed or corrupted messages are refused and waited past up to
+ * options {"retries": 2} times; versions not newer are skipped. The model
+ * adopts the version: call rl_engine_sync_weights on its engines next.
+ * RL_ERR_TIMEOUT when none came. Result: scalar "version"; metrics
+ * "sync/bytes", "sync/seconds", "sync/version", "sync/refused", "sync/stale". */
+RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, int64_t timeout_ms,
+                                   const char *options_json, rl_result_t **out_result);
+
 /* ---- rollout buffer ---------------------------------------------------------------
  * Between scoring and training (DESIGN.md, step 7): scored rollouts go in,
  * complete groups that carry learning signal come out. A group completes when

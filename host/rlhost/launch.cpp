@@ -33,6 +33,8 @@ const char *kLaunchUsage =
     "usage: rlhost launch --nproc-per-node N [--nnodes M --node-rank K]\n"
     "                     [--master-addr ADDR] [--master-port PORT] [--log-dir DIR]\n"
     "                     [--grace-seconds S] -- COMMAND [ARGS]\n"
+    "       rlhost launch --roles ROLE[:N][,ROLE[:N]...] [--log-dir DIR]\n"
+    "                     [--grace-seconds S] -- COMMAND [ARGS]\n"
     "\n"
     "Starts N ranks of `rlhost COMMAND ARGS` on this node (e.g. `-- run examples/grpo.lua\n"
     "--config examples/grpo.yaml`) with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
@@ -41,7 +43,13 @@ const char *kLaunchUsage =
     "port unless given. Several nodes: run it on each with the same --nnodes,\n"
     "--master-addr and --master-port and its own --node-rank. Exit status: 0 when\n"
     "every rank succeeded, else the first failing rank's status (128 + signal when\n"
-    "killed); 2 for bad usage.\n";
+    "killed); 2 for bad usage.\n"
+    "\n"
+    "With --roles (the disaggregated mode, docs/disaggregated.md) it starts N processes\n"
+    "per role instead (default 1), each with RL_ROLE, RL_ROLE_INDEX and RL_ROLE_COUNT\n"
+    "set (and RL_ROLES: every role with its count, RL_LAUNCH_ID: unique per launch)\n"
+    "and no rank variables, output prefixed with [ROLE] or [ROLE K], supervised\n"
+    "the same way: e.g. --roles trainer,rollout:2.\n";
 
 volatile std::sig_atomic_t g_signals = 0;
 volatile std::sig_atomic_t g_last_signal = 0;
@@ -51,8 +59,14 @@ void on_signal(int sig) {
     g_last_signal = sig;
 }
 
+struct Role {
+    std::string name;
+    int count = 1;
+};
+
 struct Options {
     int nproc = 0;
+    std::vector<Role> roles; ///< --roles: one process per role instance, no ranks
     int nnodes = 1;
     int node_rank = 0;
     std::string master_addr;
@@ -103,6 +117,29 @@ Options parse(const std::vector<std::string> &args) {
             o.master_port = int_option(a, value(), 1, 65535);
         } else if (a == "--log-dir") {
             o.log_dir = value();
+        } else if (a == "--roles") {
+            const std::string list = value();
+            size_t start = 0;
+            while (start <= list.size()) {
+                const size_t comma = std::min(list.find(',', start), list.size());
+                const std::string item = list.substr(start, comma - start);
+                const size_t colon = item.find(':');
+                Role r;
+                r.name = item.substr(0, colon);
+                if (colon != std::string::npos)
+                    r.count = int_option("--roles count of '" + r.name + "'",
+                                         item.substr(colon + 1), 1, 64);
+                bool ok = !r.name.empty();
+                for (char c : r.name)
+                    ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
+                if (!ok)
+                    usage_error("--roles: '" + item +
+                                "' is not ROLE or ROLE:N (ROLE: lower-case letters, digits, _)");
+                for (const Role &seen : o.roles)
+                    if (seen.name == r.name) usage_error("--roles: '" + r.name + "' given twice");
+                o.roles.push_back(r);
+                start = comma + 1;
+            }
         } else if (a == "--grace-seconds") {
             o.grace_seconds = int_option(a, value(), 0, 3600);
         } else {
@@ -110,7 +147,15 @@ Options parse(const std::vector<std::string> &args) {
         }
     }
     o.command.assign(args.begin() + static_cast<long>(i), args.end());
-    if (!have_nproc) usage_error("--nproc-per-node is required");
+    if (!o.roles.empty()) {
+        if (have_nproc || o.nnodes != 1 || !o.master_addr.empty() || o.master_port != 0)
+            usage_error("--roles starts single-process roles: it does not combine with "
+                        "--nproc-per-node, --nnodes or --master-*");
+        o.nproc = 0;
+        for (const Role &r : o.roles) o.nproc += r.count;
+        have_nproc = true;
+    }
+    if (!have_nproc) usage_error("--nproc-per-node (or --roles) is required");
     if (o.node_rank >= o.nnodes)
         usage_error("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
                     std::to_string(o.nnodes));
@@ -145,6 +190,10 @@ struct Stream {
 
 struct Rank {
     int rank = 0;
+    std::string label; ///< "rank 3", "trainer", "rollout 1"
+    std::string role;  ///< --roles: the role's name
+    int role_index = 0;
+    int role_count = 0;
     pid_t pid = -1;
     Stream out, err;
     std::unique_ptr<std::ofstream> log;
@@ -154,7 +203,7 @@ struct Rank {
 };
 
 void emit(Rank &r, bool is_err, const std::string &line) {
-    const std::string text = "[rank " + std::to_string(r.rank) + "] " + line + "\n";
+    const std::string text = "[" + r.label + "] " + line + "\n";
     std::fputs(text.c_str(), is_err ? stderr : stdout);
     std::fflush(is_err ? stderr : stdout);
     if (r.log) {
@@ -194,7 +243,7 @@ std::string describe(const Rank &r) {
     return "exited with status " + std::to_string(r.status);
 }
 
-pid_t spawn(const Options &o, const Rank &r, const std::string &exe,
+pid_t spawn(const Options &o, const Rank &r, const std::string &exe, const std::string &launch_id,
             const std::vector<std::string> &prefix_args, int out_w, int err_w, int out_r,
             int err_r) {
     const pid_t parent = ::getpid();
@@ -209,16 +258,31 @@ pid_t spawn(const Options &o, const Rank &r, const std::string &exe,
     ::close(err_w);
     ::close(out_r);
     ::close(err_r);
-    const int world = o.nnodes * o.nproc;
-    const int local = r.rank - o.node_rank * o.nproc;
-    ::setenv("RANK", std::to_string(r.rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-    ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
-    ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
-    ::setenv("NODE_RANK", std::to_string(o.node_rank).c_str(), 1);
-    ::setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
-    ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
-    ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+    if (!r.role.empty()) {
+        // A role is a process of its own, not a rank of a process group.
+        for (const char *v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                              "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"})
+            ::unsetenv(v);
+        ::setenv("RL_ROLE", r.role.c_str(), 1);
+        ::setenv("RL_ROLE_INDEX", std::to_string(r.role_index).c_str(), 1);
+        ::setenv("RL_ROLE_COUNT", std::to_string(r.role_count).c_str(), 1);
+        std::string all;
+        for (const Role &role : o.roles)
+            all += (all.empty() ? "" : ",") + role.name + ":" + std::to_string(role.count);
+        ::setenv("RL_ROLES", all.c_str(), 1);
+        ::setenv("RL_LAUNCH_ID", launch_id.c_str(), 1);
+    } else {
+        const int world = o.nnodes * o.nproc;
+        const int local = r.rank - o.node_rank * o.nproc;
+        ::setenv("RANK", std::to_string(r.rank).c_str(), 1);
+        ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+        ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+        ::setenv("LOCAL_WORLD_SIZE", std::to_string(o.nproc).c_str(), 1);
+        ::setenv("NODE_RANK", std::to_string(o.node_rank).c_str(), 1);
+        ::setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
+        ::setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+        ::setenv("MASTER_PORT", std::to_string(o.master_port).c_str(), 1);
+    }
     std::vector<std::string> args{exe};
     args.insert(args.end(), prefix_args.begin(), prefix_args.end());
     args.insert(args.end(), o.command.begin(), o.command.end());
@@ -252,7 +316,7 @@ int cmd_launch(const std::vector<std::string> &args, const std::vector<std::stri
         return 2;
     }
     if (o.master_addr.empty()) o.master_addr = "127.0.0.1";
-    if (o.master_port == 0) o.master_port = o.nnodes == 1 ? free_port() : 29500;
+    if (o.master_port == 0 && o.roles.empty()) o.master_port = o.nnodes == 1 ? free_port() : 29500;
 
     char exe_buf[4096];
     const ssize_t n = ::readlink("/proc/self/exe", exe_buf, sizeof exe_buf - 1);
@@ -268,10 +332,30 @@ int cmd_launch(const std::vector<std::string> &args, const std::vector<std::stri
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
 
+    // Names this launch's shared state (e.g. a transport folder), so that no
+    // role reads what an earlier launch left behind.
+    const std::string launch_id =
+        std::to_string(::getpid()) + "-" +
+        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count());
     std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
     for (int k = 0; k < o.nproc; ++k) {
         Rank &r = ranks[static_cast<size_t>(k)];
         r.rank = o.node_rank * o.nproc + k;
+        r.label = "rank " + std::to_string(r.rank);
+        int before = 0;
+        for (const Role &role : o.roles) {
+            if (k < before + role.count) {
+                r.role = role.name;
+                r.role_index = k - before;
+                r.role_count = role.count;
+                r.label =
+                    role.count == 1 ? role.name : role.name + " " + std::to_string(r.role_index);
+                break;
+            }
+            before += role.count;
+        }
         int out[2], err[2];
         if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
             std::cerr << "rlhost launch: pipe: " << std::strerror(errno) << "\n";
@@ -280,17 +364,22 @@ int cmd_launch(const std::vector<std::string> &args, const std::vector<std::stri
         }
         if (!o.log_dir.empty()) {
             ::mkdir(o.log_dir.c_str(), 0755);
-            r.log = std::make_unique<std::ofstream>(o.log_dir + "/rank_" + std::to_string(r.rank) +
-                                                    ".log");
+            std::string file = "rank_" + std::to_string(r.rank);
+            if (!r.role.empty()) file = r.role + "_" + std::to_string(r.role_index);
+            r.log = std::make_unique<std::ofstream>(o.log_dir + "/" + file + ".log");
         }
-        r.pid = spawn(o, r, exe, host_args, out[1], err[1], out[0], err[0]);
+        r.pid = spawn(o, r, exe, launch_id, host_args, out[1], err[1], out[0], err[0]);
         ::close(out[1]);
         ::close(err[1]);
         r.out = {out[0], false, {}};
         r.err = {err[0], true, {}};
     }
-    std::fprintf(stderr, "rlhost launch: %d rank(s) on node %d of %d, master %s:%d\n", o.nproc,
-                 o.node_rank, o.nnodes, o.master_addr.c_str(), o.master_port);
+    if (o.roles.empty())
+        std::fprintf(stderr, "rlhost launch: %d rank(s) on node %d of %d, master %s:%d\n", o.nproc,
+                     o.node_rank, o.nnodes, o.master_addr.c_str(), o.master_port);
+    else
+        std::fprintf(stderr, "rlhost launch: %d process(es) in %zu role(s)\n", o.nproc,
+                     o.roles.size());
 
     std::optional<size_t> first_failure;
     int forwarded = 0;
@@ -337,8 +426,8 @@ int cmd_launch(const std::vector<std::string> &args, const std::vector<std::stri
             r.status = r.signaled ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
             if (r.status != 0 && !first_failure) {
                 first_failure = k;
-                std::fprintf(stderr, "rlhost launch: rank %d %s; stopping the other ranks\n",
-                             r.rank, describe(r).c_str());
+                std::fprintf(stderr, "rlhost launch: %s %s; stopping the others\n", r.label.c_str(),
+                             describe(r).c_str());
                 signal_all(ranks, SIGTERM);
                 kill_pending = true;
                 kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(o.grace_seconds);

@@ -16,6 +16,7 @@ constexpr const char *kLossMT = "rl.loss";
 constexpr const char *kAdvantageMT = "rl.advantage";
 constexpr const char *kFilterMT = "rl.filter";
 constexpr const char *kEnvMT = "rl.env";
+constexpr const char *kTransportMT = "rl.transport";
 
 char kTaskTextKey = 0; // registry: weak-keyed {task table -> its JSON text}
 
@@ -188,6 +189,9 @@ int r_filter(lua_State *L) {
 int r_env(lua_State *L) {
     return make_instance(L, RL_KIND_ENV, kEnvMT, 2);
 }
+int r_transport(lua_State *L) {
+    return make_instance(L, RL_KIND_TRANSPORT, kTransportMT, 2);
+}
 // runtime:instance(kind, name [, params])
 int r_instance(lua_State *L) {
     const std::string kind = luaL_checkstring(L, 2);
@@ -196,13 +200,15 @@ int r_instance(lua_State *L) {
     } const kinds[] = {{RL_KIND_LOSS, kLossMT},
                        {RL_KIND_ADVANTAGE, kAdvantageMT},
                        {RL_KIND_FILTER, kFilterMT},
-                       {RL_KIND_ENV, kEnvMT}};
+                       {RL_KIND_ENV, kEnvMT},
+                       {RL_KIND_TRANSPORT, kTransportMT}};
     for (const auto &k : kinds)
         if (kind == k.kind) {
             lua_remove(L, 2);
             return make_instance(L, k.kind, k.mt, 2);
         }
-    arg_error(L, 2, "kind must be one of loss, advantage, filter, env; got '" + kind + "'");
+    arg_error(L, 2,
+              "kind must be one of loss, advantage, filter, env, transport; got '" + kind + "'");
 }
 
 // ---- loss ---------------------------------------------------------------------------
@@ -367,6 +373,42 @@ int env_score(lua_State *L) {
     return 2;
 }
 
+// ---- transport ------------------------------------------------------------------------
+
+// transport:send([header table or JSON text [, {name = rl.tensor, ...}]])
+int transport_send(lua_State *L) {
+    auto *inst = static_cast<rl_instance_t *>(check_handle(L, 1, kTransportMT)->ptr);
+    std::string header = "{}";
+    if (lua_type(L, 2) == LUA_TSTRING)
+        header = lua_tostring(L, 2);
+    else if (!lua_isnoneornil(L, 2))
+        header = to_json(L, 2, "transport:send: header");
+    TensorTable tt;
+    if (!lua_isnoneornil(L, 3)) read_tensor_table(L, 3, "transport:send: tensors", {}, &tt);
+    const rl_tensor_list_t list = tt.list();
+    check_status(L, rl_transport_send(inst, rl_string_view_t{header.data(), header.size()}, &list),
+                 "transport:send");
+    return 0;
+}
+
+// transport:recv([timeout_ms]) -> {header = table, <tensor name> = rl.tensor, metrics},
+// or nil, "timeout" when nothing arrived in time (negative: wait without limit)
+int transport_recv(lua_State *L) {
+    auto *inst = static_cast<rl_instance_t *>(check_handle(L, 1, kTransportMT)->ptr);
+    const lua_Integer timeout = luaL_optinteger(L, 2, -1);
+    rl_result_t *res = nullptr;
+    const rl_status_t st = rl_transport_recv(inst, static_cast<int64_t>(timeout), &res);
+    if (st == RL_ERR_TIMEOUT) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "timeout");
+        return 2;
+    }
+    check_status(L, st, "transport:recv");
+    static const char *const json_texts[] = {"header", nullptr};
+    push_result(L, res, json_texts);
+    return 1;
+}
+
 } // namespace
 
 void open_runtime(lua_State *L, int M) {
@@ -376,6 +418,7 @@ void open_runtime(lua_State *L, int M) {
                                                RL_LUA_FN("advantage", r_advantage),
                                                RL_LUA_FN("filter", r_filter),
                                                RL_LUA_FN("env", r_env),
+                                               RL_LUA_FN("transport", r_transport),
                                                RL_LUA_FN("instance", r_instance),
                                                {nullptr, nullptr}};
     define_handle_type(L, kRuntimeMT, runtime_methods);
@@ -390,6 +433,9 @@ void open_runtime(lua_State *L, int M) {
     static const luaL_Reg env_methods[] = {
         RL_LUA_FN("sample", env_sample), RL_LUA_FN("score", env_score), {nullptr, nullptr}};
     define_handle_type(L, kEnvMT, env_methods);
+    static const luaL_Reg transport_methods[] = {
+        RL_LUA_FN("send", transport_send), RL_LUA_FN("recv", transport_recv), {nullptr, nullptr}};
+    define_handle_type(L, kTransportMT, transport_methods);
 
     lua_pushcfunction(L, guarded<r_new>);
     lua_setfield(L, M, "runtime");

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <thread>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -53,6 +54,14 @@ int s_clock(lua_State *L) {
     const auto t = std::chrono::steady_clock::now().time_since_epoch();
     lua_pushnumber(L, std::chrono::duration<double>(t).count());
     return 1;
+}
+
+// rl.sleep(seconds): pauses this thread (0 <= seconds <= 86400).
+int s_sleep(lua_State *L) {
+    const lua_Number s = luaL_checknumber(L, 1);
+    luaL_argcheck(L, s >= 0 && s <= 86400, 1, "seconds must be in [0, 86400]");
+    std::this_thread::sleep_for(std::chrono::duration<double>(s));
+    return 0;
 }
 
 // rl.time(): wall-clock seconds since the epoch.
@@ -347,6 +356,7 @@ int traceback_handler(lua_State *L) {
 void open_system(lua_State *L, int M) {
     static const luaL_Reg fns[] = {RL_LUA_FN("clock", s_clock),
                                    RL_LUA_FN("time", s_time),
+                                   RL_LUA_FN("sleep", s_sleep),
                                    RL_LUA_FN("isatty", s_isatty),
                                    RL_LUA_FN("terminal_width", s_terminal_width),
                                    RL_LUA_FN("mkdir", s_mkdir),

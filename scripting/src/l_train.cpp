@@ -93,6 +93,43 @@ int m_save(lua_State *L) {
     return 0;
 }
 
+// model:send_weights(transport, version [, {retries, dtype}]) -> {metrics}
+int m_send_weights(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    rl_instance_t *tx = nullptr;
+    if (!lua_isnil(L, 2))
+        tx = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.transport")->ptr);
+    const lua_Integer version = luaL_checkinteger(L, 3);
+    const std::string opts = config_arg(L, 4, "model:send_weights: options");
+    rl_result_t *res = nullptr;
+    check_status(L,
+                 rl_weights_send(m, tx, static_cast<int64_t>(version),
+                                 opts.empty() ? nullptr : opts.c_str(), &res),
+                 "model:send_weights");
+    push_result(L, res);
+    return 1;
+}
+
+// model:recv_weights(transport [, timeout_ms [, {retries}]]) -> {version, metrics},
+// or nil, "timeout" when no newer weights came in time
+int m_recv_weights(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    auto *tx = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.transport")->ptr);
+    const lua_Integer timeout = luaL_optinteger(L, 3, -1);
+    const std::string opts = config_arg(L, 4, "model:recv_weights: options");
+    rl_result_t *res = nullptr;
+    const rl_status_t st = rl_weights_recv(m, tx, static_cast<int64_t>(timeout),
+                                           opts.empty() ? nullptr : opts.c_str(), &res);
+    if (st == RL_ERR_TIMEOUT) {
+        lua_pushnil(L);
+        lua_pushliteral(L, "timeout");
+        return 2;
+    }
+    check_status(L, st, "model:recv_weights");
+    push_result(L, res);
+    return 1;
+}
+
 // x:encode(text [, {add_special = false}]) -> int64 tensor
 int m_encode(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
@@ -709,6 +746,27 @@ int tb_split(lua_State *L) {
     return 1;
 }
 
+// batch:tensors() -> {input_ids = ..., cu_seqlens = ..., <per-token name> = ...}: copies
+// of the batch's tensors, the table trainer:forward_backward also takes (what a
+// transport carries between processes)
+int tb_tensors(lua_State *L) {
+    rl_train_batch_t *b = train_batch_of(L);
+    rl_batch_t v{};
+    v.struct_size = sizeof v;
+    check_status(L, rl_train_batch_view(b, &v), "train_batch:tensors");
+    lua_createtable(L, 0, static_cast<int>(v.tensors.count) + 2);
+    push_tensor_copy(L, v.input_ids, "train_batch:tensors: input_ids");
+    lua_setfield(L, -2, "input_ids");
+    push_tensor_copy(L, v.cu_seqlens, "train_batch:tensors: cu_seqlens");
+    lua_setfield(L, -2, "cu_seqlens");
+    for (uint64_t i = 0; i < v.tensors.count; ++i) {
+        const rl_tensor_arg_t &a = v.tensors.items[i];
+        push_tensor_copy(L, a.view, a.name);
+        lua_setfield(L, -2, a.name);
+    }
+    return 1;
+}
+
 // batch:info() -> {groups, rollouts, tokens, loss_tokens, rewards, group_ids, ...}
 int tb_info(lua_State *L) {
     rl_train_batch_t *b = train_batch_of(L);
@@ -731,6 +789,8 @@ void open_train(lua_State *L, int M) {
                                              RL_LUA_FN("tokenizer", m_tokenizer),
                                              RL_LUA_FN("trainer", m_trainer),
                                              RL_LUA_FN("engine", m_engine),
+                                             RL_LUA_FN("send_weights", m_send_weights),
+                                             RL_LUA_FN("recv_weights", m_recv_weights),
                                              {nullptr, nullptr}};
     define_handle_type(L, kModelMT, model_methods);
     static const luaL_Reg tokenizer_methods[] = {RL_LUA_FN("encode", m_encode),
@@ -770,6 +830,7 @@ void open_train(lua_State *L, int M) {
     static const luaL_Reg train_batch_methods[] = {
         RL_LUA_FN("compute_advantages", tb_compute_advantages),
         RL_LUA_FN("info", tb_info),
+        RL_LUA_FN("tensors", tb_tensors),
         RL_LUA_FN("set", tb_set),
         RL_LUA_FN("split", tb_split),
         {nullptr, nullptr}};

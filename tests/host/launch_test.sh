@@ -28,14 +28,27 @@ check "node rank offsets the global rank" 0 \
 start=$(date +%s)
 out=$("$rlhost" launch --nproc-per-node 2 --grace-seconds 3 -- run "$data/fail.lua" -- exit3 2>&1); rc=$?
 took=$(( $(date +%s) - start ))
-check "a failing rank's status is the launcher's" 3 'rank 1 exited with status 3; stopping the other ranks' "$rc" "$out"
+check "a failing rank's status is the launcher's" 3 'rank 1 exited with status 3; stopping the others' "$rc" "$out"
 if [ "$took" -ge 20 ]; then echo "FAIL the sibling was not stopped (took ${took}s)"; fail=1; fi
 
 out=$("$rlhost" launch --nproc-per-node 2 --grace-seconds 3 -- run "$data/fail.lua" -- kill9 2>&1); rc=$?
 check "a killed rank gives 128 + signal" 137 'rank 1 killed by signal 9' "$rc" "$out"
 
 out=$("$rlhost" launch -- run "$data/env.lua" 2>&1); rc=$?
-check "--nproc-per-node is required" 2 'nproc-per-node is required' "$rc" "$out"
+check "--nproc-per-node is required" 2 'nproc-per-node \(or --roles\) is required' "$rc" "$out"
+
+out=$(RANK=7 "$rlhost" launch --roles trainer,rollout:2 -- run "$data/env.lua" 2>&1); rc=$?
+check "each role gets its name and index, no rank" 0 \
+    '\[rollout 1\] role rollout 1/2 RANK=nil' "$rc" "$out"
+check "a single role is prefixed by its name" 0 '\[trainer\] role trainer 0/1 RANK=nil' "$rc" "$out"
+out=$("$rlhost" launch --roles trainer,rollout:2 --grace-seconds 3 -- run "$data/fail.lua" -- exit3 2>&1); rc=$?
+check "a failing role stops the others" 3 'rollout 1 exited with status 3; stopping the others' "$rc" "$out"
+out=$("$rlhost" launch --roles Trainer -- run x 2>&1); rc=$?
+check "a bad role is named" 2 "--roles: 'Trainer' is not ROLE or ROLE:N" "$rc" "$out"
+out=$("$rlhost" launch --roles a,a -- run x 2>&1); rc=$?
+check "a role given twice is named" 2 "--roles: 'a' given twice" "$rc" "$out"
+out=$("$rlhost" launch --roles a --nproc-per-node 2 -- run x 2>&1); rc=$?
+check "roles do not combine with ranks" 2 "does not combine with --nproc-per-node" "$rc" "$out"
 out=$("$rlhost" launch --nproc-per-node zero -- run x 2>&1); rc=$?
 check "a bad count is named" 2 "--nproc-per-node must be an integer in \[1, 1024\], got 'zero'" "$rc" "$out"
 out=$("$rlhost" launch --nproc-per-node 2 2>&1); rc=$?

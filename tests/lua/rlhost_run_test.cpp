@@ -15,7 +15,9 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <netinet/in.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
@@ -248,6 +250,83 @@ TEST_P(LaunchTwoRanks, GrpoOnTheTinyModelImprovesRewardLikeOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, LaunchTwoRanks, ::testing::Values("dp", "fsdp"));
+
+// The disaggregated mode (examples/grpo_disaggregated.lua): trainer and rollout
+// worker as two processes started by `rlhost launch --roles`, batches and
+// weights over filesystem or ZeroMQ, the worker up to max_async_level steps
+// ahead, clipped PPO (policy_loss) for the off-policy batches. The reward rises
+// as in one process; no batch is older than allowed.
+int free_tcp_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+class Disaggregated : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Disaggregated, GrpoLearnsWithRolloutsInAnotherProcess) {
+    const auto &[transport, level] = GetParam();
+    const std::string dir = temp_dir();
+    const Proc p = rlhost({kExamples + "/grpo_disaggregated.lua",
+                           "--config",
+                           kScripts + "/grpo_test.yaml",
+                           "--set",
+                           "rollout_transport.type=" + transport,
+                           "--set",
+                           "weight_broadcast.type=" + transport,
+                           "--set",
+                           "rollout_transport.port=" + std::to_string(free_tcp_port()),
+                           "--set",
+                           "weight_broadcast.port=" + std::to_string(free_tcp_port()),
+                           "--set",
+                           "max_async_level=" + std::to_string(level),
+                           "--set",
+                           "rollout_transport.timeout=120",
+                           "--set",
+                           "weight_broadcast.timeout=120",
+                           "--set",
+                           "loss.name=policy_loss",
+                           "--set",
+                           "loss.params={}"},
+                          dir, 900, nullptr, {"launch", "--roles", "trainer,rollout", "--", "run"});
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
+    const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
+    const auto lines = metrics_lines(dir + "/runs/grpo_test/metrics.jsonl");
+    const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
+    ASSERT_EQ(static_cast<int64_t>(lines.size()), sft_steps + rl_steps) << p.out;
+    std::vector<json> rl(lines.begin() + sft_steps, lines.end());
+    int64_t max_gap = 0;
+    for (const auto &l : rl) {
+        max_gap = std::max<int64_t>(max_gap, l.at("off_policy_gap").get<int64_t>());
+        EXPECT_GT(l.at("sync/bytes").get<double>(), 1e6);
+    }
+    EXPECT_LE(max_gap, level) << "a batch older than max_async_level was trained on";
+    if (level > 0) {
+        EXPECT_GE(max_gap, 1) << "the worker never ran ahead: no overlap";
+    }
+    EXPECT_EQ(rl.back().at("sync/version").get<int64_t>(), rl_steps);
+    const size_t k = 5;
+    const double first = mean_reward(rl, 0, k), last = mean_reward(rl, rl.size() - k, k);
+    EXPECT_GT(last, first + 0.15) << "reward: first " << k << " steps " << first << ", last " << k
+                                  << " steps " << last << "\n"
+                                  << p.out;
+    EXPECT_NE(p.out.find("[trainer] finished 'grpo_test'"), std::string::npos) << p.out;
+    EXPECT_NE(p.out.find("[rollout] [rollout 0/1] done"), std::string::npos) << p.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Disaggregated,
+                         ::testing::Combine(::testing::Values("filesystem", "zmq"),
+                                            ::testing::Values(1, 2)),
+                         [](const auto &info) {
+                             return std::get<0>(info.param) + "_async" +
+                                    std::to_string(std::get<1>(info.param));
+                         });
 
 // Ctrl-C during a run: the step in flight completes, a checkpoint is saved,
 // the process exits with 130; metrics.jsonl holds one line per finished step;

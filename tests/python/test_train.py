@@ -41,6 +41,49 @@ class LayoutTest(unittest.TestCase):
             self.assertEqual(C.sizeof(struct), size, struct.__name__)
 
 
+class TransportTest(unittest.TestCase):
+    """Transports and weight sync from Python (docs/transports.md)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.rt = rl.Runtime(plugin_path=PLUGINS, default_plugins=False)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.rt.close()
+
+    def test_messages_round_trip_in_order_and_receive_times_out(self):
+        with tempfile.TemporaryDirectory() as d:
+            tx = self.rt.create("transport", "filesystem", {"dir": d})
+            rx = self.rt.create("transport", "filesystem", {"dir": d, "poll_ms": 5})
+            for i in range(3):
+                tx.send({"i": i}, {"ids": [i, 2, 3], "x": [0.5 * i]})
+            for i in range(3):
+                header, tensors = rx.recv(5000)
+                self.assertEqual(header, {"i": i})
+                self.assertEqual(tensors["ids"], [i, 2, 3])
+                self.assertEqual(tensors["x"], [0.5 * i])
+            self.assertIsNone(rx.recv(50))
+            with self.assertRaises(rl.Error) as cm:
+                tx.send({"tensors": 1})
+            self.assertIn("'tensors' is reserved", str(cm.exception))
+
+    def test_weights_reach_another_model_with_their_version(self):
+        with tempfile.TemporaryDirectory() as d:
+            src = rl.Model(Tiny.path(), {"threads": 1})
+            dst = rl.Model(Tiny.path(), {"threads": 1})
+            tx = self.rt.create("transport", "filesystem", {"dir": d, "channel": "broadcasts"})
+            rx = self.rt.create("transport", "filesystem",
+                                {"dir": d, "channel": "broadcasts", "mode": "latest"})
+            sent = src.send_weights(tx, 4)
+            self.assertEqual(sent.metrics["sync/version"], 4)
+            got = dst.recv_weights(rx, 5000)
+            self.assertEqual(got.scalars["version"], 4)
+            self.assertEqual(got.metrics["sync/bytes"], sent.metrics["sync/bytes"])
+            self.assertEqual(dst.info()["policy_version"], 4)
+            self.assertIsNone(dst.recv_weights(rx, 50))
+
+
 class TrainTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

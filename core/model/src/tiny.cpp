@@ -1,6 +1,15 @@
 #include "rl/core/tiny.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
 #include "rl/core/config.hpp"
+#include "rl/core/error.hpp"
 #include "rl/core/model.hpp"
 #include "rl/core/pretrained.hpp"
 #include "unicode.hpp"
@@ -138,7 +147,34 @@ void write_tiny_model(const std::string &dir, uint64_t seed, const TinyModelSpec
              {"pad_token_id", kTinyEndOfText}}
             .dump(2) +
         "\n";
-    save_pretrained(model, dir);
+    // Into a missing or empty folder the model appears whole: written next to
+    // it, then renamed into place, so a process that sees config.json sees
+    // every file (two processes creating it at once both end with the same
+    // model). A folder with files in it is written in place.
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path target = fs::path(dir).lexically_normal();
+    if (fs::exists(target, ec) && !fs::is_empty(target, ec)) {
+        save_pretrained(model, dir);
+        return;
+    }
+    static std::atomic<int> counter{0};
+    const fs::path tmp =
+        target.parent_path() / ("." + target.filename().string() + ".tmp-" +
+                                std::to_string(::getpid()) + "-" + std::to_string(++counter));
+    try {
+        save_pretrained(model, tmp.string());
+    } catch (...) {
+        fs::remove_all(tmp, ec);
+        throw;
+    }
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+        const int err = errno;
+        fs::remove_all(tmp, ec);
+        // Another process put a model there first: that one stays.
+        if ((err == ENOTEMPTY || err == EEXIST) && fs::exists(target / "config.json", ec)) return;
+        throw Error("cannot create the tiny model in '" + dir + "': " + std::strerror(err));
+    }
 }
 
 } // namespace rl::core

@@ -235,6 +235,37 @@ RL_API rl_status_t rl_filter_check(rl_instance_t *instance, const rl_rollout_vie
     });
 }
 
+RL_API rl_status_t rl_transport_send(rl_instance_t *instance, rl_string_view_t header,
+                                     const rl_tensor_list_t *tensors) {
+    return boundary([&] {
+        Instance &inst = checked(instance, RL_KIND_TRANSPORT, "rl_transport_send");
+        require(header.data != nullptr || header.length == 0, "rl_transport_send: header is NULL");
+        auto *iface = static_cast<const rl_transport_iface_t *>(inst.iface());
+        rl_message_view_t m{};
+        m.struct_size = sizeof m;
+        m.header = header;
+        if (tensors != nullptr) m.tensors = *tensors;
+        inst.call([&](const rl_call_ctx_t *ctx) { return iface->send(inst.plugin(), ctx, &m); });
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_transport_recv(rl_instance_t *instance, int64_t timeout_ms,
+                                     rl_result_t **out_result) {
+    return boundary([&] {
+        Instance &inst = checked(instance, RL_KIND_TRANSPORT, "rl_transport_recv");
+        require(out_result != nullptr, "rl_transport_recv: out_result is NULL");
+        *out_result = nullptr;
+        auto *iface = static_cast<const rl_transport_iface_t *>(inst.iface());
+        CallSink sink = inst.call(
+            [&](const rl_call_ctx_t *ctx) { return iface->recv(inst.plugin(), ctx, timeout_ms); });
+        if (sink.texts.find("header") == sink.texts.end())
+            throw HostError{RL_ERR_INTERNAL, inst.who() + ": recv() emitted no 'header' text"};
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
 RL_API rl_status_t rl_env_sample(rl_instance_t *instance, uint64_t n, uint64_t seed,
                                  rl_result_t **out_result) {
     return boundary([&] {

@@ -24,6 +24,7 @@
 
 struct rl_model {
     std::shared_ptr<rl::core::Policy> policy;
+    int64_t synced_version = -1; ///< the weight set received last (rl_weights_recv)
 };
 struct rl_trainer {
     std::shared_ptr<rl::core::Policy> policy;

@@ -101,6 +101,42 @@ std::vector<ConfigKey> build() {
                          "Rollouts of kept groups needed for a training step; with fewer, the "
                          "examples generate again and train once enough have gathered.",
                          Range::at_least(1)));
+    // The disaggregated mode (docs/disaggregated.md), named as Surogate's keys.
+    const std::vector<ConfigKey> disaggregated = {
+        choice_param("role", "auto", {"auto", "trainer", "rollout"},
+                     "Disaggregated mode: this process's role; auto: from RL_ROLE (set by "
+                     "rlhost launch --roles)."),
+        param("rollout_workers", T::Integer, 1,
+              "Disaggregated mode: rollout workers, when the roles are started by hand "
+              "(rlhost launch --roles sets it).",
+              Range::at_least(1)),
+        param("max_async_level", T::Integer, 1,
+              "Disaggregated mode: steps the rollouts may run ahead of the weights they hold (0: "
+              "on-policy, no overlap).",
+              Range::at_least(0)),
+        choice_param("rollout_transport.type", "filesystem", {"filesystem", "zmq"},
+                     "Transport plugin carrying training batches to the trainer."),
+        param("rollout_transport.dir", T::String, "",
+              "filesystem: the shared folder (empty: <run folder>/transport/<launch id>)."),
+        param("rollout_transport.host", T::String, "127.0.0.1", "zmq: the trainer's address."),
+        param("rollout_transport.port", T::Integer, 5557, "zmq: the port the trainer binds.",
+              Range::closed(1, 65535)),
+        param("rollout_transport.hwm", T::Integer, 4,
+              "zmq: batches queued before a worker's send waits.", Range::at_least(1)),
+        param("rollout_transport.timeout", T::Number, 600,
+              "Seconds the trainer waits for a batch before it fails.", Range::at_least(0)),
+        choice_param("weight_broadcast.type", "filesystem", {"filesystem", "zmq"},
+                     "Transport plugin carrying weights to the rollout workers."),
+        param("weight_broadcast.dir", T::String, "",
+              "filesystem: the shared folder (empty: as rollout_transport.dir)."),
+        param("weight_broadcast.host", T::String, "127.0.0.1",
+              "zmq: the address of worker 0 (worker K listens on port + K)."),
+        param("weight_broadcast.port", T::Integer, 5558,
+              "zmq: the port worker 0 binds (worker K: port + K).", Range::closed(1, 65535)),
+        param("weight_broadcast.timeout", T::Number, 600,
+              "Seconds a worker waits for weights before it fails.", Range::at_least(0)),
+    };
+    keys.insert(keys.end(), disaggregated.begin(), disaggregated.end());
     return keys;
 }
 

@@ -81,9 +81,9 @@ function rl.default_runtime()
     return default_runtime
 end
 
---- rl.loss(name [, params]), rl.advantage(...), rl.filter(...), rl.env(...):
---- plugin instances on the default runtime.
-for _, kind in ipairs { "loss", "advantage", "filter", "env" } do
+--- rl.loss(name [, params]), rl.advantage(...), rl.filter(...), rl.env(...),
+--- rl.transport(...): plugin instances on the default runtime.
+for _, kind in ipairs { "loss", "advantage", "filter", "env", "transport" } do
     rl[kind] = function(name, params)
         local rt = rl.default_runtime()
         local ok, obj = pcall(rt[kind], rt, name, params)

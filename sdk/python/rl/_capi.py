@@ -93,6 +93,7 @@ class Batch(C.Structure):
 
 RL_OK = 0
 RL_ERR_NOT_FOUND = 6
+RL_ERR_TIMEOUT = 12
 RL_RUNTIME_NO_DEFAULT_PLUGINS = 1
 DTYPE_INT, DTYPE_UINT, DTYPE_FLOAT, DTYPE_BOOL = 0, 1, 2, 6
 DEVICE_CPU = 1
@@ -154,6 +155,8 @@ def load_library():
         "rl_filter_check": (S, [H, P(RolloutView), P(H)]),
         "rl_env_sample": (S, [H, C.c_uint64, C.c_uint64, P(H)]),
         "rl_env_score": (S, [H, StringView, StringView, P(H)]),
+        "rl_transport_send": (S, [H, StringView, P(TensorList)]),
+        "rl_transport_recv": (S, [H, C.c_int64, P(H)]),
         "rl_config_load": (S, [C.c_char_p, P(C.c_char_p), C.c_uint64, P(H)]),
         "rl_config_schema": (S, [P(H)]),
         "rl_config_declare": (S, [C.c_char_p, C.c_char_p, P(H)]),
@@ -178,6 +181,8 @@ def load_library():
         "rl_engine_destroy": (None, [H]),
         "rl_engine_generate": (S, [H, P(TensorView), P(TensorView), C.c_char_p, P(H)]),
         "rl_engine_sync_weights": (S, [H, P(H)]),
+        "rl_weights_send": (S, [H, H, C.c_int64, C.c_char_p, P(H)]),
+        "rl_weights_recv": (S, [H, H, C.c_int64, C.c_char_p, P(H)]),
         "rl_engine_sleep": (S, [H]),
         "rl_engine_wake_up": (S, [H]),
         "rl_buffer_create": (S, [C.c_char_p, P(H)]),

@@ -178,6 +178,26 @@ class Instance:
         return _call(self._lib.rl_env_score, self._h, A.StringView(t, len(t)), A.StringView(c, len(c)))
 
 
+    # transport
+    def send(self, header=None, tensors=None):
+        """Sends one message: a JSON-able dict header and 1-d tensors by name."""
+        h = json.dumps(header if header is not None else {}).encode()
+        keep = [(k, _as_tensor(k, v)) for k, v in (tensors or {}).items()]
+        args = (A.TensorArg * max(len(keep), 1))(*[A.TensorArg(k.encode(), t.view) for k, t in keep])
+        lst = A.TensorList(args, len(keep))
+        A.check(self._lib.rl_transport_send(self._h, A.StringView(h, len(h)), C.byref(lst)))
+
+    def recv(self, timeout_ms=-1):
+        """The next message as (header dict, {name: list}), or None after timeout_ms."""
+        out = C.c_void_p()
+        status = self._lib.rl_transport_recv(self._h, timeout_ms, C.byref(out))
+        if status == A.RL_ERR_TIMEOUT:
+            return None
+        A.check(status)
+        res = Result(out)
+        return json.loads(res.texts["header"]), res.tensors
+
+
 def config_load(path=None, overrides=()):
     """The resolved run configuration (dict); errors name file, key and line."""
     lib = A.load_library()

@@ -132,6 +132,23 @@ class Model(_Handle):
                                                  C.byref(h)))
         return TrainBatch(h)
 
+    # weight sync over a transport (docs/transports.md)
+    def send_weights(self, transport, version, options=None):
+        """Sends these weights as policy `version`; transport None: only gather (fsdp)."""
+        return _call(_lib().rl_weights_send, self._handle(),
+                     transport._h if transport is not None else None, version,
+                     _text(options or {}))
+
+    def recv_weights(self, transport, timeout_ms=-1, options=None):
+        """Swaps in the next newer weight set; None when none came within timeout_ms."""
+        out = C.c_void_p()
+        status = _lib().rl_weights_recv(self._handle(), transport._h, timeout_ms,
+                                        _text(options or {}), C.byref(out))
+        if status == A.RL_ERR_TIMEOUT:
+            return None
+        A.check(status)
+        return Result(out)
+
     def trainer(self, config=None):
         t = Trainer(self, config)
         self._children.append(t)

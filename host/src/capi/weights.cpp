@@ -1,0 +1,302 @@
+// abi/rl/train.h: weight sync over a transport plugin, the state machine of
+// docs/transports.md.
+//
+// Sender: gather the weights (fsdp), send one message {"kind": "rl.weights",
+// "version": V, "step": V} with every parameter as a tensor (the transport
+// adds a CRC-32C per tensor), retrying a send that times out.
+//
+// Receiver: wait for a weight message; refuse a malformed or corrupted one
+// (the transport checks every checksum before it hands anything over) and keep
+// waiting, up to `retries` refusals; skip versions not newer than the one in
+// use (handshake); check that the names, shapes and count match the model;
+// stage every tensor in the model's dtype and device; then swap all
+// parameters at once and adopt the version. Any failure before the swap
+// leaves the model as it was (the previous version keeps serving); a failure
+// during the swap restores the previous tensors.
+#include "train_common.hpp"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <map>
+#include <thread>
+
+namespace {
+
+using namespace rl::host::capi;
+using rl::host::CallSink;
+using rl::host::HostError;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char *kKind = "rl.weights";
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct SendOptions {
+    int64_t retries = 2;
+    std::string dtype = "native"; // or float32, bfloat16
+};
+
+SendOptions send_options(const char *text) {
+    const json j = parse_json(text, "rl_weights_send: options_json");
+    SendOptions o;
+    if (j.is_null()) return o;
+    if (!j.is_object())
+        throw HostError{RL_ERR_INVALID_ARG, "rl_weights_send: options_json must be an object"};
+    for (const auto &[k, v] : j.items()) {
+        if (k == "retries" && v.is_number_integer() && v.get<int64_t>() >= 0)
+            o.retries = v.get<int64_t>();
+        else if (k == "dtype" && v.is_string() &&
+                 (v == "native" || v == "float32" || v == "bfloat16"))
+            o.dtype = v.get<std::string>();
+        else
+            throw HostError{RL_ERR_INVALID_ARG,
+                            "rl_weights_send: options_json key '" + k +
+                                "' is unknown or has a bad value (retries: integer >= 0, dtype: "
+                                "native | float32 | bfloat16)"};
+    }
+    return o;
+}
+
+struct RecvOptions {
+    int64_t retries = 2; // refused messages tolerated before giving up
+};
+
+RecvOptions recv_options(const char *text) {
+    const json j = parse_json(text, "rl_weights_recv: options_json");
+    RecvOptions o;
+    if (j.is_null()) return o;
+    if (!j.is_object())
+        throw HostError{RL_ERR_INVALID_ARG, "rl_weights_recv: options_json must be an object"};
+    for (const auto &[k, v] : j.items()) {
+        if (k == "retries" && v.is_number_integer() && v.get<int64_t>() >= 0)
+            o.retries = v.get<int64_t>();
+        else
+            throw HostError{RL_ERR_INVALID_ARG,
+                            "rl_weights_recv: options_json key '" + k +
+                                "' is unknown or has a bad value (retries: integer >= 0)"};
+    }
+    return o;
+}
+
+// A view of a contiguous CPU tensor, borrowed while `t` lives.
+rl_tensor_view_t view_of(const at::Tensor &t) {
+    rl_tensor_view_t v{};
+    v.data = t.numel() > 0 ? t.data_ptr() : nullptr;
+    v.device = {RL_DEVICE_CPU, 0};
+    v.ndim = static_cast<int32_t>(t.dim());
+    v.dtype = dtype_of(t.scalar_type());
+    v.shape = const_cast<int64_t *>(t.sizes().data());
+    v.strides = nullptr;
+    return v;
+}
+
+// "version 3", or what a model that never received weights serves.
+std::string in_use(const rl_model_t *m) {
+    return m->synced_version < 0 ? std::string("the weights it was loaded with")
+                                 : "version " + std::to_string(m->synced_version);
+}
+
+} // namespace
+
+extern "C" {
+
+RL_API rl_status_t rl_weights_send(rl_model_t *model, rl_instance_t *transport, int64_t version,
+                                   const char *options_json, rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_weights_send";
+        require(model != nullptr, fn_msg(fn, "model is NULL"));
+        require(version >= 0, fn_msg(fn, "version must be >= 0, got " + std::to_string(version)));
+        const SendOptions opt = send_options(options_json);
+        if (out_result) *out_result = nullptr;
+        const auto t0 = Clock::now();
+        auto &lm = model->policy->model();
+        lm.materialize_weights(); // collective under fsdp: every rank calls
+        CallSink sink;
+        if (transport == nullptr) { // a rank that only helps gather
+            if (out_result) *out_result = new_result(std::move(sink));
+            return RL_OK;
+        }
+        // Contiguous CPU tensors in the wire dtype, kept alive for the send.
+        std::vector<std::string> names;
+        std::vector<at::Tensor> tensors;
+        uint64_t bytes = 0;
+        for (const auto &[name, p] : lm.named_weights()) {
+            at::Tensor t = p.detach();
+            if (opt.dtype == "float32") t = t.to(at::kFloat);
+            if (opt.dtype == "bfloat16") t = t.to(at::kBFloat16);
+            t = t.to(at::kCPU).contiguous();
+            bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+            names.push_back(name);
+            tensors.push_back(std::move(t));
+        }
+        std::vector<rl_tensor_arg_t> args(tensors.size());
+        for (size_t i = 0; i < tensors.size(); ++i) {
+            args[i].name = names[i].c_str();
+            args[i].view = view_of(tensors[i]);
+        }
+        const rl_tensor_list_t list{args.data(), args.size()};
+        const std::string header =
+            json{{"kind", kKind},
+                 {"version", version},
+                 {"step", version},
+                 {"model", {{"parameters", lm.num_parameters()}, {"tensors", tensors.size()}}}}
+                .dump();
+        rl_status_t st = RL_OK;
+        int64_t attempts = 0;
+        for (;;) {
+            ++attempts;
+            st =
+                rl_transport_send(transport, rl_string_view_t{header.data(), header.size()}, &list);
+            if (st == RL_OK) break;
+            const bool transient = st == RL_ERR_TIMEOUT || st == RL_ERR_IO;
+            if (!transient || attempts > opt.retries)
+                throw HostError{st,
+                                fn_msg(fn, "sending weights version " + std::to_string(version) +
+                                               " failed after " + std::to_string(attempts) +
+                                               " attempt(s): " + last_error())};
+            std::this_thread::sleep_for(std::chrono::milliseconds(100 << (attempts - 1)));
+        }
+        sink.metrics["sync/bytes"] = static_cast<double>(bytes);
+        sink.metrics["sync/seconds"] = seconds_since(t0);
+        sink.metrics["sync/version"] = static_cast<double>(version);
+        sink.metrics["sync/attempts"] = static_cast<double>(attempts);
+        sink.scalars["version"] = static_cast<double>(version);
+        if (out_result) *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, int64_t timeout_ms,
+                                   const char *options_json, rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_weights_recv";
+        require(model && transport && out_result,
+                fn_msg(fn, "model, transport and out_result are required"));
+        *out_result = nullptr;
+        const RecvOptions opt = recv_options(options_json);
+        auto &lm = model->policy->model();
+        if (lm.weight_hooks() != nullptr)
+            throw HostError{RL_ERR_BAD_STATE,
+                            fn_msg(fn, "the model is sharded (trainer.parallel fsdp); weights "
+                                       "are received by an unsharded inference model")};
+        const auto t0 = Clock::now();
+        const auto deadline = t0 + std::chrono::milliseconds(timeout_ms);
+        int64_t refused = 0, stale = 0;
+        std::string last_refusal;
+        for (;;) {
+            int64_t left = -1;
+            if (timeout_ms >= 0)
+                left = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                deadline - Clock::now())
+                                                .count());
+            rl_result_t *raw = nullptr;
+            const rl_status_t st = rl_transport_recv(transport, left, &raw);
+            if (st == RL_ERR_TIMEOUT)
+                throw HostError{RL_ERR_TIMEOUT,
+                                fn_msg(fn, "no new weights within " + std::to_string(timeout_ms) +
+                                               " ms (in use: " + in_use(model) + ")" +
+                                               (last_refusal.empty()
+                                                    ? std::string()
+                                                    : "; last refused message: " + last_refusal))};
+            if (st != RL_OK) {
+                // Malformed or corrupted: nothing was handed over; the model is
+                // untouched. Wait for the next one, a few times.
+                last_refusal = last_error();
+                if (st != RL_ERR_INVALID_ARG || ++refused > opt.retries)
+                    throw HostError{st, fn_msg(fn, "weights refused; the model keeps " +
+                                                       in_use(model) + ": " + last_refusal)};
+                continue;
+            }
+            std::unique_ptr<rl_result_t, decltype(&rl_result_destroy)> msg(raw, &rl_result_destroy);
+            const CallSink &in = msg->sink;
+            const json header = json::parse(in.texts.at("header"), nullptr, false);
+            if (!header.is_object() || header.value("kind", "") != kKind ||
+                !header.contains("version") || !header["version"].is_number_integer())
+                throw HostError{RL_ERR_INVALID_ARG,
+                                fn_msg(fn, "the transport delivered a message that is not a "
+                                           "weight set (header kind must be 'rl.weights' with an "
+                                           "integer 'version'): " +
+                                               in.texts.at("header").substr(0, 200))};
+            const int64_t version = header["version"].get<int64_t>();
+            if (version <= model->synced_version) { // handshake: only newer versions
+                ++stale;
+                continue;
+            }
+            // Every parameter present with its shape, nothing else.
+            const auto weights = lm.named_weights();
+            if (in.tensors.size() != weights.size()) {
+                std::string extra;
+                std::map<std::string, bool> known;
+                for (const auto &w : weights) known[w.first] = true;
+                for (const auto &[name, t] : in.tensors)
+                    if (!known.count(name)) {
+                        extra = name;
+                        break;
+                    }
+                throw HostError{
+                    RL_ERR_INVALID_ARG,
+                    fn_msg(fn, "weights version " + std::to_string(version) + " have " +
+                                   std::to_string(in.tensors.size()) + " tensors, the model has " +
+                                   std::to_string(weights.size()) +
+                                   (extra.empty() ? std::string()
+                                                  : " (unknown tensor '" + extra + "')") +
+                                   "; is the sender training another model?")};
+            }
+            std::vector<at::Tensor> staged;
+            staged.reserve(weights.size());
+            uint64_t bytes = 0;
+            for (const auto &[name, p] : weights) {
+                auto it = in.tensors.find(name);
+                if (it == in.tensors.end())
+                    throw HostError{RL_ERR_INVALID_ARG,
+                                    fn_msg(fn, "weights version " + std::to_string(version) +
+                                                   " lack tensor '" + name + "'")};
+                const rl::host::OwnedTensor &o = it->second;
+                if (!p.sizes().equals(o.shape))
+                    throw HostError{RL_ERR_INVALID_ARG,
+                                    fn_msg(fn, "tensor '" + name + "' has shape " +
+                                                   json(o.shape).dump() + ", the model's is " +
+                                                   json(p.sizes().vec()).dump())};
+                at::Tensor t = tensor_from_owned(o, fn_msg(fn, "tensor '" + name + "'"));
+                staged.push_back(t.to(p.options(), /*non_blocking=*/false, /*copy=*/true));
+                bytes += o.bytes.size();
+            }
+            // Swap: every parameter at once; undo on any failure.
+            std::vector<at::Tensor> previous;
+            previous.reserve(weights.size());
+            {
+                at::NoGradGuard no_grad;
+                try {
+                    for (size_t i = 0; i < weights.size(); ++i) {
+                        at::Tensor p = weights[i].second;
+                        previous.push_back(p.data());
+                        p.set_data(staged[i]);
+                    }
+                } catch (...) {
+                    for (size_t i = 0; i < previous.size(); ++i) {
+                        at::Tensor p = weights[i].second;
+                        p.set_data(previous[i]);
+                    }
+                    throw;
+                }
+            }
+            model->synced_version = version;
+            model->policy->set_version(version);
+            CallSink sink;
+            sink.metrics["sync/bytes"] = static_cast<double>(bytes);
+            sink.metrics["sync/seconds"] = seconds_since(t0);
+            sink.metrics["sync/version"] = static_cast<double>(version);
+            sink.metrics["sync/refused"] = static_cast<double>(refused);
+            sink.metrics["sync/stale"] = static_cast<double>(stale);
+            sink.scalars["version"] = static_cast<double>(version);
+            *out_result = new_result(std::move(sink));
+            return RL_OK;
+        }
+    });
+}
+
+} // extern "C"

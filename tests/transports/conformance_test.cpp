@@ -1,0 +1,586 @@
+// tests/transports: one conformance suite that every transport plugin passes
+// (docs/transports.md): order, a 256 MiB message, timeouts, a crashed peer, a
+// malformed header and a checksum mismatch (both refused, nothing else lost),
+// and the sender's refusals. Each plugin adds a Backend: how to make its two
+// ends and how to put raw bytes on its wire.
+#include "runtime_fixture.hpp"
+
+#include <rl/sdk/transport.hpp>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <zmq.h>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using rltest::Result;
+
+// ---- messages ---------------------------------------------------------------------
+
+struct Tensor {
+    std::string name;
+    rl_dtype_t dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+};
+
+template <class T>
+Tensor make_tensor(std::string name, rl_dtype_t dtype, std::vector<int64_t> shape,
+                   const std::vector<T> &values) {
+    Tensor t{std::move(name), dtype, std::move(shape), {}};
+    t.bytes.resize(values.size() * sizeof(T));
+    std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+    return t;
+}
+
+constexpr rl_dtype_t kF32{RL_DTYPE_FLOAT, 32, 1}, kI64{RL_DTYPE_INT, 64, 1},
+    kBF16{RL_DTYPE_BFLOAT, 16, 1};
+
+// Borrowed views of tensors, as rl_transport_send takes them.
+struct Views {
+    std::vector<rl_tensor_arg_t> args;
+    rl_tensor_list_t list{};
+    explicit Views(std::vector<Tensor> &ts) {
+        for (auto &t : ts) {
+            rl_tensor_arg_t a{};
+            a.name = t.name.c_str();
+            a.view.data = t.bytes.data();
+            a.view.device = {RL_DEVICE_CPU, 0};
+            a.view.ndim = static_cast<int32_t>(t.shape.size());
+            a.view.dtype = t.dtype;
+            a.view.shape = t.shape.data();
+            args.push_back(a);
+        }
+        list.items = args.data();
+        list.count = args.size();
+    }
+};
+
+rl_status_t send(rl_instance_t *tx, const std::string &header, std::vector<Tensor> tensors = {}) {
+    Views v(tensors);
+    return rl_transport_send(tx, rl_string_view_t{header.data(), header.size()}, &v.list);
+}
+
+std::vector<uint8_t> tensor_bytes(const Result &r, const char *name) {
+    rl_tensor_view_t v{};
+    EXPECT_EQ(rl_result_tensor(r.r, name, &v), RL_OK) << name << ": " << rl_last_error();
+    if (v.data == nullptr) return {};
+    int64_t n = 1;
+    for (int32_t d = 0; d < v.ndim; ++d) n *= v.shape[d];
+    const auto *p = static_cast<const uint8_t *>(v.data) + v.byte_offset;
+    return std::vector<uint8_t>(p, p + n * (v.dtype.bits / 8));
+}
+
+int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+// ---- backends ---------------------------------------------------------------------
+
+// How one transport plugin is set up for a test, and how raw bytes are put
+// on its wire (to fake a broken or malicious peer).
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string plugin() const = 0;
+    virtual json sender_params() const = 0;
+    virtual json receiver_params() const = 0;
+    // A message as a broken peer would send it: the wire header text and the
+    // tensors' bytes, unchecked.
+    virtual void inject(const std::string &wire_header,
+                        const std::vector<std::vector<uint8_t>> &payloads) = 0;
+};
+
+class FilesystemBackend : public Backend {
+public:
+    FilesystemBackend() {
+        dir_ = fs::temp_directory_path() /
+               ("rl-transport-" + std::to_string(::getpid()) + "-" + std::to_string(++counter_));
+        fs::remove_all(dir_);
+    }
+    ~FilesystemBackend() override { fs::remove_all(dir_); }
+    std::string plugin() const override { return "filesystem"; }
+    json sender_params() const override { return {{"dir", dir_.string()}}; }
+    json receiver_params() const override { return {{"dir", dir_.string()}, {"poll_ms", 5}}; }
+    void inject(const std::string &wire_header,
+                const std::vector<std::vector<uint8_t>> &payloads) override {
+        int64_t step = 0;
+        if (fs::exists(dir_ / "rollouts"))
+            for (const auto &e : fs::directory_iterator(dir_ / "rollouts")) {
+                const std::string n = e.path().filename().string();
+                if (n.rfind("step_", 0) == 0)
+                    step = std::max<int64_t>(step, std::stoll(n.substr(5)) + 1);
+            }
+        const fs::path d = dir_ / "rollouts" / ("step_" + std::to_string(step));
+        fs::create_directories(d);
+        std::ofstream(d / "header.json", std::ios::binary) << wire_header;
+        std::ofstream bin(d / "tensors.bin", std::ios::binary);
+        for (const auto &p : payloads)
+            bin.write(reinterpret_cast<const char *>(p.data()),
+                      static_cast<std::streamsize>(p.size()));
+        bin.close();
+        std::ofstream(d / "STABLE").close();
+    }
+    const fs::path &dir() const { return dir_; }
+
+private:
+    fs::path dir_;
+    static inline int counter_ = 0;
+};
+
+class ZmqBackend : public Backend {
+public:
+    ZmqBackend() : port_(free_port()) {}
+    ~ZmqBackend() override {
+        if (raw_) zmq_close(raw_);
+        if (ctx_) zmq_ctx_term(ctx_);
+    }
+    std::string plugin() const override { return "zmq"; }
+    json sender_params() const override {
+        return {{"role", "push"}, {"port", port_}, {"timeout_ms", 2000}};
+    }
+    json receiver_params() const override { return {{"role", "pull"}, {"port", port_}}; }
+    void inject(const std::string &wire_header,
+                const std::vector<std::vector<uint8_t>> &payloads) override {
+        if (!raw_) {
+            ctx_ = zmq_ctx_new();
+            raw_ = zmq_socket(ctx_, ZMQ_PUSH);
+            const int linger = 2000;
+            zmq_setsockopt(raw_, ZMQ_LINGER, &linger, sizeof linger);
+            const std::string ep = "tcp://127.0.0.1:" + std::to_string(port_);
+            ASSERT_EQ(zmq_connect(raw_, ep.c_str()), 0);
+        }
+        zmq_send(raw_, wire_header.data(), wire_header.size(), payloads.empty() ? 0 : ZMQ_SNDMORE);
+        for (size_t i = 0; i < payloads.size(); ++i)
+            zmq_send(raw_, payloads[i].data(), payloads[i].size(),
+                     i + 1 < payloads.size() ? ZMQ_SNDMORE : 0);
+    }
+
+private:
+    int port_;
+    void *ctx_ = nullptr;
+    void *raw_ = nullptr;
+};
+
+std::unique_ptr<Backend> make_backend(const std::string &name) {
+    if (name == "filesystem") return std::make_unique<FilesystemBackend>();
+    return std::make_unique<ZmqBackend>();
+}
+
+// ---- fixture ----------------------------------------------------------------------
+
+class TransportConformance : public ::testing::TestWithParam<std::string> {
+protected:
+    void SetUp() override {
+        backend_ = make_backend(GetParam());
+        rt_ = std::make_unique<rltest::RuntimeFixture>(
+            std::vector<std::string>{"transport-" + GetParam()});
+        ASSERT_EQ(rt_->status(), RL_OK) << rl_last_error();
+    }
+    void TearDown() override {
+        for (auto *i : instances_) rl_instance_destroy(i);
+        instances_.clear();
+        rt_.reset();
+    }
+    rl_instance_t *make(const json &params) {
+        rl_instance_t *inst = nullptr;
+        const std::string p = params.dump();
+        EXPECT_EQ(rl_instance_create(rt_->get(), "transport", backend_->plugin().c_str(), p.c_str(),
+                                     &inst),
+                  RL_OK)
+            << rl_last_error();
+        if (inst) instances_.push_back(inst);
+        return inst;
+    }
+    rl_instance_t *receiver() { return make(backend_->receiver_params()); }
+    rl_instance_t *sender() { return make(backend_->sender_params()); }
+
+    std::unique_ptr<Backend> backend_;
+    std::unique_ptr<rltest::RuntimeFixture> rt_;
+    std::vector<rl_instance_t *> instances_;
+};
+
+TEST_P(TransportConformance, DeliversMessagesInOrderWithTheirHeadersAndTensors) {
+    rl_instance_t *rx = receiver();
+    rl_instance_t *tx = sender();
+    ASSERT_TRUE(rx && tx);
+    for (int i = 0; i < 5; ++i) {
+        std::vector<Tensor> ts;
+        ts.push_back(make_tensor<float>("logprobs", kF32, {2, 2}, {-0.5f * i, 1.f, 2.f, 3.f}));
+        ts.push_back(make_tensor<int64_t>("ids", kI64, {3}, {i, 7, -9}));
+        ts.push_back(make_tensor<uint16_t>("w", kBF16, {1}, {uint16_t(0x3f80 + i)}));
+        ts.push_back(make_tensor<float>("empty", kF32, {0, 4}, {}));
+        ASSERT_EQ(send(tx, json{{"i", i}, {"tag", "batch"}}.dump(), ts), RL_OK) << rl_last_error();
+    }
+    for (int i = 0; i < 5; ++i) {
+        Result r;
+        ASSERT_EQ(rl_transport_recv(rx, 10000, &r.r), RL_OK) << rl_last_error();
+        const json h = json::parse(r.text("header"));
+        EXPECT_EQ(h.at("i"), i);
+        EXPECT_EQ(h.at("tag"), "batch");
+        EXPECT_FALSE(h.contains("tensors")) << "the transport's own key leaks to the receiver";
+        const auto lp = tensor_bytes(r, "logprobs");
+        ASSERT_EQ(lp.size(), 16u);
+        float first;
+        std::memcpy(&first, lp.data(), 4);
+        EXPECT_EQ(first, -0.5f * i);
+        const auto ids = tensor_bytes(r, "ids");
+        ASSERT_EQ(ids.size(), 24u);
+        int64_t id0;
+        std::memcpy(&id0, ids.data(), 8);
+        EXPECT_EQ(id0, i);
+        rl_tensor_view_t w{};
+        ASSERT_EQ(rl_result_tensor(r.r, "w", &w), RL_OK);
+        EXPECT_EQ(w.dtype.code, RL_DTYPE_BFLOAT);
+        uint16_t wv;
+        std::memcpy(&wv, w.data, 2);
+        EXPECT_EQ(wv, 0x3f80 + i);
+        rl_tensor_view_t e{};
+        ASSERT_EQ(rl_result_tensor(r.r, "empty", &e), RL_OK);
+        ASSERT_EQ(e.ndim, 2);
+        EXPECT_EQ(e.shape[0], 0);
+        EXPECT_EQ(e.shape[1], 4);
+    }
+}
+
+TEST_P(TransportConformance, CarriesA256MiBMessageIntact) {
+    rl_instance_t *rx = receiver();
+    rl_instance_t *tx = sender();
+    ASSERT_TRUE(rx && tx);
+    std::vector<Tensor> ts;
+    const int64_t per = 16 * 1024 * 1024; // 64 MiB of float32 each, 4 of them
+    for (int k = 0; k < 4; ++k) {
+        std::vector<float> v(static_cast<size_t>(per));
+        for (int64_t i = 0; i < per; ++i) v[i] = static_cast<float>(k * per + i);
+        ts.push_back(make_tensor<float>("layer" + std::to_string(k), kF32, {per / 1024, 1024}, v));
+    }
+    ASSERT_EQ(send(tx, R"({"kind": "weights"})", ts), RL_OK) << rl_last_error();
+    ts.clear();
+    Result r;
+    ASSERT_EQ(rl_transport_recv(rx, 60000, &r.r), RL_OK) << rl_last_error();
+    for (int k = 0; k < 4; ++k) {
+        const std::string name = "layer" + std::to_string(k);
+        rl_tensor_view_t v{};
+        ASSERT_EQ(rl_result_tensor(r.r, name.c_str(), &v), RL_OK);
+        ASSERT_EQ(v.shape[0] * v.shape[1], per);
+        const auto *f = static_cast<const float *>(v.data);
+        for (int64_t i = 0; i < per; i += 4099)
+            ASSERT_EQ(f[i], static_cast<float>(k * per + i)) << name << "[" << i << "]";
+        EXPECT_EQ(f[per - 1], static_cast<float>(k * per + per - 1));
+    }
+}
+
+TEST_P(TransportConformance, ReceiveTimesOutWhenNothingWasSent) {
+    rl_instance_t *rx = receiver();
+    ASSERT_TRUE(rx);
+    rl_result_t *r = nullptr;
+    EXPECT_EQ(rl_transport_recv(rx, 100, &r), RL_ERR_TIMEOUT);
+    EXPECT_EQ(r, nullptr);
+    EXPECT_EQ(rl_transport_recv(rx, 0, &r), RL_ERR_TIMEOUT);
+}
+
+// A sender process that is killed -9: what it handed over arrives, then the
+// receiver times out (no hang); a restarted sender is heard again.
+TEST_P(TransportConformance, SurvivesASenderKilledMidRun) {
+    rl_instance_t *rx = receiver();
+    ASSERT_TRUE(rx);
+    auto run_sender = [&](int first, int count) {
+        int go[2];
+        ASSERT_EQ(::pipe(go), 0);
+        const pid_t pid = ::fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            ::close(go[1]);
+            rltest::RuntimeFixture rt({"transport-" + GetParam()});
+            rl_instance_t *tx = nullptr;
+            const std::string p = backend_->sender_params().dump();
+            if (rl_instance_create(rt.get(), "transport", backend_->plugin().c_str(), p.c_str(),
+                                   &tx) != RL_OK)
+                ::_exit(3);
+            for (int i = first; i < first + count; ++i)
+                if (send(tx, json{{"i", i}}.dump(), {make_tensor<int64_t>("x", kI64, {1}, {i})}) !=
+                    RL_OK)
+                    ::_exit(4);
+            char c;
+            (void)!::read(go[0], &c, 1); // wait until the parent has the messages
+            ::raise(SIGKILL);
+        }
+        ::close(go[0]);
+        for (int i = first; i < first + count; ++i) {
+            Result r;
+            ASSERT_EQ(rl_transport_recv(rx, 20000, &r.r), RL_OK) << rl_last_error();
+            EXPECT_EQ(json::parse(r.text("header")).at("i"), i);
+        }
+        (void)!::write(go[1], "k", 1);
+        ::close(go[1]);
+        int status = 0;
+        ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+        ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+            << "sender exited with " << status;
+    };
+    run_sender(0, 3);
+    rl_result_t *r = nullptr;
+    EXPECT_EQ(rl_transport_recv(rx, 300, &r), RL_ERR_TIMEOUT) << "a dead sender must not hang";
+    run_sender(3, 2); // restarted
+}
+
+TEST_P(TransportConformance, RefusesAMalformedHeaderAndKeepsReceiving) {
+    rl_instance_t *rx = receiver();
+    ASSERT_TRUE(rx);
+    backend_->inject("this is not JSON", {});
+    Result bad;
+    EXPECT_EQ(rl_transport_recv(rx, 10000, &bad.r), RL_ERR_INVALID_ARG);
+    EXPECT_EQ(bad.r, nullptr);
+    EXPECT_NE(std::string(rl_last_error()).find("malformed header"), std::string::npos)
+        << rl_last_error();
+    // A header whose tensor list lies about sizes.
+    backend_->inject(
+        R"({"tensors": [{"name": "x", "dtype": "float32", "shape": [4], "nbytes": 8, "crc32c": 0}]})",
+        {std::vector<uint8_t>(8)});
+    EXPECT_EQ(rl_transport_recv(rx, 10000, &bad.r), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("tensor 'x'"), std::string::npos)
+        << rl_last_error();
+    rl_instance_t *tx = sender();
+    ASSERT_EQ(send(tx, R"({"after": true})"), RL_OK) << rl_last_error();
+    Result good;
+    ASSERT_EQ(rl_transport_recv(rx, 10000, &good.r), RL_OK) << rl_last_error();
+    EXPECT_EQ(json::parse(good.text("header")).at("after"), true);
+}
+
+TEST_P(TransportConformance, RefusesAChecksumMismatchAndKeepsReceiving) {
+    rl_instance_t *rx = receiver();
+    ASSERT_TRUE(rx);
+    // The header a real sender would write for w = [1, 2, 3, 4] ...
+    std::vector<float> w{1, 2, 3, 4};
+    int64_t shape[1] = {4};
+    rl_tensor_arg_t arg{};
+    arg.name = "w";
+    arg.view.data = w.data();
+    arg.view.device = {RL_DEVICE_CPU, 0};
+    arg.view.ndim = 1;
+    arg.view.dtype = kF32;
+    arg.view.shape = shape;
+    rl_message_view_t m{};
+    m.struct_size = sizeof m;
+    m.tensors.items = &arg;
+    m.tensors.count = 1;
+    std::vector<rl::sdk::transport::OutTensor> outs;
+    const std::string header = rl::sdk::transport::encode_header(m, &outs);
+    // ... with one bit flipped in the payload.
+    std::vector<uint8_t> payload(16);
+    std::memcpy(payload.data(), w.data(), 16);
+    payload[9] ^= 0x01;
+    backend_->inject(header, {payload});
+    Result bad;
+    EXPECT_EQ(rl_transport_recv(rx, 10000, &bad.r), RL_ERR_INVALID_ARG);
+    EXPECT_EQ(bad.r, nullptr);
+    EXPECT_NE(std::string(rl_last_error()).find("checksum mismatch in tensor 'w'"),
+              std::string::npos)
+        << rl_last_error();
+    // The intact message is accepted.
+    std::memcpy(payload.data(), w.data(), 16);
+    backend_->inject(header, {payload});
+    Result good;
+    ASSERT_EQ(rl_transport_recv(rx, 10000, &good.r), RL_OK) << rl_last_error();
+    EXPECT_EQ(tensor_bytes(good, "w"), payload);
+}
+
+TEST_P(TransportConformance, SenderRefusesMessagesItCannotCarryNamingTheProblem) {
+    rl_instance_t *rx = receiver();
+    rl_instance_t *tx = sender();
+    ASSERT_TRUE(rx && tx);
+    auto refused = [&](const std::string &header, std::vector<Tensor> ts, const char *needle) {
+        EXPECT_EQ(send(tx, header, std::move(ts)), RL_ERR_INVALID_ARG) << needle;
+        EXPECT_NE(std::string(rl_last_error()).find(needle), std::string::npos) << rl_last_error();
+    };
+    refused("[1, 2]", {}, "must be a JSON object");
+    refused("{not json", {}, "must be a JSON object");
+    refused(R"({"tensors": []})", {}, "'tensors' is reserved");
+    refused("{}", {make_tensor<float>("", kF32, {1}, {1.f})}, "has no name");
+    // Non-contiguous: a transposed 2x2 view.
+    std::vector<float> v{1, 2, 3, 4};
+    int64_t shape[2] = {2, 2}, strides[2] = {1, 2};
+    rl_tensor_arg_t a{};
+    a.name = "t";
+    a.view.data = v.data();
+    a.view.device = {RL_DEVICE_CPU, 0};
+    a.view.ndim = 2;
+    a.view.dtype = kF32;
+    a.view.shape = shape;
+    a.view.strides = strides;
+    rl_tensor_list_t list{&a, 1};
+    EXPECT_EQ(rl_transport_send(tx, rl_string_view_t{"{}", 2}, &list), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("'t' is not contiguous"), std::string::npos)
+        << rl_last_error();
+    // Nothing half-sent reached the receiver.
+    rl_result_t *r = nullptr;
+    EXPECT_EQ(rl_transport_recv(rx, 200, &r), RL_ERR_TIMEOUT);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, TransportConformance,
+                         ::testing::Values(std::string("filesystem"), std::string("zmq")),
+                         [](const auto &info) { return info.param; });
+
+// ---- zmq: a sender needs a receiver -------------------------------------------------
+
+TEST(ZmqTransport, SenderWithoutAReceiverTimesOutWithAClearError) {
+    rltest::RuntimeFixture rt({"transport-zmq"});
+    ASSERT_EQ(rt.status(), RL_OK) << rl_last_error();
+    const std::string p =
+        json{{"role", "push"}, {"port", free_port()}, {"hwm", 1}, {"timeout_ms", 200}}.dump();
+    rl_instance_t *tx = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.get(), "transport", "zmq", p.c_str(), &tx), RL_OK)
+        << rl_last_error();
+    rl_status_t st = RL_OK;
+    for (int i = 0; i < 16 && st == RL_OK; ++i) st = send(tx, "{}");
+    EXPECT_EQ(st, RL_ERR_TIMEOUT);
+    EXPECT_NE(std::string(rl_last_error()).find("is the peer running"), std::string::npos)
+        << rl_last_error();
+    rl_instance_destroy(tx);
+}
+
+TEST(ZmqTransport, EachEndRefusesTheOtherEndsVerb) {
+    rltest::RuntimeFixture rt({"transport-zmq"});
+    ASSERT_EQ(rt.status(), RL_OK) << rl_last_error();
+    const int port = free_port();
+    rl_instance_t *rx = nullptr, *tx = nullptr;
+    const std::string pr = json{{"role", "pull"}, {"port", port}}.dump();
+    const std::string pt = json{{"role", "push"}, {"port", port}}.dump();
+    ASSERT_EQ(rl_instance_create(rt.get(), "transport", "zmq", pr.c_str(), &rx), RL_OK);
+    ASSERT_EQ(rl_instance_create(rt.get(), "transport", "zmq", pt.c_str(), &tx), RL_OK);
+    EXPECT_EQ(send(rx, "{}"), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("role 'pull'"), std::string::npos);
+    rl_result_t *r = nullptr;
+    EXPECT_EQ(rl_transport_recv(tx, 0, &r), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("role 'push'"), std::string::npos);
+    // A second receiver on a port in use is named.
+    rl_instance_t *again = nullptr;
+    EXPECT_EQ(rl_instance_create(rt.get(), "transport", "zmq", pr.c_str(), &again), RL_ERR_IO);
+    EXPECT_NE(std::string(rl_last_error()).find("cannot bind"), std::string::npos)
+        << rl_last_error();
+    rl_instance_destroy(rx);
+    rl_instance_destroy(tx);
+}
+
+// ---- filesystem layout ------------------------------------------------------------
+
+class FilesystemLayout : public ::testing::Test {
+protected:
+    void SetUp() override {
+        rt_ = std::make_unique<rltest::RuntimeFixture>(
+            std::vector<std::string>{"transport-filesystem"});
+        ASSERT_EQ(rt_->status(), RL_OK) << rl_last_error();
+    }
+    void TearDown() override {
+        for (auto *i : instances_) rl_instance_destroy(i);
+        rt_.reset();
+    }
+    rl_instance_t *make(json params) {
+        params["dir"] = b_.dir().string();
+        rl_instance_t *inst = nullptr;
+        const std::string p = params.dump();
+        EXPECT_EQ(rl_instance_create(rt_->get(), "transport", "filesystem", p.c_str(), &inst),
+                  RL_OK)
+            << rl_last_error();
+        if (inst) instances_.push_back(inst);
+        return inst;
+    }
+    FilesystemBackend b_;
+    std::unique_ptr<rltest::RuntimeFixture> rt_;
+    std::vector<rl_instance_t *> instances_;
+};
+
+TEST_F(FilesystemLayout, WritesStepFoldersWithStableLastAndKeepsTheNewestK) {
+    rl_instance_t *tx = make({{"channel", "broadcasts"}, {"keep", 2}});
+    for (int s = 0; s < 5; ++s)
+        ASSERT_EQ(send(tx, json{{"step", 10 + s}}.dump(),
+                       {make_tensor<float>("w", kF32, {1}, {float(s)})}),
+                  RL_OK)
+            << rl_last_error();
+    std::vector<std::string> names;
+    for (const auto &e : fs::directory_iterator(b_.dir() / "broadcasts"))
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"step_13", "step_14"}));
+    for (const char *f : {"header.json", "tensors.bin", "STABLE"})
+        EXPECT_TRUE(fs::exists(b_.dir() / "broadcasts" / "step_14" / f)) << f;
+}
+
+TEST_F(FilesystemLayout, LatestModeReadsTheNewestStepAndIgnoresUnfinishedOnes) {
+    rl_instance_t *tx = make({{"channel", "broadcasts"}, {"keep", 0}});
+    rl_instance_t *rx = make({{"channel", "broadcasts"}, {"mode", "latest"}, {"poll_ms", 5}});
+    for (int s = 1; s <= 3; ++s) ASSERT_EQ(send(tx, json{{"step", s}}.dump()), RL_OK);
+    // A crashed writer's leftovers: a folder without STABLE, a temporary one.
+    fs::create_directories(b_.dir() / "broadcasts" / "step_9");
+    std::ofstream(b_.dir() / "broadcasts" / "step_9" / "header.json") << "{";
+    fs::create_directories(b_.dir() / "broadcasts" / ".tmp-step_8-1-1");
+    Result r;
+    ASSERT_EQ(rl_transport_recv(rx, 1000, &r.r), RL_OK) << rl_last_error();
+    EXPECT_EQ(json::parse(r.text("header")).at("step"), 3);
+    EXPECT_EQ(r.metric("transport/step"), 3.0);
+    rl_result_t *none = nullptr;
+    EXPECT_EQ(rl_transport_recv(rx, 50, &none), RL_ERR_TIMEOUT) << "step 3 was already read";
+}
+
+TEST_F(FilesystemLayout, AQueueReaderRemovesWhatItConsumedAndNothingElse) {
+    rl_instance_t *tx = make({});
+    rl_instance_t *rx = make({{"poll_ms", 5}});
+    for (int s = 0; s < 3; ++s) ASSERT_EQ(send(tx, json{{"step", s}}.dump()), RL_OK);
+    Result r;
+    ASSERT_EQ(rl_transport_recv(rx, 1000, &r.r), RL_OK) << rl_last_error();
+    EXPECT_FALSE(fs::exists(b_.dir() / "rollouts" / "step_0"));
+    EXPECT_TRUE(fs::exists(b_.dir() / "rollouts" / "step_1"));
+    EXPECT_TRUE(fs::exists(b_.dir() / "rollouts" / "step_2"));
+    // consume=false leaves them for other readers.
+    rl_instance_t *peek = make({{"poll_ms", 5}, {"consume", false}});
+    Result p;
+    ASSERT_EQ(rl_transport_recv(peek, 1000, &p.r), RL_OK) << rl_last_error();
+    EXPECT_EQ(json::parse(p.text("header")).at("step"), 1);
+    EXPECT_TRUE(fs::exists(b_.dir() / "rollouts" / "step_1"));
+}
+
+TEST_F(FilesystemLayout, QueueModeReportsStepsCollectedBeforeTheyWereRead) {
+    rl_instance_t *tx = make({{"keep", 2}});
+    rl_instance_t *rx = make({{"poll_ms", 5}, {"start_step", 0}, {"consume", false}});
+    for (int s = 0; s < 4; ++s) ASSERT_EQ(send(tx, json{{"step", s}}.dump()), RL_OK);
+    Result r;
+    ASSERT_EQ(rl_transport_recv(rx, 1000, &r.r), RL_OK) << rl_last_error();
+    EXPECT_EQ(json::parse(r.text("header")).at("step"), 2);
+    EXPECT_EQ(r.metric("transport/skipped_steps"), 2.0);
+}
+
+TEST_F(FilesystemLayout, BadParametersAreNamed) {
+    rl_instance_t *inst = nullptr;
+    EXPECT_NE(rl_instance_create(rt_->get(), "transport", "filesystem", "{}", &inst), RL_OK);
+    EXPECT_NE(std::string(rl_last_error()).find("'dir'"), std::string::npos) << rl_last_error();
+    EXPECT_NE(rl_instance_create(rt_->get(), "transport", "filesystem",
+                                 R"({"dir": "/tmp/x", "mode": "newest"})", &inst),
+              RL_OK);
+    EXPECT_NE(std::string(rl_last_error()).find("mode"), std::string::npos) << rl_last_error();
+}
+
+} // namespace
