@@ -161,8 +161,7 @@ int m_encode_chat(lua_State *L) {
                      m, messages.c_str(), tmpl.empty() ? nullptr : tmpl.c_str(), gen ? 1u : 0u,
                      plain ? static_cast<uint32_t>(RL_ENCODE_PLAIN_TEXT) : 0u, &res),
                  "tokenizer:encode_chat");
-    static const char *const texts[] = {"prompt", nullptr};
-    push_result(L, res, texts);
+    push_result(L, res);
     lua_getfield(L, -1, "ids");
     lua_getfield(L, -2, "prompt");
     return 2;

@@ -734,17 +734,11 @@ TEST(LuaTraining, TokenizerFlagsTokenizerWithoutModelAndBatchTemperature) {
         local text = 'a<|im_end|>b'
         assert(#tok:encode(text) == 3 and #tok:encode(text, {plain_text = true}) == #text)
         local ids, prompt = tok:encode_chat({{role = 'user', content = text}})
-        assert(prompt == '<|im_start|>user
-' .. text .. '<|im_end|>
-<|im_start|>assistant
-', prompt)
+        assert(prompt == '<|im_start|>user\n' .. text .. '<|im_end|>\n<|im_start|>assistant\n', prompt)
         local specials = 0
         for i = 1, #ids do if ids[i] >= 256 then specials = specials + 1 end end
         assert(specials == 3, specials)   -- the template's, not the content's
-        assert(tok:decode(ids, {skip_special_tokens = true}) == 'user
-' .. text .. '
-assistant
-')
+        assert(tok:decode(ids, {skip_special_tokens = true}) == 'user\n' .. text .. '\nassistant\n')
         local enc = rl.encode_prompts(tok, {{prompt = text}}, 'chatml')[1]
         assert(#enc == #ids)
         -- a table batch carries its sampling temperature to the trainer
