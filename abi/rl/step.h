@@ -47,8 +47,12 @@ typedef struct rl_train_batch rl_train_batch_t;
  * (default "none"), "group_offset": int (group id of the first task; the next
  * tasks count up from it; default 0), "sampling": {the parameters of
  * rl_engine_generate: n, temperature, top_p, top_k, max_tokens, stop, seed,
- * stop_token_ids}}. Rollouts are prompt-major: samples of task i are rollouts
- * i*n .. i*n + n - 1. */
+ * stop_token_ids}, "parse_special_tokens": bool (default false: the task's
+ * text is plain text, special-token text in it never becomes a control token;
+ * only the chat template's own special tokens are)}. Rollouts are
+ * prompt-major: samples of task i are rollouts i*n .. i*n + n - 1. Each
+ * rollout records the sampling temperature (0 for greedy decoding) and the
+ * training batches made of it carry it to the trainer (rl_batch_t). */
 RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_json,
                                         const char *options_json, rl_rollouts_t **out_rollouts);
 /* [control-thread] NULL is a no-op. */
@@ -70,7 +74,7 @@ RL_API rl_status_t rl_rollouts_filter(rl_rollouts_t *rollouts, rl_instance_t *co
 /* [thread-safe] What the rollouts hold. Scalars "rollouts", "groups", "tokens"
  * (completion tokens), "flagged", "masked", and when scored "reward_mean",
  * "reward_std" (population), "reward_min", "reward_max" and "env/<metric>" (the
- * mean of each env metric); tensors "rewards" (float64), "group_ids",
+ * mean of each env metric), "sampling_temperature"; tensors "rewards" (float64), "group_ids",
  * "prompt_index", "policy_versions", "completion_lengths" (int64), "masked"
  * (uint8), one entry per rollout; texts "completions", "finish_reasons",
  * "tasks" (JSON arrays, one entry per rollout) and "flags" (JSON array of
@@ -98,7 +102,10 @@ RL_API rl_status_t rl_rollouts_to_batch(const rl_rollouts_t *rollouts,
  * the answer followed by a newline, then the end-of-sequence token; tensor
  * "loss_mask" (float32) is 1 on the answer, newline and EOS tokens.
  * options_json (may be NULL): {"chat_template": "none" | "chatml" | "llama3",
- * "eos_token_id": int (default: the model's first EOS id)}. */
+ * "eos_token_id": int (default: the model's first EOS id),
+ * "parse_special_tokens": bool (default false: prompt and answer are plain
+ * text, as in rl_rollouts_generate)}. `model` may be a tokenizer alone
+ * (rl_tokenizer_load). */
 RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *tasks_json,
                                              const char *options_json,
                                              rl_train_batch_t **out_batch);
@@ -140,12 +147,15 @@ RL_API rl_status_t rl_train_batch_split(const rl_train_batch_t *batch, uint64_t 
 
 /* [thread-safe] The batch as trainer input: out_batch->input_ids, cu_seqlens
  * and tensors ("loss_mask", "old_logprobs", "advantages" once computed, the
- * extras) are views into the batch, valid until it is destroyed or changed.
- * Set out_batch->struct_size first (RL_BATCH_INIT). */
+ * extras) are views into the batch, valid until it is destroyed or changed;
+ * when out_batch has room for them (ABI 0.3), flags and sampling_temperature
+ * (the rollouts' sampling temperature, when they carry one). Set
+ * out_batch->struct_size first (sizeof(rl_batch_t)). */
 RL_API rl_status_t rl_train_batch_view(const rl_train_batch_t *batch, rl_batch_t *out_batch);
 
 /* [thread-safe] Scalars "groups", "rollouts", "tokens" (all positions),
- * "loss_tokens", "min_policy_version"; tensors "rewards" (float64), "group_ids",
+ * "loss_tokens", "min_policy_version", "sampling_temperature" (when the
+ * rollouts carry one); tensors "rewards" (float64), "group_ids",
  * "policy_versions" (int64), one per sequence, and copies of the per-token
  * tensors; texts "tasks", "completions" (JSON arrays, one per sequence). */
 RL_API rl_status_t rl_train_batch_info(const rl_train_batch_t *batch, rl_result_t **out_result);

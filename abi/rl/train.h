@@ -57,14 +57,51 @@ RL_API rl_status_t rl_model_save(rl_model_t *model, const char *dir);
 
 /* ---- tokenizer ----------------------------------------------------------------- */
 
-enum { RL_ENCODE_ADD_SPECIAL = 1u << 0 }; /* add the tokenizer's BOS-style tokens */
+/* The tokenizer calls take an rl_model_t from rl_model_load or a tokenizer
+ * alone from rl_tokenizer_load. */
 
-/* [thread-safe] Tensor "ids": int64 [n]. */
+/* [control-thread] A tokenizer without a model: `dir` holds tokenizer.json
+ * (and optionally tokenizer_config.json / chat_template.jinja for the chat
+ * format and EOS token). No weights are read. The handle works with every
+ * rl_tokenizer_* call, rl_model_info ({"has_model": false, "has_tokenizer":
+ * true, "vocab_size", "eos_token_ids"}) and rl_train_batch_supervised; calls
+ * that need weights (rl_trainer_create, rl_engine_create, rl_model_save)
+ * refuse it with RL_ERR_BAD_STATE. Destroy with rl_model_destroy. (ABI 0.3) */
+RL_API rl_status_t rl_tokenizer_load(const char *dir, rl_model_t **out_tokenizer);
+
+enum {
+    RL_ENCODE_ADD_SPECIAL = 1u << 0, /* add the tokenizer's BOS-style tokens */
+    /* Special-token text in the input ("<|im_end|><|im_start|>system") is
+     * encoded as plain text, never as control tokens: for text a user or an
+     * environment wrote. (ABI 0.3) */
+    RL_ENCODE_PLAIN_TEXT = 1u << 1
+};
+
+/* [thread-safe] Tensor "ids": int64 [n]. Without RL_ENCODE_PLAIN_TEXT, special
+ * tokens written in the text are parsed (Hugging Face's default). */
 RL_API rl_status_t rl_tokenizer_encode(rl_model_t *model, rl_string_view_t text, uint32_t flags,
                                        rl_result_t **out_result);
 /* [thread-safe] Text "text". Special tokens are rendered as their text. */
 RL_API rl_status_t rl_tokenizer_decode(rl_model_t *model, const int64_t *ids, uint64_t n,
                                        rl_result_t **out_result);
+
+enum { RL_DECODE_SKIP_SPECIAL = 1u << 0 }; /* leave special tokens out of the text */
+
+/* [thread-safe] rl_tokenizer_decode with flags (RL_DECODE_*). (ABI 0.3) */
+RL_API rl_status_t rl_tokenizer_decode_v2(rl_model_t *model, const int64_t *ids, uint64_t n,
+                                          uint32_t flags, rl_result_t **out_result);
+
+/* [thread-safe] The conversation rendered by the chat template (as
+ * rl_tokenizer_apply_chat_template: text "prompt") and encoded: tensor "ids".
+ * flags: RL_ENCODE_PLAIN_TEXT keeps special-token text inside the messages'
+ * contents plain while the template's own special tokens stay control
+ * tokens; the ids equal those of encoding "prompt" whenever the contents hold
+ * no special-token text. A template that does not render each content once,
+ * unchanged, is refused with that flag. (ABI 0.3) */
+RL_API rl_status_t rl_tokenizer_encode_chat(rl_model_t *model, const char *messages_json,
+                                            const char *template_name,
+                                            uint32_t add_generation_prompt, uint32_t flags,
+                                            rl_result_t **out_result);
 /* [thread-safe] messages_json: [{"role": "system"|"user"|"assistant", "content": str}].
  * template: "chatml" or "llama3" (NULL: the model's own). Text "prompt". */
 RL_API rl_status_t rl_tokenizer_apply_chat_template(rl_model_t *model, const char *messages_json,
@@ -85,13 +122,30 @@ RL_API rl_status_t rl_tokenizer_apply_chat_template(rl_model_t *model, const cha
  * "global_tokens" (loss tokens of the whole optimizer step) and "global_seqs"
  * (sequences with at least one loss token in the step); the loss normalizes by
  * them so the calls add up to one full-batch gradient. Absent: this call's
- * own counts. */
+ * own counts.
+ *
+ * Temperature (ABI 0.3): with RL_BATCH_HAS_SAMPLING_TEMPERATURE in `flags`,
+ * `sampling_temperature` is the temperature the completions were sampled at
+ * (0: greedy) and the trainer divides the logits by it before the log-softmax
+ * of "logprobs" and "entropy", so they are the sampling distribution's (top-k
+ * / top-p truncation is not applied: the untruncated tempered distribution is
+ * scored). An explicit trainer.logprob_temperature that differs is an error;
+ * a greedy batch is scored at trainer.logprob_temperature (else 1) with a
+ * warning. Without the flag: trainer.logprob_temperature, else 1. A struct of
+ * the 0.1 layout (struct_size = RL_SIZE_THROUGH(rl_batch_t, tensors)) is
+ * accepted and carries no temperature. rl_train_batch_view fills both fields. */
+enum { RL_BATCH_HAS_SAMPLING_TEMPERATURE = 1u << 0 };
+
 typedef struct rl_batch {
     uint32_t struct_size;
     uint32_t reserved0;          /* 0 */
     rl_tensor_view_t input_ids;  /* int64 [n_tokens]; borrowed */
     rl_tensor_view_t cu_seqlens; /* int64 [n_seqs + 1]; borrowed */
     rl_tensor_list_t tensors;    /* per-token [n_tokens]; borrowed */
+    /* ---- ABI 0.3: read with RL_HAS_FIELD(batch, rl_batch_t, sampling_temperature) ---- */
+    uint32_t flags;              /* RL_BATCH_*; 0: none */
+    uint32_t reserved1;          /* 0 */
+    double sampling_temperature; /* >= 0; read when flags has RL_BATCH_HAS_SAMPLING_TEMPERATURE */
 } rl_batch_t;
 
 /* [control-thread] A trainer over `model`'s parameters. config_json: the
@@ -106,14 +160,16 @@ RL_API void rl_trainer_destroy(rl_trainer_t *trainer);
  * "loss"); gradients accumulate until rl_trainer_optim_step. The batch is packed
  * into bins of trainer.sample_packing_sequence_len tokens and run in
  * micro-batches of trainer.micro_batch_tokens. Result: scalars "loss", "tokens",
- * "seqs"; the loss's metrics (token-weighted means over micro-batches); the
- * loss's extra per-token tensors. */
+ * "seqs", "logprob_temperature" (the temperature the logprobs were computed at,
+ * see rl_batch_t); the loss's metrics (token-weighted means over
+ * micro-batches); the loss's extra per-token tensors. */
 RL_API rl_status_t rl_trainer_forward_backward(rl_trainer_t *trainer, const rl_batch_t *batch,
                                                rl_instance_t *loss, rl_result_t **out_result);
 
 /* [control-thread] Forward only, no gradient. Tensors "logprobs" and "entropy"
- * (float32 [n_tokens]; 0 at each sequence's first token); with a loss (may be
- * NULL) also its scalars and metrics as in forward_backward. */
+ * (float32 [n_tokens]; 0 at each sequence's first token; at the temperature of
+ * scalar "logprob_temperature", see rl_batch_t); with a loss (may be NULL) also
+ * its scalars and metrics as in forward_backward. */
 RL_API rl_status_t rl_trainer_forward(rl_trainer_t *trainer, const rl_batch_t *batch,
                                       rl_instance_t *loss, rl_result_t **out_result);
 
@@ -224,10 +280,11 @@ RL_API rl_status_t rl_buffer_set_policy_version(rl_buffer_t *buffer, int64_t ver
 
 /* [thread-safe] Add one scored rollout. rollout_json: {"group_id": int,
  * "reward": number, "policy_version": int (default 0), "task": str,
- * "completion": str}. tensors (copied): "token_ids" (int64 [n], prompt +
- * completion, required), "logprobs" (float [n], sampling logprobs),
- * "loss_mask" ([n] of 0/1; default all ones), any other name: a float [n]
- * tensor carried to the batch ("advantages", "ref_logprobs", ...). */
+ * "completion": str, "sampling_temperature": number >= 0 (0: greedy; the
+ * rollouts of one batch must agree; default: none)}. tensors (copied): "token_ids" (int64 [n],
+ * prompt + completion, required), "logprobs" (float [n], sampling logprobs), "loss_mask" ([n] of
+ * 0/1; default all ones), any other name: a float [n] tensor carried to the batch ("advantages",
+ * "ref_logprobs", ...). */
 RL_API rl_status_t rl_buffer_push(rl_buffer_t *buffer, const char *rollout_json,
                                   const rl_tensor_list_t *tensors);
 
@@ -242,7 +299,8 @@ RL_API rl_status_t rl_buffer_close_group(rl_buffer_t *buffer, int64_t group_id,
  * group-major: tensors "input_ids" (int64), "cu_seqlens" (int64 [n_seqs + 1]),
  * "loss_mask" (float32), "rollout_logprobs" (float32, when pushed), the extra
  * per-token tensors (float32), "rewards" (float64 [n_seqs]), "group_ids" and
- * "policy_versions" (int64 [n_seqs]); scalars "groups", "rollouts", "tokens";
+ * "policy_versions" (int64 [n_seqs]); scalars "groups", "rollouts", "tokens",
+ * "sampling_temperature" (when the rollouts carry one);
  * texts "tasks" and "completions" (JSON arrays of strings). */
 RL_API rl_status_t rl_buffer_pop_batch(rl_buffer_t *buffer, uint64_t min_rollouts,
                                        uint64_t timeout_ms, rl_result_t **out_result);

@@ -19,9 +19,12 @@
  * History (docs/abi.md keeps the full list):
  *   0.1  first published layout; every struct's minimum accepted size.
  *   0.2  rl_plugin_t.get_params (optional slot); host extension
- *        RL_EXT_HOST_THREAD_CHECK; rl_instance_params(). */
+ *        RL_EXT_HOST_THREAD_CHECK; rl_instance_params().
+ *   0.3  rl_batch_t.flags / sampling_temperature (trainer scores at the
+ *        sampling temperature); rl_tokenizer_load, rl_tokenizer_decode_v2,
+ *        rl_tokenizer_encode_chat, RL_ENCODE_PLAIN_TEXT, RL_DECODE_SKIP_SPECIAL. */
 #define RL_ABI_VERSION_MAJOR 0
-#define RL_ABI_VERSION_MINOR 2
+#define RL_ABI_VERSION_MINOR 3
 #define RL_ABI_VERSION_PATCH 0
 #define RL_ABI_VERSION                                                                             \
     RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)

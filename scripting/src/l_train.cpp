@@ -130,31 +130,34 @@ int m_recv_weights(lua_State *L) {
     return 1;
 }
 
-// x:encode(text [, {add_special = false}]) -> int64 tensor
+// x:encode(text [, {add_special = false, plain_text = false}]) -> int64 tensor;
+// plain_text: special-token text in `text` stays text (RL_ENCODE_PLAIN_TEXT)
 int m_encode(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     size_t len = 0;
     const char *text = luaL_checklstring(L, 2, &len);
     const bool special = opt_bool_field(L, 3, "add_special", false);
+    const bool plain = opt_bool_field(L, 3, "plain_text", false);
+    const uint32_t flags = (special ? static_cast<uint32_t>(RL_ENCODE_ADD_SPECIAL) : 0u) |
+                           (plain ? static_cast<uint32_t>(RL_ENCODE_PLAIN_TEXT) : 0u);
     rl_result_t *res = nullptr;
-    check_status(L,
-                 rl_tokenizer_encode(m, rl_string_view_t{text, len},
-                                     special ? static_cast<uint32_t>(RL_ENCODE_ADD_SPECIAL) : 0u,
-                                     &res),
+    check_status(L, rl_tokenizer_encode(m, rl_string_view_t{text, len}, flags, &res),
                  "tokenizer:encode");
     push_result(L, res);
     lua_getfield(L, -1, "ids");
     return 1;
 }
 
-// x:decode(ids) -> string
+// x:decode(ids [, {skip_special_tokens = false}]) -> string
 int m_decode(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     const rl_tensor_view_t v = to_view(L, 2, kInt64, DtypeRule::Exact, "tokenizer:decode: ids");
+    const bool skip = opt_bool_field(L, 3, "skip_special_tokens", false);
     rl_result_t *res = nullptr;
     check_status(L,
-                 rl_tokenizer_decode(m, static_cast<const int64_t *>(v.data),
-                                     static_cast<uint64_t>(v.shape[0]), &res),
+                 rl_tokenizer_decode_v2(
+                     m, static_cast<const int64_t *>(v.data), static_cast<uint64_t>(v.shape[0]),
+                     skip ? static_cast<uint32_t>(RL_DECODE_SKIP_SPECIAL) : 0u, &res),
                  "tokenizer:decode");
     push_result(L, res);
     lua_getfield(L, -1, "text");
@@ -179,10 +182,46 @@ int m_chat(lua_State *L) {
     return 1;
 }
 
+// x:encode_chat(messages [, {template = nil, add_generation_prompt = true,
+// plain_text = true}]) -> ids (int64 tensor), prompt (string); plain_text
+// keeps special-token text inside the contents plain
+int m_encode_chat(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const std::string messages = to_json(L, 2, "messages");
+    const std::string tmpl = opt_string_field(L, 3, "template", "");
+    const bool gen = opt_bool_field(L, 3, "add_generation_prompt", true);
+    const bool plain = opt_bool_field(L, 3, "plain_text", true);
+    rl_result_t *res = nullptr;
+    check_status(L,
+                 rl_tokenizer_encode_chat(
+                     m, messages.c_str(), tmpl.empty() ? nullptr : tmpl.c_str(), gen ? 1u : 0u,
+                     plain ? static_cast<uint32_t>(RL_ENCODE_PLAIN_TEXT) : 0u, &res),
+                 "tokenizer:encode_chat");
+    push_result(L, res);
+    lua_getfield(L, -1, "ids");
+    lua_getfield(L, -2, "prompt");
+    return 2;
+}
+
 int m_tokenizer(lua_State *L) {
     Handle *model = check_handle(L, 1, kModelMT);
     Handle *h = push_handle(L, kTokenizerMT, model->ptr, nullptr, 1);
     std::snprintf(h->name, sizeof(h->name), "%s", model->name);
+    return 1;
+}
+
+// rl.tokenizer(dir) -> rl.tokenizer without a model (rl_tokenizer_load)
+int m_tokenizer_load(lua_State *L) {
+    const std::string dir = luaL_checkstring(L, 1);
+    Handle *h = push_handle(L, kTokenizerMT, nullptr, destroy_model, 0);
+    const size_t slash = dir.find_last_of('/', dir.size() > 1 ? dir.size() - 2 : 0);
+    std::snprintf(h->name, sizeof(h->name), "%s",
+                  (slash == std::string::npos ? dir : dir.substr(slash + 1)).c_str());
+    rl_model_t *m = nullptr;
+    const std::string what = "rl.tokenizer('" + dir + "')";
+    check_status(L, rl_tokenizer_load(dir.c_str(), &m), what.c_str());
+    h->ptr = m;
     return 1;
 }
 
@@ -338,8 +377,9 @@ rl_trainer_t *trainer_of(lua_State *L) {
     return static_cast<rl_trainer_t *>(check_handle(L, 1, kTrainerMT)->ptr);
 }
 
-// Reads the batch at idx (an rl.train_batch, or a table of tensors) into *b;
-// views borrow the batch or values pushed on the stack.
+// Reads the batch at idx (an rl.train_batch, or a table of tensors with an
+// optional number sampling_temperature) into *b; views borrow the batch or
+// values pushed on the stack.
 void read_batch(lua_State *L, int idx, const char *what, rl_batch_t *b, TensorTable *tt) {
     if (luaL_testudata(L, idx, kTrainBatchMT)) {
         *b = rl_batch_t{};
@@ -355,7 +395,16 @@ void read_batch(lua_State *L, int idx, const char *what, rl_batch_t *b, TensorTa
     b->struct_size = sizeof(*b);
     table_field_view(L, idx, "input_ids", what, true, &b->input_ids);
     table_field_view(L, idx, "cu_seqlens", what, true, &b->cu_seqlens);
-    read_tensor_table(L, idx, what, {"input_ids", "cu_seqlens"}, tt);
+    lua_getfield(L, idx, "sampling_temperature");
+    if (!lua_isnil(L, -1)) {
+        if (!lua_isnumber(L, -1))
+            luaL_error(L, "%s: sampling_temperature must be a number (0: greedy), got %s", what,
+                       luaL_typename(L, -1));
+        b->flags = RL_BATCH_HAS_SAMPLING_TEMPERATURE;
+        b->sampling_temperature = static_cast<double>(lua_tonumber(L, -1));
+    }
+    lua_pop(L, 1);
+    read_tensor_table(L, idx, what, {"input_ids", "cu_seqlens", "sampling_temperature"}, tt);
     b->tensors = tt->list();
 }
 
@@ -785,6 +834,7 @@ void open_train(lua_State *L, int M) {
                                              RL_LUA_FN("encode", m_encode),
                                              RL_LUA_FN("decode", m_decode),
                                              RL_LUA_FN("apply_chat_template", m_chat),
+                                             RL_LUA_FN("encode_chat", m_encode_chat),
                                              RL_LUA_FN("sft_batch", m_sft_batch),
                                              RL_LUA_FN("tokenizer", m_tokenizer),
                                              RL_LUA_FN("trainer", m_trainer),
@@ -796,7 +846,9 @@ void open_train(lua_State *L, int M) {
     static const luaL_Reg tokenizer_methods[] = {RL_LUA_FN("encode", m_encode),
                                                  RL_LUA_FN("decode", m_decode),
                                                  RL_LUA_FN("apply_chat_template", m_chat),
+                                                 RL_LUA_FN("encode_chat", m_encode_chat),
                                                  RL_LUA_FN("sft_batch", m_sft_batch),
+                                                 RL_LUA_FN("info", m_info),
                                                  {nullptr, nullptr}};
     define_handle_type(L, kTokenizerMT, tokenizer_methods);
     static const luaL_Reg trainer_methods[] = {RL_LUA_FN("forward_backward", t_forward_backward),
@@ -837,6 +889,7 @@ void open_train(lua_State *L, int M) {
     define_handle_type(L, kTrainBatchMT, train_batch_methods);
 
     static const luaL_Reg fns[] = {RL_LUA_FN("model", m_load),
+                                   RL_LUA_FN("tokenizer", m_tokenizer_load),
                                    RL_LUA_FN("buffer", b_new),
                                    RL_LUA_FN("init_model", m_init_preset),
                                    RL_LUA_FN("dist_init", d_init),

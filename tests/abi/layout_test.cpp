@@ -195,10 +195,15 @@ TEST(AbiLayout, RuntimeDescriptorHasGoldenLayout) {
 }
 
 TEST(AbiLayout, TrainBatchHasGoldenLayout) {
-    EXPECT_LAYOUT(rl_batch_t, 120);
+    EXPECT_LAYOUT(rl_batch_t, 136);
     EXPECT_OFFSET(rl_batch_t, input_ids, 8);
     EXPECT_OFFSET(rl_batch_t, cu_seqlens, 56);
     EXPECT_OFFSET(rl_batch_t, tensors, 104);
+    // ABI 0.3 fields after the 0.1 layout, which stays the minimum size.
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_batch_t, tensors), 120u);
+    EXPECT_OFFSET(rl_batch_t, flags, 120);
+    EXPECT_OFFSET(rl_batch_t, reserved1, 124);
+    EXPECT_OFFSET(rl_batch_t, sampling_temperature, 128);
 }
 
 TEST(AbiLayout, VersionMacrosRoundTrip) {
@@ -206,7 +211,7 @@ TEST(AbiLayout, VersionMacrosRoundTrip) {
     EXPECT_EQ(RL_VERSION_MAJOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_MINOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_PATCH(v), 4095u);
-    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 2, 0));
+    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 3, 0));
 }
 
 // docs/abi.md lists every header of abi/ (a header added without a line there

@@ -89,3 +89,37 @@ TEST(Params, TrainerStructValidationUsesTheDeclarations) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(TrainerConfig, LogprobTemperatureFollowsTheBatchAndRefusesAMismatch) {
+    using rl::core::logprob_temperature_for;
+    rl::core::TrainerConfig c; // logprob_temperature unset
+    bool greedy = true;
+    EXPECT_EQ(logprob_temperature_for(c, std::nullopt, &greedy), 1.0);
+    EXPECT_FALSE(greedy);
+    EXPECT_EQ(logprob_temperature_for(c, 0.7, &greedy), 0.7);
+    EXPECT_EQ(logprob_temperature_for(c, 0.0, &greedy), 1.0); // greedy: no tempered distribution
+    EXPECT_TRUE(greedy);
+
+    c.logprob_temperature = 0.7;
+    EXPECT_EQ(logprob_temperature_for(c, std::nullopt, &greedy), 0.7);
+    EXPECT_EQ(logprob_temperature_for(c, 0.7, &greedy), 0.7);
+    EXPECT_EQ(logprob_temperature_for(c, 0.0, &greedy), 0.7);
+    const std::string why = error_of([&] { logprob_temperature_for(c, 1.0); });
+    EXPECT_NE(why.find("trainer.logprob_temperature is 0.7"), std::string::npos) << why;
+    EXPECT_NE(why.find("sampled at temperature 1.0"), std::string::npos) << why;
+    EXPECT_NE(error_of([&] { logprob_temperature_for(c, -1.0); }).find(">= 0"), std::string::npos);
+
+    const auto parsed = rl::core::TrainerConfig::from_json(R"({"logprob_temperature": 0.5})");
+    ASSERT_TRUE(parsed.logprob_temperature.has_value());
+    EXPECT_EQ(*parsed.logprob_temperature, 0.5);
+    EXPECT_EQ(rl::core::TrainerConfig::from_json(parsed.to_json()).logprob_temperature, 0.5);
+    EXPECT_FALSE(rl::core::TrainerConfig::from_json("{}").logprob_temperature.has_value());
+    EXPECT_NE(error_of([] {
+                  rl::core::TrainerConfig::from_json(R"({"logprob_temperature": 0})");
+              }).find("trainer.logprob_temperature"),
+              std::string::npos);
+}
+
+} // namespace

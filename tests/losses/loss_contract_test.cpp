@@ -61,9 +61,10 @@ TEST(Parameters, UnknownNamesAreRefusedListingTheValidOnes) {
     expect_refused("grpo", R"({"kl_beta": 1})",
                    {"unknown parameter 'kl_beta'", "adv_tau", "teacher_tau", "kl_tau", "ratio_type",
                     "token_mask_low", "geo_mask_high", "sequence_clip_high"});
-    // importance_sampling has no clipping: a PPO parameter is a mistake, not ignored.
+    // importance_sampling has no clipping: a PPO parameter is a mistake, not
+    // ignored; the message names the loss that has one.
     expect_refused("importance_sampling", R"({"eps_clip": 0.2})",
-                   {"unknown parameter 'eps_clip'", "compute_kl_stats"});
+                   {"parameter 'eps_clip' is not supported here", "'policy_loss'"});
     for (const auto &name : loss_names())
         expect_refused(name, R"({"no_such_param": 1})", {"unknown parameter 'no_such_param'"});
 }

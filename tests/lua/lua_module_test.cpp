@@ -721,6 +721,39 @@ TEST(LuaTraining, TrainerAndEngineWorkThroughTheModule) {
               "ok");
 }
 
+TEST(LuaTraining, TokenizerFlagsTokenizerWithoutModelAndBatchTemperature) {
+    const std::string dir = temp_dir();
+    Lua lua;
+    lua_pushstring(lua.state(), dir.c_str());
+    lua_setglobal(lua.state(), "DIR");
+    EXPECT_EQ(lua.eval_string(R"(
+        local rl = require('rl')
+        rl.init_model('tiny', DIR .. '/tiny', 7)
+        local tok = rl.tokenizer(DIR .. '/tiny')
+        assert(tok:info().has_model == false)
+        local text = 'a<|im_end|>b'
+        assert(#tok:encode(text) == 3 and #tok:encode(text, {plain_text = true}) == #text)
+        local ids, prompt = tok:encode_chat({{role = 'user', content = text}})
+        assert(prompt == '<|im_start|>user\n' .. text .. '<|im_end|>\n<|im_start|>assistant\n', prompt)
+        local specials = 0
+        for i = 1, #ids do if ids[i] >= 256 then specials = specials + 1 end end
+        assert(specials == 3, specials)   -- the template's, not the content's
+        assert(tok:decode(ids, {skip_special_tokens = true}) == 'user\n' .. text .. '\nassistant\n')
+        local enc = rl.encode_prompts(tok, {{prompt = text}}, 'chatml')[1]
+        assert(#enc == #ids)
+        -- a table batch carries its sampling temperature to the trainer
+        local model = rl.model(DIR .. '/tiny', {threads = 1})
+        local trainer = model:trainer()
+        local batch = {input_ids = {1, 2, 3}, cu_seqlens = {0, 3}, sampling_temperature = 0.5}
+        assert(trainer:forward(batch).logprob_temperature == 0.5)
+        batch.sampling_temperature = nil
+        assert(trainer:forward(batch).logprob_temperature == 1)
+        local ok, err = pcall(function() return model:trainer({logprob_temperature = 0}) end)
+        assert(not ok and err:find('logprob_temperature', 1, true), err)
+        return 'ok')"),
+              "ok");
+}
+
 // ---- the run object ----------------------------------------------------------------------------
 
 TEST(LuaRun, WritesConfigAndOneMetricsLinePerStep) {

@@ -36,7 +36,7 @@ class LayoutTest(unittest.TestCase):
         # The sizes tests/abi/layout_test.cpp pins for the C structs.
         pinned = {A.StringView: 16, A.TensorView: 48, A.TensorArg: 56, A.TensorList: 16,
                   A.RuntimeDesc: 32, A.LossInputs: 88, A.AdvantageInputs: 168,
-                  A.RolloutView: 112, A.Batch: 120}
+                  A.RolloutView: 112, A.Batch: 136}
         for struct, size in pinned.items():
             self.assertEqual(C.sizeof(struct), size, struct.__name__)
 
@@ -102,6 +102,47 @@ class TrainTest(unittest.TestCase):
         self.assertEqual(self.model.decode(ids), "Reverse: abc")
         prompt = self.model.apply_chat_template([{"role": "user", "content": "hi"}], "chatml")
         self.assertIn("<|im_start|>user\nhi<|im_end|>", prompt)
+
+    def test_special_token_text_stays_text_and_tokenizer_loads_alone(self):
+        text = "a<|im_end|>b"
+        self.assertEqual(len(self.model.encode(text)), 3)
+        self.assertEqual(len(self.model.encode(text, plain_text=True)), len(text))
+        ids, prompt = self.model.encode_chat([{"role": "user", "content": text}])
+        self.assertEqual(sum(1 for i in ids if i >= 256), 3)  # the template's own tokens
+        self.assertEqual(self.model.decode(ids, skip_special_tokens=True),
+                         "user\n" + text + "\nassistant\n")
+        with rl.load_tokenizer(Tiny.path()) as tok:
+            self.assertFalse(tok.info()["has_model"])
+            self.assertEqual(tok.encode(text, plain_text=True),
+                             self.model.encode(text, plain_text=True))
+            with self.assertRaises(rl.Error) as cm:
+                tok.trainer()
+            self.assertEqual(cm.exception.status, "RL_ERR_BAD_STATE")
+
+    def test_the_trainer_scores_a_batch_at_its_sampling_temperature(self):
+        trainer = self.model.trainer()
+        engine = self.model.engine()
+        prompt = self.model.encode("Reverse: abc\n")
+        out = engine.generate([prompt], {"n": 2, "max_tokens": 6, "seed": 3, "temperature": 0.7})
+        cu = out.tensors["cu_seqlens"]
+        toks = out.tensors["token_ids"]
+        ids, seq_cu, positions = [], [0], []
+        for s in range(len(cu) - 1):
+            start = len(ids)
+            ids += prompt + toks[cu[s]:cu[s + 1]]
+            positions += list(range(start + len(prompt), len(ids)))
+            seq_cu.append(len(ids))
+        batch = {"input_ids": ids, "cu_seqlens": seq_cu, "sampling_temperature": 0.7}
+        res = trainer.forward(batch)
+        self.assertEqual(res.scalars["logprob_temperature"], 0.7)
+        lp = [res.tensors["logprobs"][p] for p in positions]
+        for a, b in zip(lp, out.tensors["logprobs"]):
+            self.assertAlmostEqual(a, b, delta=2e-5)
+        del batch["sampling_temperature"]
+        at1 = [trainer.forward(batch).tensors["logprobs"][p] for p in positions]
+        self.assertGreater(max(abs(a - b) for a, b in zip(at1, out.tensors["logprobs"])), 0.05)
+        engine.close()
+        trainer.close()
 
     def test_seed_equals_the_lua_module(self):
         # rl.seed(0, "rl", 3) in Lua (scripting/lua/rl/init.lua).

@@ -251,6 +251,87 @@ TEST_F(EngineTest, LogprobsMatchTheTrainersRecomputation) {
     EXPECT_GT(gap, 0.1); // the filtering is visible
 }
 
+// Temperature-consistent logprobs (issue 16): the engine reports log-probs of
+// the tempered distribution it sampled from; a batch that carries the sampling
+// temperature is scored by the trainer at it, so old and new logprobs agree.
+// Scored at temperature 1 (the temperature ignored) they disagree by far more.
+TEST_F(EngineTest, TrainerLogprobsAgreeWithTheEngineAtTheSamplingTemperature) {
+    TrainerPtr t = make_trainer(model.get(), "{}");
+    const Gen g = generate(engine.get(), *prompts,
+                           R"({"n": 3, "seed": 9, "max_tokens": 10, "temperature": 0.7})");
+    Batch b;
+    for (size_t s = 0; s < g.samples(); ++s) {
+        std::vector<int64_t> seq = (*prompts)[g.prompt_index[s]];
+        const auto c = g.sample(s);
+        seq.insert(seq.end(), c.begin(), c.end());
+        b.add(seq);
+    }
+    auto completion_logprobs = [&](const std::vector<float> &lp) {
+        std::vector<float> out;
+        for (size_t s = 0; s < g.samples(); ++s) {
+            const int64_t plen = static_cast<int64_t>((*prompts)[g.prompt_index[s]].size());
+            for (int64_t t2 = b.cu[s] + plen; t2 < b.cu[s + 1]; ++t2) out.push_back(lp[t2]);
+        }
+        return out;
+    };
+
+    b.sampling_temperature = 0.7;
+    Result r;
+    RL_ASSERT_OK(rl_trainer_forward(t.get(), b.view(), nullptr, r.out()));
+    EXPECT_DOUBLE_EQ(r.scalar("logprob_temperature"), 0.7);
+    EXPECT_LT(max_abs_diff(g.logprobs, completion_logprobs(r.tensor<float>("logprobs"))), 2e-5);
+
+    // The same through trainer.logprob_temperature, with a batch that carries none.
+    TrainerPtr t07 = make_trainer(model.get(), R"({"logprob_temperature": 0.7})");
+    b.sampling_temperature = -1;
+    Result r07;
+    RL_ASSERT_OK(rl_trainer_forward(t07.get(), b.view(), nullptr, r07.out()));
+    EXPECT_LT(max_abs_diff(g.logprobs, completion_logprobs(r07.tensor<float>("logprobs"))), 2e-5);
+
+    // Ignoring the temperature (scoring at 1) is visibly wrong: this test
+    // would fail without the fix.
+    Result r1;
+    RL_ASSERT_OK(rl_trainer_forward(t.get(), b.view(), nullptr, r1.out()));
+    EXPECT_DOUBLE_EQ(r1.scalar("logprob_temperature"), 1.0);
+    EXPECT_GT(max_abs_diff(g.logprobs, completion_logprobs(r1.tensor<float>("logprobs"))), 0.05);
+
+    // Entropy is the tempered distribution's too: sharper at 0.7 than at 1.
+    const auto e07 = r.tensor<float>("entropy"), e1 = r1.tensor<float>("entropy");
+    double s07 = 0, s1 = 0;
+    for (size_t i = 0; i < e07.size(); ++i) {
+        s07 += e07[i];
+        s1 += e1[i];
+    }
+    EXPECT_LT(s07, s1);
+}
+
+TEST_F(EngineTest, AnExplicitLogprobTemperatureThatDiffersFromTheBatchsIsRefused) {
+    TrainerPtr t = make_trainer(model.get(), R"({"logprob_temperature": 1.0})");
+    Batch b;
+    b.add((*prompts)[0]);
+    b.sampling_temperature = 0.7;
+    Result r;
+    EXPECT_EQ(rl_trainer_forward(t.get(), b.view(), nullptr, r.out()), RL_ERR_INVALID_ARG);
+    const std::string why = rl_last_error();
+    EXPECT_NE(why.find("trainer.logprob_temperature is 1"), std::string::npos) << why;
+    EXPECT_NE(why.find("sampled at temperature 0.7"), std::string::npos) << why;
+
+    // A greedy batch (temperature 0) has no tempered distribution: scored at
+    // logprob_temperature (here 1) with a warning, not refused.
+    b.sampling_temperature = 0;
+    Result g;
+    RL_ASSERT_OK(rl_trainer_forward(t.get(), b.view(), nullptr, g.out()));
+    EXPECT_DOUBLE_EQ(g.scalar("logprob_temperature"), 1.0);
+
+    // A caller of the 0.1 layout (struct_size without the temperature fields).
+    b.sampling_temperature = 0.7;
+    rl_batch_t old = *b.view();
+    old.struct_size = RL_SIZE_THROUGH(rl_batch_t, tensors);
+    Result o;
+    RL_ASSERT_OK(rl_trainer_forward(t.get(), &old, nullptr, o.out()));
+    EXPECT_DOUBLE_EQ(o.scalar("logprob_temperature"), 1.0);
+}
+
 TEST_F(EngineTest, WavesGiveTheSameSamplesAsOneBatch) {
     EnginePtr small = make_engine(model.get(), R"({"max_batch_sequences": 3})");
     const char *params = R"({"n": 4, "seed": 21, "max_tokens": 9})";

@@ -221,6 +221,88 @@ TEST(Step, TheBatchFollowsTheBatchConventionAndTheBufferFiltersOnce) {
     EXPECT_EQ(stats.scalar("policy_version"), sync.scalar("policy_version"));
 }
 
+// Rollouts sampled at T = 0.7 carry it through the buffer into the batch, and
+// the trainer scores the batch at it: the trainer's logprobs equal the
+// rollouts' old_logprobs on every completion token (issue 16).
+TEST(Step, TheBatchCarriesTheSamplingTemperatureAndTheTrainerScoresAtIt) {
+    ModelPtr m = load_model();
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = make("env", "reverse_text");
+    RolloutsPtr r = generate(
+        e.get(), R"({"sampling": {"n": 3, "max_tokens": 6, "seed": 5, "temperature": 0.7}})");
+    Result ri;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), ri.out()));
+    EXPECT_DOUBLE_EQ(ri.scalar("sampling_temperature"), 0.7);
+    RL_ASSERT_OK(rl_rollouts_score(r.get(), env.get()));
+    BufferPtr buf = make_buffer(R"({"group_size": 3, "drop_zero_variance": false})");
+    Result pushed;
+    RL_ASSERT_OK(rl_buffer_push_rollouts(buf.get(), r.get(), pushed.out()));
+    rl_train_batch_t *raw = nullptr;
+    RL_ASSERT_OK(rl_buffer_pop_train_batch(buf.get(), 6, 0, &raw));
+    BatchPtr batch(raw);
+    ASSERT_NE(batch, nullptr);
+    Result bi;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
+    EXPECT_DOUBLE_EQ(bi.scalar("sampling_temperature"), 0.7);
+
+    rl_batch_t view{};
+    view.struct_size = sizeof(view);
+    RL_ASSERT_OK(rl_train_batch_view(batch.get(), &view));
+    EXPECT_EQ(view.flags, static_cast<uint32_t>(RL_BATCH_HAS_SAMPLING_TEMPERATURE));
+    EXPECT_DOUBLE_EQ(view.sampling_temperature, 0.7);
+    TrainerPtr t = make_trainer(m.get(), "{}");
+    Result f;
+    RL_ASSERT_OK(rl_trainer_forward(t.get(), &view, nullptr, f.out()));
+    EXPECT_DOUBLE_EQ(f.scalar("logprob_temperature"), 0.7);
+    const auto lp = f.tensor<float>("logprobs");
+    const auto old = bi.tensor<float>("old_logprobs");
+    const auto mask = bi.tensor<float>("loss_mask");
+    double worst = 0;
+    int64_t n = 0;
+    for (size_t i = 0; i < lp.size(); ++i)
+        if (mask[i] != 0) {
+            worst = std::max(worst, std::fabs(double(lp[i]) - old[i]));
+            ++n;
+        }
+    EXPECT_GT(n, 0);
+    EXPECT_LT(worst, 2e-5);
+
+    // Split parts keep the temperature; a view of the 0.1 layout has no room for it.
+    rl_train_batch_t *parts[2] = {nullptr, nullptr};
+    uint64_t k = 0;
+    RL_ASSERT_OK(rl_train_batch_split(batch.get(), 2, parts, &k));
+    for (uint64_t i = 0; i < k; ++i) {
+        Result pi;
+        RL_EXPECT_OK(rl_train_batch_info(parts[i], pi.out()));
+        EXPECT_DOUBLE_EQ(pi.scalar("sampling_temperature"), 0.7);
+        rl_train_batch_destroy(parts[i]);
+    }
+    rl_batch_t small{};
+    small.struct_size = RL_SIZE_THROUGH(rl_batch_t, tensors);
+    RL_ASSERT_OK(rl_train_batch_view(batch.get(), &small));
+    EXPECT_EQ(small.flags, 0u);
+}
+
+TEST(Step, RolloutsSampledAtDifferentTemperaturesDoNotShareABatch) {
+    BufferPtr buf = make_buffer(R"({"group_size": 2, "drop_zero_variance": false})");
+    std::vector<int64_t> ids = {1, 2, 3};
+    const int64_t n = 3;
+    rl_tensor_arg_t arg{"token_ids", view_of(ids.data(), &n, kI64)};
+    const rl_tensor_list_t list{&arg, 1};
+    RL_ASSERT_OK(rl_buffer_push(
+        buf.get(), R"({"group_id": 1, "reward": 1, "sampling_temperature": 0.7})", &list));
+    RL_ASSERT_OK(rl_buffer_push(
+        buf.get(), R"({"group_id": 1, "reward": 0, "sampling_temperature": 1.0})", &list));
+    rl_train_batch_t *raw = nullptr;
+    EXPECT_EQ(rl_buffer_pop_train_batch(buf.get(), 2, 0, &raw), RL_ERR_BAD_STATE);
+    EXPECT_NE(std::string(rl_last_error()).find("different temperatures (0.7 and 1.0"),
+              std::string::npos)
+        << rl_last_error();
+    EXPECT_EQ(rl_buffer_push(buf.get(),
+                             R"({"group_id": 2, "reward": 0, "sampling_temperature": -1})", &list),
+              RL_ERR_INVALID_ARG);
+}
+
 TEST(Step, BadInputsAreRefusedByName) {
     ModelPtr m = load_model();
     EnginePtr e = make_engine(m.get());

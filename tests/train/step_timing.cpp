@@ -114,8 +114,11 @@ int main(int argc, char **argv) {
         rl_tensor_arg_t args[3] = {{"old_logprobs", view(old.data(), &nt, f32)},
                                    {"loss_mask", view(mask.data(), &nt, f32)},
                                    {"advantages", view(adv.data(), &nt, f32)}};
-        rl_batch_t batch{sizeof(rl_batch_t), 0, view(ids.data(), &nt, i64),
-                         view(bcu.data(), &nc, i64), rl_tensor_list_t{args, 3}};
+        rl_batch_t batch{};
+        batch.struct_size = sizeof(rl_batch_t);
+        batch.input_ids = view(ids.data(), &nt, i64);
+        batch.cu_seqlens = view(bcu.data(), &nc, i64);
+        batch.tensors = rl_tensor_list_t{args, 3};
         rl_result_t *fb = nullptr, *os = nullptr;
         if (rl_trainer_forward_backward(trainer, &batch, loss, &fb) != RL_OK)
             die("forward_backward");

@@ -93,6 +93,7 @@ struct Batch {
     std::map<std::string, std::vector<float>> floats; // per-token float32
     std::vector<int64_t> labels;                      // optional
     double global_tokens = 0, global_seqs = 0;
+    double sampling_temperature = -1; // < 0: the batch carries none
 
     void add(const std::vector<int64_t> &seq,
              const std::map<std::string, std::vector<float>> &per_token = {}) {
@@ -145,6 +146,10 @@ struct Batch {
         b_.input_ids = view_of(ids.data(), &n_tok_, kI64);
         b_.cu_seqlens = view_of(cu.data(), &n_cu_, kI64);
         b_.tensors = rl_tensor_list_t{args_.empty() ? nullptr : args_.data(), args_.size()};
+        if (sampling_temperature >= 0) {
+            b_.flags = RL_BATCH_HAS_SAMPLING_TEMPERATURE;
+            b_.sampling_temperature = sampling_temperature;
+        }
         return &b_;
     }
 

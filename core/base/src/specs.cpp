@@ -56,6 +56,14 @@ const std::vector<ParamSpec> &trainer_params() {
                      "gradients and AdamW state sharded over the ranks (docs/distributed.md)."),
         param("bucket_mb", T::Number, 25.0,
               "dp: megabytes of float32 gradients per all-reduce bucket.", Range::at_least(0.001)),
+        nullable(param(
+            "logprob_temperature", T::Number, nullptr,
+            "Temperature of the trainer's logprobs and entropy: logits / T before the log-softmax "
+            "(verl, xorl). null: the sampling temperature the batch carries (rollouts record "
+            "rollout.temperature), else 1. A value that differs from the batch's sampling "
+            "temperature is an error. Top-k / top-p truncation is not applied: the trainer scores "
+            "the untruncated tempered distribution (docs/trainer.md).",
+            Range::above(0))),
         script_only(param("total_steps", T::Integer, 0,
                           "Optimizer steps of the run (the cosine schedule's length).",
                           Range::at_least(0))),

@@ -424,7 +424,10 @@ struct Tokenizer::Impl {
     };
 
     // Splits the text around added tokens (leftmost, then longest match).
-    std::vector<Segment> split_added(std::string_view text, bool parse_special) const {
+    // Special tokens are skipped when !parse_special or when they overlap a
+    // plain span.
+    std::vector<Segment> split_added(std::string_view text, bool parse_special,
+                                     const std::vector<std::pair<size_t, size_t>> &plain) const {
         std::vector<Segment> out;
         size_t seg_start = 0, i = 0;
         while (i < text.size()) {
@@ -434,6 +437,12 @@ struct Tokenizer::Impl {
                 const AddedToken &a = added[c];
                 if (a.special && !parse_special) continue;
                 if (text.compare(i, a.content.size(), a.content) != 0) continue;
+                if (a.special) {
+                    bool in_plain = false;
+                    for (const auto &s : plain)
+                        in_plain = in_plain || (i < s.second && i + a.content.size() > s.first);
+                    if (in_plain) continue;
+                }
                 if (a.single_word) {
                     const bool left_ok =
                         i == 0 || !is_word_byte(static_cast<unsigned char>(text[i - 1]));
@@ -713,7 +722,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOption
         throw Error("encode: text is not valid UTF-8 (byte " + std::to_string(bad) + ")");
     std::vector<int32_t> ids;
     if (options.add_special_tokens) ids = m.prefix;
-    for (const auto &seg : m.split_added(text, options.parse_special)) {
+    for (const auto &seg : m.split_added(text, options.parse_special, options.plain_spans)) {
         if (seg.added >= 0) {
             ids.push_back(m.added[static_cast<size_t>(seg.added)].id);
             continue;

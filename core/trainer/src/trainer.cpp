@@ -437,6 +437,16 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     LogprobOptions lopts;
     lopts.chunk_tokens = config_.logprob_chunk_tokens;
     lopts.entropy = P.want_entropy;
+    bool greedy = false;
+    lopts.temperature = logprob_temperature_for(config_, batch.sampling_temperature, &greedy);
+    R.logprob_temperature = lopts.temperature;
+    if (greedy && !warned_greedy_) {
+        warned_greedy_ = true;
+        R.warnings.push_back(
+            "the batch was sampled greedily (temperature 0): its sampling logprobs are 0 and no "
+            "tempered distribution matches them; the trainer scores it at temperature " +
+            json(lopts.temperature).dump() + " (trainer.logprob_temperature, else 1)");
+    }
 
     // fsdp: every rank runs as many micro-batches as the rank with the most
     // (the per-layer collectives must pair up); the extra ones are empty.

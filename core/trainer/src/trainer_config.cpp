@@ -65,6 +65,8 @@ TrainerConfig TrainerConfig::from_json(const std::string &text) {
     c.parallel = j["parallel"].get<std::string>();
     c.bucket_mb = j["bucket_mb"].get<double>();
     if (!j["seed"].is_null()) c.seed = j["seed"].get<uint64_t>();
+    if (!j["logprob_temperature"].is_null())
+        c.logprob_temperature = j["logprob_temperature"].get<double>();
     c.validate();
     return c;
 }
@@ -104,7 +106,29 @@ std::string TrainerConfig::to_json() const {
               {"parallel", parallel},
               {"bucket_mb", bucket_mb}};
     j["seed"] = seed ? json(*seed) : json(nullptr);
+    j["logprob_temperature"] = logprob_temperature ? json(*logprob_temperature) : json(nullptr);
     return j.dump();
+}
+
+double logprob_temperature_for(const TrainerConfig &c, std::optional<double> sampling,
+                               bool *greedy) {
+    if (greedy) *greedy = false;
+    if (sampling && !(std::isfinite(*sampling) && *sampling >= 0))
+        bad("the batch's sampling temperature must be a finite number >= 0, got " +
+            json(*sampling).dump());
+    if (sampling && *sampling == 0) {
+        if (greedy) *greedy = true;
+        return c.logprob_temperature.value_or(1.0);
+    }
+    if (sampling && c.logprob_temperature &&
+        std::fabs(*sampling - *c.logprob_temperature) > 1e-6 * std::max(1.0, *sampling))
+        bad("trainer.logprob_temperature is " + json(*c.logprob_temperature).dump() +
+            " but the batch was sampled at temperature " + json(*sampling).dump() +
+            ": the trainer's logprobs would not be those of the sampling distribution (old and "
+            "new logprobs would disagree); set trainer.logprob_temperature to " +
+            json(*sampling).dump() + " or leave it null to take the batch's");
+    if (sampling) return *sampling;
+    return c.logprob_temperature.value_or(1.0);
 }
 
 double scheduled_learning_rate(const TrainerConfig &c, double lr, int64_t step) {

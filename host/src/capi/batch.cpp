@@ -14,8 +14,20 @@ std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *
     std::vector<int64_t> ids, cu{0};
     std::vector<float> mask, old;
     std::map<std::string, std::vector<float>> extras;
+    if (!rs.empty()) b->sampling_temperature = rs.front()->sampling_temperature;
+    auto temperature_name = [](const std::optional<double> &t) {
+        return t ? json(*t).dump() : std::string("none");
+    };
     for (size_t i = 0; i < rs.size(); ++i) {
         const core::Rollout &r = *rs[i];
+        if (r.sampling_temperature != b->sampling_temperature)
+            throw HostError{RL_ERR_BAD_STATE,
+                            fn_msg(fn, "rollouts of the batch were sampled at different "
+                                       "temperatures (" +
+                                           temperature_name(b->sampling_temperature) + " and " +
+                                           temperature_name(r.sampling_temperature) + ", group " +
+                                           std::to_string(r.group_id) +
+                                           "); the trainer scores a batch at one temperature")};
         const size_t n = r.token_ids.size();
         ids.insert(ids.end(), r.token_ids.begin(), r.token_ids.end());
         cu.push_back(static_cast<int64_t>(ids.size()));

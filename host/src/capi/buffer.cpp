@@ -3,6 +3,7 @@
 #include "train_common.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -33,6 +34,7 @@ CallSink batch_sink(std::vector<core::Group> groups) {
                                            std::to_string(r->group_id) + ")")};
     std::unique_ptr<rl_train_batch> b = batch_of(rs, static_cast<int64_t>(groups.size()), fn);
     sink.scalars["tokens"] = static_cast<double>(b->input_ids.numel());
+    if (b->sampling_temperature) sink.scalars["sampling_temperature"] = *b->sampling_temperature;
     sink.tensors["input_ids"] = std::move(b->input_ids);
     sink.tensors["cu_seqlens"] = std::move(b->cu_seqlens);
     for (auto &kv : b->tensors) {
@@ -101,11 +103,18 @@ RL_API rl_status_t rl_buffer_push(rl_buffer_t *buffer, const char *rollout_json,
             } else if (k == "task" || k == "completion") {
                 require(v.is_string(), fn_msg(fn, k + " must be a string"));
                 (k == "task" ? r.task : r.completion) = v.get<std::string>();
+            } else if (k == "sampling_temperature") {
+                require(v.is_null() || (v.is_number() && std::isfinite(v.get<double>()) &&
+                                        v.get<double>() >= 0),
+                        fn_msg(fn, "sampling_temperature must be a number >= 0 (0: greedy) or "
+                                   "null, got " +
+                                       v.dump()));
+                if (!v.is_null()) r.sampling_temperature = v.get<double>();
             } else {
                 throw HostError{RL_ERR_INVALID_ARG,
                                 fn_msg(fn, "unknown rollout key '" + k +
                                                "'; valid: group_id, policy_version, reward, "
-                                               "task, completion")};
+                                               "task, completion, sampling_temperature")};
             }
         }
         require(j.contains("group_id") && j.contains("reward"),

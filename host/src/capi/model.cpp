@@ -83,6 +83,21 @@ RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
     });
 }
 
+RL_API rl_status_t rl_tokenizer_load(const char *dir, rl_model_t **out_tokenizer) {
+    return train_boundary([&] {
+        require(dir && *dir && out_tokenizer,
+                "rl_tokenizer_load: dir and out_tokenizer are required");
+        const fs::path file = fs::path(dir) / "tokenizer.json";
+        std::error_code ec;
+        require(fs::exists(file, ec),
+                "rl_tokenizer_load: '" + std::string(dir) + "' has no tokenizer.json");
+        auto m = std::make_unique<rl_model>();
+        m->tokenizer = core::Tokenizer::from_folder(dir);
+        *out_tokenizer = m.release();
+        return RL_OK;
+    });
+}
+
 RL_API void rl_model_destroy(rl_model_t *model) {
     delete model;
 }
@@ -90,6 +105,20 @@ RL_API void rl_model_destroy(rl_model_t *model) {
 RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result) {
     return train_boundary([&] {
         require(model && out_result, "rl_model_info: model and out_result are required");
+        if (!model->policy) { // a tokenizer alone (rl_tokenizer_load)
+            const core::Tokenizer &tok = *model->tokenizer;
+            std::vector<int64_t> eos;
+            if (tok.eos_token_id()) eos.push_back(*tok.eos_token_id());
+            CallSink sink;
+            sink.texts["info"] = json{
+                {"has_model", false},
+                {"has_tokenizer", true},
+                {"vocab_size", tok.vocab_size()},
+                {"eos_token_ids",
+                 eos}}.dump();
+            *out_result = new_result(std::move(sink));
+            return RL_OK;
+        }
         const core::CausalLM &m = model->policy->model();
         const core::ModelConfig &c = m.config();
         json j = {{"architecture", core::architecture_name(c.architecture)},
@@ -100,6 +129,7 @@ RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result) {
                   {"max_position_embeddings", c.max_position_embeddings},
                   {"eos_token_ids", model->policy->eos_token_ids()},
                   {"has_tokenizer", model->policy->tokenizer() != nullptr},
+                  {"has_model", true},
                   {"device", m.device().str()},
                   {"dtype", core::dtype_string(m.dtype())},
                   {"policy_version", model->policy->version()}};
@@ -128,7 +158,7 @@ RL_API rl_status_t rl_model_save(rl_model_t *model, const char *dir) {
         const fs::path tmp = fs::path(target.string() + ".tmp-" + std::to_string(::getpid()));
         fs::remove_all(tmp, ec);
         try {
-            core::save_pretrained(model->policy->model(), tmp.string());
+            core::save_pretrained(policy_of(model, "rl_model_save").model(), tmp.string());
             core::replace_folder(tmp.string(), target.string());
         } catch (...) {
             fs::remove_all(tmp, ec);
@@ -147,11 +177,12 @@ RL_API rl_status_t rl_tokenizer_encode(rl_model_t *model, rl_string_view_t text,
         require(text.length == 0 || text.data != nullptr,
                 "rl_tokenizer_encode: text.data is NULL but text.length is " +
                     std::to_string(text.length));
-        require((flags & ~static_cast<uint32_t>(RL_ENCODE_ADD_SPECIAL)) == 0,
+        require((flags & ~static_cast<uint32_t>(RL_ENCODE_ADD_SPECIAL | RL_ENCODE_PLAIN_TEXT)) == 0,
                 "rl_tokenizer_encode: unknown flags " + std::to_string(flags));
-        const core::Tokenizer &tok = model->policy->require_tokenizer("rl_tokenizer_encode");
+        const core::Tokenizer &tok = tokenizer_of(model, "rl_tokenizer_encode");
         core::EncodeOptions o;
         o.add_special_tokens = (flags & RL_ENCODE_ADD_SPECIAL) != 0;
+        o.parse_special = (flags & RL_ENCODE_PLAIN_TEXT) == 0;
         const auto ids = tok.encode(std::string_view(text.data ? text.data : "", text.length), o);
         CallSink sink;
         sink.tensors["ids"] = owned_from_vector(std::vector<int64_t>(ids.begin(), ids.end()),
@@ -161,24 +192,108 @@ RL_API rl_status_t rl_tokenizer_encode(rl_model_t *model, rl_string_view_t text,
     });
 }
 
-RL_API rl_status_t rl_tokenizer_decode(rl_model_t *model, const int64_t *ids, uint64_t n,
-                                       rl_result_t **out_result) {
+} // extern "C"
+
+namespace {
+
+rl_status_t decode_ids(rl_model_t *model, const int64_t *ids, uint64_t n, uint32_t flags,
+                       rl_result_t **out_result, const char *fn) {
     return train_boundary([&] {
-        require(model && out_result, "rl_tokenizer_decode: model and out_result are required");
-        require(n == 0 || ids != nullptr,
-                "rl_tokenizer_decode: ids is NULL but n is " + std::to_string(n));
-        const core::Tokenizer &tok = model->policy->require_tokenizer("rl_tokenizer_decode");
+        require(model && out_result, fn_msg(fn, "model and out_result are required"));
+        require(n == 0 || ids != nullptr, fn_msg(fn, "ids is NULL but n is " + std::to_string(n)));
+        require((flags & ~static_cast<uint32_t>(RL_DECODE_SKIP_SPECIAL)) == 0,
+                fn_msg(fn, "unknown flags " + std::to_string(flags)));
+        const core::Tokenizer &tok = tokenizer_of(model, fn);
         std::vector<int32_t> v;
         v.reserve(n);
         for (uint64_t i = 0; i < n; ++i) {
             require(ids[i] >= 0 && ids[i] < tok.vocab_size(),
-                    "rl_tokenizer_decode: ids[" + std::to_string(i) +
-                        "] = " + std::to_string(ids[i]) + " is outside the vocabulary [0, " +
-                        std::to_string(tok.vocab_size()) + ")");
+                    fn_msg(fn, "ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                                   " is outside the vocabulary [0, " +
+                                   std::to_string(tok.vocab_size()) + ")"));
             v.push_back(static_cast<int32_t>(ids[i]));
         }
         CallSink sink;
-        sink.texts["text"] = tok.decode(v);
+        sink.texts["text"] = tok.decode(v, (flags & RL_DECODE_SKIP_SPECIAL) != 0);
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+// messages_json as chat messages; errors name fn.
+std::vector<core::ChatMessage> chat_messages(const char *messages_json, const char *fn) {
+    const json j = parse_json(messages_json, fn_msg(fn, "messages"));
+    require(j.is_array(), fn_msg(fn, "messages must be a JSON array of {role, content}"));
+    std::vector<core::ChatMessage> msgs;
+    for (size_t i = 0; i < j.size(); ++i) {
+        const json &m = j[i];
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        require(m.is_object() && m.contains("role") && m["role"].is_string() &&
+                    m.contains("content") && m["content"].is_string(),
+                fn_msg(fn, at + " must be an object with string 'role' and 'content'"));
+        msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    return msgs;
+}
+
+// The conversation rendered by `template_name` (NULL: the tokenizer's own).
+std::function<std::string(const std::vector<core::ChatMessage> &)>
+chat_renderer(const rl_model_t *model, const char *template_name, bool add_generation_prompt,
+              const char *fn) {
+    core::ChatTemplateOptions o;
+    o.add_generation_prompt = add_generation_prompt;
+    if (template_name) {
+        const core::ChatFormat f = core::parse_chat_format(template_name);
+        return [f, o](const std::vector<core::ChatMessage> &m) {
+            return core::apply_chat_template(f, m, o);
+        };
+    }
+    const core::Tokenizer *tok = &tokenizer_of(model, fn);
+    return [tok, o](const std::vector<core::ChatMessage> &m) {
+        return tok->apply_chat_template(m, o);
+    };
+}
+
+} // namespace
+
+extern "C" {
+
+RL_API rl_status_t rl_tokenizer_decode(rl_model_t *model, const int64_t *ids, uint64_t n,
+                                       rl_result_t **out_result) {
+    return decode_ids(model, ids, n, 0, out_result, "rl_tokenizer_decode");
+}
+
+RL_API rl_status_t rl_tokenizer_decode_v2(rl_model_t *model, const int64_t *ids, uint64_t n,
+                                          uint32_t flags, rl_result_t **out_result) {
+    return decode_ids(model, ids, n, flags, out_result, "rl_tokenizer_decode_v2");
+}
+
+RL_API rl_status_t rl_tokenizer_encode_chat(rl_model_t *model, const char *messages_json,
+                                            const char *template_name,
+                                            uint32_t add_generation_prompt, uint32_t flags,
+                                            rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_tokenizer_encode_chat";
+        require(model && messages_json && out_result,
+                fn_msg(fn, "model, messages_json and out_result are required"));
+        require((flags & ~static_cast<uint32_t>(RL_ENCODE_PLAIN_TEXT)) == 0,
+                fn_msg(fn, "unknown flags " + std::to_string(flags) +
+                               " (valid: RL_ENCODE_PLAIN_TEXT)"));
+        const std::vector<core::ChatMessage> msgs = chat_messages(messages_json, fn);
+        const core::Tokenizer &tok = tokenizer_of(model, fn);
+        const auto render = chat_renderer(model, template_name, add_generation_prompt != 0, fn);
+        std::string prompt;
+        std::vector<int32_t> ids;
+        if (flags & RL_ENCODE_PLAIN_TEXT) {
+            ids = encode_chat_plain(tok, msgs, render, &prompt, fn);
+        } else {
+            prompt = render(msgs);
+            ids = tok.encode(prompt);
+        }
+        CallSink sink;
+        sink.tensors["ids"] = owned_from_vector(std::vector<int64_t>(ids.begin(), ids.end()),
+                                                rl_dtype_t{RL_DTYPE_INT, 64, 1});
+        sink.texts["prompt"] = prompt;
         *out_result = new_result(std::move(sink));
         return RL_OK;
     });
@@ -210,8 +325,7 @@ RL_API rl_status_t rl_tokenizer_apply_chat_template(rl_model_t *model, const cha
             sink.texts["prompt"] =
                 core::apply_chat_template(core::parse_chat_format(template_name), msgs, o);
         } else {
-            sink.texts["prompt"] =
-                model->policy->require_tokenizer(fn).apply_chat_template(msgs, o);
+            sink.texts["prompt"] = tokenizer_of(model, fn).apply_chat_template(msgs, o);
         }
         *out_result = new_result(std::move(sink));
         return RL_OK;

@@ -24,6 +24,7 @@ struct rl_rollouts {
         std::vector<float> logprobs; // per completion token
         std::string text, finish_reason;
         int64_t policy_version = 0;
+        std::optional<double> sampling_temperature; // 0: greedy
         bool scored = false;
         double reward = 0;
         std::map<std::string, double> metrics; // env metrics
@@ -68,23 +69,35 @@ json options_arg(const char *options_json, const char *fn) {
 }
 
 // The prompt ids of each task: its "prompt", wrapped as one user turn with the
-// assistant prompt after it when a chat template is named.
-std::vector<std::vector<int64_t>> encode_prompts(const core::Policy &policy, const json &tasks,
-                                                 const std::string &chat_template, const char *fn) {
-    const core::Tokenizer &tok = policy.require_tokenizer(fn);
+// assistant prompt after it when a chat template is named. The task's text is
+// plain text (special-token text in it, "<|im_end|>", stays text; only the
+// template's own special tokens are control tokens) unless parse_special.
+std::vector<std::vector<int64_t>> encode_prompts(const core::Tokenizer &tok, const json &tasks,
+                                                 const std::string &chat_template,
+                                                 bool parse_special, const char *fn) {
     core::ChatTemplateOptions chat;
     chat.add_generation_prompt = true;
     const bool templated = chat_template != "none";
     const core::ChatFormat format =
         templated ? core::parse_chat_format(chat_template) : core::ChatFormat{};
+    const auto render = [&](const std::vector<core::ChatMessage> &m) {
+        return core::apply_chat_template(format, m, chat);
+    };
+    core::EncodeOptions plain;
+    plain.parse_special = parse_special;
     std::vector<std::vector<int64_t>> prompts;
     for (size_t i = 0; i < tasks.size(); ++i) {
         const json &t = tasks[i];
         require(t.is_object() && t.contains("prompt") && t["prompt"].is_string(),
                 fn_msg(fn, "tasks[" + std::to_string(i) + "] has no string 'prompt'"));
-        std::string text = t["prompt"].get<std::string>();
-        if (templated) text = core::apply_chat_template(format, {{"user", text}}, chat);
-        const auto ids = tok.encode(text, core::EncodeOptions{});
+        const std::string text = t["prompt"].get<std::string>();
+        std::vector<int32_t> ids;
+        if (!templated)
+            ids = tok.encode(text, plain);
+        else if (parse_special)
+            ids = tok.encode(render({{"user", text}}), core::EncodeOptions{});
+        else
+            ids = encode_chat_plain(tok, {{"user", text}}, render, nullptr, fn);
         require(!ids.empty(), fn_msg(fn, "tasks[" + std::to_string(i) + "]: empty prompt"));
         prompts.emplace_back(ids.begin(), ids.end());
     }
@@ -99,6 +112,7 @@ core::Rollout buffer_rollout(const rl_rollouts::Item &it) {
     r.reward = it.reward;
     r.task = it.task;
     r.completion = it.text;
+    r.sampling_temperature = it.sampling_temperature;
     const size_t p = it.prompt_ids.size(), c = it.token_ids.size();
     r.token_ids = it.prompt_ids;
     r.token_ids.insert(r.token_ids.end(), it.token_ids.begin(), it.token_ids.end());
@@ -141,9 +155,14 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
         const json opts = options_arg(options_json, fn);
         std::string chat_template = "none";
         int64_t group_offset = 0;
+        bool parse_special = false;
         json sampling = json::object();
         for (const auto &kv : opts.items()) {
-            if (kv.key() == "chat_template") {
+            if (kv.key() == "parse_special_tokens") {
+                require(kv.value().is_boolean(),
+                        fn_msg(fn, "options.parse_special_tokens must be true or false"));
+                parse_special = kv.value().get<bool>();
+            } else if (kv.key() == "chat_template") {
                 require(kv.value().is_string(),
                         fn_msg(fn, "options.chat_template must be a string"));
                 chat_template = kv.value().get<std::string>();
@@ -158,13 +177,17 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
             } else {
                 throw HostError{RL_ERR_INVALID_ARG,
                                 fn_msg(fn, "unknown option '" + kv.key() +
-                                               "'; valid: chat_template, group_offset, sampling")};
+                                               "'; valid: chat_template, group_offset, sampling, "
+                                               "parse_special_tokens")};
             }
         }
-        const std::vector<std::vector<int64_t>> prompts =
-            encode_prompts(*engine->policy, tasks, chat_template, fn);
-        const core::Generation g =
-            engine->impl->generate(prompts, core::SamplingParams::from_json(sampling.dump()));
+        const std::vector<std::vector<int64_t>> prompts = encode_prompts(
+            engine->policy->require_tokenizer(fn), tasks, chat_template, parse_special, fn);
+        const core::SamplingParams params = core::SamplingParams::from_json(sampling.dump());
+        const core::Generation g = engine->impl->generate(prompts, params);
+        // The temperature the logprobs belong to: greedy decoding (T = 0 or
+        // top_k = 1) reports logprobs 0 and is recorded as 0.
+        const double temperature = params.greedy() ? 0.0 : params.temperature;
 
         auto r = std::make_unique<rl_rollouts>();
         r->groups = static_cast<int64_t>(tasks.size());
@@ -184,6 +207,7 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
             it.text = g.completions[s];
             it.finish_reason = core::finish_reason_name(g.finish_reasons[s]);
             it.policy_version = g.policy_version;
+            it.sampling_temperature = temperature;
         }
         *out_rollouts = r.release();
         return RL_OK;
@@ -295,6 +319,8 @@ RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t *
         s.scalars["tokens"] = tokens;
         s.scalars["flagged"] = flagged;
         s.scalars["masked"] = n_masked;
+        if (!items.empty() && items.front().sampling_temperature)
+            s.scalars["sampling_temperature"] = *items.front().sampling_temperature;
         if (scored) {
             // Population statistics, summed in rollout order.
             double sum = 0, sq = 0, lo = HUGE_VAL, hi = -HUGE_VAL;
@@ -409,27 +435,36 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
         const json opts = options_arg(options_json, fn);
         std::string chat_template = "none";
         std::optional<int64_t> eos;
+        bool parse_special = false;
         for (const auto &kv : opts.items()) {
             if (kv.key() == "chat_template" && kv.value().is_string()) {
                 chat_template = kv.value().get<std::string>();
             } else if (kv.key() == "eos_token_id" && kv.value().is_number_integer()) {
                 eos = kv.value().get<int64_t>();
+            } else if (kv.key() == "parse_special_tokens" && kv.value().is_boolean()) {
+                parse_special = kv.value().get<bool>();
             } else {
                 throw HostError{RL_ERR_INVALID_ARG,
                                 fn_msg(fn, "option '" + kv.key() +
                                                "' is unknown or of the wrong type; valid: "
                                                "chat_template (a string), eos_token_id (an "
-                                               "integer)")};
+                                               "integer), parse_special_tokens (a boolean)")};
             }
         }
+        const core::Tokenizer &tok = tokenizer_of(model, fn);
         if (!eos) {
-            const auto ids = model->policy->eos_token_ids();
+            std::vector<int64_t> ids;
+            if (model->policy)
+                ids = model->policy->eos_token_ids();
+            else if (tok.eos_token_id())
+                ids.push_back(*tok.eos_token_id());
             require(!ids.empty(), fn_msg(fn, "the model has no end-of-sequence token; pass "
                                              "eos_token_id"));
             eos = ids.front();
         }
-        const core::Tokenizer &tok = model->policy->require_tokenizer(fn);
-        const auto prompts = encode_prompts(*model->policy, tasks, chat_template, fn);
+        const auto prompts = encode_prompts(tok, tasks, chat_template, parse_special, fn);
+        core::EncodeOptions answer_opts;
+        answer_opts.parse_special = parse_special;
         std::vector<int64_t> ids, cu{0};
         std::vector<float> mask;
         for (size_t i = 0; i < tasks.size(); ++i) {
@@ -437,7 +472,7 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
                     fn_msg(fn, "tasks[" + std::to_string(i) +
                                    "] has no reference answer (a string 'answer')"));
             const auto answer =
-                tok.encode(tasks[i]["answer"].get<std::string>() + "\n", core::EncodeOptions{});
+                tok.encode(tasks[i]["answer"].get<std::string>() + "\n", answer_opts);
             ids.insert(ids.end(), prompts[i].begin(), prompts[i].end());
             mask.insert(mask.end(), prompts[i].size(), 0.0f);
             ids.insert(ids.end(), answer.begin(), answer.end());
@@ -454,7 +489,7 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
         for (size_t i = 0; i < tasks.size(); ++i) {
             b->rewards.push_back(0.0);
             b->group_ids.push_back(static_cast<int64_t>(i));
-            b->policy_versions.push_back(model->policy->version());
+            b->policy_versions.push_back(model->policy ? model->policy->version() : 0);
             b->tasks.push_back(tasks[i].dump());
             b->completions.push_back(tasks[i]["answer"].get<std::string>());
         }
@@ -542,6 +577,7 @@ RL_API rl_status_t rl_train_batch_split(const rl_train_batch_t *batch, uint64_t 
                 groups += part->group_ids[static_cast<size_t>(s - a)] !=
                           part->group_ids[static_cast<size_t>(s - a - 1)];
             part->groups = groups;
+            part->sampling_temperature = batch->sampling_temperature;
             part->rebuild_args();
             parts.push_back(std::move(part));
         }
@@ -583,12 +619,19 @@ RL_API rl_status_t rl_train_batch_compute_advantages(rl_train_batch_t *batch,
 RL_API rl_status_t rl_train_batch_view(const rl_train_batch_t *batch, rl_batch_t *out_batch) {
     return train_boundary([&] {
         require(batch && out_batch, "rl_train_batch_view: batch and out_batch are required");
-        require(out_batch->struct_size >= sizeof(rl_batch_t),
+        require(out_batch->struct_size >= RL_SIZE_THROUGH(rl_batch_t, tensors),
                 "rl_train_batch_view: out_batch->struct_size is too small (set it to "
                 "sizeof(rl_batch_t))");
         out_batch->input_ids = batch->input_ids.view();
         out_batch->cu_seqlens = batch->cu_seqlens.view();
         out_batch->tensors = rl_tensor_list_t{batch->args.data(), batch->args.size()};
+        if (RL_HAS_FIELD(out_batch, rl_batch_t, sampling_temperature)) {
+            out_batch->flags = batch->sampling_temperature
+                                   ? static_cast<uint32_t>(RL_BATCH_HAS_SAMPLING_TEMPERATURE)
+                                   : 0u;
+            out_batch->reserved1 = 0;
+            out_batch->sampling_temperature = batch->sampling_temperature.value_or(0.0);
+        }
         return RL_OK;
     });
 }
@@ -608,6 +651,8 @@ RL_API rl_status_t rl_train_batch_info(const rl_train_batch_t *batch, rl_result_
         s.scalars["tokens"] = static_cast<double>(batch->input_ids.numel());
         s.scalars["loss_tokens"] = loss_tokens;
         s.scalars["min_policy_version"] = static_cast<double>(min_version);
+        if (batch->sampling_temperature)
+            s.scalars["sampling_temperature"] = *batch->sampling_temperature;
         s.tensors["rewards"] = owned_from_vector(batch->rewards, kF64);
         s.tensors["group_ids"] = owned_from_vector(batch->group_ids, kI64);
         s.tensors["policy_versions"] = owned_from_vector(batch->policy_versions, kI64);

@@ -9,6 +9,60 @@ std::string fn_msg(const char *fn, const std::string &msg) {
     return std::string(fn) + ": " + msg;
 }
 
+core::Policy &policy_of(const rl_model_t *model, const char *fn) {
+    if (!model->policy)
+        throw HostError{RL_ERR_BAD_STATE,
+                        fn_msg(fn, "this handle holds a tokenizer only (rl_tokenizer_load); load "
+                                   "the model folder with rl_model_load")};
+    return *model->policy;
+}
+
+const core::Tokenizer &tokenizer_of(const rl_model_t *model, const char *fn) {
+    if (model->tokenizer) return *model->tokenizer;
+    return policy_of(model, fn).require_tokenizer(fn);
+}
+
+std::vector<int32_t>
+encode_chat_plain(const core::Tokenizer &tok, const std::vector<core::ChatMessage> &messages,
+                  const std::function<std::string(const std::vector<core::ChatMessage> &)> &render,
+                  std::string *rendered, const char *fn) {
+    // Placeholders that no template alters and no content holds.
+    std::vector<core::ChatMessage> slots = messages;
+    std::vector<std::string> marks;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        std::string m = "RLCONTENTSLOT" + std::to_string(i) + "X";
+        while (messages[i].content.find(m) != std::string::npos) m += "X";
+        marks.push_back(m);
+        slots[i].content = m;
+    }
+    const std::string shape = render(slots);
+    const std::string text = render(messages);
+    // Rebuild the text from the shape, recording where each content lands.
+    std::string rebuilt;
+    core::EncodeOptions o;
+    size_t at = 0;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const size_t p = shape.find(marks[i], at);
+        if (p == std::string::npos || shape.find(marks[i], p + 1) != std::string::npos)
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fn_msg(fn, "the chat template does not render message " +
+                                           std::to_string(i) +
+                                           "'s content exactly once, in order; its special-token "
+                                           "text cannot be kept plain")};
+        rebuilt += shape.substr(at, p - at);
+        o.plain_spans.emplace_back(rebuilt.size(), rebuilt.size() + messages[i].content.size());
+        rebuilt += messages[i].content;
+        at = p + marks[i].size();
+    }
+    rebuilt += shape.substr(at);
+    if (rebuilt != text)
+        throw HostError{RL_ERR_INVALID_ARG,
+                        fn_msg(fn, "the chat template alters the message contents (trimming, "
+                                   "rewriting); their special-token text cannot be kept plain")};
+    if (rendered) *rendered = text;
+    return tok.encode(text, o);
+}
+
 json parse_json(const char *text, const std::string &what) {
     if (text == nullptr) return json();
     json j = json::parse(text, nullptr, false);

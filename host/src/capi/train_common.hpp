@@ -17,13 +17,17 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+// A model (rl_model_load: `policy`), or a tokenizer alone (rl_tokenizer_load:
+// `tokenizer`, no policy). Calls that need weights refuse the latter.
 struct rl_model {
     std::shared_ptr<rl::core::Policy> policy;
+    std::shared_ptr<const rl::core::Tokenizer> tokenizer;
     int64_t synced_version = -1; ///< the weight set received last (rl_weights_recv)
 };
 struct rl_trainer {
@@ -59,6 +63,23 @@ rl_status_t train_boundary(F &&f) noexcept {
 
 // "<fn>: <msg>".
 std::string fn_msg(const char *fn, const std::string &msg);
+
+// The model's policy; a tokenizer handle (rl_tokenizer_load) is refused with
+// RL_ERR_BAD_STATE naming `fn`.
+rl::core::Policy &policy_of(const rl_model_t *model, const char *fn);
+// The tokenizer of a model or tokenizer handle; refused naming `fn` when the
+// model folder had none.
+const rl::core::Tokenizer &tokenizer_of(const rl_model_t *model, const char *fn);
+
+// Text -> ids where the text is `prefix + content + suffix` of a rendered chat
+// template and only the template's own special tokens count: special-token
+// text inside the contents is plain text (docs/model.md, "Special tokens in
+// user text"). Renders `messages` once with placeholders to find each content
+// span and refuses a template that alters the contents.
+std::vector<int32_t> encode_chat_plain(
+    const rl::core::Tokenizer &tok, const std::vector<rl::core::ChatMessage> &messages,
+    const std::function<std::string(const std::vector<rl::core::ChatMessage> &)> &render,
+    std::string *rendered, const char *fn);
 
 // A JSON argument (null when text is NULL); errors name `what`.
 nlohmann::json parse_json(const char *text, const std::string &what);

@@ -5,13 +5,17 @@
 
 #include "rl/core/checkpoint.hpp"
 
+#include <cmath>
+
 namespace {
 
 // ---- batches and results ----------------------------------------------------------
 
 core::TrainBatch batch_from(const rl_batch_t *b, const char *fn) {
     require(b != nullptr, fn_msg(fn, "batch is NULL"));
-    require(b->struct_size >= sizeof(rl_batch_t),
+    // The first published layout ends at `tensors`; later fields are read
+    // when the caller's struct holds them.
+    require(b->struct_size >= RL_SIZE_THROUGH(rl_batch_t, tensors),
             fn_msg(fn, "batch->struct_size is too small (set it to sizeof(rl_batch_t))"));
     core::TrainBatch tb;
     tb.input_ids = tensor_from_view(b->input_ids, fn_msg(fn, "batch input_ids"));
@@ -36,6 +40,18 @@ core::TrainBatch batch_from(const rl_batch_t *b, const char *fn) {
         require(!tb.tensors.count(name), fn_msg(fn, "batch tensor '" + name + "' given twice"));
         tb.tensors[name] = tensor_from_view(a.view, what);
     }
+    if (RL_HAS_FIELD(b, rl_batch_t, sampling_temperature)) {
+        require((b->flags & ~static_cast<uint32_t>(RL_BATCH_HAS_SAMPLING_TEMPERATURE)) == 0,
+                fn_msg(fn, "batch->flags has unknown bits " + std::to_string(b->flags)));
+        if (b->flags & RL_BATCH_HAS_SAMPLING_TEMPERATURE) {
+            const double t = b->sampling_temperature;
+            require(std::isfinite(t) && t >= 0,
+                    fn_msg(fn, "batch->sampling_temperature must be a finite number >= 0 (0: "
+                               "greedy), got " +
+                                   json(t).dump()));
+            tb.sampling_temperature = t;
+        }
+    }
     return tb;
 }
 
@@ -49,6 +65,8 @@ CallSink step_sink(const core::StepResult &r, bool with_loss) {
     sink.scalars["seqs"] = static_cast<double>(r.seqs);
     sink.scalars["bins"] = static_cast<double>(r.bins);
     sink.scalars["micro_batches"] = static_cast<double>(r.micro_batches);
+    sink.scalars["logprob_temperature"] = r.logprob_temperature;
+    for (const auto &w : r.warnings) rl::host::log_warning("trainer: " + w);
     sink.metrics.insert(r.metrics.begin(), r.metrics.end());
     for (const auto &kv : r.tensors) sink.tensors[kv.first] = owned_from_tensor(kv.second);
     return sink;
@@ -64,6 +82,7 @@ RL_API rl_status_t rl_trainer_create(rl_model_t *model, const char *config_json,
                                      rl_trainer_t **out_trainer) {
     return train_boundary([&] {
         require(model && out_trainer, "rl_trainer_create: model and out_trainer are required");
+        policy_of(model, "rl_trainer_create");
         auto t = std::make_unique<rl_trainer>();
         t->policy = model->policy;
         t->impl = std::make_unique<core::Trainer>(

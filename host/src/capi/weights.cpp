@@ -113,7 +113,7 @@ RL_API rl_status_t rl_weights_send(rl_model_t *model, rl_instance_t *transport, 
         const SendOptions opt = send_options(options_json);
         if (out_result) *out_result = nullptr;
         const auto t0 = Clock::now();
-        auto &lm = model->policy->model();
+        auto &lm = policy_of(model, fn).model();
         lm.materialize_weights(); // collective under fsdp: every rank calls
         CallSink sink;
         if (transport == nullptr) { // a rank that only helps gather
@@ -178,7 +178,8 @@ RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, 
                 fn_msg(fn, "model, transport and out_result are required"));
         *out_result = nullptr;
         const RecvOptions opt = recv_options(options_json);
-        auto &lm = model->policy->model();
+        rl::core::Policy &policy = policy_of(model, fn);
+        auto &lm = policy.model();
         if (lm.weight_hooks() != nullptr)
             throw HostError{RL_ERR_BAD_STATE,
                             fn_msg(fn, "the model is sharded (trainer.parallel fsdp); weights "
@@ -285,7 +286,7 @@ RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, 
                 }
             }
             model->synced_version = version;
-            model->policy->set_version(version);
+            policy.set_version(version);
             CallSink sink;
             sink.metrics["sync/bytes"] = static_cast<double>(bytes);
             sink.metrics["sync/seconds"] = seconds_since(t0);

@@ -75,7 +75,9 @@ std::vector<ConfigKey> build() {
               Range::at_least(1)),
         param("rollout.n", T::Integer, 8, "Samples per prompt (the GRPO group size).",
               Range::at_least(1)),
-        param("rollout.temperature", T::Number, 1.0, "Sampling temperature (0: greedy).",
+        param("rollout.temperature", T::Number, 1.0,
+              "Sampling temperature (0: greedy). Rollouts record it and the trainer computes "
+              "logprobs and entropy at it (trainer.logprob_temperature).",
               Range::at_least(0)),
         param("rollout.top_p", T::Number, 1.0, "Nucleus sampling mass (1: off).",
               Range::left_open(0, 1)),

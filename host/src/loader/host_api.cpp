@@ -158,4 +158,8 @@ std::string take_last_plugin_log() {
     return s;
 }
 
+void log_warning(const std::string &message) {
+    spdlog::warn("{}", message);
+}
+
 } // namespace rl::host

@@ -13,6 +13,13 @@ using namespace rl::sdk::loss;
 class Cispo : public PolicyGradientLoss {
 public:
     explicit Cispo(Params &p) {
+        // Peers' epsilon-style bounds (1 - eps, 1 + eps) have absolute bounds here.
+        for (const char *k : {"eps_clip", "clip_ratio_low", "clip_eps_low", "epsilon"})
+            p.refuse(k, "cispo's bounds are absolute ratios: use 'clip_low' = 1 - " +
+                            std::string(k) + " (default 0: no lower bound)");
+        for (const char *k : {"eps_clip_high", "clip_ratio_high", "clip_eps_high", "epsilon_high"})
+            p.refuse(k, "cispo's bounds are absolute ratios: use 'clip_high' = 1 + " +
+                            std::string(k) + " (default 4)");
         clip_low_ = p.number("clip_low", 0.0, 0.0);
         clip_high_ = p.number("clip_high", 4.0, 0.0);
         check_order(p, "clip_low", clip_low_, "clip_high", clip_high_);

@@ -20,6 +20,7 @@ using namespace rl::sdk::loss;
 class ClipCov : public PolicyGradientLoss {
 public:
     explicit ClipCov(Params &p) {
+        accept_peer_clip_names(p, "eps_clip", "eps_clip_high");
         eps_clip_ = read_eps_clip(p, 0.2);
         eps_clip_high_ = p.number("eps_clip_high", 0.2, 0.0);
         ratio_ = p.number("clip_cov_ratio", 2e-4, 0.0, 1.0);

@@ -14,6 +14,7 @@ using namespace rl::sdk::loss;
 class DecoupledPpo : public PolicyGradientLoss {
 public:
     explicit DecoupledPpo(Params &p) {
+        accept_peer_clip_names(p, "eps_clip", "eps_clip_higher", "c_clip");
         eps_clip_ = read_eps_clip(p, 0.2);
         eps_clip_higher_ = p.optional_number("eps_clip_higher", 0.0).value_or(eps_clip_);
         c_clip_ = read_optional_above_one(p, "c_clip");

@@ -18,6 +18,7 @@ using namespace rl::sdk::loss;
 class Gmpo : public PolicyGradientLoss {
 public:
     explicit Gmpo(Params &p) {
+        accept_peer_clip_names(p, "eps_clip", "eps_clip_high");
         eps_clip_ = p.number("eps_clip", 0.4, 0.0);
         eps_clip_high_ = p.number("eps_clip_high", 0.4, 0.0);
         read_shared(p, "seq-mean-token-mean");

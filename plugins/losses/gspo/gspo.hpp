@@ -16,6 +16,7 @@ using namespace rl::sdk::loss;
 class Gspo : public PolicyGradientLoss {
 public:
     explicit Gspo(Params &p) {
+        accept_peer_clip_names(p, "eps_clip", "eps_clip_high");
         eps_clip_ = read_eps_clip(p, 3e-4);
         eps_clip_high_ = p.number("eps_clip_high", 4e-4, 0.0);
         read_shared(p, "seq-mean-token-mean");

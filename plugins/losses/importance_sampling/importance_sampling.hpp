@@ -12,6 +12,9 @@ using namespace rl::sdk::loss;
 class ImportanceSampling : public PolicyGradientLoss {
 public:
     explicit ImportanceSampling(Params &p) {
+        refuse_peer_clip_names(p, "importance_sampling is the unclipped ratio (xorl's and "
+                                  "Tinker's take no clip either); for a clipped ratio use loss "
+                                  "'policy_loss' (eps_clip, eps_clip_high), or drop the parameter");
         compute_kl_stats_ = p.boolean("compute_kl_stats", false);
         read_shared(p);
     }

@@ -12,6 +12,7 @@ using namespace rl::sdk::loss;
 class PolicyLoss : public PolicyGradientLoss {
 public:
     explicit PolicyLoss(Params &p) {
+        accept_peer_clip_names(p, "eps_clip", "eps_clip_high", "eps_clip_c");
         eps_clip_ = read_eps_clip(p, 0.2);
         eps_clip_high_ = p.number("eps_clip_high", 0.2, 0.0);
         eps_clip_c_ = read_optional_above_one(p, "eps_clip_c");

@@ -18,6 +18,8 @@ end
 --- rl.encode_prompts(tokenizer, tasks [, chat_template]) -> list of int64 tensors.
 --- chat_template "none" (or nil) encodes task.prompt as it is; "chatml" /
 --- "llama3" wrap it as one user turn with the assistant prompt after it.
+--- The task's text is plain text: special-token text in it ("<|im_end|>")
+--- never becomes a control token (as engine:rollouts encodes prompts).
 function M.encode_prompts(tok, tasks, chat_template)
     check_table(tasks, "tasks", 2)
     local out = {}
@@ -25,12 +27,12 @@ function M.encode_prompts(tok, tasks, chat_template)
         if type(task.prompt) ~= "string" then
             error(("tasks[%d].prompt must be a string"):format(i), 2)
         end
-        local text = task.prompt
         if chat_template and chat_template ~= "none" then
-            text = tok:apply_chat_template({ { role = "user", content = task.prompt } },
-                { template = chat_template, add_generation_prompt = true })
+            out[i] = tok:encode_chat({ { role = "user", content = task.prompt } },
+                { template = chat_template, add_generation_prompt = true, plain_text = true })
+        else
+            out[i] = tok:encode(task.prompt, { plain_text = true })
         end
-        out[i] = tok:encode(text)
     end
     return out
 end

@@ -88,7 +88,17 @@ class Batch(C.Structure):
         ("input_ids", TensorView),
         ("cu_seqlens", TensorView),
         ("tensors", TensorList),
+        # ABI 0.3
+        ("flags", C.c_uint32),
+        ("reserved1", C.c_uint32),
+        ("sampling_temperature", C.c_double),
     ]
+
+
+RL_BATCH_HAS_SAMPLING_TEMPERATURE = 1
+RL_ENCODE_ADD_SPECIAL = 1
+RL_ENCODE_PLAIN_TEXT = 2
+RL_DECODE_SKIP_SPECIAL = 1
 
 
 RL_OK = 0
@@ -169,6 +179,10 @@ def load_library():
         "rl_model_save": (S, [H, C.c_char_p]),
         "rl_tokenizer_encode": (S, [H, StringView, C.c_uint32, P(H)]),
         "rl_tokenizer_decode": (S, [H, P(C.c_int64), C.c_uint64, P(H)]),
+        "rl_tokenizer_decode_v2": (S, [H, P(C.c_int64), C.c_uint64, C.c_uint32, P(H)]),
+        "rl_tokenizer_encode_chat": (S, [H, C.c_char_p, C.c_char_p, C.c_uint32, C.c_uint32,
+                                         P(H)]),
+        "rl_tokenizer_load": (S, [C.c_char_p, P(H)]),
         "rl_tokenizer_apply_chat_template": (S, [H, C.c_char_p, C.c_char_p, C.c_uint32, P(H)]),
         "rl_trainer_create": (S, [H, C.c_char_p, P(H)]),
         "rl_trainer_destroy": (None, [H]),

@@ -96,9 +96,11 @@ class Model(_Handle):
 
     _destroy = "rl_model_destroy"
 
-    def __init__(self, path, options=None):
-        h = C.c_void_p()
-        A.check(_lib().rl_model_load(path.encode(), _text(options or {}), C.byref(h)))
+    def __init__(self, path, options=None, _handle=None):
+        h = _handle
+        if h is None:
+            h = C.c_void_p()
+            A.check(_lib().rl_model_load(path.encode(), _text(options or {}), C.byref(h)))
         super().__init__(h)
 
     def info(self):
@@ -108,14 +110,27 @@ class Model(_Handle):
         A.check(_lib().rl_model_save(self._handle(), directory.encode()))
 
     # tokenizer
-    def encode(self, text, add_special=False):
+    def encode(self, text, add_special=False, plain_text=False):
+        """Token ids of text. plain_text: special-token text in it ("<|im_end|>")
+        is encoded as text, never as a control token (for user-written text)."""
         b = text.encode()
+        flags = (A.RL_ENCODE_ADD_SPECIAL if add_special else 0) | \
+            (A.RL_ENCODE_PLAIN_TEXT if plain_text else 0)
         return _call(_lib().rl_tokenizer_encode, self._handle(), A.StringView(b, len(b)),
-                     1 if add_special else 0).tensors["ids"]
+                     flags).tensors["ids"]
 
-    def decode(self, ids):
+    def decode(self, ids, skip_special_tokens=False):
         arr = (C.c_int64 * max(len(ids), 1))(*ids)
-        return _call(_lib().rl_tokenizer_decode, self._handle(), arr, len(ids)).texts["text"]
+        return _call(_lib().rl_tokenizer_decode_v2, self._handle(), arr, len(ids),
+                     A.RL_DECODE_SKIP_SPECIAL if skip_special_tokens else 0).texts["text"]
+
+    def encode_chat(self, messages, template=None, add_generation_prompt=True, plain_text=True):
+        """(ids, prompt): the conversation rendered by the chat template and encoded;
+        plain_text keeps special-token text inside the contents plain."""
+        res = _call(_lib().rl_tokenizer_encode_chat, self._handle(), _text(messages),
+                    template.encode() if template else None, 1 if add_generation_prompt else 0,
+                    A.RL_ENCODE_PLAIN_TEXT if plain_text else 0)
+        return res.tensors["ids"], res.texts["prompt"]
 
     def apply_chat_template(self, messages, template=None, add_generation_prompt=True):
         return _call(_lib().rl_tokenizer_apply_chat_template, self._handle(), _text(messages),
@@ -160,6 +175,15 @@ class Model(_Handle):
         return e
 
 
+def load_tokenizer(directory):
+    """A tokenizer without a model (rl_tokenizer_load): a Model whose tokenizer methods
+    (encode, decode, encode_chat, apply_chat_template, sft_batch, info) work and whose
+    trainer() / engine() / save() are refused."""
+    h = C.c_void_p()
+    A.check(_lib().rl_tokenizer_load(directory.encode(), C.byref(h)))
+    return Model(None, _handle=h)
+
+
 class _BatchArg:
     """An rl_batch_t for a TrainBatch (borrowed views) or a dict of lists (copies)."""
 
@@ -175,12 +199,15 @@ class _BatchArg:
         self._ids = _Tensor(batch["input_ids"], "int64")
         self._cu = _Tensor(batch["cu_seqlens"], "int64")
         self._rest = [(k, _as_tensor(k, v)) for k, v in batch.items()
-                      if k not in ("input_ids", "cu_seqlens")]
+                      if k not in ("input_ids", "cu_seqlens", "sampling_temperature")]
         self._args = (A.TensorArg * max(len(self._rest), 1))(
             *[A.TensorArg(k.encode(), t.view) for k, t in self._rest])
         self.struct.input_ids = self._ids.view
         self.struct.cu_seqlens = self._cu.view
         self.struct.tensors = A.TensorList(self._args, len(self._rest))
+        if batch.get("sampling_temperature") is not None:
+            self.struct.flags = A.RL_BATCH_HAS_SAMPLING_TEMPERATURE
+            self.struct.sampling_temperature = float(batch["sampling_temperature"])
 
 
 class Trainer(_Handle):
@@ -242,10 +269,13 @@ class Engine(_Handle):
         return _call(_lib().rl_engine_generate, self._handle(), C.byref(ti.view),
                      C.byref(tc.view), _text(params or {}))
 
-    def rollouts(self, tasks, chat_template="none", group_offset=0, sampling=None):
-        """Generate: encode the tasks' prompts, sample sampling["n"] completions each."""
+    def rollouts(self, tasks, chat_template="none", group_offset=0, sampling=None,
+                 parse_special_tokens=False):
+        """Generate: encode the tasks' prompts (as plain text unless parse_special_tokens),
+        sample sampling["n"] completions each. The rollouts record the sampling temperature
+        and the trainer scores their batches at it."""
         opts = {"chat_template": chat_template, "group_offset": group_offset,
-                "sampling": sampling or {}}
+                "sampling": sampling or {}, "parse_special_tokens": parse_special_tokens}
         h = C.c_void_p()
         A.check(_lib().rl_rollouts_generate(self._handle(), _text(tasks), _text(opts),
                                             C.byref(h)))

@@ -117,6 +117,9 @@ void fill_host_api(rl_host_api_t *api, Runtime *rt);
 rl_call_ctx_t make_call_ctx(const rl_host_api_t *api, CallSink *sink);
 // Last error-level message a plugin logged on this thread (for init failures).
 std::string take_last_plugin_log();
+// A warning in the host's log (for the libtorch side of librl, which cannot
+// use spdlog itself).
+void log_warning(const std::string &message);
 
 // The folders searched by default: RL_PLUGIN_PATH entries, then the build's
 // and the install's plugin folders found next to librl itself.

@@ -394,7 +394,13 @@ struct Regularizers {
     KlEstimator kl_type;
     double entropy_coef = 0;
 
+    // Also accepted under the peers' names (docs/losses.md): verl's
+    // kl_loss_coef / kl_loss_type / entropy_coeff, TRL's and xorl's beta.
     void read(Params &p) {
+        p.alias("kl_loss_coef", "kl_coef", "verl");
+        p.alias("beta", "kl_coef", "TRL");
+        p.alias("kl_loss_type", "kl_type", "verl");
+        p.alias("entropy_coeff", "entropy_coef", "verl");
         kl_coef = p.number("kl_coef", 0.0, 0.0);
         kl_type = read_kl_type(p);
         entropy_coef = p.number("entropy_coef", 0.0, 0.0);

@@ -48,9 +48,55 @@ namespace rl::sdk::loss {
 inline double read_eps_clip(Params &p, double def, const char *key = "eps_clip") {
     const double v = p.number(key, def, 0.0, 1.0);
     if (v >= 1.0)
-        invalid(p.owner() + ": parameter '" + key + "' must be < 1 (the lower bound is 1 - " + key +
-                ")");
+        invalid(p.owner() + ": parameter " + p.label(key) +
+                " must be < 1 (the lower bound is 1 - " + key + ")");
     return v;
+}
+
+// ---- other frameworks' parameter names ------------------------------------------------
+//
+// docs/losses.md, "Parameter names of other frameworks": where a peer's knob
+// means the same thing it is accepted under the peer's name; where it does
+// not, it is refused with a message naming the equivalent here.
+
+// The PPO clip bounds as verl, TRL, OpenRLHF, AReaL and xorl name them, for a
+// loss whose own names are `low` (lower ratio bound 1 - low), `high` (upper
+// bound 1 + high) and `dual` (dual-clip constant for A < 0; nullptr: the loss
+// has none). verl's "clip_ratio" and TRL's "epsilon" set both bounds (the
+// upper one unless it is given too), as they do there. Call before reading
+// the bounds.
+inline void accept_peer_clip_names(Params &p, const char *low, const char *high,
+                                   const char *dual = nullptr) {
+    struct Name {
+        const char *key, *peer;
+        int role; // 0: low, 1: high, 2: dual
+    };
+    static const Name names[] = {
+        {"clip_ratio_low", "verl", 0},    {"clip_eps_low", "OpenRLHF", 0},
+        {"eps_clip", "xorl", 0},          {"clip_ratio_high", "verl", 1},
+        {"clip_eps_high", "OpenRLHF", 1}, {"epsilon_high", "TRL", 1},
+        {"eps_clip_high", "xorl", 1},     {"eps_clip_higher", "AReaL", 1},
+        {"clip_ratio_c", "verl", 2},      {"dual_clip", "OpenRLHF", 2},
+        {"eps_clip_c", "xorl", 2},        {"c_clip", "AReaL", 2},
+    };
+    const char *own[] = {low, high, dual};
+    for (const Name &n : names) {
+        const char *target = own[n.role];
+        if (target == nullptr || std::strcmp(n.key, target) == 0) continue;
+        p.alias(n.key, target, n.peer);
+    }
+    p.alias("clip_ratio", low, "verl", {high});
+    p.alias("epsilon", low, "TRL", {high});
+}
+
+// Every peer name of a PPO clip bound, for a loss that has no such bound:
+// refused with `instead` (what to do here).
+inline void refuse_peer_clip_names(Params &p, const std::string &instead) {
+    static const char *const names[] = {
+        "eps_clip",      "eps_clip_high",  "eps_clip_higher", "eps_clip_c",   "c_clip",
+        "clip_ratio",    "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "clip_eps_low",
+        "clip_eps_high", "dual_clip",      "epsilon",         "epsilon_high"};
+    for (const char *n : names) p.refuse(n, instead);
 }
 
 // Refuses hi < lo, naming both parameters.

@@ -39,6 +39,9 @@ struct Rollout {
     // Extra per-token vectors [n] the loop wants to carry ("advantages",
     // "ref_logprobs", ...).
     std::map<std::string, std::vector<float>> extras;
+    // The sampling temperature of the completion (0: greedy), so the trainer
+    // scores it with the same tempered distribution; unset: unknown.
+    std::optional<double> sampling_temperature;
     std::string task;       // the task JSON, for logging; may be empty
     std::string completion; // the completion text, for logging; may be empty
 };

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace rl::core {
@@ -33,6 +34,12 @@ struct EncodeOptions {
     /// Recognize special added tokens written in the text ("<|im_end|>"). When
     /// false they are encoded as plain text.
     bool parse_special = true;
+    /// Byte ranges [begin, end) of the text where special tokens are never
+    /// recognized (user content inside a rendered chat template): a special
+    /// token overlapping one is plain text. Elsewhere the text is split as
+    /// without them, so the ids equal the plain encode's when the spans hold
+    /// no special-token text.
+    std::vector<std::pair<size_t, size_t>> plain_spans;
 };
 
 class Tokenizer {

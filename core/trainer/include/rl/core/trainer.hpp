@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +48,9 @@ struct TrainBatch {
     /// ranks' own counts (a collective: every rank calls in step).
     double global_tokens = 0;
     double global_seqs = 0;
+    /// The temperature the batch's completions were sampled at (0: greedy);
+    /// the trainer scores them at it (logprob_temperature_for). Unset: unknown.
+    std::optional<double> sampling_temperature;
 };
 
 /// Which inputs a loss reads (names as in abi/rl/kinds/loss.h).
@@ -92,6 +96,8 @@ struct StepResult {
     int64_t micro_batches = 0;
     std::map<std::string, double> metrics;     ///< loss-token-weighted means
     std::map<std::string, at::Tensor> tensors; ///< forward: "logprobs", "entropy"; + loss extras
+    double logprob_temperature = 1;    ///< the temperature logprobs and entropy were computed at
+    std::vector<std::string> warnings; ///< for the caller's log (each kind given once per trainer)
 };
 
 struct OptimResult {
@@ -189,6 +195,7 @@ private:
     std::vector<at::Tensor> masters_; ///< float32 copy per low-precision parameter, else undefined
     int64_t step_ = 0;
     int64_t pending_backwards_ = 0;
+    bool warned_greedy_ = false;         ///< the greedy-batch warning was given
     std::shared_ptr<dist::Group> group_; ///< null for a single process
     std::unique_ptr<Fsdp> fsdp_;         ///< fsdp over W > 1 ranks
 };

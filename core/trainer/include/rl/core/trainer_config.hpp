@@ -42,6 +42,10 @@ struct TrainerConfig {
     double bucket_mb = 25.0;
     /// Seeds torch's default generator and the engine's sampling stream.
     std::optional<uint64_t> seed;
+    /// Logits are divided by this before the log-softmax of the trainer's
+    /// logprobs and entropy (verl / xorl). Unset: the batch's sampling
+    /// temperature when it carries one, else 1 (logprob_temperature_for).
+    std::optional<double> logprob_temperature;
 
     /// Parses a JSON object; unknown keys and wrong types are errors naming
     /// the key ("trainer.<key>"). Validates.
@@ -58,6 +62,16 @@ struct TrainerConfig {
 ///   cosine after it: lr * (r + (1 - r) * (1 + cos(pi * p)) / 2), r = min_lr_ratio,
 ///     p = (step - warmup_steps) / (total_steps - warmup_steps), clamped to [0, 1].
 double scheduled_learning_rate(const TrainerConfig &config, double lr, int64_t step);
+
+/// The temperature the trainer scores a batch at (docs/trainer.md,
+/// "Temperature"): the batch's sampling temperature when it carries one,
+/// else config.logprob_temperature, else 1. A batch sampled at T > 0 and an
+/// explicit logprob_temperature that differs is an InvalidArgument error naming
+/// both. A greedy batch (sampling temperature 0) has no tempered distribution:
+/// it is scored at logprob_temperature (or 1) and *greedy is set so the caller
+/// can warn.
+double logprob_temperature_for(const TrainerConfig &config, std::optional<double> sampling,
+                               bool *greedy = nullptr);
 
 /// Per-call overrides of optim_step.
 struct OptimOverrides {
