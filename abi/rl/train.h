@@ -65,12 +65,28 @@ RL_API rl_status_t rl_tokenizer_encode(rl_model_t *model, rl_string_view_t text,
 /* [thread-safe] Text "text". Special tokens are rendered as their text. */
 RL_API rl_status_t rl_tokenizer_decode(rl_model_t *model, const int64_t *ids, uint64_t n,
                                        rl_result_t **out_result);
-/* [thread-safe] messages_json: [{"role": "system"|"user"|"assistant", "content": str}].
- * template: "chatml" or "llama3" (NULL: the model's own). Text "prompt". */
+/* [thread-safe] Text "prompt": the conversation rendered by a chat template.
+ * template: NULL or "model": the model's own Jinja chat_template
+ * (tokenizer_config.json or chat_template.jinja), rendered as transformers'
+ * apply_chat_template renders it; messages_json is a JSON array of message
+ * objects passed to it as they are ({"role": str, "content": str | array |
+ * null, plus tool_calls, reasoning_content, ... when the template reads them}).
+ * An error names the template line when the template uses a construct the
+ * engine does not support (docs/model.md), or when the model has none.
+ * "chatml" or "llama3": a built-in format; contents must be strings and roles
+ * system, user or assistant. */
 RL_API rl_status_t rl_tokenizer_apply_chat_template(rl_model_t *model, const char *messages_json,
                                                     const char *template_name,
                                                     uint32_t add_generation_prompt,
                                                     rl_result_t **out_result);
+/* [thread-safe] rl_tokenizer_apply_chat_template with options. options_json
+ * (may be NULL): {"template": "model" (default) | "chatml" | "llama3",
+ * "add_generation_prompt": bool (default true), "tools": [tool schemas: the
+ * template's `tools`], "chat_template_kwargs": {extra template variables, e.g.
+ * "enable_thinking": false}}; tools and chat_template_kwargs need the model's
+ * own template. Text "prompt". */
+RL_API rl_status_t rl_tokenizer_render_chat(rl_model_t *model, const char *messages_json,
+                                            const char *options_json, rl_result_t **out_result);
 
 /* ---- trainer ----------------------------------------------------------------- */
 

@@ -4,6 +4,8 @@
 #include "rl/core/error.hpp"
 #include "test_util.hpp"
 
+#include <random>
+
 namespace rl::core {
 namespace {
 
@@ -208,6 +210,75 @@ TEST(Jinja, TheModelTemplateSeesMessagesToolsAndSpecialTokens) {
               "<s>[user:q][assistant:{\"a\": 1}]1 tools>False");
     o.add_generation_prompt = false;
     EXPECT_EQ(t.render({{"user", "q"}}, o), "[user:q]1 toolsFalse");
+}
+
+// A template that uses most of the engine, mutated at random (bytes dropped,
+// inserted, duplicated, truncated): every variant renders or fails with
+// rl::core::Error; nothing else escapes and nothing hangs.
+TEST(Jinja, MutatedTemplatesRenderOrFailWithAnError) {
+    const std::string base =
+        "{%- set ns = namespace(last=-1, sys='') %}\n"
+        "{%- macro fmt(m, sep=': ') -%}{{ m.role | upper }}{{ sep }}{{ m.content | trim }}"
+        "{%- endmacro %}\n"
+        "{%- for m in messages[::-1] if m.role != 'tool' %}\n"
+        "  {%- if ns.last < 0 and m.role == 'user' %}{% set ns.last = loop.revindex0 %}{% endif "
+        "%}\n"
+        "{%- endfor %}\n"
+        "{{- bos_token if bos_token is defined else '' }}\n"
+        "{%- for m in messages %}\n"
+        "    {%- if m.content is string and '</think>' in m.content %}"
+        "{{ m.content.split('</think>')[-1].lstrip('\\n') }}\n"
+        "    {%- elif m.tool_calls %}{{ m.tool_calls | map(attribute='function') | list | "
+        "tojson(indent=2) }}\n"
+        "    {%- else %}{{ fmt(m) ~ (loop.index0 == ns.last) ~ (m | length) }}{% endif %}\n"
+        "    {%- if not loop.last %}{{ '\\n' }}{% else %}{% break %}{% endif %}\n"
+        "{%- endfor %}\n"
+        "{#- tools #}{% if tools %}{% for t in tools %}{{ t.function.name ~ '/' ~ loop.length }}"
+        "{% endfor %}{% endif %}\n"
+        "{%- if add_generation_prompt %}{{ '<|assistant|>' + ('x' * 3)[1:] }}{% endif %}\n"
+        "{{ {'a': [1, 2.5, none, true], 'b': 'é'} | dictsort | list }}{{ 7 // 2 }}{{ -7 % 3 }}\n";
+    const std::string msgs = R"([{"role": "system", "content": " S "},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "<think>r</think>\n\nok",
+         "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]},
+        {"role": "tool", "content": "{}"}, {"role": "user", "content": "again"}])";
+    ChatTemplateOptions o;
+    o.tools_json = R"([{"function": {"name": "f"}}])";
+    o.now = 0;
+    ASSERT_NO_THROW(ChatTemplate(base, "fuzz").render(msgs, o, R"({"bos_token": "<s>"})"));
+    std::mt19937 rng(1234);
+    const std::string alphabet = "{}%#-+()[]'\"|.,=~:*/\n ab0";
+    int rendered = 0, refused = 0;
+    for (int i = 0; i < 4000; ++i) {
+        std::string t = base;
+        const unsigned edits = 1 + rng() % 4;
+        for (unsigned e = 0; e < edits && !t.empty(); ++e) {
+            const size_t pos = rng() % t.size();
+            switch (rng() % 4) {
+                case 0:
+                    t.erase(pos, 1 + rng() % 8);
+                    break;
+                case 1:
+                    t.insert(pos, 1, alphabet[rng() % alphabet.size()]);
+                    break;
+                case 2:
+                    t.insert(pos, t.substr(rng() % t.size(), 1 + rng() % 12));
+                    break;
+                default:
+                    t.resize(pos);
+            }
+        }
+        try {
+            ChatTemplate ct(t, "fuzz");
+            ct.render(msgs, o, R"({"bos_token": "<s>"})");
+            ++rendered;
+        } catch (const Error &e) {
+            EXPECT_EQ(std::string(e.what()).rfind("fuzz", 0), 0u) << e.what();
+            ++refused;
+        }
+    }
+    EXPECT_GT(rendered, 200);
+    EXPECT_GT(refused, 200);
 }
 
 } // namespace

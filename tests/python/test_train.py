@@ -59,6 +59,13 @@ class TrainTest(unittest.TestCase):
         self.assertEqual(self.model.decode(ids), "Reverse: abc")
         prompt = self.model.apply_chat_template([{"role": "user", "content": "hi"}], "chatml")
         self.assertIn("<|im_start|>user\nhi<|im_end|>", prompt)
+        # The tiny model's own template is ChatML; tools need the model's own template.
+        own = self.model.apply_chat_template([{"role": "user", "content": "hi"}],
+                                             chat_template_kwargs={"enable_thinking": False})
+        self.assertEqual(own, prompt)
+        with self.assertRaises(rl.Error):
+            self.model.apply_chat_template([{"role": "user", "content": "hi"}], "chatml",
+                                           tools=[])
 
     def test_seed_equals_the_lua_module(self):
         # rl.seed(0, "rl", 3) in Lua (scripting/lua/rl/init.lua).

@@ -63,7 +63,11 @@ std::string apply_chat_template(ChatFormat format, const std::vector<ChatMessage
 std::string chat_messages_json(const std::vector<ChatMessage> &messages) {
     Json j = Json::array();
     for (const auto &m : messages) j.push_back(Json{{"role", m.role}, {"content", m.content}});
-    return j.dump();
+    try {
+        return j.dump();
+    } catch (const Json::exception &e) {
+        throw Error(std::string("chat template: a message is not valid UTF-8: ") + e.what());
+    }
 }
 
 ChatTemplate::ChatTemplate(const std::string &source, const std::string &where)

@@ -829,8 +829,9 @@ std::string py_format(const std::string &fmt, const Args &args) {
             if (field.empty()) {
                 if (auto_idx >= args.pos.size()) fail("format(): not enough arguments");
                 v = &args.pos[auto_idx++];
-            } else if (std::all_of(field.begin(), field.end(),
-                                   [](char ch) { return ch >= '0' && ch <= '9'; })) {
+            } else if (field.size() < 10 && std::all_of(field.begin(), field.end(), [](char ch) {
+                           return ch >= '0' && ch <= '9';
+                       })) {
                 const size_t k = std::stoul(field);
                 if (k >= args.pos.size()) fail("format(): index " + field + " out of range");
                 v = &args.pos[k];
@@ -1194,6 +1195,17 @@ struct Parser {
     std::string where;
     size_t p = 0;
     int loop_depth = 0;
+    int nesting = 0;
+
+    // Bounds recursion on hostile input (the stack, not Jinja, is the limit).
+    struct Nest {
+        Parser *ps;
+        explicit Nest(Parser *x) : ps(x) {
+            if (++ps->nesting > 200)
+                ps->error(ps->peek().line, "unsupported: nesting deeper than 200 levels");
+        }
+        ~Nest() { --ps->nesting; }
+    };
 
     [[noreturn]] void error(int line, const std::string &msg) const {
         throw Error(where + " line " + std::to_string(line) + ": " + msg);
@@ -1288,6 +1300,7 @@ struct Parser {
     }
 
     NodeP parse_statement() {
+        Nest guard(this);
         const int line = peek().line;
         ++p; // {%
         const std::string tag = next().s;
@@ -1478,6 +1491,7 @@ struct Parser {
         return e;
     }
     ExprP parse_not() {
+        Nest guard(this);
         if (is_name("not")) {
             auto e = mk(Expr::Not, next().line);
             e->a.push_back(parse_not());
@@ -1544,6 +1558,7 @@ struct Parser {
         return e;
     }
     ExprP parse_unary(bool with_filter = true) {
+        Nest guard(this);
         ExprP e;
         if (is_op("-") || is_op("+")) {
             const Tok t = next();
@@ -1881,6 +1896,9 @@ struct Evaluator {
             const Value *n = s == &l ? &r : &l;
             if ((s->k == Value::Str || s->k == Value::ListK) && is_intlike(*n)) {
                 const int64_t times = std::max<int64_t>(0, as_int(*n));
+                const size_t unit = s->k == Value::Str ? s->s.size() : s->l->size();
+                if (unit > 0 && static_cast<uint64_t>(times) > (size_t{1} << 26) / unit)
+                    fail("repetition too large");
                 if (s->k == Value::Str) {
                     std::string out;
                     for (int64_t k = 0; k < times; ++k) out += s->s;
@@ -1895,15 +1913,17 @@ struct Evaluator {
         if (op == "%" && l.k == Value::Str) fail("unsupported: '%' string formatting");
         if (!is_number(l) || !is_number(r)) return bad();
         const bool ints = is_intlike(l) && is_intlike(r);
-        if (op == "+")
-            return ints ? Value::integer(as_int(l) + as_int(r))
-                        : Value::real(as_double(l) + as_double(r));
-        if (op == "-")
-            return ints ? Value::integer(as_int(l) - as_int(r))
-                        : Value::real(as_double(l) - as_double(r));
-        if (op == "*")
-            return ints ? Value::integer(as_int(l) * as_int(r))
-                        : Value::real(as_double(l) * as_double(r));
+        if (ints && (op == "+" || op == "-" || op == "*")) {
+            int64_t out = 0;
+            const bool overflow = op == "+"   ? __builtin_add_overflow(as_int(l), as_int(r), &out)
+                                  : op == "-" ? __builtin_sub_overflow(as_int(l), as_int(r), &out)
+                                              : __builtin_mul_overflow(as_int(l), as_int(r), &out);
+            if (overflow) fail("unsupported: integer overflow beyond 64 bits");
+            return Value::integer(out);
+        }
+        if (op == "+") return Value::real(as_double(l) + as_double(r));
+        if (op == "-") return Value::real(as_double(l) - as_double(r));
+        if (op == "*") return Value::real(as_double(l) * as_double(r));
         if (op == "/") {
             if (as_double(r) == 0) fail("division by zero");
             return Value::real(as_double(l) / as_double(r));
@@ -1912,6 +1932,7 @@ struct Evaluator {
             if (as_double(r) == 0) fail("integer division or modulo by zero");
             if (ints) {
                 const int64_t a = as_int(l), b = as_int(r);
+                if (a == INT64_MIN && b == -1) fail("unsupported: integer overflow beyond 64 bits");
                 int64_t q = a / b, m = a % b;
                 if (m != 0 && ((m < 0) != (b < 0))) {
                     --q;
@@ -1926,7 +1947,9 @@ struct Evaluator {
         if (op == "**") {
             if (ints && as_int(r) >= 0) {
                 int64_t out = 1;
-                for (int64_t k = 0; k < as_int(r); ++k) out *= as_int(l);
+                for (int64_t k = 0; k < as_int(r); ++k)
+                    if (__builtin_mul_overflow(out, as_int(l), &out))
+                        fail("unsupported: integer overflow beyond 64 bits");
                 return Value::integer(out);
             }
             return Value::real(std::pow(as_double(l), as_double(r)));
@@ -2240,9 +2263,9 @@ struct Evaluator {
             const size_t dot = path.find('.', start);
             const std::string part =
                 path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-            const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
-                return c >= '0' && c <= '9';
-            });
+            const bool digits =
+                !part.empty() && part.size() < 19 &&
+                std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
             cur = digits ? get_item(cur, Value::integer(std::stoll(part)))
                          : get_item(cur, Value::str(part));
             if (dot == std::string::npos) return cur;
@@ -2291,6 +2314,7 @@ struct Evaluator {
             args.expect("tojson", {"indent", "ensure_ascii", "separators", "sort_keys"});
             JsonStyle st;
             if (const Value *x = args.get(0, "indent"); x && x->k != Value::None) {
+                if (is_intlike(*x) && as_int(*x) > 64) fail("tojson: indent larger than 64");
                 if (is_intlike(*x))
                     st.indent =
                         std::string(static_cast<size_t>(std::max<int64_t>(0, as_int(*x))), ' ');
@@ -2526,6 +2550,8 @@ struct Evaluator {
             args.expect("indent", {"width", "first", "blank"});
             const Value *w = args.get(0, "width");
             std::string pad = "    ";
+            if (w && w->k != Value::Str && (!is_intlike(*w) || as_int(*w) > 1024))
+                fail("indent: width must be an integer up to 1024 or a string");
             if (w)
                 pad = w->k == Value::Str
                           ? w->s
@@ -2729,10 +2755,14 @@ struct Evaluator {
             }
             case Node::Macro: {
                 const Node *node = &n;
-                auto root = std::vector<std::shared_ptr<Frame>>(
+                // The macro sees the globals and the template's top level; it
+                // holds them weakly (it is stored in them), they outlive it.
+                std::vector<std::weak_ptr<Frame>> root(
                     frames.begin(), frames.begin() + std::min<size_t>(2, frames.size()));
                 assign(n.text, Value::func([this, node, root](Args &a) -> Value {
-                           return call_macro(*node, root, a);
+                           std::vector<std::shared_ptr<Frame>> scope;
+                           for (const auto &w : root) scope.push_back(w.lock());
+                           return call_macro(*node, scope, a);
                        }));
                 return Flow::Next;
             }

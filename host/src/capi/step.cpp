@@ -68,22 +68,38 @@ json options_arg(const char *options_json, const char *fn) {
 }
 
 // The prompt ids of each task: its "prompt", wrapped as one user turn with the
-// assistant prompt after it when a chat template is named.
+// assistant prompt after it when a chat template is named: "model" (the
+// model's own Jinja template, with `variables` as extra template variables such
+// as enable_thinking) or a built-in format ("chatml", "llama3"); "none" encodes
+// the prompt as it is.
 std::vector<std::vector<int64_t>> encode_prompts(const core::Policy &policy, const json &tasks,
-                                                 const std::string &chat_template, const char *fn) {
+                                                 const std::string &chat_template,
+                                                 const json &variables, const char *fn) {
     const core::Tokenizer &tok = policy.require_tokenizer(fn);
     core::ChatTemplateOptions chat;
     chat.add_generation_prompt = true;
-    const bool templated = chat_template != "none";
-    const core::ChatFormat format =
-        templated ? core::parse_chat_format(chat_template) : core::ChatFormat{};
+    if (!variables.is_null()) chat.variables_json = variables.dump();
+    const bool own = chat_template == "model";
+    std::optional<core::ChatFormat> format;
+    if (chat_template != "none" && !own) {
+        try {
+            format = core::parse_chat_format(chat_template);
+        } catch (const core::Error &) {
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fn_msg(fn, "options.chat_template '" + chat_template +
+                                           "' is unknown; valid: none, model, chatml, llama3")};
+        }
+    }
     std::vector<std::vector<int64_t>> prompts;
     for (size_t i = 0; i < tasks.size(); ++i) {
         const json &t = tasks[i];
         require(t.is_object() && t.contains("prompt") && t["prompt"].is_string(),
                 fn_msg(fn, "tasks[" + std::to_string(i) + "] has no string 'prompt'"));
         std::string text = t["prompt"].get<std::string>();
-        if (templated) text = core::apply_chat_template(format, {{"user", text}}, chat);
+        if (own)
+            text = tok.apply_chat_template({{"user", text}}, chat);
+        else if (format)
+            text = core::apply_chat_template(*format, {{"user", text}}, chat);
         const auto ids = tok.encode(text, core::EncodeOptions{});
         require(!ids.empty(), fn_msg(fn, "tasks[" + std::to_string(i) + "]: empty prompt"));
         prompts.emplace_back(ids.begin(), ids.end());
@@ -140,6 +156,7 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
         const json tasks = tasks_arg(tasks_json, fn);
         const json opts = options_arg(options_json, fn);
         std::string chat_template = "none";
+        json chat_vars;
         int64_t group_offset = 0;
         json sampling = json::object();
         for (const auto &kv : opts.items()) {
@@ -147,6 +164,10 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
                 require(kv.value().is_string(),
                         fn_msg(fn, "options.chat_template must be a string"));
                 chat_template = kv.value().get<std::string>();
+            } else if (kv.key() == "chat_template_kwargs") {
+                require(kv.value().is_object() || kv.value().is_null(),
+                        fn_msg(fn, "options.chat_template_kwargs must be a JSON object"));
+                chat_vars = kv.value();
             } else if (kv.key() == "group_offset") {
                 require(kv.value().is_number_integer(),
                         fn_msg(fn, "options.group_offset must be an integer"));
@@ -158,11 +179,12 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
             } else {
                 throw HostError{RL_ERR_INVALID_ARG,
                                 fn_msg(fn, "unknown option '" + kv.key() +
-                                               "'; valid: chat_template, group_offset, sampling")};
+                                               "'; valid: chat_template, chat_template_kwargs, "
+                                               "group_offset, sampling")};
             }
         }
         const std::vector<std::vector<int64_t>> prompts =
-            encode_prompts(*engine->policy, tasks, chat_template, fn);
+            encode_prompts(*engine->policy, tasks, chat_template, chat_vars, fn);
         const core::Generation g =
             engine->impl->generate(prompts, core::SamplingParams::from_json(sampling.dump()));
 
@@ -408,18 +430,22 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
         const json tasks = tasks_arg(tasks_json, fn);
         const json opts = options_arg(options_json, fn);
         std::string chat_template = "none";
+        json chat_vars;
         std::optional<int64_t> eos;
         for (const auto &kv : opts.items()) {
             if (kv.key() == "chat_template" && kv.value().is_string()) {
                 chat_template = kv.value().get<std::string>();
+            } else if (kv.key() == "chat_template_kwargs" &&
+                       (kv.value().is_object() || kv.value().is_null())) {
+                chat_vars = kv.value();
             } else if (kv.key() == "eos_token_id" && kv.value().is_number_integer()) {
                 eos = kv.value().get<int64_t>();
             } else {
                 throw HostError{RL_ERR_INVALID_ARG,
                                 fn_msg(fn, "option '" + kv.key() +
                                                "' is unknown or of the wrong type; valid: "
-                                               "chat_template (a string), eos_token_id (an "
-                                               "integer)")};
+                                               "chat_template (a string), chat_template_kwargs "
+                                               "(an object), eos_token_id (an integer)")};
             }
         }
         if (!eos) {
@@ -429,7 +455,7 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
             eos = ids.front();
         }
         const core::Tokenizer &tok = model->policy->require_tokenizer(fn);
-        const auto prompts = encode_prompts(*model->policy, tasks, chat_template, fn);
+        const auto prompts = encode_prompts(*model->policy, tasks, chat_template, chat_vars, fn);
         std::vector<int64_t> ids, cu{0};
         std::vector<float> mask;
         for (size_t i = 0; i < tasks.size(); ++i) {

@@ -117,14 +117,25 @@ class Model(_Handle):
         arr = (C.c_int64 * max(len(ids), 1))(*ids)
         return _call(_lib().rl_tokenizer_decode, self._handle(), arr, len(ids)).texts["text"]
 
-    def apply_chat_template(self, messages, template=None, add_generation_prompt=True):
-        return _call(_lib().rl_tokenizer_apply_chat_template, self._handle(), _text(messages),
-                     template.encode() if template else None,
-                     1 if add_generation_prompt else 0).texts["prompt"]
+    def apply_chat_template(self, messages, template=None, add_generation_prompt=True,
+                            tools=None, chat_template_kwargs=None):
+        """The conversation rendered by the model's own chat template (template None or
+        "model"), as transformers' apply_chat_template renders it, or by a built-in
+        format ("chatml", "llama3")."""
+        opts = {"template": template or "model", "add_generation_prompt": add_generation_prompt}
+        if tools is not None:
+            opts["tools"] = tools
+        if chat_template_kwargs is not None:
+            opts["chat_template_kwargs"] = chat_template_kwargs
+        return _call(_lib().rl_tokenizer_render_chat, self._handle(), _text(messages),
+                     _text(opts)).texts["prompt"]
 
-    def sft_batch(self, tasks, eos_token_id=None, chat_template="none"):
+    def sft_batch(self, tasks, eos_token_id=None, chat_template="none",
+                  chat_template_kwargs=None):
         """The supervised batch on the tasks' reference answers (a TrainBatch)."""
         opts = {"chat_template": chat_template}
+        if chat_template_kwargs is not None:
+            opts["chat_template_kwargs"] = chat_template_kwargs
         if eos_token_id is not None:
             opts["eos_token_id"] = eos_token_id
         h = C.c_void_p()
@@ -225,10 +236,13 @@ class Engine(_Handle):
         return _call(_lib().rl_engine_generate, self._handle(), C.byref(ti.view),
                      C.byref(tc.view), _text(params or {}))
 
-    def rollouts(self, tasks, chat_template="none", group_offset=0, sampling=None):
+    def rollouts(self, tasks, chat_template="none", group_offset=0, sampling=None,
+                 chat_template_kwargs=None):
         """Generate: encode the tasks' prompts, sample sampling["n"] completions each."""
         opts = {"chat_template": chat_template, "group_offset": group_offset,
                 "sampling": sampling or {}}
+        if chat_template_kwargs is not None:
+            opts["chat_template_kwargs"] = chat_template_kwargs
         h = C.c_void_p()
         A.check(_lib().rl_rollouts_generate(self._handle(), _text(tasks), _text(opts),
                                             C.byref(h)))
