@@ -25,23 +25,32 @@ import tarfile
 import venv
 
 NOW = 1721995200  # 2024-07-26 12:00:00 UTC
+# Pinned so the set of templates (and the families the test requires) is fixed.
+PACKAGE = "llama-cpp-python==0.3.36"
 BOS, EOS = "<|bos|>", "<|eos|>"
 
 
 def ensure_jinja(out_dir):
-    """A venv with jinja2 (system site packages first: Debian's python3-jinja2)."""
+    """jinja2 from this Python (Debian's python3-jinja2), else from a venv in
+    OUT_DIR (made with pip; re-executes this script there). Returns the reason
+    when neither can be had."""
     try:
         import jinja2  # noqa: F401
-        return
+        return None
     except ImportError:
         pass
     env_dir = os.path.join(out_dir, "venv")
     py = os.path.join(env_dir, "bin", "python")
-    if not os.path.exists(py):
-        venv.create(env_dir, with_pip=True, system_site_packages=True)
-    if subprocess.call([py, "-c", "import jinja2"], stderr=subprocess.DEVNULL) != 0:
-        subprocess.check_call([py, "-m", "pip", "install", "--quiet",
-                               "--disable-pip-version-check", "jinja2"])
+    if os.path.realpath(sys.executable) == os.path.realpath(py):
+        return "jinja2 is not importable in the test venv " + env_dir
+    try:
+        if not os.path.exists(py):
+            venv.create(env_dir, with_pip=True, system_site_packages=True)
+        if subprocess.call([py, "-c", "import jinja2"], stderr=subprocess.DEVNULL) != 0:
+            subprocess.check_call([py, "-m", "pip", "install", "--quiet",
+                                   "--disable-pip-version-check", "jinja2"])
+    except (OSError, subprocess.CalledProcessError) as e:
+        return "cannot install jinja2 from PyPI into %s: %s" % (env_dir, e)
     os.execv(py, [py] + sys.argv)
 
 
@@ -54,14 +63,14 @@ def fetch_templates(out_dir):
     os.makedirs(dl, exist_ok=True)
     if not glob.glob(os.path.join(dl, "llama_cpp_python-*.tar.gz")):
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--disable-pip-version-check", "--quiet", "-d", dl, "llama-cpp-python"]
+               "--disable-pip-version-check", "--quiet", "-d", dl, PACKAGE]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.TimeoutExpired) as e:
-            return None, "pip download llama-cpp-python failed: %s" % e
+            return None, "pip download %s failed: %s" % (PACKAGE, e)
         if r.returncode != 0:
             tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-            return None, "PyPI unreachable (pip download llama-cpp-python): " + " | ".join(tail)
+            return None, "cannot fetch from PyPI (pip download %s): %s" % (PACKAGE, " | ".join(tail))
     sdist = sorted(glob.glob(os.path.join(dl, "llama_cpp_python-*.tar.gz")))[-1]
     os.makedirs(tdir, exist_ok=True)
     with tarfile.open(sdist) as tar:
@@ -159,9 +168,11 @@ CASES = [
 def main():
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
-    ensure_jinja(out_dir)
     out_path = os.path.join(out_dir, "cases.json")
-    tdir, reason = fetch_templates(out_dir)
+    reason = ensure_jinja(out_dir)
+    tdir = None
+    if reason is None:
+        tdir, reason = fetch_templates(out_dir)
     if tdir is None:
         print("SKIP: " + reason)
         with open(out_path, "w") as f:
