@@ -537,6 +537,11 @@ TEST(Tokenizer, FromFolderReadsTheChatTemplateAndSpecialTokens) {
     // built-in format), with the special tokens of tokenizer_config.json.
     EXPECT_FALSE(t->chat_template_source().empty());
     EXPECT_EQ(t->apply_chat_template({{"user", "hi"}}), "<|im_start|>user|hi<|im_end|>");
+    // chat_template.jinja takes priority over tokenizer_config.json, as in transformers.
+    test::spit(d / "chat_template.jinja", "{{ messages | length }}{{ eos_token }}\n");
+    EXPECT_EQ(Tokenizer::from_folder(d.path())->apply_chat_template({{"user", "hi"}}),
+              "1<|im_end|>");
+    std::filesystem::remove(d / "chat_template.jinja");
     test::spit(d / "tokenizer_config.json", Json{{"eos_token", "<|nope|>"}}.dump());
     EXPECT_NE(error_of([&] { Tokenizer::from_folder(d.path()); }).find("'eos_token' = '<|nope|>'"),
               std::string::npos);

@@ -724,8 +724,10 @@ std::shared_ptr<Tokenizer> Tokenizer::from_folder(const std::string &dir) {
         }
     }
     std::string where = cfg_path.string() + " chat_template";
+    // As in transformers, a chat_template.jinja file takes priority over the
+    // template in tokenizer_config.json.
     const fs::path jinja = fs::path(dir) / "chat_template.jinja";
-    if (chat_template.empty() && fs::exists(jinja)) {
+    if (fs::exists(jinja)) {
         chat_template = read_file(jinja.string());
         where = jinja.string();
     }
