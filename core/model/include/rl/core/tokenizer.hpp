@@ -65,8 +65,8 @@ public:
     std::optional<int32_t> eos_token_id() const { return eos_id_; }
     std::optional<int32_t> bos_token_id() const { return bos_id_; }
     std::optional<int32_t> pad_token_id() const { return pad_id_; }
-    /// The model's Jinja chat template (tokenizer_config.json "chat_template",
-    /// else chat_template.jinja); empty when it has none.
+    /// The model's Jinja chat template (chat_template.jinja, else
+    /// tokenizer_config.json "chat_template"); empty when it has none.
     const std::string &chat_template_source() const { return chat_template_source_; }
     /// The tokenizer's special tokens as template variables (bos_token,
     /// eos_token, pad_token, unk_token, ...: those tokenizer_config.json sets),
