@@ -101,12 +101,12 @@ RL_API rl_status_t rl_env_sample(rl_instance_t *instance, uint64_t n, uint64_t s
 RL_API rl_status_t rl_env_score(rl_instance_t *instance, rl_string_view_t task,
                                 rl_string_view_t completion, rl_result_t **out_result);
 
-/* [worker] (ABI 0.2) Send one message through a transport instance: a JSON
+/* [worker] (ABI 0.3) Send one message through a transport instance: a JSON
  * object header (empty: {}) and named, contiguous CPU tensors; everything is
  * borrowed for the call. docs/transports.md. */
 RL_API rl_status_t rl_transport_send(rl_instance_t *instance, rl_string_view_t header,
                                      const rl_tensor_list_t *tensors);
-/* [worker] (ABI 0.2) Receive one message: text "header" (the sender's JSON
+/* [worker] (ABI 0.3) Receive one message: text "header" (the sender's JSON
  * object), its tensors by name, metrics. Waits at most timeout_ms (negative:
  * no limit, 0: poll); RL_ERR_TIMEOUT when nothing arrived. A malformed message
  * or a checksum mismatch is an error naming it, and nothing is returned. */

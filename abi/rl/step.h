@@ -43,8 +43,11 @@ typedef struct rl_train_batch rl_train_batch_t;
 /* [control-thread] Encode each task's "prompt" (tasks_json: JSON array of task
  * objects as rl_env_sample returns them), wrapped by the chat template when one
  * is named, and sample n completions per prompt with `engine`.
- * options_json (may be NULL): {"chat_template": "none" | "chatml" | "llama3"
- * (default "none"), "group_offset": int (group id of the first task; the next
+ * options_json (may be NULL): {"chat_template": "none" | "model" | "chatml" |
+ * "llama3" (default "none": the prompt as it is; "model": the model's own
+ * Jinja template, see rl_tokenizer_apply_chat_template),
+ * "chat_template_kwargs": {extra template variables, e.g. "enable_thinking":
+ * false}, "group_offset": int (group id of the first task; the next
  * tasks count up from it; default 0), "sampling": {the parameters of
  * rl_engine_generate: n, temperature, top_p, top_k, max_tokens, stop, seed,
  * stop_token_ids}, "parse_special_tokens": bool (default false: the task's
@@ -101,7 +104,8 @@ RL_API rl_status_t rl_rollouts_to_batch(const rl_rollouts_t *rollouts,
  * sequence the prompt (wrapped by the chat template when one is named), then
  * the answer followed by a newline, then the end-of-sequence token; tensor
  * "loss_mask" (float32) is 1 on the answer, newline and EOS tokens.
- * options_json (may be NULL): {"chat_template": "none" | "chatml" | "llama3",
+ * options_json (may be NULL): {"chat_template": "none" | "model" | "chatml" |
+ * "llama3", "chat_template_kwargs": {...} (as rl_rollouts_generate),
  * "eos_token_id": int (default: the model's first EOS id),
  * "parse_special_tokens": bool (default false: prompt and answer are plain
  * text, as in rl_rollouts_generate)}. `model` may be a tokenizer alone

@@ -102,12 +102,28 @@ RL_API rl_status_t rl_tokenizer_encode_chat(rl_model_t *model, const char *messa
                                             const char *template_name,
                                             uint32_t add_generation_prompt, uint32_t flags,
                                             rl_result_t **out_result);
-/* [thread-safe] messages_json: [{"role": "system"|"user"|"assistant", "content": str}].
- * template: "chatml" or "llama3" (NULL: the model's own). Text "prompt". */
+/* [thread-safe] Text "prompt": the conversation rendered by a chat template.
+ * template: NULL or "model": the model's own Jinja chat_template
+ * (tokenizer_config.json or chat_template.jinja), rendered as transformers'
+ * apply_chat_template renders it; messages_json is a JSON array of message
+ * objects passed to it as they are ({"role": str, "content": str | array |
+ * null, plus tool_calls, reasoning_content, ... when the template reads them}).
+ * An error names the template line when the template uses a construct the
+ * engine does not support (docs/model.md), or when the model has none.
+ * "chatml" or "llama3": a built-in format; contents must be strings and roles
+ * system, user or assistant. */
 RL_API rl_status_t rl_tokenizer_apply_chat_template(rl_model_t *model, const char *messages_json,
                                                     const char *template_name,
                                                     uint32_t add_generation_prompt,
                                                     rl_result_t **out_result);
+/* [thread-safe] rl_tokenizer_apply_chat_template with options. options_json
+ * (may be NULL): {"template": "model" (default) | "chatml" | "llama3",
+ * "add_generation_prompt": bool (default true), "tools": [tool schemas: the
+ * template's `tools`], "chat_template_kwargs": {extra template variables, e.g.
+ * "enable_thinking": false}}; tools and chat_template_kwargs need the model's
+ * own template. Text "prompt". */
+RL_API rl_status_t rl_tokenizer_render_chat(rl_model_t *model, const char *messages_json,
+                                            const char *options_json, rl_result_t **out_result);
 
 /* ---- trainer ----------------------------------------------------------------- */
 
@@ -230,7 +246,7 @@ RL_API rl_status_t rl_engine_wake_up(rl_engine_t *engine);
 
 /* ---- weight sync over a transport (docs/transports.md) --------------------------- */
 
-/* [control-thread] (ABI 0.2) The trainer side of a weight sync: send the
+/* [control-thread] (ABI 0.3) The trainer side of a weight sync: send the
  * model's weights as policy `version` through a transport instance (one
  * message: header {"kind": "rl.weights", "version", "step"}, every parameter
  * as a tensor with its checksum). Under trainer.parallel fsdp every rank calls
@@ -242,7 +258,7 @@ RL_API rl_status_t rl_engine_wake_up(rl_engine_t *engine);
 RL_API rl_status_t rl_weights_send(rl_model_t *model, rl_instance_t *transport, int64_t version,
                                    const char *options_json, rl_result_t **out_result);
 
-/* [control-thread] (ABI 0.2) The inference side: wait up to timeout_ms
+/* [control-thread] (ABI 0.3) The inference side: wait up to timeout_ms
  * (negative: no limit) for a weight set newer than the one in use, check it
  * (checksums, names, shapes, count) and swap it into `model` at once: the
  * model is never half-updated, and any failure leaves the previous version in

@@ -164,18 +164,15 @@ int m_decode(lua_State *L) {
     return 1;
 }
 
-// x:apply_chat_template(messages [, {template = nil, add_generation_prompt = true}]) -> string
+// x:apply_chat_template(messages [, {template = "model", add_generation_prompt = true,
+//                                    tools = nil, chat_template_kwargs = nil}]) -> string
 int m_chat(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     const std::string messages = to_json(L, 2, "messages");
-    const std::string tmpl = opt_string_field(L, 3, "template", "");
-    const bool gen = opt_bool_field(L, 3, "add_generation_prompt", true);
+    const std::string opts = config_arg(L, 3, "tokenizer:apply_chat_template: options");
     rl_result_t *res = nullptr;
-    check_status(L,
-                 rl_tokenizer_apply_chat_template(m, messages.c_str(),
-                                                  tmpl.empty() ? nullptr : tmpl.c_str(),
-                                                  gen ? 1u : 0u, &res),
+    check_status(L, rl_tokenizer_render_chat(m, messages.c_str(), opts.c_str(), &res),
                  "tokenizer:apply_chat_template");
     push_result(L, res);
     lua_getfield(L, -1, "prompt");

@@ -557,8 +557,9 @@ TEST(TinyPreset, WritesALoadableFolderWithTokenizerAndChatTemplate) {
     EXPECT_EQ(tok->vocab_size(), kTinyVocabSize);
     EXPECT_EQ(tok->eos_token_id(), kTinyImEnd);
     EXPECT_EQ(tok->pad_token_id(), kTinyEndOfText);
-    ASSERT_TRUE(tok->chat_format().has_value());
+    ASSERT_FALSE(tok->chat_template_source().empty());
     const std::string prompt = tok->apply_chat_template({{"user", "reverse: abc"}});
+    EXPECT_EQ(prompt, "<|im_start|>user\nreverse: abc<|im_end|>\n<|im_start|>assistant\n");
     const auto ids = tok->encode(prompt);
     EXPECT_EQ(ids.front(), kTinyImStart);
     EXPECT_EQ(tok->decode(ids), prompt);

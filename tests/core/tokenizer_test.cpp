@@ -522,20 +522,26 @@ TEST(Tokenizer, FromFolderReadsTheChatTemplateAndSpecialTokens) {
         Json::array({added_token(300, "<|im_start|>", true), added_token(301, "<|im_end|>", true),
                      added_token(302, "<|endoftext|>", true)});
     test::spit(d / "tokenizer.json", make_json(s).dump());
-    test::spit(
-        d / "tokenizer_config.json",
-        Json{{"eos_token", {{"content", "<|im_end|>"}}},
-             {"pad_token", "<|endoftext|>"},
-             {"bos_token", nullptr},
-             {"chat_template", "{% for m in messages %}{{'<|im_start|>' + m['role']}}{% endfor %}"}}
-            .dump());
+    test::spit(d / "tokenizer_config.json",
+               Json{{"eos_token", {{"content", "<|im_end|>"}}},
+                    {"pad_token", "<|endoftext|>"},
+                    {"bos_token", nullptr},
+                    {"chat_template", "{% for m in messages %}{{'<|im_start|>' + m['role'] + '|' + "
+                                      "m['content'] + eos_token}}{% endfor %}"}}
+                   .dump());
     auto t = Tokenizer::from_folder(d.path());
     EXPECT_EQ(t->eos_token_id(), 301);
     EXPECT_EQ(t->pad_token_id(), 302);
     EXPECT_FALSE(t->bos_token_id().has_value());
-    EXPECT_EQ(t->chat_format(), ChatFormat::ChatML);
-    EXPECT_EQ(t->apply_chat_template({{"user", "hi"}}),
-              "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    // The template is rendered as written (not recognized and replaced by a
+    // built-in format), with the special tokens of tokenizer_config.json.
+    EXPECT_FALSE(t->chat_template_source().empty());
+    EXPECT_EQ(t->apply_chat_template({{"user", "hi"}}), "<|im_start|>user|hi<|im_end|>");
+    // chat_template.jinja takes priority over tokenizer_config.json, as in transformers.
+    test::spit(d / "chat_template.jinja", "{{ messages | length }}{{ eos_token }}\n");
+    EXPECT_EQ(Tokenizer::from_folder(d.path())->apply_chat_template({{"user", "hi"}}),
+              "1<|im_end|>");
+    std::filesystem::remove(d / "chat_template.jinja");
     test::spit(d / "tokenizer_config.json", Json{{"eos_token", "<|nope|>"}}.dump());
     EXPECT_NE(error_of([&] { Tokenizer::from_folder(d.path()); }).find("'eos_token' = '<|nope|>'"),
               std::string::npos);

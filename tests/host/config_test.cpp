@@ -139,7 +139,7 @@ TEST(Config, OverridesApplyAfterTheFileAndAreChecked) {
     EXPECT_NE(noeq.error.find("--set run.steps: expected key=value"), std::string::npos)
         << noeq.error;
     Loaded choice = load("", {"tokenizer.chat_template=jinja"});
-    EXPECT_NE(choice.error.find("must be one of none,chatml,llama3; got 'jinja'"),
+    EXPECT_NE(choice.error.find("must be one of none,model,chatml,llama3; got 'jinja'"),
               std::string::npos)
         << choice.error;
 }

@@ -648,6 +648,15 @@ TEST(LuaTraining, TrainerAndEngineWorkThroughTheModule) {
         local tok = model:tokenizer()
         local ids = tok:encode('abc')
         assert(ids:dtype() == 'int64' and #ids == 3 and tok:decode(ids) == 'abc')
+        -- the model's own chat template (ChatML for the tiny preset) by default
+        local msgs = {{role = 'user', content = 'hi'}}
+        local own = tok:apply_chat_template(msgs, {chat_template_kwargs = {enable_thinking = false}})
+        assert(own == '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n', own)
+        assert(tok:apply_chat_template(msgs, {template = 'chatml', add_generation_prompt = false})
+               == '<|im_start|>user\nhi<|im_end|>\n')
+        local cok, cerr = pcall(tok.apply_chat_template, tok, msgs, {template = 'chatml', tools = {{}}})
+        assert(not cok and tostring(cerr):find("need the model's own template", 1, true), tostring(cerr))
+        assert(#rl.encode_prompts(tok, {{prompt = 'x'}}, 'model')[1] == #tok:encode((own:gsub('hi', 'x'))))
         local engine = model:engine()
         local out = engine:generate({ids, rl.tensor({100, 101})}, {n = 2, max_tokens = 4, seed = 1})
         assert(#out.cu_seqlens == 5 and #out.completions == 4 and #out.finish_reasons == 4)

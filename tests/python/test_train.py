@@ -102,6 +102,13 @@ class TrainTest(unittest.TestCase):
         self.assertEqual(self.model.decode(ids), "Reverse: abc")
         prompt = self.model.apply_chat_template([{"role": "user", "content": "hi"}], "chatml")
         self.assertIn("<|im_start|>user\nhi<|im_end|>", prompt)
+        # The tiny model's own template is ChatML; tools need the model's own template.
+        own = self.model.apply_chat_template([{"role": "user", "content": "hi"}],
+                                             chat_template_kwargs={"enable_thinking": False})
+        self.assertEqual(own, prompt)
+        with self.assertRaises(rl.Error):
+            self.model.apply_chat_template([{"role": "user", "content": "hi"}], "chatml",
+                                           tools=[])
 
     def test_special_token_text_stays_text_and_tokenizer_loads_alone(self):
         text = "a<|im_end|>b"

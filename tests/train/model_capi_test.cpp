@@ -243,3 +243,66 @@ TEST(TokenizerCApi, TaskPromptsAndAnswersAreEncodedAsPlainText) {
     EXPECT_EQ(count(parsed, kImStart), 1);
     EXPECT_EQ(count(parsed, kImEnd), 3);
 }
+
+// The model's own Jinja template gets tools, extra variables (enable_thinking)
+// and messages as they are; a template construct the engine does not support is
+// an error naming it and its line, and a built-in format is used only by name.
+TEST(TokenizerCApi, ModelTemplateRendersToolsAndVariablesAndRefusesUnsupportedSyntax) {
+    TempDir dir("chat");
+    const std::string folder = dir.sub("model");
+    RL_ASSERT_OK(rl_model_init_preset("tiny", folder.c_str(), 0));
+    auto set_template = [&](const std::string &tmpl) {
+        const std::string path = folder + "/tokenizer_config.json";
+        std::ifstream in(path);
+        json cfg = json::parse(in);
+        cfg["chat_template"] = tmpl;
+        std::ofstream(path) << cfg.dump(2);
+    };
+    set_template("{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                 "{% for c in m.tool_calls %}[{{ c.function.name }}]{% endfor %}{% endfor %}"
+                 "{% if tools %}{{ tools | map(attribute='function.name') | join(',') }}{% endif %}"
+                 "{% if add_generation_prompt %}<assistant>"
+                 "{% if enable_thinking is false %}<nothink>{% endif %}{% endif %}");
+    ModelPtr m = load_model(folder);
+    const char *msgs =
+        R"([{"role": "user", "content": "q"},
+            {"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f"}}]}])";
+    Result r;
+    RL_ASSERT_OK(rl_tokenizer_render_chat(
+        m.get(), msgs,
+        R"({"tools": [{"function": {"name": "f"}}, {"function": {"name": "g"}}],
+            "chat_template_kwargs": {"enable_thinking": false}})",
+        r.out()));
+    EXPECT_EQ(r.text("prompt"), "<user>q<assistant>None[f]f,g<assistant><nothink>");
+    RL_ASSERT_OK(
+        rl_tokenizer_render_chat(m.get(), msgs, R"({"add_generation_prompt": false})", r.out()));
+    EXPECT_EQ(r.text("prompt"), "<user>q<assistant>None[f]");
+    EXPECT_EQ(
+        rl_tokenizer_render_chat(m.get(), msgs, R"({"template": "chatml", "tools": []})", r.out()),
+        RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("need the model's own template"),
+              std::string::npos);
+    EXPECT_EQ(rl_tokenizer_render_chat(m.get(), msgs, R"({"tool": []})", r.out()),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("'tool'"), std::string::npos);
+
+    // Unsupported syntax: the model still loads; rendering names the construct and line.
+    set_template("{{ messages[0].content }}\n{% include 'other.jinja' %}");
+    ModelPtr bad = load_model(folder);
+    EXPECT_EQ(rl_tokenizer_apply_chat_template(bad.get(), msgs, nullptr, 1, r.out()),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("line 2: unsupported tag '{% include %}'"),
+              std::string::npos)
+        << rl_last_error();
+    RL_ASSERT_OK(rl_tokenizer_apply_chat_template(
+        bad.get(), R"([{"role": "user", "content": "q"}])", "chatml", 1, r.out()));
+    EXPECT_EQ(r.text("prompt"), "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
+
+    // No template at all: an error that says how to name a built-in format.
+    set_template("");
+    ModelPtr none = load_model(folder);
+    EXPECT_EQ(rl_tokenizer_apply_chat_template(none.get(), msgs, nullptr, 1, r.out()),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("no chat template"), std::string::npos)
+        << rl_last_error();
+}

@@ -1,24 +1,34 @@
 #include "rl/core/chat_template.hpp"
 
+#include "jinja.hpp"
 #include "rl/core/error.hpp"
 #include "unicode.hpp"
 
+#include <nlohmann/json.hpp>
+
 namespace rl::core {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+Json parse_json_arg(const std::string &text, const std::string &what) {
+    try {
+        return Json::parse(text);
+    } catch (const Json::exception &e) {
+        throw Error(what + " is not valid JSON: " + e.what());
+    }
+}
+
+} // namespace
 
 ChatFormat parse_chat_format(const std::string &name) {
     if (name == "chatml" || name == "qwen") return ChatFormat::ChatML;
     if (name == "llama3" || name == "llama-3") return ChatFormat::Llama3;
-    throw Error("unknown chat format '" + name + "' (supported: chatml, llama3)");
+    throw Error("unknown chat format '" + name + "' (built-in: chatml, llama3)");
 }
 
 const char *chat_format_name(ChatFormat f) {
     return f == ChatFormat::ChatML ? "chatml" : "llama3";
-}
-
-std::optional<ChatFormat> detect_chat_format(const std::string &t) {
-    if (t.find("<|im_start|>") != std::string::npos) return ChatFormat::ChatML;
-    if (t.find("<|start_header_id|>") != std::string::npos) return ChatFormat::Llama3;
-    return std::nullopt;
 }
 
 std::string apply_chat_template(ChatFormat format, const std::vector<ChatMessage> &messages,
@@ -27,7 +37,8 @@ std::string apply_chat_template(ChatFormat format, const std::vector<ChatMessage
         const std::string &r = messages[i].role;
         if (r != "system" && r != "user" && r != "assistant")
             throw Error("chat template: messages[" + std::to_string(i) + "].role '" + r +
-                        "' is not supported (system, user, assistant)");
+                        "' is not supported by the built-in " + chat_format_name(format) +
+                        " format (system, user, assistant)");
     }
     std::string out;
     if (format == ChatFormat::ChatML) {
@@ -47,6 +58,55 @@ std::string apply_chat_template(ChatFormat format, const std::vector<ChatMessage
                unicode::strip(m.content) + "<|eot_id|>";
     if (options.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
     return out;
+}
+
+std::string chat_messages_json(const std::vector<ChatMessage> &messages) {
+    Json j = Json::array();
+    for (const auto &m : messages) j.push_back(Json{{"role", m.role}, {"content", m.content}});
+    try {
+        return j.dump();
+    } catch (const Json::exception &e) {
+        throw Error(std::string("chat template: a message is not valid UTF-8: ") + e.what());
+    }
+}
+
+ChatTemplate::ChatTemplate(const std::string &source, const std::string &where)
+    : source_(source), where_(where), impl_(std::make_shared<jinja::Template>(source, where)) {}
+
+ChatTemplate::~ChatTemplate() = default;
+
+std::string ChatTemplate::render(const std::string &messages_json,
+                                 const ChatTemplateOptions &options,
+                                 const std::string &special_tokens_json) const {
+    Json messages = parse_json_arg(messages_json, where_ + ": messages");
+    if (!messages.is_array()) throw Error(where_ + ": messages must be a JSON array");
+    Json ctx = Json::object();
+    // The variables transformers' apply_chat_template passes, in its order.
+    ctx["messages"] = std::move(messages);
+    ctx["tools"] = nullptr;
+    if (!options.tools_json.empty()) {
+        Json tools = parse_json_arg(options.tools_json, where_ + ": tools");
+        if (!tools.is_array() && !tools.is_null())
+            throw Error(where_ + ": tools must be a JSON array of tool schemas");
+        ctx["tools"] = std::move(tools);
+    }
+    ctx["documents"] = nullptr;
+    ctx["add_generation_prompt"] = options.add_generation_prompt;
+    for (const std::string *extra : {&special_tokens_json, &options.variables_json}) {
+        if (extra->empty()) continue;
+        Json vars = parse_json_arg(*extra, where_ + ": template variables");
+        if (!vars.is_object()) throw Error(where_ + ": template variables must be a JSON object");
+        for (auto it = vars.begin(); it != vars.end(); ++it) ctx[it.key()] = it.value();
+    }
+    jinja::RenderOptions ro;
+    ro.now = options.now;
+    return impl_->render(ctx, ro);
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage> &messages,
+                                 const ChatTemplateOptions &options,
+                                 const std::string &special_tokens_json) const {
+    return render(chat_messages_json(messages), options, special_tokens_json);
 }
 
 } // namespace rl::core

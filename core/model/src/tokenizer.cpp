@@ -694,6 +694,29 @@ std::shared_ptr<Tokenizer> Tokenizer::from_folder(const std::string &dir) {
                             "' is not a token of tokenizer.json");
             return id;
         };
+        // Special tokens as transformers passes them to chat templates.
+        Json specials = Json::object();
+        for (const char *key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                                "cls_token", "mask_token"}) {
+            if (!cfg.contains(key) || cfg[key].is_null()) continue;
+            if (cfg[key].is_string())
+                specials[key] = cfg[key];
+            else if (cfg[key].is_object() && cfg[key].contains("content") &&
+                     cfg[key]["content"].is_string())
+                specials[key] = cfg[key]["content"];
+        }
+        if (cfg.contains("additional_special_tokens") &&
+            cfg["additional_special_tokens"].is_array()) {
+            Json extra = Json::array();
+            for (const auto &e : cfg["additional_special_tokens"]) {
+                if (e.is_string())
+                    extra.push_back(e);
+                else if (e.is_object() && e.contains("content") && e["content"].is_string())
+                    extra.push_back(e["content"]);
+            }
+            specials["additional_special_tokens"] = std::move(extra);
+        }
+        t->special_tokens_json_ = specials.dump();
         t->eos_id_ = token("eos_token");
         t->bos_id_ = token("bos_token");
         t->pad_id_ = token("pad_token");
@@ -709,9 +732,25 @@ std::shared_ptr<Tokenizer> Tokenizer::from_folder(const std::string &dir) {
             }
         }
     }
+    std::string where = cfg_path.string() + " chat_template";
+    // As in transformers, a chat_template.jinja file takes priority over the
+    // template in tokenizer_config.json.
     const fs::path jinja = fs::path(dir) / "chat_template.jinja";
-    if (chat_template.empty() && fs::exists(jinja)) chat_template = read_file(jinja.string());
-    if (!chat_template.empty()) t->chat_format_ = detect_chat_format(chat_template);
+    if (fs::exists(jinja)) {
+        chat_template = read_file(jinja.string());
+        where = jinja.string();
+    }
+    if (!chat_template.empty()) {
+        t->chat_template_source_ = chat_template;
+        t->chat_template_where_ = where;
+        // A template the engine cannot parse does not stop the model from
+        // loading; rendering with it gives the parse error.
+        try {
+            t->chat_template_ = std::make_shared<const ChatTemplate>(chat_template, where);
+        } catch (const Error &e) {
+            t->chat_template_error_ = e.what();
+        }
+    }
     return t;
 }
 
@@ -779,10 +818,18 @@ std::string Tokenizer::token_bytes(int32_t id) const {
 
 std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage> &messages,
                                            const ChatTemplateOptions &options) const {
-    if (!chat_format_)
-        throw Error(impl_->source + ": the tokenizer has no chat template in a supported format "
-                                    "(chatml, llama3)");
-    return rl::core::apply_chat_template(*chat_format_, messages, options);
+    return apply_chat_template_json(chat_messages_json(messages), options);
+}
+
+std::string Tokenizer::apply_chat_template_json(const std::string &messages_json,
+                                                const ChatTemplateOptions &options) const {
+    if (!chat_template_error_.empty()) throw Error(chat_template_error_);
+    if (!chat_template_)
+        throw Error(impl_->source +
+                    ": the model has no chat template (no 'chat_template' in "
+                    "tokenizer_config.json, no chat_template.jinja); name a built-in format "
+                    "(chatml, llama3) instead");
+    return chat_template_->render(messages_json, options, special_tokens_json_);
 }
 
 // ---------------------------------------------------------------------------

@@ -14,6 +14,36 @@
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The conversation rendered by `name`: "model" (the model's own Jinja
+// template, which gets the messages as they are: tool_calls,
+// reasoning_content, list contents, ...) or a built-in format (string
+// contents only).
+std::string render_chat(rl_model &model, const char *messages_json, const std::string &name,
+                        const core::ChatTemplateOptions &o, const char *fn) {
+    const json j = parse_json(messages_json, fn_msg(fn, "messages"));
+    require(j.is_array(), fn_msg(fn, "messages must be a JSON array of {role, content}"));
+    const bool own = name == "model";
+    std::vector<core::ChatMessage> msgs;
+    for (size_t i = 0; i < j.size(); ++i) {
+        const json &m = j[i];
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        require(m.is_object() && m.contains("role") && m["role"].is_string() &&
+                    m.contains("content") &&
+                    (m["content"].is_string() ||
+                     (own && (m["content"].is_null() || m["content"].is_array()))),
+                fn_msg(fn, at + (own ? " must be an object with a string 'role' and a "
+                                       "'content' (string, array or null)"
+                                     : " must be an object with string 'role' and 'content'")));
+        if (!own) msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    if (own) return tokenizer_of(&model, fn).apply_chat_template_json(j.dump(), o);
+    return core::apply_chat_template(core::parse_chat_format(name), msgs, o);
+}
+
+} // namespace
+
 extern "C" {
 
 // ---- models ---------------------------------------------------------------------
@@ -236,13 +266,14 @@ std::vector<core::ChatMessage> chat_messages(const char *messages_json, const ch
     return msgs;
 }
 
-// The conversation rendered by `template_name` (NULL: the tokenizer's own).
+// The conversation rendered by `template_name` (NULL or "model": the model's
+// own template; else a built-in format).
 std::function<std::string(const std::vector<core::ChatMessage> &)>
 chat_renderer(const rl_model_t *model, const char *template_name, bool add_generation_prompt,
               const char *fn) {
     core::ChatTemplateOptions o;
     o.add_generation_prompt = add_generation_prompt;
-    if (template_name) {
+    if (template_name && std::string(template_name) != "model") {
         const core::ChatFormat f = core::parse_chat_format(template_name);
         return [f, o](const std::vector<core::ChatMessage> &m) {
             return core::apply_chat_template(f, m, o);
@@ -307,26 +338,52 @@ RL_API rl_status_t rl_tokenizer_apply_chat_template(rl_model_t *model, const cha
         const char *fn = "rl_tokenizer_apply_chat_template";
         require(model && messages_json && out_result,
                 fn_msg(fn, "model, messages_json and out_result are required"));
-        const json j = parse_json(messages_json, fn_msg(fn, "messages"));
-        require(j.is_array(), fn_msg(fn, "messages must be a JSON array of {role, content}"));
-        std::vector<core::ChatMessage> msgs;
-        for (size_t i = 0; i < j.size(); ++i) {
-            const json &m = j[i];
-            const std::string at = "messages[" + std::to_string(i) + "]";
-            require(m.is_object() && m.contains("role") && m["role"].is_string() &&
-                        m.contains("content") && m["content"].is_string(),
-                    fn_msg(fn, at + " must be an object with string 'role' and 'content'"));
-            msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-        }
         core::ChatTemplateOptions o;
         o.add_generation_prompt = add_generation_prompt != 0;
         CallSink sink;
-        if (template_name) {
-            sink.texts["prompt"] =
-                core::apply_chat_template(core::parse_chat_format(template_name), msgs, o);
-        } else {
-            sink.texts["prompt"] = tokenizer_of(model, fn).apply_chat_template(msgs, o);
+        sink.texts["prompt"] =
+            render_chat(*model, messages_json, template_name ? template_name : "model", o, fn);
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_tokenizer_render_chat(rl_model_t *model, const char *messages_json,
+                                            const char *options_json, rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_tokenizer_render_chat";
+        require(model && messages_json && out_result,
+                fn_msg(fn, "model, messages_json and out_result are required"));
+        json opts = parse_json(options_json, fn_msg(fn, "options"));
+        if (opts.is_null()) opts = json::object();
+        require(opts.is_object(), fn_msg(fn, "options must be a JSON object"));
+        std::string name = "model";
+        core::ChatTemplateOptions o;
+        for (const auto &kv : opts.items()) {
+            const json &v = kv.value();
+            if (kv.key() == "template" && (v.is_string() || v.is_null())) {
+                if (v.is_string()) name = v.get<std::string>();
+            } else if (kv.key() == "add_generation_prompt" && v.is_boolean()) {
+                o.add_generation_prompt = v.get<bool>();
+            } else if (kv.key() == "tools" && (v.is_array() || v.is_null())) {
+                if (v.is_array()) o.tools_json = v.dump();
+            } else if (kv.key() == "chat_template_kwargs" && (v.is_object() || v.is_null())) {
+                if (v.is_object()) o.variables_json = v.dump();
+            } else {
+                throw HostError{RL_ERR_INVALID_ARG,
+                                fn_msg(fn, "option '" + kv.key() +
+                                               "' is unknown or of the wrong type; valid: "
+                                               "template (a string), add_generation_prompt (a "
+                                               "boolean), tools (an array), "
+                                               "chat_template_kwargs (an object)")};
+            }
         }
+        require(name == "model" || (o.tools_json.empty() && o.variables_json.empty()),
+                fn_msg(fn, "tools and chat_template_kwargs need the model's own template "
+                           "(template \"model\"); the built-in '" +
+                               name + "' format has neither"));
+        CallSink sink;
+        sink.texts["prompt"] = render_chat(*model, messages_json, name, o, fn);
         *out_result = new_result(std::move(sink));
         return RL_OK;
     });

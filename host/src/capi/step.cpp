@@ -69,19 +69,33 @@ json options_arg(const char *options_json, const char *fn) {
 }
 
 // The prompt ids of each task: its "prompt", wrapped as one user turn with the
-// assistant prompt after it when a chat template is named. The task's text is
-// plain text (special-token text in it, "<|im_end|>", stays text; only the
-// template's own special tokens are control tokens) unless parse_special.
+// assistant prompt after it when a chat template is named: "model" (the
+// model's own Jinja template, with `variables` as extra template variables such
+// as enable_thinking) or a built-in format ("chatml", "llama3"); "none" encodes
+// the prompt as it is. The task's text is plain text (special-token text in
+// it, "<|im_end|>", stays text; only the template's own special tokens are
+// control tokens) unless parse_special.
 std::vector<std::vector<int64_t>> encode_prompts(const core::Tokenizer &tok, const json &tasks,
                                                  const std::string &chat_template,
-                                                 bool parse_special, const char *fn) {
+                                                 const json &variables, bool parse_special,
+                                                 const char *fn) {
     core::ChatTemplateOptions chat;
     chat.add_generation_prompt = true;
+    if (!variables.is_null()) chat.variables_json = variables.dump();
+    const bool own = chat_template == "model";
     const bool templated = chat_template != "none";
-    const core::ChatFormat format =
-        templated ? core::parse_chat_format(chat_template) : core::ChatFormat{};
+    std::optional<core::ChatFormat> format;
+    if (templated && !own) {
+        try {
+            format = core::parse_chat_format(chat_template);
+        } catch (const core::Error &) {
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fn_msg(fn, "options.chat_template '" + chat_template +
+                                           "' is unknown; valid: none, model, chatml, llama3")};
+        }
+    }
     const auto render = [&](const std::vector<core::ChatMessage> &m) {
-        return core::apply_chat_template(format, m, chat);
+        return own ? tok.apply_chat_template(m, chat) : core::apply_chat_template(*format, m, chat);
     };
     core::EncodeOptions plain;
     plain.parse_special = parse_special;
@@ -154,6 +168,7 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
         const json tasks = tasks_arg(tasks_json, fn);
         const json opts = options_arg(options_json, fn);
         std::string chat_template = "none";
+        json chat_vars;
         int64_t group_offset = 0;
         bool parse_special = false;
         json sampling = json::object();
@@ -166,6 +181,10 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
                 require(kv.value().is_string(),
                         fn_msg(fn, "options.chat_template must be a string"));
                 chat_template = kv.value().get<std::string>();
+            } else if (kv.key() == "chat_template_kwargs") {
+                require(kv.value().is_object() || kv.value().is_null(),
+                        fn_msg(fn, "options.chat_template_kwargs must be a JSON object"));
+                chat_vars = kv.value();
             } else if (kv.key() == "group_offset") {
                 require(kv.value().is_number_integer(),
                         fn_msg(fn, "options.group_offset must be an integer"));
@@ -177,12 +196,13 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
             } else {
                 throw HostError{RL_ERR_INVALID_ARG,
                                 fn_msg(fn, "unknown option '" + kv.key() +
-                                               "'; valid: chat_template, group_offset, sampling, "
-                                               "parse_special_tokens")};
+                                               "'; valid: chat_template, chat_template_kwargs, "
+                                               "group_offset, sampling, parse_special_tokens")};
             }
         }
-        const std::vector<std::vector<int64_t>> prompts = encode_prompts(
-            engine->policy->require_tokenizer(fn), tasks, chat_template, parse_special, fn);
+        const std::vector<std::vector<int64_t>> prompts =
+            encode_prompts(engine->policy->require_tokenizer(fn), tasks, chat_template, chat_vars,
+                           parse_special, fn);
         const core::SamplingParams params = core::SamplingParams::from_json(sampling.dump());
         const core::Generation g = engine->impl->generate(prompts, params);
         // The temperature the logprobs belong to: greedy decoding (T = 0 or
@@ -434,11 +454,15 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
         const json tasks = tasks_arg(tasks_json, fn);
         const json opts = options_arg(options_json, fn);
         std::string chat_template = "none";
+        json chat_vars;
         std::optional<int64_t> eos;
         bool parse_special = false;
         for (const auto &kv : opts.items()) {
             if (kv.key() == "chat_template" && kv.value().is_string()) {
                 chat_template = kv.value().get<std::string>();
+            } else if (kv.key() == "chat_template_kwargs" &&
+                       (kv.value().is_object() || kv.value().is_null())) {
+                chat_vars = kv.value();
             } else if (kv.key() == "eos_token_id" && kv.value().is_number_integer()) {
                 eos = kv.value().get<int64_t>();
             } else if (kv.key() == "parse_special_tokens" && kv.value().is_boolean()) {
@@ -447,8 +471,9 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
                 throw HostError{RL_ERR_INVALID_ARG,
                                 fn_msg(fn, "option '" + kv.key() +
                                                "' is unknown or of the wrong type; valid: "
-                                               "chat_template (a string), eos_token_id (an "
-                                               "integer), parse_special_tokens (a boolean)")};
+                                               "chat_template (a string), chat_template_kwargs "
+                                               "(an object), eos_token_id (an integer), "
+                                               "parse_special_tokens (a boolean)")};
             }
         }
         const core::Tokenizer &tok = tokenizer_of(model, fn);
@@ -462,7 +487,8 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
                                              "eos_token_id"));
             eos = ids.front();
         }
-        const auto prompts = encode_prompts(tok, tasks, chat_template, parse_special, fn);
+        const auto prompts =
+            encode_prompts(tok, tasks, chat_template, chat_vars, parse_special, fn);
         core::EncodeOptions answer_opts;
         answer_opts.parse_special = parse_special;
         std::vector<int64_t> ids, cu{0};

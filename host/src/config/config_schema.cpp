@@ -65,8 +65,9 @@ std::vector<ConfigKey> build() {
             "Weights and activations; bfloat16 keeps float32 master weights and AdamW state "
             "in the trainer."),
 
-        choice_param("tokenizer.chat_template", "none", {"none", "chatml", "llama3"},
-                     "Chat template applied to prompts."),
+        choice_param("tokenizer.chat_template", "none", {"none", "model", "chatml", "llama3"},
+                     "Chat template applied to prompts: none (the prompt as it is), model (the "
+                     "model's own Jinja chat_template), or a built-in format (chatml, llama3)."),
     };
     add_section(keys, "trainer", rl::core::trainer_params());
     add_section(keys, "engine", rl::core::engine_params());

@@ -16,10 +16,11 @@ local function check_table(v, what, level)
 end
 
 --- rl.encode_prompts(tokenizer, tasks [, chat_template]) -> list of int64 tensors.
---- chat_template "none" (or nil) encodes task.prompt as it is; "chatml" /
---- "llama3" wrap it as one user turn with the assistant prompt after it.
---- The task's text is plain text: special-token text in it ("<|im_end|>")
---- never becomes a control token (as engine:rollouts encodes prompts).
+--- chat_template "none" (or nil) encodes task.prompt as it is; "model" (the
+--- model's own Jinja chat template), "chatml" or "llama3" wrap it as one user
+--- turn with the assistant prompt after it. The task's text is plain text:
+--- special-token text in it ("<|im_end|>") never becomes a control token (as
+--- engine:rollouts encodes prompts).
 function M.encode_prompts(tok, tasks, chat_template)
     check_table(tasks, "tasks", 2)
     local out = {}

@@ -184,6 +184,7 @@ def load_library():
                                          P(H)]),
         "rl_tokenizer_load": (S, [C.c_char_p, P(H)]),
         "rl_tokenizer_apply_chat_template": (S, [H, C.c_char_p, C.c_char_p, C.c_uint32, P(H)]),
+        "rl_tokenizer_render_chat": (S, [H, C.c_char_p, C.c_char_p, P(H)]),
         "rl_trainer_create": (S, [H, C.c_char_p, P(H)]),
         "rl_trainer_destroy": (None, [H]),
         "rl_trainer_forward_backward": (S, [H, P(Batch), H, P(H)]),

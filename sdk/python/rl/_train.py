@@ -132,14 +132,25 @@ class Model(_Handle):
                     A.RL_ENCODE_PLAIN_TEXT if plain_text else 0)
         return res.tensors["ids"], res.texts["prompt"]
 
-    def apply_chat_template(self, messages, template=None, add_generation_prompt=True):
-        return _call(_lib().rl_tokenizer_apply_chat_template, self._handle(), _text(messages),
-                     template.encode() if template else None,
-                     1 if add_generation_prompt else 0).texts["prompt"]
+    def apply_chat_template(self, messages, template=None, add_generation_prompt=True,
+                            tools=None, chat_template_kwargs=None):
+        """The conversation rendered by the model's own chat template (template None or
+        "model"), as transformers' apply_chat_template renders it, or by a built-in
+        format ("chatml", "llama3")."""
+        opts = {"template": template or "model", "add_generation_prompt": add_generation_prompt}
+        if tools is not None:
+            opts["tools"] = tools
+        if chat_template_kwargs is not None:
+            opts["chat_template_kwargs"] = chat_template_kwargs
+        return _call(_lib().rl_tokenizer_render_chat, self._handle(), _text(messages),
+                     _text(opts)).texts["prompt"]
 
-    def sft_batch(self, tasks, eos_token_id=None, chat_template="none"):
+    def sft_batch(self, tasks, eos_token_id=None, chat_template="none",
+                  chat_template_kwargs=None):
         """The supervised batch on the tasks' reference answers (a TrainBatch)."""
         opts = {"chat_template": chat_template}
+        if chat_template_kwargs is not None:
+            opts["chat_template_kwargs"] = chat_template_kwargs
         if eos_token_id is not None:
             opts["eos_token_id"] = eos_token_id
         h = C.c_void_p()
@@ -270,12 +281,14 @@ class Engine(_Handle):
                      C.byref(tc.view), _text(params or {}))
 
     def rollouts(self, tasks, chat_template="none", group_offset=0, sampling=None,
-                 parse_special_tokens=False):
+                 parse_special_tokens=False, chat_template_kwargs=None):
         """Generate: encode the tasks' prompts (as plain text unless parse_special_tokens),
         sample sampling["n"] completions each. The rollouts record the sampling temperature
         and the trainer scores their batches at it."""
         opts = {"chat_template": chat_template, "group_offset": group_offset,
                 "sampling": sampling or {}, "parse_special_tokens": parse_special_tokens}
+        if chat_template_kwargs is not None:
+            opts["chat_template_kwargs"] = chat_template_kwargs
         h = C.c_void_p()
         A.check(_lib().rl_rollouts_generate(self._handle(), _text(tasks), _text(opts),
                                             C.byref(h)))

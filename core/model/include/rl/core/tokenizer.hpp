@@ -72,12 +72,23 @@ public:
     std::optional<int32_t> eos_token_id() const { return eos_id_; }
     std::optional<int32_t> bos_token_id() const { return bos_id_; }
     std::optional<int32_t> pad_token_id() const { return pad_id_; }
-    std::optional<ChatFormat> chat_format() const { return chat_format_; }
+    /// The model's Jinja chat template (chat_template.jinja, else
+    /// tokenizer_config.json "chat_template"); empty when it has none.
+    const std::string &chat_template_source() const { return chat_template_source_; }
+    /// The tokenizer's special tokens as template variables (bos_token,
+    /// eos_token, pad_token, unk_token, ...: those tokenizer_config.json sets),
+    /// a JSON object.
+    const std::string &special_tokens_json() const { return special_tokens_json_; }
 
-    /// Renders a conversation with this tokenizer's chat format (from
-    /// tokenizer_config.json); throws when it has none.
+    /// Renders a conversation with the model's own chat template. Throws Error
+    /// when the model has none, when the template uses a construct the engine
+    /// does not support (naming it and its line) or when rendering fails.
     std::string apply_chat_template(const std::vector<ChatMessage> &messages,
                                     const ChatTemplateOptions &options = {}) const;
+    /// Same with messages as a JSON array of message objects (tool_calls,
+    /// reasoning_content, ... pass through to the template).
+    std::string apply_chat_template_json(const std::string &messages_json,
+                                         const ChatTemplateOptions &options = {}) const;
 
     struct Impl;
 
@@ -85,7 +96,11 @@ private:
     Tokenizer();
     std::unique_ptr<Impl> impl_;
     std::optional<int32_t> eos_id_, bos_id_, pad_id_;
-    std::optional<ChatFormat> chat_format_;
+    std::string chat_template_source_;
+    std::string chat_template_where_;
+    std::shared_ptr<const ChatTemplate> chat_template_;
+    std::string chat_template_error_; ///< why the template did not parse
+    std::string special_tokens_json_ = "{}";
 };
 
 /// Incremental decoding for generation: push ids one at a time and get the
