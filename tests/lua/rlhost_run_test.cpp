@@ -3,6 +3,8 @@
 // tiny model that must improve its reward, and Ctrl-C: a clean stop with a
 // checkpoint, one metrics line per finished step, and a resume that continues
 // from there.
+#include "free_port.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -256,17 +258,6 @@ INSTANTIATE_TEST_SUITE_P(Strategies, LaunchTwoRanks, ::testing::Values("dp", "fs
 // weights over filesystem or ZeroMQ, the worker up to max_async_level steps
 // ahead, clipped PPO (policy_loss) for the off-policy batches. The reward rises
 // as in one process; no batch is older than allowed.
-int free_tcp_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
-}
 
 class Disaggregated : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
@@ -281,9 +272,9 @@ TEST_P(Disaggregated, GrpoLearnsWithRolloutsInAnotherProcess) {
                            "--set",
                            "weight_broadcast.type=" + transport,
                            "--set",
-                           "rollout_transport.port=" + std::to_string(free_tcp_port()),
+                           "rollout_transport.port=" + std::to_string(rltest::free_tcp_port()),
                            "--set",
-                           "weight_broadcast.port=" + std::to_string(free_tcp_port()),
+                           "weight_broadcast.port=" + std::to_string(rltest::free_tcp_port()),
                            "--set",
                            "max_async_level=" + std::to_string(level),
                            "--set",

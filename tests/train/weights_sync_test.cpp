@@ -2,6 +2,7 @@
 // rl_weights_recv, docs/transports.md): trained weights reach an inference
 // model exactly; stale versions are skipped; corrupted or foreign weight sets
 // are refused and the model keeps the version it had.
+#include "free_port.hpp"
 #include "train_util.hpp"
 
 #include <nlohmann/json.hpp>
@@ -24,18 +25,6 @@ InstancePtr make_transport(const char *name, const json &params) {
     if (rl_instance_create(runtime(), "transport", name, p.c_str(), &i) != RL_OK)
         ADD_FAILURE() << "create transport " << name << ": " << rl_last_error();
     return InstancePtr(i);
-}
-
-int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
 }
 
 // The logprobs a model gives a fixed batch.
@@ -78,7 +67,7 @@ Ends filesystem_ends(const std::string &dir) {
 }
 
 Ends zmq_ends() {
-    const int port = free_port();
+    const int port = rltest::free_tcp_port();
     Ends e;
     e.rx = make_transport("zmq", {{"role", "pull"}, {"port", port}});
     e.tx = make_transport("zmq", {{"role", "push"}, {"port", port}, {"timeout_ms", 5000}});

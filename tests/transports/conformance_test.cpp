@@ -3,6 +3,7 @@
 // malformed header and a checksum mismatch (both refused, nothing else lost),
 // and the sender's refusals. Each plugin adds a Backend: how to make its two
 // ends and how to put raw bytes on its wire.
+#include "free_port.hpp"
 #include "runtime_fixture.hpp"
 
 #include <rl/sdk/transport.hpp>
@@ -87,18 +88,6 @@ std::vector<uint8_t> tensor_bytes(const Result &r, const char *name) {
     return std::vector<uint8_t>(p, p + n * (v.dtype.bits / 8));
 }
 
-int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
-}
-
 // ---- backends ---------------------------------------------------------------------
 
 // How one transport plugin is set up for a test, and how raw bytes are put
@@ -154,7 +143,7 @@ private:
 
 class ZmqBackend : public Backend {
 public:
-    ZmqBackend() : port_(free_port()) {}
+    ZmqBackend() : port_(rltest::free_tcp_port()) {}
     ~ZmqBackend() override {
         if (raw_) zmq_close(raw_);
         if (ctx_) zmq_ctx_term(ctx_);
@@ -450,8 +439,11 @@ INSTANTIATE_TEST_SUITE_P(Plugins, TransportConformance,
 TEST(ZmqTransport, SenderWithoutAReceiverTimesOutWithAClearError) {
     rltest::RuntimeFixture rt({"transport-zmq"});
     ASSERT_EQ(rt.status(), RL_OK) << rl_last_error();
-    const std::string p =
-        json{{"role", "push"}, {"port", free_port()}, {"hwm", 1}, {"timeout_ms", 200}}.dump();
+    const std::string p = json{
+        {"role", "push"},
+        {"port", rltest::free_tcp_port()},
+        {"hwm", 1},
+        {"timeout_ms", 200}}.dump();
     rl_instance_t *tx = nullptr;
     ASSERT_EQ(rl_instance_create(rt.get(), "transport", "zmq", p.c_str(), &tx), RL_OK)
         << rl_last_error();
@@ -466,7 +458,7 @@ TEST(ZmqTransport, SenderWithoutAReceiverTimesOutWithAClearError) {
 TEST(ZmqTransport, EachEndRefusesTheOtherEndsVerb) {
     rltest::RuntimeFixture rt({"transport-zmq"});
     ASSERT_EQ(rt.status(), RL_OK) << rl_last_error();
-    const int port = free_port();
+    const int port = rltest::free_tcp_port();
     rl_instance_t *rx = nullptr, *tx = nullptr;
     const std::string pr = json{{"role", "pull"}, {"port", port}}.dump();
     const std::string pt = json{{"role", "push"}, {"port", port}}.dump();

@@ -38,9 +38,8 @@ namespace tp = rl::sdk::transport;
     rl::sdk::fail(RL_ERR_IO, what + ": " + std::strerror(errno));
 }
 
-void write_all(const std::string &path, const void *data, size_t n) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) io_error("cannot create " + path);
+// Writes all n bytes to fd (named `path` in errors); closes fd on failure.
+void write_fd(int fd, const std::string &path, const void *data, size_t n) {
     const auto *p = static_cast<const uint8_t *>(data);
     while (n > 0) {
         const ssize_t w = ::write(fd, p, n);
@@ -52,7 +51,22 @@ void write_all(const std::string &path, const void *data, size_t n) {
         p += w;
         n -= static_cast<size_t>(w);
     }
+}
+
+int create_file(const std::string &path) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) io_error("cannot create " + path);
+    return fd;
+}
+
+void sync_close(int fd, const std::string &path) {
     if (::fsync(fd) != 0 || ::close(fd) != 0) io_error("cannot sync " + path);
+}
+
+void write_all(const std::string &path, const void *data, size_t n) {
+    const int fd = create_file(path);
+    write_fd(fd, path, data, n);
+    sync_close(fd, path);
 }
 
 void fsync_dir(const std::string &path) {
@@ -126,23 +140,9 @@ public:
             write_all(tmp + "/header.json", header.data(), header.size());
             // One file for all tensors, written piece by piece.
             const std::string bin = tmp + "/tensors.bin";
-            const int fd = ::open(bin.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (fd < 0) io_error("cannot create " + bin);
-            for (const auto &t : tensors) {
-                const uint8_t *p = t.data;
-                size_t n = t.nbytes;
-                while (n > 0) {
-                    const ssize_t w = ::write(fd, p, n);
-                    if (w < 0 && errno == EINTR) continue;
-                    if (w <= 0) {
-                        ::close(fd);
-                        io_error("cannot write " + bin);
-                    }
-                    p += w;
-                    n -= static_cast<size_t>(w);
-                }
-            }
-            if (::fsync(fd) != 0 || ::close(fd) != 0) io_error("cannot sync " + bin);
+            const int fd = create_file(bin);
+            for (const auto &t : tensors) write_fd(fd, bin, t.data, t.nbytes);
+            sync_close(fd, bin);
             write_all(tmp + "/STABLE", "", 0);
             fsync_dir(tmp);
             const std::string final_dir = root_ + "/step_" + std::to_string(step);
