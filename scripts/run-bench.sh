@@ -10,3 +10,8 @@ for b in "$build"/bin/bench_*; do
   "$b"
 done
 [ $found -eq 1 ] || { echo "no benchmarks built (configure with -DRL_BUILD_BENCH=ON)"; exit 1; }
+# Side-by-side scripts that print ratios.
+for s in "$(dirname "$0")"/../bench/*/compare.sh; do
+  echo "== ${s#*/../}"
+  bash "$s" "$build"
+done
