@@ -90,6 +90,8 @@ local function rollout_worker()
     local weights_in = weight_transport(worker_index, false)
     local batches_out = batch_transport(worker_index, true)
     local tag = ("[rollout %d/%d]"):format(worker_index, workers)
+    -- Names this worker process in every batch (a restarted worker is a new run).
+    local worker_run = ("%d-%d"):format(worker_index, math.floor(rl.time() * 1000))
 
     local version = -1
     local function take(wait_s)
@@ -142,7 +144,8 @@ local function rollout_worker()
                 batch:compute_advantages(advantage)
                 local info = batch:info()
                 batches_out:send({
-                    kind = "rl.batch", step = s, worker = worker_index, policy_version = version,
+                    kind = "rl.batch", step = s, worker = worker_index, worker_run = worker_run,
+                    policy_version = version,
                     reward = r.reward_mean, reward_std = r.reward_std, exact = r["env/exact_match"],
                     flagged = flagged.flagged, masked = flagged.masked, groups = info.groups,
                     rollouts = r.rollouts,
@@ -240,7 +243,7 @@ local function trainer_role()
             reward = h.reward, reward_std = h.reward_std, exact = h.exact,
             flagged = h.flagged, masked = h.masked, groups = h.groups,
             off_policy_gap = version - 1 - h.policy_version, dropped_batches = dropped,
-            batch_step = h.step, worker = h.worker, wait_s = wait,
+            batch_step = h.step, worker = h.worker, worker_run = h.worker_run, wait_s = wait,
             ["sync/bytes"] = sync["sync/bytes"], ["sync/seconds"] = sync["sync/seconds"],
             ["sync/version"] = sync["sync/version"],
         }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <netinet/in.h>
@@ -318,6 +320,88 @@ INSTANTIATE_TEST_SUITE_P(Transports, Disaggregated,
                              return std::get<0>(info.param) + "_async" +
                                     std::to_string(std::get<1>(info.param));
                          });
+
+// Roles started by hand over the filesystem: the rollout worker is killed -9
+// mid-run and started again. The trainer waits for it, then finishes every
+// step, and trains on no batch twice (a batch is named by its worker process
+// and step).
+pid_t spawn_rlhost(const std::vector<std::string> &args, const std::string &cwd,
+                   const std::string &log) {
+    std::vector<std::string> argv_s = {RL_TEST_RLHOST, "--plugin-path", RL_TEST_PLUGIN_DIR, "run"};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char *> argv;
+    for (auto &a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        if (chdir(cwd.c_str()) != 0) _exit(126);
+        const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(126);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        execv(argv[0], argv.data());
+        _exit(127);
+    }
+    return pid;
+}
+
+TEST(DisaggregatedFaults, AWorkerKilledAndRestartedMidRunLosesNoStepAndRepeatsNoBatch) {
+    const std::string dir = temp_dir();
+    const std::vector<std::string> common = {kExamples + "/grpo_disaggregated.lua",
+                                             "--config",
+                                             kScripts + "/grpo_test.yaml",
+                                             "--set",
+                                             "loss.name=policy_loss",
+                                             "--set",
+                                             "loss.params={}",
+                                             "--set",
+                                             "rollout_transport.timeout=120",
+                                             "--set",
+                                             "weight_broadcast.timeout=120"};
+    auto with = [&](const std::string &role) {
+        std::vector<std::string> a = common;
+        a.insert(a.end(), {"--set", "role=" + role});
+        return a;
+    };
+    const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
+    pid_t worker = -1;
+    bool killed = false;
+    const Proc p = rlhost(with("trainer"), dir, 600, [&](pid_t) {
+        if (worker < 0) worker = spawn_rlhost(with("rollout"), dir, dir + "/worker1.log");
+        // 3 SFT lines, then kill the worker after 5 RL steps.
+        const std::string text = exists(metrics) ? read_file(metrics) : "";
+        if (!killed && std::count(text.begin(), text.end(), '\n') >= 8) {
+            kill(worker, SIGKILL);
+            waitpid(worker, nullptr, 0);
+            killed = true;
+            worker = spawn_rlhost(with("rollout"), dir, dir + "/worker2.log");
+        }
+    });
+    int status = -1;
+    for (int i = 0; i < 1200 && waitpid(worker, &status, WNOHANG) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (status == -1) {
+        kill(worker, SIGKILL);
+        waitpid(worker, &status, 0);
+    }
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err << "\n" << read_file(dir + "/worker2.log");
+    ASSERT_TRUE(killed) << "the run ended before the worker could be killed";
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "restarted worker: " << read_file(dir + "/worker2.log");
+    const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
+    const auto lines = metrics_lines(metrics);
+    const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
+    ASSERT_EQ(static_cast<int64_t>(lines.size()), sft_steps + rl_steps);
+    std::set<std::pair<std::string, int64_t>> batches;
+    std::set<std::string> runs;
+    for (auto it = lines.begin() + sft_steps; it != lines.end(); ++it) {
+        const std::string run = it->at("worker_run");
+        runs.insert(run);
+        EXPECT_TRUE(batches.insert({run, it->at("batch_step").get<int64_t>()}).second)
+            << "batch " << run << " step " << it->at("batch_step") << " trained twice";
+    }
+    EXPECT_EQ(runs.size(), 2u) << "both worker processes should have fed the trainer";
+}
 
 // Ctrl-C during a run: the step in flight completes, a checkpoint is saved,
 // the process exits with 130; metrics.jsonl holds one line per finished step;

@@ -555,6 +555,29 @@ TEST_F(FilesystemLayout, AQueueReaderRemovesWhatItConsumedAndNothingElse) {
     EXPECT_TRUE(fs::exists(b_.dir() / "rollouts" / "step_1"));
 }
 
+TEST_F(FilesystemLayout, AnUnreadStepIsNeverReplacedOutsideBroadcasts) {
+    // Two writers (say, a crashed worker and its restart) both send "step 5".
+    rl_instance_t *a = make({});
+    rl_instance_t *b = make({});
+    ASSERT_EQ(send(a, json{{"step", 5}, {"from", "a"}}.dump()), RL_OK) << rl_last_error();
+    ASSERT_EQ(send(b, json{{"step", 5}, {"from", "b"}}.dump()), RL_OK) << rl_last_error();
+    rl_instance_t *rx = make({{"poll_ms", 5}});
+    for (const char *from : {"a", "b"}) {
+        Result r;
+        ASSERT_EQ(rl_transport_recv(rx, 1000, &r.r), RL_OK) << rl_last_error();
+        EXPECT_EQ(json::parse(r.text("header")).at("from"), from);
+    }
+    // On the broadcasts channel a re-sent step replaces: the newest weights of a version.
+    rl_instance_t *w = make({{"channel", "broadcasts"}});
+    ASSERT_EQ(send(w, json{{"step", 3}, {"n", 1}}.dump()), RL_OK);
+    ASSERT_EQ(send(w, json{{"step", 3}, {"n", 2}}.dump()), RL_OK);
+    EXPECT_FALSE(fs::exists(b_.dir() / "broadcasts" / "step_4"));
+    rl_instance_t *wr = make({{"channel", "broadcasts"}, {"mode", "latest"}});
+    Result r;
+    ASSERT_EQ(rl_transport_recv(wr, 1000, &r.r), RL_OK) << rl_last_error();
+    EXPECT_EQ(json::parse(r.text("header")).at("n"), 2);
+}
+
 TEST_F(FilesystemLayout, QueueModeReportsStepsCollectedBeforeTheyWereRead) {
     rl_instance_t *tx = make({{"keep", 2}});
     rl_instance_t *rx = make({{"poll_ms", 5}, {"start_step", 0}, {"consume", false}});

@@ -7,11 +7,11 @@
 //
 // channel is "rollouts" for training batches and "broadcasts" for weights.
 // A writer fills a temporary folder, fsyncs it, writes STABLE and renames it
-// into place, then removes all but the newest `keep` steps (default: 3 on
-// "broadcasts", none elsewhere). A reader polls for the next step in order
-// (mode "queue"; it removes each step it consumed unless consume=false) or
-// for the newest one (mode "latest"), checks every checksum, and never sees a
-// half-written step.
+// into place (over an existing step of that number only on "broadcasts" or
+// with replace=true; else as the next free number), then removes all but the
+// newest `keep` steps (default: 3 on "broadcasts", none elsewhere). A reader polls for the next
+// step in order (mode "queue"; it removes each step it consumed unless consume=false) or for the
+// newest one (mode "latest"), checks every checksum, and never sees a half-written step.
 #include <rl/sdk/plugin.hpp>
 #include <rl/sdk/transport.hpp>
 
@@ -106,6 +106,7 @@ public:
           mode_(p.choice("mode", "queue", {"queue", "latest"})),
           keep_(p.integer("keep", channel_ == "broadcasts" ? 3 : 0, 0)),
           consume_(p.boolean("consume", mode_ == "queue")),
+          replace_(p.boolean("replace", channel_ == "broadcasts")),
           poll_ms_(p.integer("poll_ms", 20, 1, 10000)), next_(p.integer("start_step", -1, -1)) {
         if (dir_.empty()) rl::sdk::invalid(p.owner() + ": parameter 'dir' is required");
         if (channel_.empty() || channel_.find('/') != std::string::npos)
@@ -145,10 +146,18 @@ public:
             sync_close(fd, bin);
             write_all(tmp + "/STABLE", "", 0);
             fsync_dir(tmp);
-            const std::string final_dir = root_ + "/step_" + std::to_string(step);
-            if (fs::exists(final_dir)) fs::remove_all(final_dir, ec); // a re-sent step replaces
-            if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
-                io_error("cannot publish " + final_dir);
+            // A re-sent step replaces the old one (weights of the same
+            // version); with replace=false a taken number is never
+            // overwritten: the message gets the next free one (a restarted
+            // writer loses no unread message of its predecessor).
+            for (;;) {
+                const std::string final_dir = root_ + "/step_" + std::to_string(step);
+                if (replace_ && fs::exists(final_dir)) fs::remove_all(final_dir, ec);
+                if (::rename(tmp.c_str(), final_dir.c_str()) == 0) break;
+                if (replace_ || (errno != ENOTEMPTY && errno != EEXIST))
+                    io_error("cannot publish " + final_dir);
+                step = std::max(step, newest_step().value_or(step)) + 1;
+            }
             fsync_dir(root_);
         } catch (...) {
             fs::remove_all(tmp, ec);
@@ -275,6 +284,7 @@ private:
     std::string dir_, channel_, mode_, root_;
     int64_t keep_;
     bool consume_;
+    bool replace_;
     int64_t poll_ms_;
     int64_t next_;               ///< queue: the step to read next (-1: not yet known)
     int64_t last_received_ = -1; ///< latest: the newest step read
