@@ -434,6 +434,26 @@ INSTANTIATE_TEST_SUITE_P(Plugins, TransportConformance,
                          ::testing::Values(std::string("filesystem"), std::string("zmq")),
                          [](const auto &info) { return info.param; });
 
+// ---- the wire format's checksum ------------------------------------------------------
+
+TEST(WireFormat, Crc32cGivesTheStandardValuesWithAndWithoutTheCpuInstruction) {
+    namespace tp = rl::sdk::transport;
+    const std::string check = "123456789";
+    EXPECT_EQ(tp::crc32c(check.data(), check.size()), 0xE3069283u); // the CRC-32C check value
+    EXPECT_EQ(tp::crc32c_portable(check.data(), check.size()), 0xE3069283u);
+    EXPECT_EQ(tp::crc32c(nullptr, 0), 0u);
+    std::vector<uint8_t> buf(1000);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + 7);
+    for (size_t off = 0; off < 9; ++off)
+        for (size_t n : {0u, 1u, 7u, 8u, 9u, 63u, 500u, 991u}) {
+            const uint32_t hw = tp::crc32c(buf.data() + off, n);
+            EXPECT_EQ(hw, tp::crc32c_portable(buf.data() + off, n)) << off << " " << n;
+            // Continuing a checksum equals one pass over both parts.
+            const size_t k = n / 3;
+            EXPECT_EQ(tp::crc32c(buf.data() + off + k, n - k, tp::crc32c(buf.data() + off, k)), hw);
+        }
+}
+
 // ---- zmq: a sender needs a receiver -------------------------------------------------
 
 TEST(ZmqTransport, SenderWithoutAReceiverTimesOutWithAClearError) {

@@ -262,8 +262,12 @@ RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, 
                                     fn_msg(fn, "tensor '" + name + "' has shape " +
                                                    json(o.shape).dump() + ", the model's is " +
                                                    json(p.sizes().vec()).dump())};
-                at::Tensor t = tensor_from_owned(o, fn_msg(fn, "tensor '" + name + "'"));
-                staged.push_back(t.to(p.options(), /*non_blocking=*/false, /*copy=*/true));
+                // One copy, straight into the model's dtype and device.
+                const at::Tensor in_place =
+                    at::from_blob(const_cast<uint8_t *>(o.bytes.data()), o.shape,
+                                  at::TensorOptions().dtype(scalar_type_of(
+                                      o.dtype, fn_msg(fn, "tensor '" + name + "'"))));
+                staged.push_back(in_place.to(p.options(), /*non_blocking=*/false, /*copy=*/true));
                 bytes += o.bytes.size();
             }
             // Swap: every parameter at once; undo on any failure.
