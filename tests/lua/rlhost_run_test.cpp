@@ -78,10 +78,11 @@ std::string temp_dir() {
 // (if given) is called about every 50 ms with the child's pid while it runs.
 // rlhost [--plugin-path ...] COMMAND ARGS in `cwd`; COMMAND is `run` unless
 // `command` says otherwise (e.g. {"launch", "--nproc-per-node", "2", "--", "run"}).
-Proc rlhost(const std::vector<std::string> &args, const std::string &cwd, int timeout_s,
-            const std::function<void(pid_t)> &poll = nullptr,
-            const std::vector<std::string> &command = {"run"}) {
-    const std::string out_path = cwd + "/.stdout", err_path = cwd + "/.stderr";
+// Starts `rlhost --plugin-path <build plugins> COMMAND... ARGS...` in `cwd`,
+// stdout and stderr to the given files (may be the same); returns its pid.
+pid_t spawn_rlhost(const std::vector<std::string> &command, const std::vector<std::string> &args,
+                   const std::string &cwd, const std::string &out_path,
+                   const std::string &err_path) {
     std::vector<std::string> argv_s = {RL_TEST_RLHOST, "--plugin-path", RL_TEST_PLUGIN_DIR};
     argv_s.insert(argv_s.end(), command.begin(), command.end());
     argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -92,13 +93,22 @@ Proc rlhost(const std::vector<std::string> &args, const std::string &cwd, int ti
     if (pid == 0) {
         if (chdir(cwd.c_str()) != 0) _exit(126);
         const int o = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        const int e = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        const int e =
+            err_path == out_path ? o : open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (o < 0 || e < 0) _exit(126);
         dup2(o, STDOUT_FILENO);
         dup2(e, STDERR_FILENO);
         execv(argv[0], argv.data());
         _exit(127);
     }
+    return pid;
+}
+
+Proc rlhost(const std::vector<std::string> &args, const std::string &cwd, int timeout_s,
+            const std::function<void(pid_t)> &poll = nullptr,
+            const std::vector<std::string> &command = {"run"}) {
+    const std::string out_path = cwd + "/.stdout", err_path = cwd + "/.stderr";
+    const pid_t pid = spawn_rlhost(command, args, cwd, out_path, err_path);
     Proc p;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
     int status = 0;
@@ -325,25 +335,6 @@ INSTANTIATE_TEST_SUITE_P(Transports, Disaggregated,
 // mid-run and started again. The trainer waits for it, then finishes every
 // step, and trains on no batch twice (a batch is named by its worker process
 // and step).
-pid_t spawn_rlhost(const std::vector<std::string> &args, const std::string &cwd,
-                   const std::string &log) {
-    std::vector<std::string> argv_s = {RL_TEST_RLHOST, "--plugin-path", RL_TEST_PLUGIN_DIR, "run"};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char *> argv;
-    for (auto &a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        if (chdir(cwd.c_str()) != 0) _exit(126);
-        const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) _exit(126);
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-        execv(argv[0], argv.data());
-        _exit(127);
-    }
-    return pid;
-}
 
 TEST(DisaggregatedFaults, AWorkerKilledAndRestartedMidRunLosesNoStepAndRepeatsNoBatch) {
     const std::string dir = temp_dir();
@@ -367,14 +358,17 @@ TEST(DisaggregatedFaults, AWorkerKilledAndRestartedMidRunLosesNoStepAndRepeatsNo
     pid_t worker = -1;
     bool killed = false;
     const Proc p = rlhost(with("trainer"), dir, 600, [&](pid_t) {
-        if (worker < 0) worker = spawn_rlhost(with("rollout"), dir, dir + "/worker1.log");
+        if (worker < 0)
+            worker = spawn_rlhost({"run"}, with("rollout"), dir, dir + "/worker1.log",
+                                  dir + "/worker1.log");
         // 3 SFT lines, then kill the worker after 5 RL steps.
         const std::string text = exists(metrics) ? read_file(metrics) : "";
         if (!killed && std::count(text.begin(), text.end(), '\n') >= 8) {
             kill(worker, SIGKILL);
             waitpid(worker, nullptr, 0);
             killed = true;
-            worker = spawn_rlhost(with("rollout"), dir, dir + "/worker2.log");
+            worker = spawn_rlhost({"run"}, with("rollout"), dir, dir + "/worker2.log",
+                                  dir + "/worker2.log");
         }
     });
     int status = -1;
