@@ -331,6 +331,31 @@ INSTANTIATE_TEST_SUITE_P(Transports, Disaggregated,
                                     std::to_string(std::get<1>(info.param));
                          });
 
+// Settings of the disaggregated mode that cannot work are refused by name
+// before any model or run folder is made.
+TEST(DisaggregatedErrors, ImpossibleSettingsAreNamedBeforeTheRunStarts) {
+    const std::string dir = temp_dir();
+    const std::string script = kExamples + "/grpo_disaggregated.lua";
+    Proc p = rlhost({script, "--config", kScripts + "/grpo_test.yaml"}, dir, 60);
+    EXPECT_EQ(p.exit_code, 1);
+    EXPECT_NE(p.err.find("role=auto needs RL_ROLE=trainer|rollout"), std::string::npos) << p.err;
+    p = rlhost({script, "--config", kScripts + "/grpo_test.yaml", "--set", "role=trainer", "--set",
+                "max_async_level=3", "--set", "buffer.max_off_policy_steps=1"},
+               dir, 60);
+    EXPECT_EQ(p.exit_code, 1);
+    EXPECT_NE(p.err.find("buffer.max_off_policy_steps (1) is below max_async_level (3)"),
+              std::string::npos)
+        << p.err;
+    p = rlhost({script, "--set", "role=worker"}, dir, 60);
+    EXPECT_NE(p.err.find("key 'role' must be one of auto,trainer,rollout; got 'worker'"),
+              std::string::npos)
+        << p.err;
+    p = rlhost({script, "--set", "rollout_transport.port=70000"}, dir, 60);
+    EXPECT_NE(p.err.find("rollout_transport.port"), std::string::npos) << p.err;
+    EXPECT_FALSE(exists(dir + "/runs")) << "a refused run made its folder";
+    EXPECT_FALSE(exists(dir + "/models")) << "a refused run made the model";
+}
+
 // Roles started by hand over the filesystem: the rollout worker is killed -9
 // mid-run and started again. The trainer waits for it, then finishes every
 // step, and trains on no batch twice (a batch is named by its worker process
