@@ -145,6 +145,15 @@ double mean_reward(const std::vector<json> &rl_lines, size_t first, size_t count
     return s / static_cast<double>(count);
 }
 
+// The mean reward of the last 5 RL steps beats the first 5 by more than 0.15.
+void expect_reward_rises(const std::vector<json> &rl, const std::string &out) {
+    const size_t k = 5;
+    const double first = mean_reward(rl, 0, k), last = mean_reward(rl, rl.size() - k, k);
+    EXPECT_GT(last, first + 0.15) << "reward: first " << k << " steps " << first << ", last " << k
+                                  << " steps " << last << "\n"
+                                  << out;
+}
+
 bool exists(const std::string &path) {
     struct stat st {};
     return stat(path.c_str(), &st) == 0;
@@ -226,11 +235,7 @@ TEST(RlhostRun, GrpoOnTheTinyModelImprovesReward) {
         EXPECT_EQ(lines[i]["step"], sft ? int64_t(i) + 1 : int64_t(i) + 1 - sft_steps);
         if (!sft) rl.push_back(lines[i]);
     }
-    const size_t k = 5;
-    const double first = mean_reward(rl, 0, k), last = mean_reward(rl, rl.size() - k, k);
-    EXPECT_GT(last, first + 0.15) << "reward: first " << k << " steps " << first << ", last " << k
-                                  << " steps " << last << "\n"
-                                  << p.out;
+    expect_reward_rises(rl, p.out);
     EXPECT_NE(p.out.find("finished 'grpo_test'"), std::string::npos) << p.out;
     EXPECT_TRUE(exists(dir + "/runs/grpo_test/summary.json"));
     EXPECT_TRUE(exists(dir + "/models/tiny/config.json")); // created because model.path is empty
@@ -253,11 +258,7 @@ TEST_P(LaunchTwoRanks, GrpoOnTheTinyModelImprovesRewardLikeOneProcess) {
     const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
     ASSERT_EQ(static_cast<int64_t>(lines.size()), sft_steps + rl_steps) << p.out;
     std::vector<json> rl(lines.begin() + sft_steps, lines.end());
-    const size_t k = 5;
-    const double first = mean_reward(rl, 0, k), last = mean_reward(rl, rl.size() - k, k);
-    EXPECT_GT(last, first + 0.15) << "reward: first " << k << " steps " << first << ", last " << k
-                                  << " steps " << last << "\n"
-                                  << p.out;
+    expect_reward_rises(rl, p.out);
     EXPECT_NE(p.out.find("[rank 0] finished 'grpo_test'"), std::string::npos) << p.out;
     EXPECT_EQ(p.out.find("[rank 1] finished"), std::string::npos) << p.out;
     EXPECT_TRUE(exists(dir + "/runs/grpo_test/summary.json"));
@@ -314,11 +315,7 @@ TEST_P(Disaggregated, GrpoLearnsWithRolloutsInAnotherProcess) {
         EXPECT_GE(max_gap, 1) << "the worker never ran ahead: no overlap";
     }
     EXPECT_EQ(rl.back().at("sync/version").get<int64_t>(), rl_steps);
-    const size_t k = 5;
-    const double first = mean_reward(rl, 0, k), last = mean_reward(rl, rl.size() - k, k);
-    EXPECT_GT(last, first + 0.15) << "reward: first " << k << " steps " << first << ", last " << k
-                                  << " steps " << last << "\n"
-                                  << p.out;
+    expect_reward_rises(rl, p.out);
     EXPECT_NE(p.out.find("[trainer] finished 'grpo_test'"), std::string::npos) << p.out;
     EXPECT_NE(p.out.find("[rollout] [rollout 0/1] done"), std::string::npos) << p.out;
 }
