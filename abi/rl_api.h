@@ -29,5 +29,7 @@
 #include "rl/train.h"
 #include "rl/step.h"
 #include "rl/dist.h"
+#include "rl/inference.h"
+#include "rl/serve.h"
 
 #endif /* RL_API_H */

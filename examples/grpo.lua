@@ -21,7 +21,7 @@ local model = rl.load_model(cfg)
 local tok, info = model:tokenizer(), model:info()
 local trainer = model:trainer(rl.trainer_config(cfg))
 run:attach(trainer) -- restores the last checkpoint when run.resume is set
-local engine = model:engine(rl.engine_config(cfg))
+local engine = rl.rollout_engine(model, cfg, run) -- co-located, or inference_server.url
 local template = cfg.tokenizer.chat_template
 
 local env = rl.env(cfg.env.name, cfg.env.params)

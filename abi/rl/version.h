@@ -22,9 +22,12 @@
  *        RL_EXT_HOST_THREAD_CHECK; rl_instance_params().
  *   0.3  rl_batch_t.flags / sampling_temperature (trainer scores at the
  *        sampling temperature); rl_tokenizer_load, rl_tokenizer_decode_v2,
- *        rl_tokenizer_encode_chat, RL_ENCODE_PLAIN_TEXT, RL_DECODE_SKIP_SPECIAL. */
+ *        rl_tokenizer_encode_chat, RL_ENCODE_PLAIN_TEXT, RL_DECODE_SKIP_SPECIAL.
+ *   0.4  functions only: rl_transport_send / recv and rl_weights_send / recv
+ *        (transports), rl_server_* (serve.h), rl_inference_client_*
+ *        (inference.h). */
 #define RL_ABI_VERSION_MAJOR 0
-#define RL_ABI_VERSION_MINOR 3
+#define RL_ABI_VERSION_MINOR 4
 #define RL_ABI_VERSION_PATCH 0
 #define RL_ABI_VERSION                                                                             \
     RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)

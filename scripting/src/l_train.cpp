@@ -823,6 +823,98 @@ int tb_info(lua_State *L) {
     return 1;
 }
 
+// ---- inference servers (abi/rl/inference.h) --------------------------------------
+
+constexpr const char *kInferenceClientMT = "rl.inference_client";
+
+void destroy_inference_client(void *p) {
+    rl_inference_client_destroy(static_cast<rl_inference_client_t *>(p));
+}
+
+rl_inference_client_t *inference_client_of(lua_State *L) {
+    return static_cast<rl_inference_client_t *>(check_handle(L, 1, kInferenceClientMT)->ptr);
+}
+
+// rl.inference_client{url = "http://127.0.0.1:30000" [, api_key, timeout, protocol]}
+int ic_new(lua_State *L) {
+    const std::string opts = config_arg(L, 1, "rl.inference_client: options");
+    Handle *h = push_handle(L, kInferenceClientMT, nullptr, destroy_inference_client, 0);
+    rl_inference_client_t *c = nullptr;
+    check_status(L, rl_inference_client_create(opts.c_str(), &c), "rl.inference_client");
+    h->ptr = c;
+    return 1;
+}
+
+// The reply of one call, decoded (a table for JSON objects and lists, else a
+// string, nil for an empty body).
+int push_call(lua_State *L, rl_inference_client_t *c, const char *method, const char *path,
+              const std::string &body, const char *what) {
+    rl_result_t *res = nullptr;
+    check_status(
+        L, rl_inference_client_call(c, method, path, body.empty() ? nullptr : body.c_str(), &res),
+        what);
+    rl_string_view_t text{};
+    const rl_status_t st = rl_result_text(res, "body", &text);
+    std::string reply = st == RL_OK ? std::string(text.data, static_cast<size_t>(text.length)) : "";
+    rl_result_destroy(res);
+    if (reply.empty() || reply == "null") {
+        lua_pushnil(L);
+        return 1;
+    }
+    if (reply[0] == '{' || reply[0] == '[')
+        push_json(L, reply, what);
+    else
+        lua_pushlstring(L, reply.data(), reply.size());
+    return 1;
+}
+
+// client:call(method, path [, body]) -> the decoded reply
+int ic_call(lua_State *L) {
+    rl_inference_client_t *c = inference_client_of(L);
+    const char *method = luaL_checkstring(L, 2);
+    const char *path = luaL_checkstring(L, 3);
+    const std::string body =
+        lua_isnoneornil(L, 4) ? std::string() : config_arg(L, 4, "inference_client:call: body");
+    return push_call(L, c, method, path, body, "inference_client:call");
+}
+
+// client:generate(request) -> POST /generate (SGLang's request and reply)
+int ic_generate(lua_State *L) {
+    rl_inference_client_t *c = inference_client_of(L);
+    const std::string body = config_arg(L, 2, "inference_client:generate: request");
+    return push_call(L, c, "POST", "/generate", body, "inference_client:generate");
+}
+
+// client:rollouts(model_or_tokenizer, tasks [, options]) -> rl.rollouts, sampled by
+// the server (options as engine:rollouts)
+int ic_rollouts(lua_State *L) {
+    rl_inference_client_t *c = inference_client_of(L);
+    rl_model_t *m = model_of(L, 2);
+    const std::string tasks = config_arg(L, 3, "inference_client:rollouts: tasks");
+    const std::string opts = config_arg(L, 4, "inference_client:rollouts: options");
+    Handle *h = push_handle(L, kRolloutsMT, nullptr, destroy_rollouts, 0);
+    rl_rollouts_t *r = nullptr;
+    check_status(L, rl_inference_client_rollouts(c, m, tasks.c_str(), opts.c_str(), &r),
+                 "inference_client:rollouts");
+    h->ptr = r;
+    return 1;
+}
+
+// client:sync(model, version [, {mode, dir, ...}]) -> {skipped, version, tensors,
+// server_version, metrics}
+int ic_sync(lua_State *L) {
+    rl_inference_client_t *c = inference_client_of(L);
+    rl_model_t *m = static_cast<rl_model_t *>(check_handle(L, 2, kModelMT)->ptr);
+    const lua_Integer version = luaL_checkinteger(L, 3);
+    const std::string opts = config_arg(L, 4, "inference_client:sync: options");
+    rl_result_t *res = nullptr;
+    check_status(L,
+                 rl_inference_client_sync(c, m, static_cast<int64_t>(version), opts.c_str(), &res),
+                 "inference_client:sync");
+    push_result(L, res);
+    return 1;
+}
+
 } // namespace
 
 void open_train(lua_State *L, int M) {
@@ -884,10 +976,17 @@ void open_train(lua_State *L, int M) {
         RL_LUA_FN("split", tb_split),
         {nullptr, nullptr}};
     define_handle_type(L, kTrainBatchMT, train_batch_methods);
+    static const luaL_Reg inference_client_methods[] = {RL_LUA_FN("call", ic_call),
+                                                        RL_LUA_FN("generate", ic_generate),
+                                                        RL_LUA_FN("sync", ic_sync),
+                                                        RL_LUA_FN("rollouts", ic_rollouts),
+                                                        {nullptr, nullptr}};
+    define_handle_type(L, kInferenceClientMT, inference_client_methods);
 
     static const luaL_Reg fns[] = {RL_LUA_FN("model", m_load),
                                    RL_LUA_FN("tokenizer", m_tokenizer_load),
                                    RL_LUA_FN("buffer", b_new),
+                                   RL_LUA_FN("inference_client", ic_new),
                                    RL_LUA_FN("init_model", m_init_preset),
                                    RL_LUA_FN("dist_init", d_init),
                                    RL_LUA_FN("dist_info", d_info),

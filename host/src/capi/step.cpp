@@ -1,6 +1,7 @@
 // abi/rl/step.h: one RL step as typed values (generate -> score -> filter ->
 // buffer -> batch -> advantages -> sync), the per-token work of the loop.
 #include "batch.hpp"
+#include "rollouts.hpp"
 #include "train_common.hpp"
 
 #include "rl/core/dist.hpp"
@@ -157,6 +158,85 @@ OwnedTensor slice(const OwnedTensor &t, int64_t a, int64_t b) {
 
 } // namespace
 
+namespace rl::host::capi {
+
+rl_rollouts_t *
+generate_rollouts(const core::Tokenizer &tok, int64_t vocab_size, const char *tasks_json,
+                  const char *options_json, const char *fn,
+                  const std::function<core::Generation(const std::vector<std::vector<int64_t>> &,
+                                                       const core::SamplingParams &)> &generate) {
+    require(tasks_json != nullptr, fn_msg(fn, "tasks_json is required"));
+    const json tasks = tasks_arg(tasks_json, fn);
+    const json opts = options_arg(options_json, fn);
+    std::string chat_template = "none";
+    json chat_vars;
+    int64_t group_offset = 0;
+    bool parse_special = false;
+    json sampling = json::object();
+    for (const auto &kv : opts.items()) {
+        if (kv.key() == "parse_special_tokens") {
+            require(kv.value().is_boolean(),
+                    fn_msg(fn, "options.parse_special_tokens must be true or false"));
+            parse_special = kv.value().get<bool>();
+        } else if (kv.key() == "chat_template") {
+            require(kv.value().is_string(), fn_msg(fn, "options.chat_template must be a string"));
+            chat_template = kv.value().get<std::string>();
+        } else if (kv.key() == "chat_template_kwargs") {
+            require(kv.value().is_object() || kv.value().is_null(),
+                    fn_msg(fn, "options.chat_template_kwargs must be a JSON object"));
+            chat_vars = kv.value();
+        } else if (kv.key() == "group_offset") {
+            require(kv.value().is_number_integer(),
+                    fn_msg(fn, "options.group_offset must be an integer"));
+            group_offset = kv.value().get<int64_t>();
+        } else if (kv.key() == "sampling") {
+            require(kv.value().is_object() || kv.value().is_null(),
+                    fn_msg(fn, "options.sampling must be a JSON object"));
+            if (kv.value().is_object()) sampling = kv.value();
+        } else {
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fn_msg(fn, "unknown option '" + kv.key() +
+                                           "'; valid: chat_template, chat_template_kwargs, "
+                                           "group_offset, sampling, parse_special_tokens")};
+        }
+    }
+    const std::vector<std::vector<int64_t>> prompts =
+        encode_prompts(tok, tasks, chat_template, chat_vars, parse_special, fn);
+    const core::SamplingParams params = core::SamplingParams::from_json(sampling.dump());
+    const core::Generation g = generate(prompts, params);
+    require(g.samples() == static_cast<int64_t>(prompts.size()) * params.n,
+            fn_msg(fn, "the generator returned " + std::to_string(g.samples()) + " samples for " +
+                           std::to_string(prompts.size()) +
+                           " prompts x n = " + std::to_string(params.n)));
+    // The temperature the logprobs belong to: greedy decoding (T = 0 or
+    // top_k = 1) reports logprobs 0 and is recorded as 0.
+    const double temperature = params.greedy() ? 0.0 : params.temperature;
+
+    auto r = std::make_unique<rl_rollouts>();
+    r->groups = static_cast<int64_t>(tasks.size());
+    r->vocab_size = vocab_size;
+    r->items.resize(static_cast<size_t>(g.samples()));
+    for (size_t s = 0; s < r->items.size(); ++s) {
+        auto &it = r->items[s];
+        const int64_t p = g.prompt_index[s];
+        it.prompt_index = p;
+        it.group_id = group_offset + p;
+        it.task = tasks[static_cast<size_t>(p)].dump();
+        it.prompt_ids = prompts[static_cast<size_t>(p)];
+        it.token_ids.assign(g.token_ids.begin() + g.cu_seqlens[s],
+                            g.token_ids.begin() + g.cu_seqlens[s + 1]);
+        it.logprobs.assign(g.logprobs.begin() + g.cu_seqlens[s],
+                           g.logprobs.begin() + g.cu_seqlens[s + 1]);
+        it.text = g.completions[s];
+        it.finish_reason = core::finish_reason_name(g.finish_reasons[s]);
+        it.policy_version = g.policy_version;
+        it.sampling_temperature = temperature;
+    }
+    return r.release();
+}
+
+} // namespace rl::host::capi
+
 extern "C" {
 
 RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_json,
@@ -165,71 +245,12 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
         const char *fn = "rl_rollouts_generate";
         require(engine && tasks_json && out_rollouts,
                 fn_msg(fn, "engine, tasks_json and out_rollouts are required"));
-        const json tasks = tasks_arg(tasks_json, fn);
-        const json opts = options_arg(options_json, fn);
-        std::string chat_template = "none";
-        json chat_vars;
-        int64_t group_offset = 0;
-        bool parse_special = false;
-        json sampling = json::object();
-        for (const auto &kv : opts.items()) {
-            if (kv.key() == "parse_special_tokens") {
-                require(kv.value().is_boolean(),
-                        fn_msg(fn, "options.parse_special_tokens must be true or false"));
-                parse_special = kv.value().get<bool>();
-            } else if (kv.key() == "chat_template") {
-                require(kv.value().is_string(),
-                        fn_msg(fn, "options.chat_template must be a string"));
-                chat_template = kv.value().get<std::string>();
-            } else if (kv.key() == "chat_template_kwargs") {
-                require(kv.value().is_object() || kv.value().is_null(),
-                        fn_msg(fn, "options.chat_template_kwargs must be a JSON object"));
-                chat_vars = kv.value();
-            } else if (kv.key() == "group_offset") {
-                require(kv.value().is_number_integer(),
-                        fn_msg(fn, "options.group_offset must be an integer"));
-                group_offset = kv.value().get<int64_t>();
-            } else if (kv.key() == "sampling") {
-                require(kv.value().is_object() || kv.value().is_null(),
-                        fn_msg(fn, "options.sampling must be a JSON object"));
-                if (kv.value().is_object()) sampling = kv.value();
-            } else {
-                throw HostError{RL_ERR_INVALID_ARG,
-                                fn_msg(fn, "unknown option '" + kv.key() +
-                                               "'; valid: chat_template, chat_template_kwargs, "
-                                               "group_offset, sampling, parse_special_tokens")};
-            }
-        }
-        const std::vector<std::vector<int64_t>> prompts =
-            encode_prompts(engine->policy->require_tokenizer(fn), tasks, chat_template, chat_vars,
-                           parse_special, fn);
-        const core::SamplingParams params = core::SamplingParams::from_json(sampling.dump());
-        const core::Generation g = engine->impl->generate(prompts, params);
-        // The temperature the logprobs belong to: greedy decoding (T = 0 or
-        // top_k = 1) reports logprobs 0 and is recorded as 0.
-        const double temperature = params.greedy() ? 0.0 : params.temperature;
-
-        auto r = std::make_unique<rl_rollouts>();
-        r->groups = static_cast<int64_t>(tasks.size());
-        r->vocab_size = engine->policy->model().config().vocab_size;
-        r->items.resize(static_cast<size_t>(g.samples()));
-        for (size_t s = 0; s < r->items.size(); ++s) {
-            auto &it = r->items[s];
-            const int64_t p = g.prompt_index[s];
-            it.prompt_index = p;
-            it.group_id = group_offset + p;
-            it.task = tasks[static_cast<size_t>(p)].dump();
-            it.prompt_ids = prompts[static_cast<size_t>(p)];
-            it.token_ids.assign(g.token_ids.begin() + g.cu_seqlens[s],
-                                g.token_ids.begin() + g.cu_seqlens[s + 1]);
-            it.logprobs.assign(g.logprobs.begin() + g.cu_seqlens[s],
-                               g.logprobs.begin() + g.cu_seqlens[s + 1]);
-            it.text = g.completions[s];
-            it.finish_reason = core::finish_reason_name(g.finish_reasons[s]);
-            it.policy_version = g.policy_version;
-            it.sampling_temperature = temperature;
-        }
-        *out_rollouts = r.release();
+        *out_rollouts = rl::host::capi::generate_rollouts(
+            engine->policy->require_tokenizer(fn), engine->policy->model().config().vocab_size,
+            tasks_json, options_json, fn,
+            [&](const std::vector<std::vector<int64_t>> &prompts, const core::SamplingParams &p) {
+                return engine->impl->generate(prompts, p);
+            });
         return RL_OK;
     });
 }

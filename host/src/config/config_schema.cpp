@@ -140,6 +140,20 @@ std::vector<ConfigKey> build() {
               "Seconds a worker waits for weights before it fails.", Range::at_least(0)),
     };
     keys.insert(keys.end(), disaggregated.begin(), disaggregated.end());
+    // Rollouts from an inference server (docs/serving.md).
+    const std::vector<ConfigKey> server = {
+        param("inference_server.url", T::String, "",
+              "Rollouts from this inference server (rlhost serve or SGLang, http://host:port) "
+              "instead of the co-located engine (rl.rollout_engine); empty: co-located."),
+        choice_param("inference_server.sync", "distributed", {"distributed", "disk"},
+                     "How the trainer's weights reach the server after each step."),
+        param("inference_server.dir", T::String, "",
+              "sync disk: a folder both can read (empty: <run folder>/broadcasts)."),
+        param("inference_server.api_key", T::String, "", "Sent as Authorization: Bearer."),
+        param("inference_server.timeout", T::Number, 600, "Seconds one call may take.",
+              Range::above(0)),
+    };
+    keys.insert(keys.end(), server.begin(), server.end());
     return keys;
 }
 

@@ -192,6 +192,36 @@ function rl.engine_config(cfg, extra)
     return e
 end
 
+--- rl.rollout_engine(model, cfg [, run]): what generates the rollouts. The
+--- co-located engine (model:engine) unless inference_server.url is set; then
+--- an object with the same rollouts(tasks, opts) and sync_weights(buffer)
+--- whose rollouts come from that server (rlhost serve, SGLang) and whose
+--- sync_weights brings the server to the model's weights (the sync state
+--- machine of docs/serving.md) and tells the buffer the version.
+function rl.rollout_engine(model, cfg, run)
+    cfg = cfg or rl.config()
+    local s = cfg.inference_server
+    if s == nil or s.url == "" then return model:engine(rl.engine_config(cfg)) end
+    local client = rl.inference_client { url = s.url, api_key = s.api_key, timeout = s.timeout }
+    local sync = { mode = s.sync }
+    if s.sync == "disk" then
+        sync.dir = s.dir ~= "" and s.dir or ((run and run.dir or ".") .. "/broadcasts")
+    end
+    local remote = { client = client }
+    local synced = false
+    function remote:rollouts(tasks, opts) return client:rollouts(model, tasks, opts) end
+    function remote:sync_weights(buffer)
+        local version = model:info().policy_version
+        sync.force = not synced -- the server may have started from other weights
+        client:sync(model, version, sync)
+        synced = true
+        if buffer then buffer:set_policy_version(version) end
+        return version
+    end
+    function remote:generate(...) return client:generate(...) end
+    return remote
+end
+
 --- rl.generation_params(cfg [, extra]): engine:generate parameters from the
 --- rollout section (n, temperature, top_p, top_k, max_tokens, stop).
 function rl.generation_params(cfg, extra)

@@ -226,6 +226,11 @@ def load_library():
         "rl_sync_weights": (S, [H, H, P(H)]),
         # dist.h
         "rl_dist_init": (S, [C.c_char_p, C.c_char_p, P(H)]),
+        "rl_inference_client_create": (S, [C.c_char_p, P(H)]),
+        "rl_inference_client_destroy": (None, [H]),
+        "rl_inference_client_call": (S, [H, C.c_char_p, C.c_char_p, C.c_char_p, P(H)]),
+        "rl_inference_client_sync": (S, [H, H, C.c_int64, C.c_char_p, P(H)]),
+        "rl_inference_client_rollouts": (S, [H, H, C.c_char_p, C.c_char_p, P(H)]),
         "rl_dist_info": (S, [P(H)]),
         "rl_dist_barrier": (S, []),
         "rl_dist_broadcast": (S, [StringView, C.c_int32, P(H)]),

@@ -389,3 +389,47 @@ class TrainBatch(_Handle):
 
     def info(self):
         return _call(_lib().rl_train_batch_info, self._handle())
+
+
+class InferenceClient(_Handle):
+    """A client of an inference server speaking SGLang's protocol (`rlhost serve`,
+    SGLang) or prime-rl's vLLM routes: JSON calls and weight syncs
+    (abi/rl/inference.h, docs/serving.md)."""
+
+    _destroy = "rl_inference_client_destroy"
+
+    def __init__(self, url, **options):
+        h = C.c_void_p()
+        A.check(_lib().rl_inference_client_create(_text(dict(options, url=url)), C.byref(h)))
+        super().__init__(h)
+
+    def call(self, method, path, body=None):
+        """The decoded reply (dict / list / str / None); a non-2xx reply raises rl.Error."""
+        out = C.c_void_p()
+        A.check(_lib().rl_inference_client_call(self._handle(), method.encode(), path.encode(),
+                                                None if body is None else _text(body),
+                                                C.byref(out)))
+        text = Result(out).texts.get("body", "")
+        if not text or text == "null":
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+    def generate(self, request):
+        """POST /generate (SGLang's request and reply)."""
+        return self.call("POST", "/generate", request)
+
+    def rollouts(self, model, tasks, options=None):
+        """Rollouts sampled by the server (options as Engine.rollouts'); `model` (a Model or
+        a tokenizer) encodes the prompts."""
+        h = C.c_void_p()
+        A.check(_lib().rl_inference_client_rollouts(self._handle(), model._handle(), _text(tasks),
+                                                    _text(options or {}), C.byref(h)))
+        return Rollouts(h)
+
+    def sync(self, model, version, options=None):
+        """Brings the server to `model`'s weights as `version` (skipped when it has them)."""
+        return _call(_lib().rl_inference_client_sync, self._handle(), model._handle(), version,
+                     _text(options or {}))

@@ -1,0 +1,122 @@
+#include "rl/core/update_group.hpp"
+
+#include "rl/core/error.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(USE_C10D_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace rl::core::dist {
+
+struct UpdateGroup::Impl {
+    c10::intrusive_ptr<c10d::Store> store;
+    c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+namespace {
+
+std::string where_of(const UpdateGroupOptions &o) {
+    return o.master_address + ":" + std::to_string(o.master_port);
+}
+
+std::string short_what(const std::exception &e) {
+    return std::string(e.what()).substr(0, 300);
+}
+
+} // namespace
+
+UpdateGroup::UpdateGroup(const UpdateGroupOptions &o)
+    : options_(o), impl_(std::make_unique<Impl>()) {
+    auto bad = [](const std::string &m) { throw Error(ErrorKind::InvalidArgument, m); };
+    if (o.master_address.empty()) bad("weight update group: master_address is empty");
+    if (o.master_port <= 0 || o.master_port > 65535)
+        bad("weight update group: master_port must be in 1..65535, got " +
+            std::to_string(o.master_port));
+    if (o.world_size < 2)
+        bad("weight update group: world_size must be >= 2 (the trainer and at least one "
+            "server), got " +
+            std::to_string(o.world_size));
+    if (o.rank < 0 || o.rank >= o.world_size)
+        bad("weight update group: rank " + std::to_string(o.rank) +
+            " (rank_offset) is outside 0.." + std::to_string(o.world_size - 1) + " (world_size " +
+            std::to_string(o.world_size) + ")");
+    if (o.group_name.empty()) bad("weight update group: group_name is empty");
+    if (o.backend != "gloo" && o.backend != "nccl")
+        bad("weight update group: backend must be 'gloo' or 'nccl', got '" + o.backend + "'");
+    if (o.timeout.count() <= 0) bad("weight update group: timeout must be > 0");
+
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(o.master_port);
+    so.isServer = o.rank == 0;
+    so.numWorkers = o.world_size;
+    so.waitWorkers = false; // the trainer must not wait: servers join while it does
+    so.timeout = o.timeout;
+    try {
+        impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_address, so);
+    } catch (const std::exception &e) {
+        throw Error(
+            ErrorKind::Io,
+            "weight update group '" + o.group_name + "': rank " + std::to_string(o.rank) +
+                (o.rank == 0 ? " cannot host the store at " : " cannot reach the store at ") +
+                where_of(o) + " (master_address:master_port): " + short_what(e));
+    }
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(o.group_name, impl_->store);
+    try {
+        if (o.backend == "gloo") {
+            auto go = c10d::ProcessGroupGloo::Options::create(o.timeout);
+            if (o.master_address == "127.0.0.1" || o.master_address == "localhost")
+                go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+            else
+                go->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+            impl_->backend =
+                c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o.rank, o.world_size, go);
+        } else {
+#if defined(USE_C10D_NCCL)
+            auto no = c10d::ProcessGroupNCCL::Options::create();
+            no->timeout = o.timeout;
+            impl_->backend =
+                c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, o.rank, o.world_size, no);
+#else
+            throw Error(ErrorKind::InvalidArgument,
+                        "weight update group: backend 'nccl' needs a libtorch built with NCCL; "
+                        "this one has none (use 'gloo')");
+#endif
+        }
+    } catch (const Error &) {
+        throw;
+    } catch (const std::exception &e) {
+        throw Error(ErrorKind::Io, "weight update group '" + o.group_name + "' at " + where_of(o) +
+                                       ": rank " + std::to_string(o.rank) + " of " +
+                                       std::to_string(o.world_size) +
+                                       " could not form the group: " + short_what(e));
+    }
+}
+
+UpdateGroup::~UpdateGroup() = default;
+
+void UpdateGroup::broadcast(std::vector<at::Tensor> &tensors) {
+    if (tensors.empty()) return;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    works.reserve(tensors.size());
+    try {
+        for (auto &t : tensors) {
+            std::vector<at::Tensor> one{t};
+            c10d::BroadcastOptions bo;
+            bo.rootRank = 0;
+            bo.timeout = options_.timeout;
+            works.push_back(impl_->backend->broadcast(one, bo));
+        }
+        for (auto &w : works) w->wait(options_.timeout);
+    } catch (const std::exception &e) {
+        throw Error(ErrorKind::Io, "weight update group '" + options_.group_name + "': broadcast " +
+                                       "of " + std::to_string(tensors.size()) +
+                                       " tensors failed on rank " + std::to_string(options_.rank) +
+                                       ": " + short_what(e));
+    }
+}
+
+} // namespace rl::core::dist

@@ -1,0 +1,365 @@
+#include "weight_update.hpp"
+
+#include "rl/core/atomic_file.hpp"
+#include "rl/core/safetensors.hpp"
+#include "rl/core/tensor_io.hpp"
+
+#include <rl/sdk/transport.hpp>
+
+#include <ATen/ATen.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+
+namespace rl::serve {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char *kSingleFile = "model.safetensors";
+constexpr const char *kIndexFile = "model.safetensors.index.json";
+constexpr const char *kChecksumsFile = "rl_checksums.json";
+
+[[noreturn]] void refuse(const std::string &what, int status = 400) {
+    throw UpdateRefused(status, what);
+}
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string shape_text(at::IntArrayRef s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+}
+
+std::string hex32(uint32_t v) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08x", v);
+    return buf;
+}
+
+// The safetensors files of an HF folder, in index order.
+std::vector<std::string> weight_files(const std::string &dir) {
+    const fs::path root(dir);
+    if (!fs::is_directory(root)) refuse("model_path '" + dir + "' is not a folder");
+    if (fs::exists(root / kIndexFile)) {
+        const core::SafetensorsIndex idx =
+            core::read_safetensors_index((root / kIndexFile).string());
+        std::vector<std::string> files;
+        std::set<std::string> seen;
+        for (const auto &[name, file] : idx.weight_map)
+            if (seen.insert(file).second) files.push_back((root / file).string());
+        if (files.empty()) refuse((root / kIndexFile).string() + ": weight_map is empty");
+        return files;
+    }
+    if (fs::exists(root / kSingleFile)) return {(root / kSingleFile).string()};
+    refuse("model_path '" + dir + "' has neither " + kSingleFile + " nor " + kIndexFile);
+}
+
+bool ignorable(const std::string &name, const core::ModelConfig &c) {
+    const std::string inv = ".rotary_emb.inv_freq";
+    if (name.size() >= inv.size() && name.compare(name.size() - inv.size(), inv.size(), inv) == 0)
+        return true;
+    return name == "lm_head.weight" && c.tie_word_embeddings;
+}
+
+std::map<std::string, uint32_t> read_checksums_file(const std::string &path) {
+    const json j = json::parse(core::read_file(path), nullptr, false);
+    if (!j.is_object() || j.value("algorithm", "") != "crc32c" || !j.contains("tensors") ||
+        !j["tensors"].is_object())
+        refuse(path + ": expected {\"algorithm\": \"crc32c\", \"tensors\": {name: crc}}");
+    std::map<std::string, uint32_t> out;
+    for (const auto &[name, v] : j["tensors"].items()) {
+        if (!v.is_number_unsigned() || v.get<uint64_t>() > 0xffffffffu)
+            refuse(path + ": tensors['" + name + "'] must be a 32-bit unsigned integer");
+        out[name] = v.get<uint32_t>();
+    }
+    return out;
+}
+
+} // namespace
+
+at::ScalarType scalar_type_of(const std::string &name, const std::string &field) {
+    static const std::map<std::string, at::ScalarType> types = {
+        {"float32", at::kFloat}, {"float", at::kFloat}, {"bfloat16", at::kBFloat16},
+        {"float16", at::kHalf},  {"half", at::kHalf},   {"float64", at::kDouble},
+        {"int64", at::kLong},    {"int32", at::kInt},   {"int16", at::kShort},
+        {"int8", at::kChar},     {"uint8", at::kByte},  {"bool", at::kBool}};
+    std::string n = name.rfind("torch.", 0) == 0 ? name.substr(6) : name;
+    auto it = types.find(n);
+    if (it == types.end())
+        refuse(field + ": '" + name +
+               "' is not a dtype this server reads (float32, bfloat16, float16, float64, int64, "
+               "int32, int16, int8, uint8, bool)");
+    return it->second;
+}
+
+std::string torch_dtype_name(at::ScalarType t) {
+    switch (t) {
+        case at::kFloat:
+            return "float32";
+        case at::kBFloat16:
+            return "bfloat16";
+        case at::kHalf:
+            return "float16";
+        case at::kDouble:
+            return "float64";
+        case at::kLong:
+            return "int64";
+        case at::kInt:
+            return "int32";
+        case at::kShort:
+            return "int16";
+        case at::kChar:
+            return "int8";
+        case at::kByte:
+            return "uint8";
+        case at::kBool:
+            return "bool";
+        default:
+            return c10::toString(t);
+    }
+}
+
+uint32_t tensor_crc32c(const at::Tensor &t) {
+    at::Tensor c = t.to(at::kCPU).contiguous();
+    return sdk::transport::crc32c(c.data_ptr(), static_cast<size_t>(c.nbytes()));
+}
+
+void write_checksums_file(const std::string &dir) {
+    json tensors = json::object();
+    for (const auto &path : weight_files(dir)) {
+        auto file = core::SafetensorsFile::open(path);
+        for (const auto &info : file->tensors())
+            tensors[info.name] =
+                sdk::transport::crc32c(file->data(info), static_cast<size_t>(info.nbytes()));
+    }
+    core::atomic_write_file((fs::path(dir) / kChecksumsFile).string(),
+                            json{{"algorithm", "crc32c"}, {"tensors", tensors}}.dump(1));
+}
+
+WeightUpdater::WeightUpdater(std::shared_ptr<core::Policy> policy, core::Scheduler &scheduler)
+    : policy_(std::move(policy)), scheduler_(scheduler) {}
+
+WeightUpdater::~WeightUpdater() = default;
+
+bool WeightUpdater::has_group() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return group_ != nullptr;
+}
+
+UpdateOutcome
+WeightUpdater::from_disk(const std::string &dir,
+                         const std::optional<std::map<std::string, uint32_t>> &checksums,
+                         const std::optional<std::string> &weight_version) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto t0 = Clock::now();
+    const core::ModelConfig &mc = policy_->model().config();
+    std::optional<std::map<std::string, uint32_t>> crcs = checksums;
+    const fs::path sums = fs::path(dir) / kChecksumsFile;
+    if (!crcs && fs::exists(sums)) crcs = read_checksums_file(sums.string());
+
+    std::vector<std::pair<std::string, at::Tensor>> received;
+    std::vector<uint32_t> expected;
+    try {
+        for (const auto &path : weight_files(dir)) {
+            auto file = core::SafetensorsFile::open(path);
+            for (const auto &info : file->tensors()) {
+                if (ignorable(info.name, mc)) continue;
+                if (crcs) {
+                    auto it = crcs->find(info.name);
+                    if (it == crcs->end())
+                        refuse(path + ": tensor '" + info.name + "' has no checksum (checksums " +
+                               "list every tensor when given); the weights in use are kept");
+                    const uint32_t got = sdk::transport::crc32c(file->data(info),
+                                                                static_cast<size_t>(info.nbytes()));
+                    if (got != it->second)
+                        refuse(path + ": tensor '" + info.name + "' fails its checksum (CRC-32C " +
+                               hex32(got) + ", expected " + hex32(it->second) +
+                               "); nothing was swapped, the weights in use are kept");
+                }
+                received.emplace_back(info.name, core::tensor_from_file(file, info));
+            }
+        }
+    } catch (const UpdateRefused &) {
+        throw;
+    } catch (const std::exception &e) {
+        refuse(std::string("cannot read the weights at '") + dir + "': " + e.what());
+    }
+    return swap_in(std::move(received), std::nullopt, weight_version, true, seconds_since(t0));
+}
+
+void WeightUpdater::init_group(const core::dist::UpdateGroupOptions &options) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (group_)
+        refuse("a weight update group ('" + group_->options().group_name +
+               "') already exists; destroy it first (/destroy_weights_update_group)");
+    const bool cuda = policy_->model().device().is_cuda();
+    if (options.backend == "nccl" && !cuda)
+        refuse("backend: 'nccl' needs the model on a CUDA device; this server runs on the CPU "
+               "(use backend 'gloo')");
+    try {
+        group_ = std::make_unique<core::dist::UpdateGroup>(options);
+    } catch (const std::exception &e) {
+        refuse(e.what());
+    }
+}
+
+void WeightUpdater::destroy_group(const std::string &group_name) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!group_ || group_->options().group_name != group_name)
+        refuse("no weight update group named '" + group_name + "'");
+    group_.reset();
+}
+
+UpdateOutcome WeightUpdater::from_distributed(const std::vector<AnnouncedTensor> &tensors,
+                                              const std::string &group_name, bool flattened,
+                                              const std::optional<std::vector<uint32_t>> &checksums,
+                                              const std::optional<std::string> &weight_version) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto t0 = Clock::now();
+    if (!group_ || group_->options().group_name != group_name)
+        refuse("group_name: no weight update group named '" + group_name +
+               "' (call /init_weights_update_group first)");
+    if (tensors.empty()) refuse("names: no tensors announced");
+    const at::Device device =
+        group_->options().backend == "nccl" ? policy_->model().device() : at::Device(at::kCPU);
+    std::vector<at::ScalarType> types;
+    int64_t total_bytes = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        const auto &a = tensors[i];
+        types.push_back(scalar_type_of(a.dtype, "dtypes[" + std::to_string(i) + "]"));
+        int64_t numel = 1;
+        for (int64_t d : a.shape) {
+            if (d < 0) refuse("shapes[" + std::to_string(i) + "]: negative dimension");
+            numel *= d;
+        }
+        total_bytes += numel * static_cast<int64_t>(c10::elementSize(types.back()));
+    }
+    std::vector<at::Tensor> buffers;
+    std::vector<std::pair<std::string, at::Tensor>> received;
+    try {
+        if (flattened) {
+            buffers.push_back(at::empty({total_bytes}, at::TensorOptions(device).dtype(at::kByte)));
+            group_->broadcast(buffers);
+            int64_t offset = 0;
+            for (size_t i = 0; i < tensors.size(); ++i) {
+                const int64_t n = c10::multiply_integers(tensors[i].shape) *
+                                  static_cast<int64_t>(c10::elementSize(types[i]));
+                at::Tensor bytes = buffers[0].narrow(0, offset, n).clone();
+                received.emplace_back(tensors[i].name,
+                                      bytes.view(types[i]).reshape(tensors[i].shape));
+                offset += n;
+            }
+        } else {
+            for (size_t i = 0; i < tensors.size(); ++i)
+                buffers.push_back(
+                    at::empty(tensors[i].shape, at::TensorOptions(device).dtype(types[i])));
+            group_->broadcast(buffers);
+            for (size_t i = 0; i < tensors.size(); ++i)
+                received.emplace_back(tensors[i].name, buffers[i]);
+        }
+    } catch (const UpdateRefused &) {
+        throw;
+    } catch (const std::exception &e) {
+        refuse(
+            std::string("receiving the announced tensors failed; the weights in use are kept: ") +
+                e.what(),
+            500);
+    }
+    return swap_in(std::move(received), checksums, weight_version, false, seconds_since(t0));
+}
+
+UpdateOutcome
+WeightUpdater::from_tensors(const std::vector<std::pair<std::string, at::Tensor>> &tensors,
+                            const std::optional<std::vector<uint32_t>> &checksums,
+                            const std::optional<std::string> &weight_version) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (tensors.empty()) refuse("named_tensors: no tensors given");
+    return swap_in(tensors, checksums, weight_version, false, 0);
+}
+
+UpdateOutcome WeightUpdater::swap_in(std::vector<std::pair<std::string, at::Tensor>> received,
+                                     const std::optional<std::vector<uint32_t>> &checksums,
+                                     const std::optional<std::string> &weight_version, bool full,
+                                     double seconds_so_far) {
+    const auto t0 = Clock::now();
+    core::CausalLM &model = policy_->model();
+    if (model.weight_hooks() != nullptr)
+        refuse("the model is sharded; a serving model is never sharded", 500);
+    std::map<std::string, at::Tensor> params;
+    for (auto &[name, p] : model.named_weights()) params[name] = p;
+    if (checksums && checksums->size() != received.size())
+        refuse("checksums: " + std::to_string(checksums->size()) + " given for " +
+               std::to_string(received.size()) + " tensors");
+    std::set<std::string> seen;
+    for (size_t i = 0; i < received.size(); ++i) {
+        const auto &[name, t] = received[i];
+        auto it = params.find(name);
+        if (it == params.end())
+            refuse("tensor '" + name +
+                   "' is not a weight of the served model; is the sender training another "
+                   "model? The weights in use are kept");
+        if (!seen.insert(name).second) refuse("tensor '" + name + "' is given twice");
+        if (!it->second.sizes().equals(t.sizes()))
+            refuse("tensor '" + name + "' has shape " + shape_text(t.sizes()) +
+                   ", the served model's is " + shape_text(it->second.sizes()) +
+                   "; the weights in use are kept");
+        if (!at::isFloatingType(t.scalar_type()))
+            refuse("tensor '" + name + "' has dtype " + torch_dtype_name(t.scalar_type()) +
+                   "; weights are floating point");
+        if (checksums) {
+            const uint32_t got = tensor_crc32c(t);
+            if (got != (*checksums)[i])
+                refuse("tensor '" + name + "' fails its checksum (CRC-32C " + hex32(got) +
+                       ", expected " + hex32((*checksums)[i]) +
+                       "); nothing was swapped, the weights in use are kept");
+        }
+    }
+    if (full)
+        for (const auto &[name, p] : params)
+            if (!seen.count(name))
+                refuse("the weights lack tensor '" + name + "'; the weights in use are kept");
+
+    // Stage in the model's dtype and device before pausing anything.
+    std::vector<std::pair<at::Tensor, at::Tensor>> staged; // (parameter, new value)
+    uint64_t bytes = 0;
+    {
+        at::NoGradGuard no_grad;
+        for (auto &[name, t] : received) {
+            at::Tensor &p = params[name];
+            bytes += static_cast<uint64_t>(t.nbytes());
+            staged.emplace_back(p, t.to(p.device(), p.scalar_type()).contiguous());
+        }
+    }
+    int64_t version = policy_->version() + 1;
+    if (weight_version) {
+        try {
+            size_t used = 0;
+            const long long v = std::stoll(*weight_version, &used);
+            if (used == weight_version->size() && v >= 0) version = v;
+        } catch (const std::exception &) {
+        }
+    }
+    scheduler_.exclusive([&] {
+        at::NoGradGuard no_grad;
+        for (auto &[p, v] : staged) p.copy_(v);
+        policy_->set_version(version);
+    });
+    UpdateOutcome out;
+    out.tensors = static_cast<int64_t>(staged.size());
+    out.bytes = bytes;
+    out.seconds = seconds_so_far + seconds_since(t0);
+    out.weight_version = weight_version.value_or(std::to_string(version));
+    return out;
+}
+
+} // namespace rl::serve

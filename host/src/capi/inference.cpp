@@ -1,0 +1,176 @@
+// abi/rl/inference.h over rl::serve::InferenceClient.
+#include "rollouts.hpp"
+#include "train_common.hpp"
+
+#include "serve/inference_client.hpp"
+
+struct rl_inference_client {
+    std::unique_ptr<rl::serve::InferenceClient> impl;
+};
+
+namespace {
+
+// The SGLang sampling_params of our sampling params.
+json sglang_sampling(const core::SamplingParams &p) {
+    json s = {{"n", p.n},
+              {"temperature", p.temperature},
+              {"top_p", p.top_p},
+              {"top_k", p.top_k > 0 ? p.top_k : -1},
+              {"max_new_tokens", p.max_tokens}};
+    if (!p.stop.empty()) s["stop"] = p.stop;
+    if (p.stop_token_ids) s["stop_token_ids"] = *p.stop_token_ids;
+    if (p.seed) s["sampling_seed"] = *p.seed;
+    return s;
+}
+
+// Samples `prompts` on the server (one /generate call for the batch) as a
+// Generation: tokens, their logprobs, texts, finish reasons, and the oldest
+// weight version the replies report.
+core::Generation remote_generate(const rl::serve::InferenceClient &client,
+                                 const std::vector<std::vector<int64_t>> &prompts,
+                                 const core::SamplingParams &params, const char *fn) {
+    const json reply = client.call("POST", "/generate",
+                                   {{"input_ids", prompts},
+                                    {"sampling_params", sglang_sampling(params)},
+                                    {"return_logprob", true}});
+    const json items = reply.is_array() ? reply : json::array({reply});
+    const size_t want = prompts.size() * static_cast<size_t>(params.n);
+    if (items.size() != want)
+        throw HostError{RL_ERR_IO,
+                        fn_msg(fn, "the server returned " + std::to_string(items.size()) +
+                                       " samples, expected " + std::to_string(want))};
+    core::Generation g;
+    g.cu_seqlens.push_back(0);
+    int64_t version = -1;
+    for (size_t i = 0; i < items.size(); ++i) {
+        const json &it = items[i];
+        const std::string at = "sample " + std::to_string(i) + " of the reply";
+        if (!it.is_object() || !it.contains("output_ids") || !it.contains("meta_info"))
+            throw HostError{RL_ERR_IO, fn_msg(fn, at + " has no output_ids / meta_info")};
+        const json &meta = it["meta_info"];
+        const auto ids = it["output_ids"].get<std::vector<int64_t>>();
+        const json &lps = meta.value("output_token_logprobs", json::array());
+        if (lps.size() != ids.size())
+            throw HostError{RL_ERR_IO,
+                            fn_msg(fn, at + " has " + std::to_string(ids.size()) + " tokens but " +
+                                           std::to_string(lps.size()) + " logprobs")};
+        for (size_t t = 0; t < ids.size(); ++t) {
+            g.token_ids.push_back(ids[t]);
+            g.logprobs.push_back(lps[t].at(0).is_number() ? lps[t][0].get<float>() : 0.0f);
+        }
+        g.cu_seqlens.push_back(static_cast<int64_t>(g.token_ids.size()));
+        g.prompt_index.push_back(static_cast<int64_t>(i) / params.n);
+        g.completions.push_back(it.value("text", ""));
+        const json &fr = meta.value("finish_reason", json());
+        const std::string type = fr.is_object() ? fr.value("type", "") : "";
+        if (type == "stop")
+            g.finish_reasons.push_back(core::FinishReason::Stop);
+        else if (type == "length")
+            g.finish_reasons.push_back(core::FinishReason::Length);
+        else
+            throw HostError{RL_ERR_IO,
+                            fn_msg(fn, at + " did not finish (finish_reason " + fr.dump() + ")")};
+        const json &wv = meta.value("weight_version", json());
+        int64_t v = 0;
+        try {
+            v = wv.is_string()           ? std::stoll(wv.get<std::string>())
+                : wv.is_number_integer() ? wv.get<int64_t>()
+                                         : 0;
+        } catch (const std::exception &) {
+            v = 0; // a label that is not a number (SGLang's "default")
+        }
+        version = version < 0 ? v : std::min(version, v);
+    }
+    g.policy_version = std::max<int64_t>(version, 0);
+    return g;
+}
+
+} // namespace
+
+extern "C" {
+
+RL_API rl_status_t rl_inference_client_rollouts(rl_inference_client_t *client, rl_model_t *model,
+                                                const char *tasks_json, const char *options_json,
+                                                rl_rollouts_t **out_rollouts) {
+    return train_boundary([&] {
+        const char *fn = "rl_inference_client_rollouts";
+        if (!client || !model || !out_rollouts)
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fn_msg(fn, "client, model and out_rollouts are required")};
+        const core::Tokenizer &tok = tokenizer_of(model, fn);
+        const int64_t vocab =
+            model->policy ? model->policy->model().config().vocab_size : tok.vocab_size();
+        *out_rollouts = generate_rollouts(
+            tok, vocab, tasks_json, options_json, fn,
+            [&](const std::vector<std::vector<int64_t>> &prompts, const core::SamplingParams &p) {
+                return remote_generate(*client->impl, prompts, p, fn);
+            });
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_inference_client_create(const char *options_json,
+                                              rl_inference_client_t **out_client) {
+    return train_boundary([&] {
+        const char *fn = "rl_inference_client_create";
+        if (out_client == nullptr)
+            throw HostError{RL_ERR_INVALID_ARG, fn_msg(fn, "out_client is NULL")};
+        const json j = parse_json(options_json, std::string(fn) + ": options_json");
+        if (!j.is_object())
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fn_msg(fn, "options_json must be an object with at least \"url\"")};
+        auto c = std::make_unique<rl_inference_client>();
+        c->impl =
+            std::make_unique<rl::serve::InferenceClient>(rl::serve::ClientOptions::from_json(j));
+        *out_client = c.release();
+        return RL_OK;
+    });
+}
+
+RL_API void rl_inference_client_destroy(rl_inference_client_t *client) {
+    delete client;
+}
+
+RL_API rl_status_t rl_inference_client_call(rl_inference_client_t *client, const char *method,
+                                            const char *path, const char *body_json,
+                                            rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_inference_client_call";
+        if (!client || !method || !path || !out_result)
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fn_msg(fn, "client, method, path and out_result are required")};
+        *out_result = nullptr;
+        const json body = parse_json(body_json, std::string(fn) + ": body_json");
+        const json reply = client->impl->call(method, path, body);
+        CallSink sink;
+        sink.texts["body"] = reply.is_string() ? reply.get<std::string>() : reply.dump();
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_inference_client_sync(rl_inference_client_t *client, rl_model_t *model,
+                                            int64_t version, const char *options_json,
+                                            rl_result_t **out_result) {
+    return train_boundary([&] {
+        const char *fn = "rl_inference_client_sync";
+        if (!client || !model)
+            throw HostError{RL_ERR_INVALID_ARG, fn_msg(fn, "client and model are required")};
+        if (out_result) *out_result = nullptr;
+        const json opts = parse_json(options_json, std::string(fn) + ": options_json");
+        const rl::serve::SyncOutcome o = client->impl->sync(
+            policy_of(model, fn), version, rl::serve::SyncOptions::from_json(opts));
+        CallSink sink;
+        sink.scalars["skipped"] = o.skipped ? 1.0 : 0.0;
+        sink.scalars["version"] = static_cast<double>(o.version);
+        sink.scalars["tensors"] = static_cast<double>(o.tensors);
+        sink.metrics["sync/bytes"] = static_cast<double>(o.bytes);
+        sink.metrics["sync/seconds"] = o.seconds;
+        sink.metrics["sync/version"] = static_cast<double>(o.version);
+        sink.texts["server_version"] = o.server_version;
+        if (out_result) *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
+} // extern "C"

@@ -1,0 +1,151 @@
+"""`rlhost serve` driven end to end by the trainer-side client: a server
+process on one tiny model, weights of another tiny model synced into it from
+Python (distributed over Gloo, and from disk) and from a Lua script under
+`rlhost run`; the server's greedy tokens then equal the new model's own."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import rl
+
+RLHOST = os.environ["RL_TEST_RLHOST"]
+SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+PROMPT = [104, 101, 108, 108, 111, 10]
+
+
+def greedy(model):
+    with model.engine() as engine:
+        res = engine.generate([PROMPT], {"temperature": 0, "max_tokens": 12, "stop_token_ids": []})
+    return res.tensors["token_ids"]
+
+
+class ServerProcess:
+    def __init__(self, model_dir, log):
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen([RLHOST, "serve", "--model", model_dir, "--port", "0"],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        deadline = time.time() + 120
+        self.url = None
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+                break
+        if self.url is None:
+            self.stop()
+            with open(log) as f:
+                raise AssertionError("rlhost serve did not report its address; log: " +
+                                     f.read()[-2000:])
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.log.close()
+        return self.proc.returncode
+
+
+class InferenceSync(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="rl-serve-sync-")
+        cls.a = os.path.join(cls.tmp, "a")
+        cls.b = os.path.join(cls.tmp, "b")
+        rl.init_model("tiny", cls.a, 7)
+        rl.init_model("tiny", cls.b, 8)
+        with rl.Model(cls.a) as m:
+            cls.want_a = greedy(m)
+        with rl.Model(cls.b) as m:
+            cls.want_b = greedy(m)
+        assert cls.want_a != cls.want_b
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        self.server = ServerProcess(self.a, os.path.join(self.tmp, f"{self.id()}.log"))
+        self.client = rl.InferenceClient(self.server.url)
+
+    def tearDown(self):
+        self.client.close()
+        self.assertEqual(self.server.stop(), 0, "rlhost serve exits 0 on SIGTERM")
+
+    def served(self):
+        r = self.client.generate({"input_ids": PROMPT,
+                                  "sampling_params": {"temperature": 0, "max_new_tokens": 12,
+                                                      "stop_token_ids": []}})
+        return r["output_ids"]
+
+    def test_python_sync_distributed_then_disk_serves_the_new_weights(self):
+        self.assertEqual(self.served(), self.want_a)
+        with rl.Model(self.b) as b:
+            out = self.client.sync(b, 1, {"mode": "distributed"})
+            self.assertEqual(out.scalars["skipped"], 0)
+            self.assertEqual(out.texts["server_version"], "1")
+            self.assertGreater(out.metrics["sync/bytes"], 0)
+            self.assertEqual(self.served(), self.want_b)
+            self.assertEqual(self.client.sync(b, 1).scalars["skipped"], 1)
+        with rl.Model(self.a) as a:
+            shared = os.path.join(self.tmp, "shared")
+            out = self.client.sync(a, 2, {"mode": "disk", "dir": shared})
+            self.assertEqual(out.scalars["skipped"], 0)
+            self.assertEqual(self.served(), self.want_a)
+            self.assertEqual(self.client.call("GET", "/get_model_info")["weight_version"], "2")
+
+    def test_a_refused_update_reports_the_servers_message_and_keeps_serving(self):
+        with self.assertRaises(rl.Error) as e:
+            self.client.call("POST", "/update_weights_from_disk", {"model_path": "/nonexistent"})
+        self.assertIn("is not a folder", str(e.exception))
+        self.assertEqual(self.served(), self.want_a)
+
+    def test_lua_script_syncs_and_generates_through_rl_inference_client(self):
+        shared = os.path.join(self.tmp, "lua-shared")
+        run = subprocess.run([RLHOST, "run", os.path.join(SCRIPTS, "sync.lua"), "--",
+                              self.server.url, self.b, shared],
+                             capture_output=True, text=True, timeout=300, cwd=self.tmp)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        tokens = json.loads(re.search(r"^TOKENS (.*)$", run.stdout, re.M).group(1))
+        self.assertEqual(tokens, self.want_b)
+        self.assertIn("VERSION 8", run.stdout)
+
+    def test_grpo_example_takes_its_rollouts_from_the_server_and_syncs_it_each_step(self):
+        work = os.path.join(self.tmp, "grpo")
+        os.makedirs(work, exist_ok=True)
+        run = subprocess.run(
+            [RLHOST, "run", os.path.join(SOURCE, "examples", "grpo.lua"),
+             "--config", os.path.join(SOURCE, "tests", "lua", "scripts", "grpo_test.yaml"),
+             "--set", "run.steps=5", "--set", "run.checkpoint_every=0",
+             "--set", f"inference_server.url={self.server.url}"],
+            capture_output=True, text=True, timeout=600, cwd=work)
+        self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
+        with open(os.path.join(work, "runs", "grpo_test", "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        rl_steps = [r for r in records if r["phase"] == "rl"]
+        self.assertEqual(len(rl_steps), 5)
+        self.assertTrue(all("reward" in r for r in rl_steps))
+        # 3 warm-up steps, then one optimizer step per RL step that trained: the
+        # server must carry the trainer's last version.
+        trained = sum(1 for r in rl_steps if "grad_norm" in r)
+        self.assertGreater(trained, 0)
+        info = self.client.call("GET", "/get_model_info")
+        self.assertEqual(info["weight_version"], str(3 + trained))
+
+
+if __name__ == "__main__":
+    unittest.main()

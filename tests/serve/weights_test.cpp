@@ -1,0 +1,252 @@
+// Weight updates of a running `rlhost serve` (in process, on the tiny model)
+// through SGLang's protocol, driven by the trainer-side client: from disk,
+// from broadcasts over a Gloo weight-update group, from tensors in the
+// request; checksums refused; the old weights keep serving after a refusal.
+#include "../platform/platform_util.hpp"
+#include "../plugin_host/free_port.hpp"
+
+#include "../../host/serve/http.hpp"
+#include "../../host/serve/inference_client.hpp"
+#include "../../host/serve/server.hpp"
+#include "../../host/serve/weight_update.hpp"
+
+#include "rl/core/update_group.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+namespace rl::serve {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using core::test::TempDir;
+
+const std::vector<int64_t> kPrompt{104, 101, 108, 108, 111, 10};
+
+// Greedy tokens of a policy, from the engine (the reference).
+std::vector<int64_t> greedy(const std::shared_ptr<core::Policy> &policy) {
+    core::Engine engine(policy);
+    core::SamplingParams sp;
+    sp.temperature = 0;
+    sp.max_tokens = 16;
+    sp.stop_token_ids = std::vector<int64_t>{};
+    return engine.generate({kPrompt}, sp).token_ids;
+}
+
+class ServeWeights : public ::testing::Test {
+protected:
+    void SetUp() override {
+        core::write_tiny_model(dir / "a", 7);
+        core::write_tiny_model(dir / "b", 8); // other weights, same shapes
+        policy = core::Policy::load(dir / "a");
+        ServerConfig cfg;
+        cfg.port = 0;
+        cfg.model_path = dir / "a";
+        server = std::make_unique<Server>(policy, cfg);
+        server->start();
+        ClientOptions co;
+        co.url = server->url();
+        client = std::make_unique<InferenceClient>(co);
+        new_weights = core::Policy::load(dir / "b");
+        want_a = greedy(core::Policy::load(dir / "a"));
+        want_b = greedy(new_weights);
+        ASSERT_NE(want_a, want_b) << "the two tiny models must differ";
+    }
+    void TearDown() override { server->stop(); }
+
+    // Greedy tokens the server produces now.
+    std::vector<int64_t> served() const {
+        const json r = client->call(
+            "POST", "/generate",
+            {{"input_ids", kPrompt},
+             {"sampling_params",
+              {{"temperature", 0}, {"max_new_tokens", 16}, {"stop_token_ids", json::array()}}}});
+        return r.at("output_ids").get<std::vector<int64_t>>();
+    }
+    HttpResponse post(const std::string &path, const json &body) const {
+        return http_request(server->url(), "POST", path, body.dump());
+    }
+
+    TempDir dir;
+    std::shared_ptr<core::Policy> policy, new_weights;
+    std::unique_ptr<Server> server;
+    std::unique_ptr<InferenceClient> client;
+    std::vector<int64_t> want_a, want_b;
+};
+
+TEST_F(ServeWeights, UpdateFromDiskMakesGreedyOutputsThoseOfTheNewWeights) {
+    EXPECT_EQ(served(), want_a);
+    const HttpResponse r =
+        post("/update_weights_from_disk", {{"model_path", dir / "b"}, {"weight_version", "4"}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_TRUE(json::parse(r.body).at("success").get<bool>());
+    EXPECT_EQ(served(), want_b);
+    EXPECT_EQ(client->weight_version(), "4");
+    EXPECT_EQ(policy->version(), 4);
+}
+
+TEST_F(ServeWeights, AChecksumMismatchOnDiskIsRefusedAndTheOldWeightsKeepServing) {
+    const fs::path c = fs::path(dir / "c");
+    fs::copy(dir / "b", c);
+    write_checksums_file(c.string());
+    { // corrupt one byte of the data (past the header) after the checksums were taken
+        std::fstream f(c / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+        uint64_t header = 0;
+        f.read(reinterpret_cast<char *>(&header), 8);
+        f.seekg(static_cast<std::streamoff>(8 + header + 100));
+        char byte = 0;
+        f.read(&byte, 1);
+        byte = static_cast<char>(byte ^ 0x40);
+        f.seekp(static_cast<std::streamoff>(8 + header + 100));
+        f.write(&byte, 1);
+    }
+    const HttpResponse r = post("/update_weights_from_disk", {{"model_path", c.string()}});
+    EXPECT_EQ(r.status, 400) << r.body;
+    const json j = json::parse(r.body);
+    EXPECT_FALSE(j.at("success").get<bool>());
+    EXPECT_NE(j.at("message").get<std::string>().find("fails its checksum"), std::string::npos)
+        << r.body;
+    EXPECT_EQ(served(), want_a);
+    EXPECT_EQ(policy->version(), 0);
+}
+
+TEST_F(ServeWeights, DistributedSyncMatchesLoadingTheNewWeightsFromScratch) {
+    SyncOptions o;
+    o.mode = "distributed";
+    o.bucket_bytes = 1 << 20; // several /update_weights_from_distributed calls
+    const SyncOutcome out = client->sync(*new_weights, 3, o);
+    EXPECT_FALSE(out.skipped);
+    EXPECT_EQ(out.server_version, "3");
+    EXPECT_EQ(out.tensors, static_cast<int64_t>(new_weights->model().named_weights().size()));
+    EXPECT_EQ(served(), want_b);
+    // The same version again: the handshake skips it.
+    EXPECT_TRUE(client->sync(*new_weights, 3, o).skipped);
+    // Back to the first weights, flattened into one buffer per bucket.
+    o.flattened = true;
+    EXPECT_FALSE(client->sync(*core::Policy::load(dir / "a"), 4, o).skipped);
+    EXPECT_EQ(served(), want_a);
+}
+
+TEST_F(ServeWeights, DiskSyncThroughTheClientWritesAStepFolderAndKeepsTheNewest) {
+    SyncOptions o;
+    o.mode = "disk";
+    o.dir = dir / "broadcasts";
+    o.keep = 1;
+    EXPECT_FALSE(client->sync(*new_weights, 1, o).skipped);
+    EXPECT_EQ(served(), want_b);
+    EXPECT_TRUE(fs::exists(dir / "broadcasts/step_1/STABLE"));
+    EXPECT_TRUE(fs::exists(dir / "broadcasts/step_1/rl_checksums.json"));
+    EXPECT_FALSE(client->sync(*core::Policy::load(dir / "a"), 2, o).skipped);
+    EXPECT_EQ(served(), want_a);
+    EXPECT_FALSE(fs::exists(dir / "broadcasts/step_1"));
+}
+
+TEST_F(ServeWeights, ADistributedChecksumMismatchIsRefusedAfterTheBroadcast) {
+    // A hand-driven trainer: announces one tensor with a wrong CRC-32C.
+    const int port = rltest::free_tcp_port();
+    core::dist::UpdateGroupOptions go;
+    go.master_port = port;
+    go.world_size = 2;
+    auto init = std::async(std::launch::async, [&] {
+        return post("/init_weights_update_group", {{"master_address", "127.0.0.1"},
+                                                   {"master_port", port},
+                                                   {"rank_offset", 1},
+                                                   {"world_size", 2},
+                                                   {"backend", "gloo"}});
+    });
+    core::dist::UpdateGroup group(go);
+    ASSERT_EQ(init.get().status, 200);
+    const auto [name, w] = new_weights->model().named_weights().front();
+    std::vector<at::Tensor> t{w.detach().contiguous()};
+    const uint32_t crc = tensor_crc32c(t[0]);
+    auto reply = std::async(std::launch::async, [&] {
+        return post("/update_weights_from_distributed", {{"names", {name}},
+                                                         {"dtypes", {"float32"}},
+                                                         {"shapes", {t[0].sizes().vec()}},
+                                                         {"checksums", {crc ^ 1u}}});
+    });
+    group.broadcast(t);
+    const HttpResponse r = reply.get();
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find("fails its checksum"), std::string::npos) << r.body;
+    EXPECT_EQ(served(), want_a);
+    EXPECT_EQ(post("/destroy_weights_update_group", json::object()).status, 200);
+}
+
+TEST_F(ServeWeights, TensorsInTheRequestReplaceNamedWeights) {
+    // model.norm.weight set to 2.0 through base64 float32 bytes.
+    const auto weights = policy->model().named_weights();
+    at::Tensor norm;
+    for (const auto &[n, w] : weights)
+        if (n == "model.norm.weight") norm = w;
+    ASSERT_TRUE(norm.defined());
+    std::vector<float> twos(static_cast<size_t>(norm.numel()), 2.0f);
+    std::string raw(reinterpret_cast<const char *>(twos.data()), twos.size() * sizeof(float));
+    static const char *b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string enc;
+    for (size_t i = 0; i < raw.size(); i += 3) {
+        uint32_t v = static_cast<uint8_t>(raw[i]) << 16;
+        if (i + 1 < raw.size()) v |= static_cast<uint8_t>(raw[i + 1]) << 8;
+        if (i + 2 < raw.size()) v |= static_cast<uint8_t>(raw[i + 2]);
+        enc += b64[(v >> 18) & 63];
+        enc += b64[(v >> 12) & 63];
+        enc += i + 1 < raw.size() ? b64[(v >> 6) & 63] : '=';
+        enc += i + 2 < raw.size() ? b64[v & 63] : '=';
+    }
+    const HttpResponse r = post("/update_weights_from_tensor", {{"named_tensors",
+                                                                 {{{"name", "model.norm.weight"},
+                                                                   {"dtype", "float32"},
+                                                                   {"shape", {norm.numel()}},
+                                                                   {"data", enc}}}}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_TRUE(at::allclose(norm, at::full_like(norm, 2.0)));
+}
+
+TEST_F(ServeWeights, BadWeightRequestsAre400sNamingTheFieldAndTheServerKeepsServing) {
+    struct Case {
+        const char *path;
+        json body;
+        const char *says;
+    } cases[] = {
+        {"/update_weights_from_disk", {{"model_path", "/nonexistent"}}, "is not a folder"},
+        {"/update_weights_from_disk", {{"model_path", "x"}, {"bogus", 1}}, "unknown field 'bogus'"},
+        {"/update_weights_from_disk", json::object(), "'model_path' is required"},
+        {"/update_weights_from_disk", {{"model_path", "x"}, {"load_format", "pt"}}, "load_format"},
+        {"/update_weights_from_distributed",
+         {{"names", {"x"}}, {"dtypes", {"float32"}}, {"shapes", {{1}}}},
+         "no weight update group"},
+        {"/update_weights_from_distributed", {{"names", {"x"}}}, "'dtypes' is required"},
+        {"/update_weights_from_tensor", {{"serialized_named_tensors", {"abc"}}}, "pickles"},
+        {"/update_weights_from_tensor",
+         {{"named_tensors",
+           {{{"name", "model.norm.weight"},
+             {"dtype", "float32"},
+             {"shape", {2}},
+             {"data", "AAAA"}}}}},
+         "bytes; shape and dtype need 8"},
+        {"/update_weights", {{"update_info", json::object()}}, "NCCL weight transfer"},
+        {"/init_weights_update_group",
+         {{"master_address", "127.0.0.1"},
+          {"master_port", 1},
+          {"rank_offset", 1},
+          {"world_size", 2},
+          {"backend", "nccl"}},
+         "needs the model on a CUDA device"},
+    };
+    for (const auto &c : cases) {
+        const HttpResponse r = post(c.path, c.body);
+        EXPECT_EQ(r.status / 100, 4) << c.path << " " << c.body.dump() << " -> " << r.body;
+        EXPECT_NE(r.body.find(c.says), std::string::npos)
+            << c.path << " " << c.body.dump() << " -> " << r.body;
+    }
+    const HttpResponse bad = http_request(server->url(), "POST", "/update_weights_from_disk", "{");
+    EXPECT_EQ(bad.status, 400) << bad.body;
+    EXPECT_EQ(served(), want_a);
+}
+
+} // namespace
+} // namespace rl::serve
