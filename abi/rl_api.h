@@ -29,5 +29,6 @@
 #include "rl/train.h"
 #include "rl/step.h"
 #include "rl/dist.h"
+#include "rl/serve.h"
 
 #endif /* RL_API_H */

@@ -1,6 +1,7 @@
 // rlhost: the command-line host. A client of the C API (librl) like any embedder.
 #include "launch.hpp"
 #include "run.hpp"
+#include "serve.hpp"
 
 #include <rl_api.h>
 
@@ -26,6 +27,9 @@ const char *kUsage =
     "  launch --nproc-per-node N [...] -- COMMAND [ARGS]\n"
     "                                      run N ranks of a distributed run (rlhost launch "
     "--help)\n"
+    "  serve --model DIR [--host H] [--port P] [--api-key K] [...]\n"
+    "                                      serve the model over HTTP: OpenAI-compatible and\n"
+    "                                      SGLang-native routes (rlhost serve --help)\n"
     "  plugins [--json]                    list loaded plugins and refused libraries\n"
     "  config [--config FILE] [--set K=V]...  print the resolved run configuration (JSON)\n"
     "  config --schema                     print every configuration key (JSON)\n"
@@ -210,6 +214,7 @@ int main(int argc, char **argv) {
         }
         return rlhost::cmd_launch(o.args, host_args);
     }
+    if (o.command == "serve") return rlhost::cmd_serve(o.args);
     if (o.command == "run")
         return rlhost::cmd_run(o.args, o.plugin_path, o.log_level_given ? o.log_level : "");
     return fail("unknown command '" + o.command + "'\n" + kUsage);

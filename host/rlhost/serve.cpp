@@ -1,0 +1,162 @@
+#include "serve.hpp"
+
+#include <rl_api.h>
+
+#include <nlohmann/json.hpp>
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <thread>
+
+namespace rlhost {
+
+namespace {
+
+const char *kServeUsage =
+    "usage: rlhost serve --model DIR [options]\n"
+    "\n"
+    "Serves the model over HTTP: OpenAI-compatible (/v1/completions, /v1/chat/completions,\n"
+    "/v1/models) and SGLang-native (/generate, /health, /get_model_info, ...) routes on a\n"
+    "continuous-batching engine (docs/serving.md). Stops on SIGINT / SIGTERM.\n"
+    "\n"
+    "  --model DIR               Hugging Face model folder (required)\n"
+    "  --host H                  address to bind (default 127.0.0.1: this machine only)\n"
+    "  --port P                  TCP port (default 30000; 0: any free port)\n"
+    "  --api-key K               require 'Authorization: Bearer K' (also RL_SERVE_API_KEY)\n"
+    "  --device D                cpu (default), cuda, cuda:N or auto\n"
+    "  --dtype T                 float32 (default) or bfloat16\n"
+    "  --threads N               CPU threads (default: all cores)\n"
+    "  --max-running N           requests decoded together (default 32)\n"
+    "  --max-queued N            requests waiting beyond those; more get 503 (default 256)\n"
+    "  --max-context N           prompt + completion tokens of one request (default: the\n"
+    "                            model's, at most 4096)\n"
+    "  --kv-cache-fraction F     KV-cache budget, fraction of device memory (default 0.3)\n"
+    "  --max-tokens-limit N      largest max_tokens a request may ask for (default 4096)\n"
+    "  --max-connections N       open connections; more get 503 (default 256)\n"
+    "  --request-timeout S       a request not finished in S seconds is aborted (default 600)\n"
+    "  --served-model-name S     the model's name in the API (default: the folder's name)\n";
+
+int usage_error(const std::string &what) {
+    std::cerr << "rlhost serve: " << what << "\n\n" << kServeUsage;
+    return 2;
+}
+
+} // namespace
+
+int cmd_serve(const std::vector<std::string> &args) {
+    std::string model_dir;
+    nlohmann::json load = nlohmann::json::object();
+    nlohmann::json options = nlohmann::json::object();
+    // --flag -> (options key, kind): s string, i integer, f number.
+    struct Flag {
+        const char *flag, *key;
+        char kind;
+    };
+    const Flag flags[] = {{"--host", "host", 's'},
+                          {"--port", "port", 'i'},
+                          {"--api-key", "api_key", 's'},
+                          {"--max-running", "max_running", 'i'},
+                          {"--max-queued", "max_queued", 'i'},
+                          {"--max-context", "max_context", 'i'},
+                          {"--kv-cache-fraction", "kv_cache_fraction", 'f'},
+                          {"--max-tokens-limit", "max_tokens_limit", 'i'},
+                          {"--max-connections", "max_connections", 'i'},
+                          {"--request-timeout", "request_timeout_s", 'f'},
+                          {"--served-model-name", "served_model_name", 's'}};
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string &a = args[i];
+        if (a == "--help" || a == "-h") {
+            std::fputs(kServeUsage, stdout);
+            return 0;
+        }
+        if (i + 1 >= args.size()) return usage_error(a + " needs a value");
+        const std::string v = args[++i];
+        if (a == "--model") {
+            model_dir = v;
+            continue;
+        }
+        if (a == "--device" || a == "--dtype") {
+            load[a.substr(2)] = v;
+            continue;
+        }
+        if (a == "--threads") {
+            try {
+                load["threads"] = std::stoi(v);
+            } catch (const std::exception &) {
+                return usage_error("--threads needs an integer, not '" + v + "'");
+            }
+            continue;
+        }
+        bool known = false;
+        for (const Flag &f : flags) {
+            if (a != f.flag) continue;
+            known = true;
+            try {
+                size_t used = 0;
+                if (f.kind == 's') {
+                    options[f.key] = v;
+                    used = v.size();
+                } else if (f.kind == 'i') {
+                    options[f.key] = std::stoll(v, &used);
+                } else {
+                    options[f.key] = std::stod(v, &used);
+                }
+                if (used != v.size()) throw std::invalid_argument(v);
+            } catch (const std::exception &) {
+                return usage_error(a + " needs a number, not '" + v + "'");
+            }
+        }
+        if (!known) return usage_error("unknown option '" + a + "'");
+    }
+    if (model_dir.empty()) return usage_error("--model DIR is required");
+    if (!options.contains("api_key"))
+        if (const char *k = std::getenv("RL_SERVE_API_KEY"); k && *k) options["api_key"] = k;
+    options["model_path"] = model_dir;
+
+    // SIGINT / SIGTERM go to a thread that waits for them (blocked everywhere
+    // else, including the server's threads, which inherit the mask).
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+    rl_model_t *model = nullptr;
+    if (rl_model_load(model_dir.c_str(), load.dump().c_str(), &model) != RL_OK) {
+        std::cerr << "rlhost serve: cannot load the model: " << rl_last_error() << "\n";
+        return 1;
+    }
+    rl_server_t *server = nullptr;
+    if (rl_server_start(model, options.dump().c_str(), &server) != RL_OK) {
+        std::cerr << "rlhost serve: " << rl_last_error() << "\n";
+        rl_model_destroy(model);
+        return 1;
+    }
+    const std::string host = options.value("host", std::string("127.0.0.1"));
+    const bool v6 = host.find(':') != std::string::npos;
+    std::printf("rlhost serve: listening on http://%s:%d\n", (v6 ? "[" + host + "]" : host).c_str(),
+                static_cast<int>(rl_server_port(server)));
+    std::fflush(stdout);
+
+    std::thread waiter([&] {
+        int sig = 0;
+        sigwait(&stop_signals, &sig);
+        std::fprintf(stderr, "rlhost serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        rl_server_stop(server);
+    });
+    rl_server_wait(server);
+    // The waiter is still in sigwait when the server stopped for another reason.
+    if (waiter.joinable()) {
+        pthread_kill(waiter.native_handle(), SIGTERM);
+        waiter.join();
+    }
+    rl_server_destroy(server);
+    rl_model_destroy(model);
+    return 0;
+}
+
+} // namespace rlhost

@@ -1,0 +1,203 @@
+#include "server.hpp"
+
+#include "api.hpp"
+
+#include "rl/core/error.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <list>
+#include <mutex>
+#include <random>
+
+namespace rl::serve {
+
+ServerConfig ServerConfig::from_json(const std::string &text) {
+    ServerConfig c;
+    if (text.empty()) return c;
+    json j = json::parse(text, nullptr, false);
+    if (j.is_discarded()) throw core::Error("server options: not valid JSON");
+    if (j.is_null()) return c;
+    if (!j.is_object()) throw core::Error("server options: a JSON object is expected");
+    Fields f(j, "server options: ");
+    try {
+        f.only({"host", "port", "api_key", "served_model_name", "model_path", "max_tokens_limit",
+                "max_body_bytes", "max_connections", "request_timeout_s", "idle_timeout_s",
+                "max_running", "max_queued", "max_context", "kv_cache_fraction"});
+        if (auto v = f.string("host")) c.host = *v;
+        if (auto v = f.integer("port", 0, 65535)) c.port = static_cast<int>(*v);
+        if (auto v = f.string("api_key")) c.api_key = *v;
+        if (auto v = f.string("served_model_name")) c.served_model_name = *v;
+        if (auto v = f.string("model_path")) c.model_path = *v;
+        if (auto v = f.integer("max_tokens_limit", 1, int64_t{1} << 40)) c.max_tokens_limit = *v;
+        if (auto v = f.integer("max_body_bytes", 1024, int64_t{1} << 40))
+            c.max_body_bytes = static_cast<size_t>(*v);
+        if (auto v = f.integer("max_connections", 1, 1 << 20))
+            c.max_connections = static_cast<int>(*v);
+        if (auto v = f.number("request_timeout_s", 0.001, 1e9)) c.request_timeout_s = *v;
+        if (auto v = f.number("idle_timeout_s", 0.001, 1e9)) c.idle_timeout_s = *v;
+        if (auto v = f.integer("max_running", 1, 1 << 20)) c.scheduler.max_running = *v;
+        if (auto v = f.integer("max_queued", 0, 1 << 30)) c.scheduler.max_queued = *v;
+        if (auto v = f.integer("max_context", 0, int64_t{1} << 40)) c.scheduler.max_context = *v;
+        if (auto v = f.number("kv_cache_fraction", 1e-6, 1.0)) c.scheduler.kv_cache_fraction = *v;
+    } catch (const ApiError &e) {
+        throw core::Error(e.what());
+    }
+    return c;
+}
+
+struct Server::Impl {
+    struct Live {
+        uint64_t ticket;
+        std::string rid;
+        std::vector<uint64_t> ids;
+    };
+    std::mutex mu;
+    std::list<Live> live;
+    uint64_t next_ticket = 1;
+    std::string weight_label;
+    std::mutex rng_mu;
+    std::mt19937_64 rng{std::random_device{}()};
+};
+
+namespace {
+
+std::string default_model_name(const ServerConfig &c) {
+    if (!c.served_model_name.empty()) return c.served_model_name;
+    std::filesystem::path p(c.model_path);
+    while (!p.empty() && p.filename().empty()) p = p.parent_path();
+    const std::string name = p.filename().string();
+    return name.empty() || name == "." || name == ".." ? "model" : name;
+}
+
+} // namespace
+
+Server::Server(std::shared_ptr<core::Policy> policy, ServerConfig config)
+    : policy_(std::move(policy)), config_(std::move(config)), impl_(std::make_unique<Impl>()) {
+    if (!policy_) throw core::Error("server: the policy is null");
+    model_name_ = default_model_name(config_);
+    scheduler_ = std::make_unique<core::Scheduler>(policy_, config_.scheduler);
+    if (!config_.api_key.empty()) {
+        router_.set_guard([key = "Bearer " + config_.api_key](const Request &req, Responder &r) {
+            if (req.method == "GET" && req.path == "/health") return true;
+            if (req.header("authorization") == key) return true;
+            send_error(r, 401,
+                       req.header("authorization").empty()
+                           ? "this server needs an API key: send 'Authorization: Bearer <key>'"
+                           : "the API key is not valid",
+                       "", "authentication_error", {{"WWW-Authenticate", "Bearer"}});
+            return false;
+        });
+    }
+    add_openai_routes(*this);
+    add_sglang_routes(*this);
+}
+
+Server::~Server() {
+    stop();
+}
+
+void Server::start() {
+    HttpConfig h;
+    h.host = config_.host;
+    h.port = config_.port;
+    h.max_connections = config_.max_connections;
+    h.max_body_bytes = config_.max_body_bytes;
+    h.read_timeout_s = config_.idle_timeout_s;
+    h.idle_timeout_s = config_.idle_timeout_s;
+    h.write_timeout_s = config_.idle_timeout_s;
+    http_ = std::make_unique<HttpServer>(h, router_);
+    http_->start();
+}
+
+int Server::port() const {
+    return http_ ? http_->port() : 0;
+}
+
+std::string Server::url() const {
+    const bool v6 = config_.host.find(':') != std::string::npos;
+    return "http://" + (v6 ? "[" + config_.host + "]" : config_.host) + ":" +
+           std::to_string(port());
+}
+
+void Server::stop() {
+    // Requests in flight end (their handlers answer or see the connection
+    // closed); then no connection is left to reach the scheduler.
+    abort_all();
+    if (http_) http_->stop();
+}
+
+void Server::wait() {
+    if (http_) http_->wait();
+}
+
+std::string Server::weight_version() const {
+    {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        if (!impl_->weight_label.empty()) return impl_->weight_label;
+    }
+    return std::to_string(scheduler_->stats().version);
+}
+
+void Server::set_weight_version(const std::string &label) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->weight_label = label;
+}
+
+uint64_t Server::track(const std::string &rid, const std::vector<uint64_t> &ids) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    const uint64_t t = impl_->next_ticket++;
+    impl_->live.push_back({t, rid, ids});
+    return t;
+}
+
+void Server::forget(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->live.remove_if([ticket](const Impl::Live &l) { return l.ticket == ticket; });
+}
+
+int Server::abort_all() {
+    std::vector<uint64_t> ids;
+    int hit = 0;
+    {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        for (const auto &l : impl_->live) {
+            ids.insert(ids.end(), l.ids.begin(), l.ids.end());
+            ++hit;
+        }
+    }
+    for (uint64_t id : ids) scheduler_->cancel(id);
+    return hit;
+}
+
+int Server::abort(const std::string &rid) {
+    std::vector<uint64_t> ids;
+    int hit = 0;
+    {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        for (const auto &l : impl_->live)
+            if (l.rid == rid) {
+                ids.insert(ids.end(), l.ids.begin(), l.ids.end());
+                ++hit;
+            }
+    }
+    for (uint64_t id : ids) scheduler_->cancel(id);
+    return hit;
+}
+
+std::string Server::new_request_id(const std::string &prefix) {
+    uint64_t a = 0, b = 0;
+    {
+        std::lock_guard<std::mutex> lock(impl_->rng_mu);
+        a = impl_->rng();
+        b = impl_->rng();
+    }
+    char hex[33];
+    std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(a),
+                  static_cast<unsigned long long>(b));
+    return prefix.empty() ? std::string(hex) : prefix + "-" + hex;
+}
+
+} // namespace rl::serve

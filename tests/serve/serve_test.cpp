@@ -1,0 +1,709 @@
+// The inference server (host/serve) in process on the built-in tiny model,
+// driven over loopback HTTP with the server's own client: OpenAI-compatible
+// and SGLang-native results equal the engine's and the trainer's numbers,
+// bad requests are refused by name while the server keeps serving, and
+// back-pressure, disconnects and the API key behave.
+#include "serve/http.hpp"
+#include "serve/server.hpp"
+
+#include "rl/core/engine.hpp"
+#include "rl/core/policy.hpp"
+#include "rl/core/tiny.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using nlohmann::json;
+using rl::serve::http_request;
+using rl::serve::HttpResponse;
+using namespace std::chrono_literals;
+
+namespace core = rl::core;
+
+/// The tiny model folder, written once per test program.
+const std::string &tiny_dir() {
+    static const std::string dir = [] {
+        const auto d = std::filesystem::temp_directory_path() /
+                       ("rl-serve-test-" + std::to_string(::getpid()));
+        core::write_tiny_model(d.string(), 7);
+        return d.string();
+    }();
+    return dir;
+}
+
+std::shared_ptr<core::Policy> load_tiny() {
+    return core::Policy::load(tiny_dir());
+}
+
+/// A server on a free loopback port.
+struct Running {
+    std::shared_ptr<core::Policy> policy;
+    std::unique_ptr<rl::serve::Server> server;
+    explicit Running(rl::serve::ServerConfig config = {}) : policy(load_tiny()) {
+        config.port = 0;
+        config.model_path = tiny_dir();
+        if (config.served_model_name.empty()) config.served_model_name = "tiny";
+        server = std::make_unique<rl::serve::Server>(policy, config);
+        server->start();
+    }
+    HttpResponse post(const std::string &path, const json &body,
+                      const rl::serve::Headers &headers = {}) const {
+        return http_request(server->url(), "POST", path, body.dump(), headers, 120);
+    }
+    HttpResponse post_raw(const std::string &path, const std::string &body) const {
+        return http_request(server->url(), "POST", path, body, {}, 120);
+    }
+    HttpResponse get(const std::string &path, const rl::serve::Headers &headers = {}) const {
+        return http_request(server->url(), "GET", path, "", headers, 120);
+    }
+    json post_ok(const std::string &path, const json &body) const {
+        const HttpResponse r = post(path, body);
+        EXPECT_EQ(r.status, 200) << path << ": " << r.body;
+        return json::parse(r.body);
+    }
+    /// Waits (bounded) until `pred` holds for the scheduler's stats.
+    bool wait_stats(const std::function<bool(const core::Scheduler::Stats &)> &pred,
+                    std::chrono::seconds limit = 60s) const {
+        const auto until = std::chrono::steady_clock::now() + limit;
+        while (std::chrono::steady_clock::now() < until) {
+            if (pred(server->scheduler().stats())) return true;
+            std::this_thread::sleep_for(10ms);
+        }
+        return false;
+    }
+};
+
+/// One server for the tests that need nothing special of it.
+Running &shared() {
+    static Running r;
+    return r;
+}
+
+/// The trainer's logprobs (temperature 1) of `completion` after `prompt`.
+std::vector<float> trainer_logprobs(core::Policy &policy, const std::vector<int64_t> &prompt,
+                                    const std::vector<int64_t> &completion) {
+    c10::InferenceMode guard;
+    std::vector<int64_t> seq = prompt;
+    seq.insert(seq.end(), completion.begin(), completion.end());
+    auto batch = core::PackedBatch::from_sequences({seq});
+    std::vector<int64_t> labels(seq.begin() + 1, seq.end());
+    labels.push_back(-100);
+    const at::Tensor lp =
+        policy.model().token_logprobs(batch, at::tensor(labels, at::kLong)).logprobs.contiguous();
+    std::vector<float> out;
+    for (size_t i = 0; i < completion.size(); ++i)
+        out.push_back(lp[static_cast<int64_t>(prompt.size() + i - 1)].item<float>());
+    return out;
+}
+
+std::vector<int64_t> ids_of(const json &j) {
+    return j.get<std::vector<int64_t>>();
+}
+
+/// Engine::generate on a policy of its own (the same weights, not shared with
+/// the server's scheduler thread).
+core::Generation engine_generate(const std::vector<int64_t> &prompt, core::SamplingParams params) {
+    auto own = load_tiny();
+    core::Engine engine(own);
+    return engine.generate({prompt}, params);
+}
+
+// ---- results equal the engine's and the trainer's ---------------------------------------
+
+TEST(ServeOpenAI, CompletionLogprobsEqualTheTrainersLogprobsOfTheSameTokens) {
+    Running &s = shared();
+    const json j = s.post_ok("/v1/completions", {{"model", "tiny"},
+                                                 {"prompt", "Reverse: abc\n"},
+                                                 {"max_tokens", 12},
+                                                 {"temperature", 1.0},
+                                                 {"logprobs", 2},
+                                                 {"seed", 5},
+                                                 {"ignore_eos", true},
+                                                 {"return_token_ids", true}});
+    ASSERT_EQ(j["object"], "text_completion");
+    ASSERT_EQ(j["choices"].size(), 1u);
+    const json &c = j["choices"][0];
+    const auto prompt = ids_of(c["prompt_token_ids"]);
+    const auto tokens = ids_of(c["token_ids"]);
+    ASSERT_EQ(tokens.size(), 12u);
+    EXPECT_EQ(c["finish_reason"], "length");
+    const auto want = trainer_logprobs(*s.policy, prompt, tokens);
+    const json &lp = c["logprobs"];
+    ASSERT_EQ(lp["token_logprobs"].size(), tokens.size());
+    ASSERT_EQ(lp["top_logprobs"].size(), tokens.size());
+    ASSERT_EQ(lp["text_offset"].size(), tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), want[i], 1e-5) << "token " << i;
+        EXPECT_GE(lp["top_logprobs"][i].size(), 2u);
+    }
+    EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
+    EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+    EXPECT_EQ(j["usage"]["total_tokens"], prompt.size() + 12);
+}
+
+TEST(ServeOpenAI, ChatLogprobsEqualTheTrainersLogprobsAndThePromptIsTheChatTemplates) {
+    Running &s = shared();
+    const json messages = json::array({{{"role", "user"}, {"content", "Reverse: ab"}}});
+    const json j = s.post_ok("/v1/chat/completions", {{"messages", messages},
+                                                      {"max_tokens", 10},
+                                                      {"logprobs", true},
+                                                      {"top_logprobs", 2},
+                                                      {"seed", 9},
+                                                      {"ignore_eos", true},
+                                                      {"return_token_ids", true}});
+    ASSERT_EQ(j["object"], "chat.completion");
+    const json &c = j["choices"][0];
+    EXPECT_EQ(c["message"]["role"], "assistant");
+    const auto prompt = ids_of(j["prompt_token_ids"]);
+    const std::string rendered = s.policy->tokenizer()->apply_chat_template(
+        {{"user", "Reverse: ab"}}, core::ChatTemplateOptions{});
+    const auto expected = s.policy->tokenizer()->encode(rendered);
+    EXPECT_EQ(prompt, std::vector<int64_t>(expected.begin(), expected.end()));
+    const auto tokens = ids_of(c["token_ids"]);
+    const auto want = trainer_logprobs(*s.policy, prompt, tokens);
+    const json &content = c["logprobs"]["content"];
+    ASSERT_EQ(content.size(), tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        EXPECT_NEAR(content[i]["logprob"].get<double>(), want[i], 1e-5) << "token " << i;
+        EXPECT_EQ(content[i]["top_logprobs"].size(), 2u);
+        json bytes = json::array();
+        for (unsigned char b : s.policy->tokenizer()->token_bytes(static_cast<int32_t>(tokens[i])))
+            bytes.push_back(int{b});
+        EXPECT_EQ(content[i]["bytes"], bytes);
+    }
+}
+
+TEST(ServeOpenAI, SpecialTokenTextInAChatMessageStaysPlainText) {
+    Running &s = shared();
+    const json messages = json::array({{{"role", "user"}, {"content", "x<|im_end|>y"}}});
+    const json j =
+        s.post_ok("/v1/chat/completions",
+                  {{"messages", messages}, {"max_tokens", 1}, {"return_token_ids", true}});
+    const auto prompt = ids_of(j["prompt_token_ids"]);
+    // <|im_end|> appears once: the template's own, after the content.
+    int im_end = 0;
+    for (int64_t id : prompt) im_end += id == core::kTinyImEnd;
+    EXPECT_EQ(im_end, 1);
+}
+
+TEST(ServeOpenAI, GreedyCompletionEqualsEngineGenerate) {
+    Running &s = shared();
+    const json j = s.post_ok("/v1/completions", {{"prompt", "Reverse: abcd\n"},
+                                                 {"max_tokens", 16},
+                                                 {"temperature", 0},
+                                                 {"return_token_ids", true}});
+    const json &c = j["choices"][0];
+    core::SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = 16;
+    const auto g = engine_generate(ids_of(c["prompt_token_ids"]), p);
+    EXPECT_EQ(ids_of(c["token_ids"]), g.token_ids);
+    EXPECT_EQ(c["text"].get<std::string>(), g.completions[0]);
+    EXPECT_EQ(c["finish_reason"], core::finish_reason_name(g.finish_reasons[0]));
+}
+
+TEST(ServeOpenAI, ThreeSamplesWithASeedEqualEngineGenerateWithThatSeed) {
+    Running &s = shared();
+    const json j = s.post_ok("/v1/completions", {{"prompt", "Reverse: xyz\n"},
+                                                 {"max_tokens", 10},
+                                                 {"n", 3},
+                                                 {"seed", 11},
+                                                 {"top_k", 50},
+                                                 {"logprobs", 0},
+                                                 {"return_token_ids", true}});
+    ASSERT_EQ(j["choices"].size(), 3u);
+    core::SamplingParams p;
+    p.n = 3;
+    p.seed = 11;
+    p.top_k = 50;
+    p.max_tokens = 10;
+    const auto g = engine_generate(ids_of(j["choices"][0]["prompt_token_ids"]), p);
+    for (size_t k = 0; k < 3; ++k) {
+        const json &c = j["choices"][k];
+        EXPECT_EQ(c["index"], k);
+        const std::vector<int64_t> want(g.token_ids.begin() + g.cu_seqlens[k],
+                                        g.token_ids.begin() + g.cu_seqlens[k + 1]);
+        EXPECT_EQ(ids_of(c["token_ids"]), want) << "sample " << k;
+        for (size_t i = 0; i < want.size(); ++i)
+            EXPECT_NEAR(c["logprobs"]["token_logprobs"][i].get<double>(),
+                        g.logprobs[static_cast<size_t>(g.cu_seqlens[k]) + i], 1e-5);
+    }
+}
+
+/// The events of a server-sent-event stream ("data: " payloads), until [DONE].
+std::vector<std::string> sse_events(const std::string &body) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while ((at = body.find("data: ", at)) != std::string::npos) {
+        const size_t end = body.find("\n\n", at);
+        out.push_back(body.substr(at + 6, end - at - 6));
+        at = end;
+    }
+    return out;
+}
+
+TEST(ServeOpenAI, StreamedCompletionEqualsTheNonStreamedOne) {
+    Running &s = shared();
+    json req = {
+        {"prompt", "Reverse: hello\n"}, {"max_tokens", 14}, {"seed", 3}, {"n", 2}, {"logprobs", 1},
+        {"return_token_ids", true}};
+    const json whole = s.post_ok("/v1/completions", req);
+    req["stream"] = true;
+    req["stream_options"] = {{"include_usage", true}};
+    const HttpResponse r = s.post("/v1/completions", req);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.header("content-type"), "text/event-stream");
+    const auto events = sse_events(r.body);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back(), "[DONE]");
+    std::vector<std::string> text(2);
+    std::vector<std::vector<int64_t>> tokens(2);
+    std::vector<std::vector<double>> lps(2);
+    std::vector<std::string> finish(2);
+    json usage;
+    for (size_t e = 0; e + 1 < events.size(); ++e) {
+        const json j = json::parse(events[e]);
+        if (j["choices"].empty()) {
+            usage = j["usage"];
+            continue;
+        }
+        const json &c = j["choices"][0];
+        const size_t i = c["index"].get<size_t>();
+        text[i] += c["text"].get<std::string>();
+        if (c.contains("token_ids"))
+            for (const auto &t : c["token_ids"]) tokens[i].push_back(t.get<int64_t>());
+        if (!c["logprobs"].is_null())
+            for (const auto &l : c["logprobs"]["token_logprobs"]) lps[i].push_back(l.get<double>());
+        if (!c["finish_reason"].is_null()) finish[i] = c["finish_reason"].get<std::string>();
+    }
+    for (size_t i = 0; i < 2; ++i) {
+        const json &c = whole["choices"][i];
+        EXPECT_EQ(text[i], c["text"].get<std::string>()) << "choice " << i;
+        EXPECT_EQ(tokens[i], ids_of(c["token_ids"])) << "choice " << i;
+        EXPECT_EQ(finish[i], c["finish_reason"].get<std::string>());
+        ASSERT_EQ(lps[i].size(), c["logprobs"]["token_logprobs"].size());
+        for (size_t k = 0; k < lps[i].size(); ++k)
+            EXPECT_NEAR(lps[i][k], c["logprobs"]["token_logprobs"][k].get<double>(), 1e-6);
+    }
+    EXPECT_EQ(usage, whole["usage"]);
+}
+
+TEST(ServeOpenAI, StreamedChatEqualsTheNonStreamedOne) {
+    Running &s = shared();
+    json req = {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                {"max_tokens", 12},
+                {"seed", 4},
+                {"stop", json::array({"a", "b"})}};
+    const json whole = s.post_ok("/v1/chat/completions", req);
+    req["stream"] = true;
+    const HttpResponse r = s.post("/v1/chat/completions", req);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const auto events = sse_events(r.body);
+    ASSERT_EQ(events.back(), "[DONE]");
+    std::string text, finish;
+    bool role = false;
+    for (size_t e = 0; e + 1 < events.size(); ++e) {
+        const json j = json::parse(events[e]);
+        EXPECT_EQ(j["object"], "chat.completion.chunk");
+        const json &c = j["choices"][0];
+        if (c["delta"].contains("role")) role = true;
+        if (c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+        if (!c["finish_reason"].is_null()) finish = c["finish_reason"].get<std::string>();
+    }
+    EXPECT_TRUE(role);
+    EXPECT_EQ(text, whole["choices"][0]["message"]["content"].get<std::string>());
+    EXPECT_EQ(finish, whole["choices"][0]["finish_reason"].get<std::string>());
+}
+
+TEST(ServeOpenAI, ModelsListsTheServedModel) {
+    const json j = json::parse(shared().get("/v1/models").body);
+    ASSERT_EQ(j["data"].size(), 1u);
+    EXPECT_EQ(j["data"][0]["id"], "tiny");
+    EXPECT_EQ(j["object"], "list");
+}
+
+// ---- SGLang-native -------------------------------------------------------------------------
+
+TEST(ServeSGLang, GenerateReturnsTokenLogprobTriplesEqualToTheEngines) {
+    Running &s = shared();
+    const std::vector<int64_t> prompt = {82, 101, 118, 58, 32, 97, 98, 10};
+    const json j =
+        s.post_ok("/generate",
+                  {{"input_ids", prompt},
+                   {"sampling_params",
+                    {{"max_new_tokens", 8}, {"n", 2}, {"sampling_seed", 21}, {"temperature", 0.7}}},
+                   {"return_logprob", true},
+                   {"top_logprobs_num", 3},
+                   {"return_text_in_logprobs", true}});
+    ASSERT_TRUE(j.is_array());
+    ASSERT_EQ(j.size(), 2u);
+    core::SamplingParams p;
+    p.n = 2;
+    p.seed = 21;
+    p.temperature = 0.7;
+    p.max_tokens = 8;
+    const auto g = engine_generate(prompt, p);
+    for (size_t k = 0; k < 2; ++k) {
+        const json &o = j[k];
+        const std::vector<int64_t> want(g.token_ids.begin() + g.cu_seqlens[k],
+                                        g.token_ids.begin() + g.cu_seqlens[k + 1]);
+        EXPECT_EQ(ids_of(o["output_ids"]), want);
+        EXPECT_EQ(o["text"].get<std::string>(), g.completions[k]);
+        const json &meta = o["meta_info"];
+        EXPECT_EQ(meta["prompt_tokens"], prompt.size());
+        EXPECT_EQ(meta["completion_tokens"], want.size());
+        ASSERT_EQ(meta["output_token_logprobs"].size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+            const json &t = meta["output_token_logprobs"][i];
+            EXPECT_NEAR(t[0].get<double>(), g.logprobs[static_cast<size_t>(g.cu_seqlens[k]) + i],
+                        1e-5);
+            EXPECT_EQ(t[1], want[i]);
+            EXPECT_TRUE(t[2].is_string());
+            EXPECT_EQ(meta["output_top_logprobs"][i].size(), 3u);
+        }
+        EXPECT_TRUE(meta["finish_reason"].is_object());
+    }
+}
+
+TEST(ServeSGLang, ScoringAPromptReturnsTheTrainersInputLogprobs) {
+    Running &s = shared();
+    const std::vector<int64_t> prompt = {72, 101, 108, 108, 111, 33};
+    const json j = s.post_ok("/generate", {{"input_ids", prompt},
+                                           {"sampling_params", {{"max_new_tokens", 0}}},
+                                           {"return_logprob", true},
+                                           {"logprob_start_len", 0}});
+    const json &in = j["meta_info"]["input_token_logprobs"];
+    ASSERT_EQ(in.size(), prompt.size());
+    EXPECT_TRUE(in[0][0].is_null());
+    const auto want = trainer_logprobs(*s.policy, {prompt[0]},
+                                       std::vector<int64_t>(prompt.begin() + 1, prompt.end()));
+    for (size_t i = 1; i < prompt.size(); ++i) {
+        EXPECT_NEAR(in[i][0].get<double>(), want[i - 1], 1e-5);
+        EXPECT_EQ(in[i][1], prompt[i]);
+    }
+    EXPECT_TRUE(j["output_ids"].empty());
+}
+
+TEST(ServeSGLang, GenerateTakesTextAndBatchesAndStreams) {
+    Running &s = shared();
+    const json one =
+        s.post_ok("/generate", {{"text", "Reverse: ab\n"},
+                                {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0}}}});
+    ASSERT_TRUE(one.is_object());
+    EXPECT_EQ(one["meta_info"]["completion_tokens"], one["output_ids"].size());
+    const json batch = s.post_ok(
+        "/generate", {{"text", {"a", "b", "c"}}, {"sampling_params", {{"max_new_tokens", 3}}}});
+    ASSERT_TRUE(batch.is_array());
+    EXPECT_EQ(batch.size(), 3u);
+    const HttpResponse r =
+        s.post("/generate", {{"text", "Reverse: ab\n"},
+                             {"stream", true},
+                             {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0}}}});
+    ASSERT_EQ(r.status, 200);
+    const auto events = sse_events(r.body);
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_EQ(events.back(), "[DONE]");
+    const json last = json::parse(events[events.size() - 2]);
+    EXPECT_EQ(last["text"], one["text"]);
+    EXPECT_EQ(last["output_ids"], one["output_ids"]);
+    EXPECT_TRUE(last["meta_info"]["finish_reason"].is_object());
+}
+
+TEST(ServeSGLang, ControlRoutesPauseFlushReleaseAndReport) {
+    Running s;
+    EXPECT_EQ(s.get("/health").status, 200);
+    EXPECT_EQ(s.get("/health_generate").status, 200);
+    const json info = json::parse(s.get("/get_model_info").body);
+    EXPECT_EQ(info["model_path"], tiny_dir());
+    EXPECT_EQ(info["is_generation"], true);
+    const json server_info = json::parse(s.get("/server_info").body);
+    EXPECT_EQ(server_info["port"], s.server->port());
+    EXPECT_EQ(s.post("/flush_cache", json::object()).status, 200);
+
+    EXPECT_EQ(s.post("/pause_generation", {{"mode", "in_place"}}).status, 200);
+    EXPECT_EQ(json::parse(s.get("/is_paused").body)["is_paused"], true);
+    EXPECT_EQ(s.get("/health_generate").status, 503);
+    // A request waits while paused; flush is refused meanwhile; continue ends it.
+    HttpResponse waiting;
+    std::thread t([&] {
+        waiting = s.post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 3}});
+    });
+    EXPECT_TRUE(s.wait_stats([](const auto &st) { return st.queued + st.running == 1; }))
+        << "the request never reached the scheduler";
+    const HttpResponse busy = s.post("/flush_cache", json::object());
+    EXPECT_EQ(busy.status, 400) << busy.body;
+    EXPECT_EQ(s.post("/continue_generation", json::object()).status, 200);
+    t.join();
+    EXPECT_EQ(waiting.status, 200) << waiting.body;
+
+    EXPECT_EQ(s.post("/release_memory_occupation", json::object()).status, 200);
+    EXPECT_EQ(json::parse(s.get("/is_sleeping").body)["is_sleeping"], true);
+    EXPECT_EQ(s.post("/release_memory_occupation", {{"tags", {"weights"}}}).status, 400);
+    EXPECT_EQ(s.post("/resume_memory_occupation", json::object()).status, 200);
+    EXPECT_EQ(json::parse(s.get("/is_sleeping").body)["is_sleeping"], false);
+    EXPECT_EQ(s.post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 2}}).status, 200);
+
+    // get_weights_by_name: the parameter's first rows.
+    const HttpResponse w = s.get("/get_weights_by_name?name=model.norm.weight&truncate_size=5");
+    ASSERT_EQ(w.status, 200) << w.body;
+    const json values = json::parse(w.body);
+    at::Tensor norm;
+    for (const auto &[n, t2] : s.policy->model().named_weights())
+        if (n == "model.norm.weight") norm = t2;
+    ASSERT_EQ(values.size(), 5u);
+    for (int64_t i = 0; i < 5; ++i)
+        EXPECT_FLOAT_EQ(values[static_cast<size_t>(i)].get<float>(), norm[i].item<float>());
+    EXPECT_EQ(s.get("/get_weights_by_name?name=nope").status, 404);
+}
+
+TEST(ServeSGLang, PauseWithAbortEndsRunningRequestsAsAborted) {
+    Running s;
+    HttpResponse r;
+    std::thread t([&] {
+        r = s.post("/generate",
+                   {{"text", "abc"},
+                    {"sampling_params", {{"max_new_tokens", 1500}, {"ignore_eos", true}}}});
+    });
+    ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.running == 1; }));
+    EXPECT_EQ(s.post("/pause_generation", {{"mode", "abort"}}).status, 200);
+    t.join();
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["meta_info"]["finish_reason"]["type"], "abort");
+    EXPECT_EQ(s.post("/continue_generation", json::object()).status, 200);
+}
+
+TEST(ServeSGLang, AbortRequestByRidCancelsIt) {
+    Running s;
+    HttpResponse r;
+    std::thread t([&] {
+        r = s.post("/generate",
+                   {{"text", "abc"},
+                    {"rid", "mine"},
+                    {"sampling_params", {{"max_new_tokens", 1500}, {"ignore_eos", true}}}});
+    });
+    ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.running == 1; }));
+    const json a = s.post_ok("/abort_request", {{"rid", "mine"}});
+    EXPECT_EQ(a["aborted"], 1);
+    t.join();
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["meta_info"]["finish_reason"]["type"], "abort");
+    EXPECT_EQ(json::parse(r.body)["meta_info"]["id"], "mine");
+}
+
+// ---- bad requests, limits, back-pressure --------------------------------------------------
+
+struct Bad {
+    std::string path, body, param, words;
+};
+
+TEST(ServeErrors, EveryBadRequestGets4xxNamingTheFieldAndTheServerKeepsServing) {
+    Running &s = shared();
+    const std::vector<Bad> cases = {
+        {"/v1/completions", "{\"prompt\": \"a\",", "", "not valid JSON"},
+        {"/v1/completions", "[1, 2]", "", "JSON object"},
+        {"/v1/completions", R"({"prompt": "a", "bogus": 1})", "bogus", "unknown field 'bogus'"},
+        {"/v1/completions", R"({"prompt": "a", "max_tokens": 1000000000})", "max_tokens",
+         "max_tokens_limit"},
+        {"/v1/completions", R"({"prompt": "a", "max_tokens": 3000})", "max_tokens", "context"},
+        {"/v1/completions", R"({"prompt": [1, 99999]})", "prompt", "outside the vocabulary"},
+        {"/v1/completions", R"({"prompt": [[1], [2, -1]]})", "prompt[1]", "outside the vocabulary"},
+        {"/v1/completions", R"({"prompt": ""})", "prompt", "empty"},
+        {"/v1/completions", R"({"max_tokens": 3})", "prompt", "required"},
+        {"/v1/completions", R"({"prompt": "a", "temperature": "hot"})", "temperature",
+         "must be a number"},
+        {"/v1/completions", R"({"prompt": "a", "n": 0})", "n", "outside"},
+        {"/v1/completions", R"({"prompt": "a", "max_tokens": 2.5})", "max_tokens", "integer"},
+        {"/v1/completions", R"({"prompt": "a", "stop": 5})", "stop", "string"},
+        {"/v1/completions", R"({"prompt": "a", "logprobs": 50})", "logprobs", "outside"},
+        {"/v1/completions", R"({"prompt": "a", "echo": true})", "echo", "not supported"},
+        {"/v1/completions", R"({"prompt": "a", "frequency_penalty": 0.5})", "frequency_penalty",
+         "not supported"},
+        {"/v1/completions", R"({"prompt": "a", "stop_token_ids": [100000]})", "stop_token_ids",
+         "outside"},
+        {"/v1/completions", R"({"prompt": {"x": 1}})", "prompt", "prompt must be"},
+        {"/v1/chat/completions", R"({"messages": "hi"})", "messages", "list"},
+        {"/v1/chat/completions", R"({"messages": [{"content": "hi"}]})", "messages[0].role",
+         "role"},
+        {"/v1/chat/completions",
+         R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+         "messages[0].content[0].type", "not supported"},
+        {"/v1/chat/completions",
+         R"({"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2})", "top_logprobs",
+         "logprobs: true"},
+        {"/generate", R"({"input_ids": [1, 2], "text": "a"})", "", "exactly one"},
+        {"/generate", R"({"input_ids": [1, 2], "sampling_params": {"foo": 1}})",
+         "sampling_params.foo", "unknown field"},
+        {"/generate", R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}})",
+         "sampling_params.max_new_tokens", "outside"},
+        {"/generate", R"({"input_ids": [[1, 2], [300]]})", "input_ids[1]",
+         "outside the vocabulary"},
+        {"/pause_generation", R"({"mode": "sideways"})", "mode", "sideways"},
+    };
+    for (const Bad &b : cases) {
+        const HttpResponse r = s.post_raw(b.path, b.body);
+        EXPECT_GE(r.status, 400) << b.path << " " << b.body;
+        EXPECT_LT(r.status, 500) << b.path << " " << b.body << ": " << r.body;
+        const json j = json::parse(r.body, nullptr, false);
+        ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+        const json &e = j["error"];
+        EXPECT_EQ(e["code"], r.status);
+        EXPECT_NE(e["message"].get<std::string>().find(b.words), std::string::npos)
+            << b.body << " -> " << e["message"];
+        if (!b.param.empty()) {
+            EXPECT_EQ(e["param"], b.param) << b.body << " -> " << r.body;
+        }
+        // Still serving.
+        ASSERT_EQ(s.get("/health").status, 200);
+    }
+    EXPECT_EQ(s.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}).status, 200);
+    // Unknown routes and methods.
+    EXPECT_EQ(s.get("/nowhere").status, 404);
+    EXPECT_EQ(s.get("/v1/completions").status, 405);
+    // The model name is checked.
+    const HttpResponse m = s.post("/v1/completions", {{"prompt", "a"}, {"model", "gpt-9"}});
+    EXPECT_EQ(m.status, 404);
+}
+
+TEST(ServeErrors, ABodyOverTheLimitGets413NamingTheLimit) {
+    rl::serve::ServerConfig c;
+    c.max_body_bytes = 64 << 10;
+    Running s(c);
+    const std::string big = "{\"prompt\": \"" + std::string(100 << 10, 'a') + "\"}";
+    const HttpResponse r = s.post_raw("/v1/completions", big);
+    EXPECT_EQ(r.status, 413);
+    EXPECT_NE(r.body.find("65536"), std::string::npos) << r.body;
+    EXPECT_EQ(s.get("/health").status, 200);
+}
+
+TEST(ServeErrors, AFullQueueAnswers503WithRetryAfter) {
+    rl::serve::ServerConfig c;
+    c.scheduler.max_running = 1;
+    c.scheduler.max_queued = 1;
+    Running s(c);
+    ASSERT_EQ(s.post("/pause_generation", {{"mode", "keep"}}).status, 200);
+    HttpResponse first;
+    std::thread t([&] { first = s.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}); });
+    ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.queued + st.running == 1; }));
+    const HttpResponse full = s.post("/v1/completions", {{"prompt", "b"}, {"max_tokens", 2}});
+    EXPECT_EQ(full.status, 503) << full.body;
+    EXPECT_EQ(full.header("retry-after"), "1");
+    ASSERT_EQ(s.post("/continue_generation", json::object()).status, 200);
+    t.join();
+    EXPECT_EQ(first.status, 200) << first.body;
+}
+
+TEST(ServeErrors, ConnectionsBeyondTheCapGet503) {
+    rl::serve::ServerConfig c;
+    c.max_connections = 1;
+    Running s(c);
+    // An idle connection holds the one place.
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(s.server->port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    const HttpResponse r = s.get("/health");
+    EXPECT_EQ(r.status, 503);
+    EXPECT_EQ(r.header("retry-after"), "1");
+    ::close(fd);
+    // The place frees once the server notices the close.
+    bool served = false;
+    for (int i = 0; i < 200 && !served; ++i) {
+        served = s.get("/health").status == 200;
+        if (!served) std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_TRUE(served);
+}
+
+TEST(ServeErrors, WithAnApiKeyRequestsWithoutItGet401) {
+    rl::serve::ServerConfig c;
+    c.api_key = "sekrit";
+    Running s(c);
+    const HttpResponse none = s.get("/v1/models");
+    EXPECT_EQ(none.status, 401);
+    EXPECT_EQ(json::parse(none.body)["error"]["type"], "authentication_error");
+    EXPECT_EQ(s.get("/v1/models", {{"Authorization", "Bearer wrong"}}).status, 401);
+    EXPECT_EQ(s.get("/v1/models", {{"Authorization", "Bearer sekrit"}}).status, 200);
+    EXPECT_EQ(s.post("/generate", {{"text", "a"}}).status, 401);
+    EXPECT_EQ(s.get("/health").status, 200);
+}
+
+// ---- concurrency and disconnects ----------------------------------------------------------
+
+TEST(ServeLoad, SixtyFourConcurrentClientsAllSucceed) {
+    Running &s = shared();
+    std::vector<std::thread> threads;
+    std::vector<int> status(64, 0);
+    std::vector<std::string> texts(64);
+    for (int i = 0; i < 64; ++i)
+        threads.emplace_back([&, i] {
+            try {
+                const HttpResponse r =
+                    s.post(i % 2 ? "/v1/completions" : "/generate",
+                           i % 2 ? json{{"prompt", "Reverse: ab\n"}, {"max_tokens", 6}, {"seed", i}}
+                                 : json{{"text", "Reverse: ab\n"},
+                                        {"sampling_params", {{"max_new_tokens", 6}}}});
+                status[static_cast<size_t>(i)] = r.status;
+                texts[static_cast<size_t>(i)] = r.body;
+            } catch (const std::exception &e) {
+                texts[static_cast<size_t>(i)] = e.what();
+            }
+        });
+    for (auto &t : threads) t.join();
+    for (int i = 0; i < 64; ++i)
+        EXPECT_EQ(status[static_cast<size_t>(i)], 200) << texts[static_cast<size_t>(i)];
+}
+
+TEST(ServeLoad, AClientThatDisconnectsMidStreamHasItsRequestCancelled) {
+    Running s;
+    int events = 0;
+    const HttpResponse r = rl::serve::http_stream(
+        s.server->url(), "POST", "/v1/completions",
+        json{{"prompt", "abc"}, {"max_tokens", 1500}, {"ignore_eos", true}, {"stream", true}}
+            .dump(),
+        {}, 120, [&](std::string_view) { return ++events < 3; });
+    EXPECT_EQ(r.status, 200);
+    EXPECT_TRUE(s.wait_stats([](const auto &st) { return st.running == 0 && st.queued == 0; }))
+        << "the request still runs after its client left";
+    EXPECT_LT(s.server->scheduler().stats().tokens_generated, 1500);
+    // A non-streamed request whose client leaves is cancelled too.
+    EXPECT_THROW(
+        http_request(s.server->url(), "POST", "/v1/completions",
+                     json{{"prompt", "abc"}, {"max_tokens", 1500}, {"ignore_eos", true}}.dump(), {},
+                     0.5),
+        std::runtime_error);
+    EXPECT_TRUE(s.wait_stats([](const auto &st) { return st.running == 0 && st.queued == 0; }))
+        << "the non-streamed request still runs after its client left";
+    EXPECT_EQ(s.get("/health").status, 200);
+}
+
+TEST(ServeLoad, ARequestOverItsTimeoutEndsAsAborted) {
+    rl::serve::ServerConfig c;
+    c.request_timeout_s = 0.2;
+    Running s(c);
+    const json j = s.post_ok("/v1/completions",
+                             {{"prompt", "abc"}, {"max_tokens", 1500}, {"ignore_eos", true}});
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "abort");
+}
+
+} // namespace

@@ -1,0 +1,150 @@
+"""The unmodified openai client (from PyPI, in the test venv) against `rlhost serve` on
+the tiny model: completions and chat completions with logprobs, streamed and not; the
+logprobs equal the trainer's logprobs of the same tokens (the rl Python SDK scores them
+in this process from the same model folder)."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import openai
+except ImportError:
+    print("the openai package is not installed in this venv (no PyPI?): skipped")
+    sys.exit(77)
+
+import rl
+
+RLHOST = os.environ["RL_TEST_RLHOST"]
+TOL = 1e-5
+
+
+class OpenAIClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = os.path.join(cls.tmp.name, "tiny")
+        rl.init_model("tiny", cls.dir, 7)
+        cls.proc = subprocess.Popen(
+            [RLHOST, "serve", "--model", cls.dir, "--port", "0", "--api-key", "test-key",
+             "--threads", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = cls.proc.stdout.readline()
+        match = re.search(r"listening on (http://\S+)", line)
+        if not match:
+            cls.proc.kill()
+            raise RuntimeError("rlhost serve did not start: %r %s" % (line, cls.proc.stderr.read()))
+        cls.url = match.group(1)
+        cls.client = openai.OpenAI(base_url=cls.url + "/v1", api_key="test-key", max_retries=0,
+                                   timeout=120)
+        cls.model = rl.Model(cls.dir)
+        cls.trainer = cls.model.trainer()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.trainer.close()
+        cls.model.close()
+        cls.proc.send_signal(signal.SIGINT)
+        code = cls.proc.wait(timeout=60)
+        cls.tmp.cleanup()
+        assert code == 0, "rlhost serve exited with %d after SIGINT: %s" % (
+            code, cls.proc.stderr.read())
+
+    def trainer_logprobs(self, prompt, completion):
+        ids = list(prompt) + list(completion)
+        lp = self.trainer.forward({"input_ids": ids, "cu_seqlens": [0, len(ids)]}).tensors["logprobs"]
+        return [lp[len(prompt) + i] for i in range(len(completion))]
+
+    def test_completion_logprobs_equal_the_trainers(self):
+        r = self.client.completions.create(
+            model="tiny", prompt="Reverse: abc\n", max_tokens=10, temperature=1.0, logprobs=2,
+            seed=5, extra_body={"return_token_ids": True, "ignore_eos": True})
+        choice = r.choices[0]
+        tokens = choice.token_ids
+        self.assertEqual(len(tokens), 10)
+        self.assertEqual(choice.finish_reason, "length")
+        self.assertEqual(choice.prompt_token_ids, self.model.encode("Reverse: abc\n"))
+        want = self.trainer_logprobs(choice.prompt_token_ids, tokens)
+        got = choice.logprobs.token_logprobs
+        self.assertEqual(len(got), len(want))
+        for a, b in zip(got, want):
+            self.assertAlmostEqual(a, b, delta=TOL)
+        self.assertTrue(all(len(t) >= 2 for t in choice.logprobs.top_logprobs))
+        self.assertEqual(r.usage.completion_tokens, 10)
+
+    def test_chat_logprobs_equal_the_trainers(self):
+        messages = [{"role": "user", "content": "Reverse: ab"}]
+        r = self.client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=8, logprobs=True, top_logprobs=2, seed=9,
+            extra_body={"return_token_ids": True, "ignore_eos": True})
+        choice = r.choices[0]
+        prompt = r.prompt_token_ids
+        self.assertEqual(prompt, self.model.encode_chat(messages)[0])
+        want = self.trainer_logprobs(prompt, choice.token_ids)
+        content = choice.logprobs.content
+        self.assertEqual(len(content), len(want))
+        for entry, b in zip(content, want):
+            self.assertAlmostEqual(entry.logprob, b, delta=TOL)
+            self.assertEqual(len(entry.top_logprobs), 2)
+        self.assertEqual(choice.message.role, "assistant")
+
+    def test_streamed_completion_equals_the_non_streamed_one(self):
+        args = dict(model="tiny", prompt="Reverse: hey\n", max_tokens=12, seed=3, logprobs=1)
+        whole = self.client.completions.create(**args).choices[0]
+        text, lps, finish = "", [], None
+        for chunk in self.client.completions.create(stream=True, **args):
+            c = chunk.choices[0]
+            text += c.text
+            if c.logprobs is not None:
+                lps += c.logprobs.token_logprobs
+            finish = c.finish_reason or finish
+        self.assertEqual(text, whole.text)
+        self.assertEqual(finish, whole.finish_reason)
+        self.assertEqual(len(lps), len(whole.logprobs.token_logprobs))
+        for a, b in zip(lps, whole.logprobs.token_logprobs):
+            self.assertAlmostEqual(a, b, delta=1e-6)
+
+    def test_streamed_chat_with_logprobs_and_usage(self):
+        messages = [{"role": "user", "content": "hi"}]
+        args = dict(model="tiny", messages=messages, max_tokens=10, seed=4, logprobs=True,
+                    top_logprobs=2, extra_body={"return_token_ids": True})
+        whole = self.client.chat.completions.create(**args)
+        text, lps, usage = "", [], None
+        stream = self.client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **args)
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                if c.logprobs is not None and c.logprobs.content:
+                    lps += [e.logprob for e in c.logprobs.content]
+        self.assertEqual(text, whole.choices[0].message.content)
+        want = self.trainer_logprobs(whole.prompt_token_ids, whole.choices[0].token_ids)
+        self.assertEqual(len(lps), len(want))
+        for a, b in zip(lps, want):
+            self.assertAlmostEqual(a, b, delta=TOL)
+        self.assertEqual(usage.completion_tokens, whole.usage.completion_tokens)
+
+    def test_models_and_errors(self):
+        self.assertEqual([m.id for m in self.client.models.list().data], ["tiny"])
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.completions.create(model="tiny", prompt="a", max_tokens=10 ** 9)
+        self.assertIn("max_tokens", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.completions.create(model="tiny", prompt="a", extra_body={"bogus": 1})
+        self.assertIn("bogus", str(e.exception))
+        bad_key = openai.OpenAI(base_url=self.url + "/v1", api_key="wrong", max_retries=0)
+        with self.assertRaises(openai.AuthenticationError):
+            bad_key.models.list()
+        # Still serving.
+        self.assertEqual(len(self.client.completions.create(
+            model="tiny", prompt="a", max_tokens=2).choices), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
