@@ -1,5 +1,7 @@
 #include "rl/core/engine.hpp"
 
+#include "text_tracker.hpp"
+
 #include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/params.hpp"
@@ -36,44 +38,6 @@ at::Tensor long_tensor(const std::vector<int64_t> &v) {
     std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
     return t;
 }
-
-// Text decoding of one sample, with stop-string detection.
-class TextTracker {
-public:
-    TextTracker(const std::shared_ptr<const Tokenizer> &tok, const std::vector<std::string> &stop)
-        : stop_(stop) {
-        if (tok) decoder_.emplace(tok);
-        for (const auto &s : stop_) longest_ = std::max(longest_, s.size());
-    }
-    // Appends a token's text; true when a stop string is now complete (the
-    // text is then cut before it).
-    bool push(int64_t id) {
-        if (!decoder_) return false;
-        const size_t before = text_.size();
-        text_ += decoder_->push(static_cast<int32_t>(id));
-        if (stop_.empty() || text_.size() == before) return false;
-        const size_t from = before >= longest_ ? before - longest_ + 1 : 0;
-        size_t hit = std::string::npos;
-        for (const auto &s : stop_) {
-            const size_t at = text_.find(s, from);
-            if (at != std::string::npos) hit = std::min(hit, at);
-        }
-        if (hit == std::string::npos) return false;
-        text_.resize(hit);
-        return true;
-    }
-    std::string finish() {
-        if (decoder_) text_ += decoder_->finish();
-        return std::move(text_);
-    }
-    std::string cut() { return std::move(text_); }
-
-private:
-    std::optional<StreamDecoder> decoder_;
-    const std::vector<std::string> &stop_;
-    size_t longest_ = 0;
-    std::string text_;
-};
 
 } // namespace
 
@@ -262,7 +226,7 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
 
     std::vector<int64_t> active(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) active[static_cast<size_t>(k)] = k;
-    std::vector<TextTracker> text;
+    std::vector<detail::TextTracker> text;
     text.reserve(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) text.emplace_back(policy_->tokenizer(), params.stop);
 
@@ -283,7 +247,7 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
             const int64_t token = drawn[i].first;
             o.tokens.push_back(token);
             o.logprobs.push_back(drawn[i].second);
-            TextTracker &tt = text[static_cast<size_t>(k)];
+            detail::TextTracker &tt = text[static_cast<size_t>(k)];
             const int64_t prompt_len =
                 static_cast<int64_t>(prompts[static_cast<size_t>(s / params.n)].size());
             if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {

@@ -64,8 +64,10 @@ struct TokenEvent {
     /// The `top_logprobs` most likely tokens of the sampling distribution
     /// (token, logprob), most likely first; empty when not asked for.
     std::vector<std::pair<int64_t, float>> top;
-    /// Text this token completes (UTF-8 whole characters; may be empty while a
-    /// character or a possible stop string is still open). Only with a tokenizer.
+    /// Text this token settles (UTF-8 whole characters; may be empty while a
+    /// character or a possible stop string is still open). The texts of all
+    /// of a request's events, concatenated, equal its RequestResult::text
+    /// (the last event carries what was held back). Only with a tokenizer.
     std::string text;
 };
 
@@ -74,7 +76,7 @@ struct RequestResult {
     RequestEnd end = RequestEnd::Length;
     std::vector<int64_t> tokens;
     std::vector<float> logprobs;
-    std::string text; ///< completion text, stop string excluded
+    std::string text;  ///< completion text, stop string excluded
     std::string error; ///< RequestEnd::Error: what went wrong
     int64_t prompt_tokens = 0;
     int64_t first_version = 0; ///< weight version of the first sampled token

@@ -1,0 +1,587 @@
+#include "rl/core/scheduler.hpp"
+
+#include "text_tracker.hpp"
+
+#include "rl/core/device.hpp"
+#include "rl/core/error.hpp"
+#include "rl/core/kv_cache.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <tuple>
+#include <unordered_set>
+
+namespace rl::core {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void invalid(const std::string &msg) {
+    throw Error(ErrorKind::InvalidArgument, msg);
+}
+
+int64_t physical_memory_bytes() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * static_cast<int64_t>(page) : 0;
+}
+
+std::string mib(int64_t b) {
+    return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB";
+}
+
+} // namespace
+
+const char *request_end_name(RequestEnd e) {
+    switch (e) {
+        case RequestEnd::Stop:
+            return "stop";
+        case RequestEnd::Length:
+            return "length";
+        case RequestEnd::Cancelled:
+            return "cancelled";
+        case RequestEnd::Timeout:
+            return "timeout";
+        case RequestEnd::Error:
+            return "error";
+    }
+    return "error";
+}
+
+struct Scheduler::Impl {
+    // A request between submit() and its end.
+    struct Request {
+        uint64_t id = 0;
+        ServeRequest req;
+        std::vector<int64_t> stop_ids;
+        uint64_t seed = 0;
+        std::vector<int64_t> tokens;
+        std::vector<float> logprobs;
+        std::unique_ptr<detail::TextTracker> text;
+        bool stale = true; // the cache slot does not hold prompt + tokens[..-1]
+        int64_t first_version = -1, last_version = -1;
+    };
+    using Finished = std::pair<std::unique_ptr<Request>, RequestResult>;
+
+    std::shared_ptr<Policy> policy;
+    SchedulerConfig config;
+    int64_t max_context = 0;
+    int64_t slots = 0;
+
+    mutable std::mutex mu; // everything below but the cache and the running requests' state
+    std::condition_variable cv;
+    std::deque<std::unique_ptr<Request>> queue;
+    std::vector<std::unique_ptr<Request>> running; // by slot; null: free
+    std::unordered_set<uint64_t> cancels;
+    uint64_t next_id = 1;
+    bool stop = false, paused = false, memory_released = false;
+    int exclusive_waiting = 0;
+    int64_t version = 0;
+    int64_t tokens_generated = 0;
+    std::atomic<int64_t> cache_bytes{0};
+
+    std::mutex step_mu; // held while a step runs; exclusive() and memory calls take it
+    KVCache cache;
+    std::thread thread;
+
+    Impl(std::shared_ptr<Policy> p, SchedulerConfig c) : policy(std::move(p)), config(c) {
+        require(policy != nullptr, ErrorKind::InvalidArgument, "scheduler: policy is null");
+        require(config.max_running >= 1, ErrorKind::InvalidArgument,
+                "scheduler: max_running must be >= 1, got " + std::to_string(config.max_running));
+        require(config.max_queued >= 0, ErrorKind::InvalidArgument,
+                "scheduler: max_queued must be >= 0, got " + std::to_string(config.max_queued));
+        require(config.kv_cache_fraction > 0 && config.kv_cache_fraction <= 1,
+                ErrorKind::InvalidArgument,
+                "scheduler: kv_cache_fraction must be in (0, 1], got " +
+                    std::to_string(config.kv_cache_fraction));
+        const CausalLM &model = policy->model();
+        const ModelConfig &mc = model.config();
+        const int64_t model_max = mc.max_position_embeddings > 0 ? mc.max_position_embeddings : 0;
+        if (config.max_context > 0) {
+            require(model_max == 0 || config.max_context <= model_max, ErrorKind::InvalidArgument,
+                    "scheduler: max_context " + std::to_string(config.max_context) +
+                        " exceeds the model's max_position_embeddings " +
+                        std::to_string(model_max));
+            max_context = config.max_context;
+        } else {
+            max_context = model_max > 0 ? std::min<int64_t>(model_max, 4096) : 4096;
+        }
+        // Slots: max_running, fewer when the KV budget cannot hold that many
+        // sequences of max_context tokens.
+        const int64_t per_slot = KVCache::bytes_for(mc, 1, max_context, model.dtype());
+        const at::Device device = model.device();
+        const double total = device.is_cuda()
+                                 ? static_cast<double>(device_memory(device).total_bytes)
+                                 : static_cast<double>(physical_memory_bytes());
+        slots = config.max_running;
+        if (total > 0) {
+            const auto budget = static_cast<int64_t>(config.kv_cache_fraction * total);
+            require(per_slot <= budget, ErrorKind::InvalidArgument,
+                    "scheduler: one sequence of max_context = " + std::to_string(max_context) +
+                        " tokens needs " + mib(per_slot) + " of KV cache, more than the budget " +
+                        mib(budget) + " (kv_cache_fraction " +
+                        std::to_string(config.kv_cache_fraction) +
+                        " of the device's memory); lower max_context or raise kv_cache_fraction");
+            slots = std::min(slots, budget / per_slot);
+        }
+        running.resize(static_cast<size_t>(slots));
+        cache = model.make_cache(slots, std::min<int64_t>(max_context, 256));
+        cache_bytes = cache.bytes();
+        version = policy->version();
+        thread = std::thread([this] { loop(); });
+    }
+
+    ~Impl() {
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            stop = true;
+        }
+        cv.notify_all();
+        if (thread.joinable()) thread.join();
+    }
+
+    static RequestResult result_of(Request &r, RequestEnd end, std::string text,
+                                   std::string error = {}) {
+        RequestResult res;
+        res.end = end;
+        res.tokens = std::move(r.tokens);
+        res.logprobs = std::move(r.logprobs);
+        res.text = std::move(text);
+        res.error = std::move(error);
+        res.prompt_tokens = static_cast<int64_t>(r.req.prompt.size());
+        res.first_version = r.first_version;
+        res.last_version = r.last_version;
+        return res;
+    }
+
+    static void deliver(std::vector<Finished> &done) {
+        for (auto &[r, res] : done)
+            if (r->req.on_done) r->req.on_done(std::move(res));
+        done.clear();
+    }
+
+    int64_t running_count() const {
+        int64_t n = 0;
+        for (const auto &r : running) n += r != nullptr;
+        return n;
+    }
+
+    // Under mu: cancellations, timeouts, shutdown; then admits queued
+    // requests into free slots. Fills `done`.
+    void housekeeping(std::vector<Finished> &done) {
+        const auto now = Clock::now();
+        auto ends = [&](Request &r) -> std::optional<RequestEnd> {
+            if (stop || cancels.count(r.id)) return RequestEnd::Cancelled;
+            if (now >= r.req.deadline) return RequestEnd::Timeout;
+            return std::nullopt;
+        };
+        for (auto it = queue.begin(); it != queue.end();) {
+            if (auto e = ends(**it)) {
+                cancels.erase((*it)->id);
+                std::string text = (*it)->text->cut();
+                RequestResult res = result_of(**it, *e, std::move(text));
+                done.emplace_back(std::move(*it), std::move(res));
+                it = queue.erase(it);
+            } else {
+                ++it;
+            }
+        }
+        for (size_t s = 0; s < running.size(); ++s) {
+            auto &r = running[s];
+            if (!r) continue;
+            if (auto e = ends(*r)) {
+                cancels.erase(r->id);
+                std::string text = r->text->finish();
+                RequestResult res = result_of(*r, *e, std::move(text));
+                done.emplace_back(std::move(r), std::move(res));
+                r.reset();
+            }
+        }
+        // Ids cancelled after they ended (or never known) are dropped.
+        if (!cancels.empty() && queue.empty() && running_count() == 0) cancels.clear();
+        if (stop) return;
+        for (size_t s = 0; s < running.size() && !queue.empty(); ++s) {
+            if (running[s]) continue;
+            running[s] = std::move(queue.front());
+            running[s]->stale = true;
+            queue.pop_front();
+        }
+    }
+
+    Clock::time_point next_deadline() const {
+        auto t = Clock::time_point::max();
+        for (const auto &r : queue) t = std::min(t, r->req.deadline);
+        for (const auto &r : running)
+            if (r) t = std::min(t, r->req.deadline);
+        return t;
+    }
+
+    void loop() {
+        std::vector<Finished> done;
+        for (;;) {
+            bool step = false;
+            {
+                std::unique_lock<std::mutex> lk(mu);
+                for (;;) {
+                    housekeeping(done);
+                    if (stop) break;
+                    step = !paused && !memory_released && exclusive_waiting == 0 &&
+                           running_count() > 0;
+                    if (step || !done.empty()) break;
+                    const auto deadline = next_deadline();
+                    if (deadline == Clock::time_point::max())
+                        cv.wait(lk);
+                    else
+                        cv.wait_until(lk, deadline);
+                }
+            }
+            deliver(done);
+            {
+                std::lock_guard<std::mutex> lk(mu);
+                if (stop) {
+                    housekeeping(done);
+                    break;
+                }
+            }
+            if (step) {
+                std::lock_guard<std::mutex> sl(step_mu);
+                run_step(done);
+                deliver(done);
+            }
+        }
+        deliver(done);
+    }
+
+    // One forward over every running request (prefill of the new and stale
+    // ones, one token for the others), then one sampled token each.
+    void run_step(std::vector<Finished> &done) {
+        std::vector<int64_t> slot_ids, counts, packed;
+        std::vector<Request *> reqs;
+        int64_t step_version = 0;
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            if (paused || memory_released || exclusive_waiting > 0 || stop) return;
+            const int64_t current = policy->version();
+            if (current != version) { // weights changed outside exclusive(): never mix
+                version = current;
+                for (auto &r : running)
+                    if (r) r->stale = true;
+            }
+            step_version = version;
+            for (size_t s = 0; s < running.size(); ++s)
+                if (running[s]) {
+                    slot_ids.push_back(static_cast<int64_t>(s));
+                    reqs.push_back(running[s].get());
+                }
+        }
+        if (reqs.empty()) return;
+        int64_t needed = 0;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            Request &r = *reqs[i];
+            if (r.stale) {
+                cache.clear(slot_ids[i]);
+                packed.insert(packed.end(), r.req.prompt.begin(), r.req.prompt.end());
+                packed.insert(packed.end(), r.tokens.begin(), r.tokens.end());
+                counts.push_back(static_cast<int64_t>(r.req.prompt.size() + r.tokens.size()));
+                r.stale = false;
+            } else {
+                packed.push_back(r.tokens.back());
+                counts.push_back(1);
+            }
+            needed = std::max(needed, cache.length(slot_ids[i]) + counts.back());
+        }
+        at::Tensor logits;
+        try {
+            c10::InferenceMode inference;
+            if (needed > cache.capacity())
+                cache.reserve(std::min(max_context, std::max(needed, 2 * cache.capacity())));
+            at::Tensor tokens = at::empty({static_cast<int64_t>(packed.size())}, at::kLong);
+            std::copy(packed.begin(), packed.end(), tokens.data_ptr<int64_t>());
+            logits = policy->model().extend(cache, slot_ids, tokens, counts);
+            cache_bytes = cache.bytes();
+            sample(reqs, slot_ids, logits, step_version, done);
+        } catch (const std::exception &e) {
+            // The step failed (memory, a broken model): end what ran in it,
+            // keep serving the rest.
+            std::lock_guard<std::mutex> lk(mu);
+            for (size_t i = 0; i < reqs.size(); ++i) {
+                auto &slot = running[static_cast<size_t>(slot_ids[i])];
+                if (slot.get() != reqs[i]) continue;
+                cache.clear(slot_ids[i]);
+                std::string text = slot->text->finish();
+                RequestResult res = result_of(*slot, RequestEnd::Error, std::move(text),
+                                              std::string("generation step failed: ") + e.what());
+                done.emplace_back(std::move(slot), std::move(res));
+                slot.reset();
+            }
+        }
+    }
+
+    void sample(const std::vector<Request *> &reqs, const std::vector<int64_t> &slot_ids,
+                const at::Tensor &logits, int64_t step_version, std::vector<Finished> &done) {
+        // Rows sharing temperature / top-k / top-p are sampled together.
+        std::map<std::tuple<double, int64_t, double>, std::vector<size_t>> groups;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            const SamplingParams &p = reqs[i]->req.params;
+            groups[{p.temperature, p.top_k, p.top_p}].push_back(i);
+        }
+        std::vector<std::pair<int64_t, float>> drawn(reqs.size());
+        std::vector<std::vector<std::pair<int64_t, float>>> tops(reqs.size());
+        for (const auto &[key, rows] : groups) {
+            std::vector<int64_t> idx(rows.begin(), rows.end());
+            at::Tensor sel = at::empty({static_cast<int64_t>(idx.size())}, at::kLong);
+            std::copy(idx.begin(), idx.end(), sel.data_ptr<int64_t>());
+            at::Tensor lp = sampling_logprobs(logits.index_select(0, sel.to(logits.device())),
+                                              reqs[rows.front()]->req.params);
+            std::vector<double> u;
+            for (size_t row : rows) {
+                const Request &r = *reqs[row];
+                u.push_back(sampling_uniform(r.seed, 0, r.req.sample_index,
+                                             static_cast<int64_t>(r.tokens.size())));
+            }
+            const auto picks = draw_tokens(lp, u);
+            int64_t want_top = 0;
+            for (size_t row : rows) want_top = std::max(want_top, reqs[row]->req.top_logprobs);
+            at::Tensor top_v, top_i;
+            if (want_top > 0) {
+                auto [v, i] = lp.topk(std::min(want_top, lp.size(1)), 1);
+                top_v = v.to(at::kCPU).to(at::kFloat).contiguous();
+                top_i = i.to(at::kCPU).contiguous();
+            }
+            for (size_t k = 0; k < rows.size(); ++k) {
+                drawn[rows[k]] = picks[k];
+                const int64_t want = reqs[rows[k]]->req.top_logprobs;
+                for (int64_t j = 0; j < want && top_v.defined() && j < top_v.size(1); ++j) {
+                    const float v = top_v[static_cast<int64_t>(k)][j].item<float>();
+                    if (!std::isfinite(v)) break;
+                    tops[rows[k]].emplace_back(top_i[static_cast<int64_t>(k)][j].item<int64_t>(),
+                                               v);
+                }
+            }
+        }
+        std::unordered_set<uint64_t> cancelled;
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            cancelled = cancels;
+        }
+        int64_t produced = 0;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            Request &r = *reqs[i];
+            if (cancelled.count(r.id)) continue; // ends before this token (housekeeping)
+            const auto [token, logprob] = drawn[i];
+            r.tokens.push_back(token);
+            r.logprobs.push_back(logprob);
+            if (r.first_version < 0) r.first_version = step_version;
+            r.last_version = step_version;
+            ++produced;
+            std::optional<RequestEnd> end;
+            std::string final_text;
+            if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) {
+                end = RequestEnd::Stop;
+                final_text = r.text->finish();
+            } else if (r.text->push(token)) {
+                end = RequestEnd::Stop;
+                final_text = r.text->cut();
+            } else if (static_cast<int64_t>(r.tokens.size()) >= r.req.params.max_tokens ||
+                       static_cast<int64_t>(r.req.prompt.size() + r.tokens.size()) >= max_context) {
+                end = RequestEnd::Length;
+                final_text = r.text->finish();
+            }
+            TokenEvent ev;
+            ev.token = token;
+            ev.logprob = logprob;
+            ev.top = std::move(tops[i]);
+            if (end) {
+                const size_t from = std::min(r.text->emitted(), final_text.size());
+                ev.text = final_text.substr(from);
+            } else {
+                ev.text = r.text->take_settled();
+            }
+            if (r.req.on_token) r.req.on_token(ev);
+            if (end) {
+                std::lock_guard<std::mutex> lk(mu);
+                auto &slot = running[static_cast<size_t>(slot_ids[i])];
+                cache.clear(slot_ids[i]);
+                RequestResult res = result_of(*slot, *end, std::move(final_text));
+                done.emplace_back(std::move(slot), std::move(res));
+                slot.reset();
+            }
+        }
+        std::lock_guard<std::mutex> lk(mu);
+        tokens_generated += produced;
+    }
+};
+
+Scheduler::Scheduler(std::shared_ptr<Policy> policy, SchedulerConfig config)
+    : impl_(std::make_unique<Impl>(std::move(policy), config)) {}
+
+Scheduler::~Scheduler() = default;
+
+int64_t Scheduler::max_context() const {
+    return impl_->max_context;
+}
+
+uint64_t Scheduler::submit(ServeRequest request) {
+    Impl &s = *impl_;
+    const SamplingParams &p = request.params;
+    p.validate();
+    if (p.n != 1)
+        invalid("sampling params: n must be 1 per scheduler request (got " + std::to_string(p.n) +
+                "); submit one request per sample with sample_index 0..n-1");
+    if (request.sample_index < 0)
+        invalid("sample_index must be >= 0, got " + std::to_string(request.sample_index));
+    if (request.top_logprobs < 0 || request.top_logprobs > 20)
+        invalid("top_logprobs must be in 0..20, got " + std::to_string(request.top_logprobs));
+    const ModelConfig &mc = s.policy->model().config();
+    const auto &prompt = request.prompt;
+    if (prompt.empty()) invalid("prompt is empty");
+    for (size_t t = 0; t < prompt.size(); ++t)
+        if (prompt[t] < 0 || prompt[t] >= mc.vocab_size)
+            invalid("prompt token " + std::to_string(t) + " = " + std::to_string(prompt[t]) +
+                    " is outside the vocabulary [0, " + std::to_string(mc.vocab_size) + ")");
+    const auto total = static_cast<int64_t>(prompt.size()) + p.max_tokens;
+    if (total > s.max_context)
+        invalid("max_tokens: the prompt has " + std::to_string(prompt.size()) +
+                " tokens and max_tokens is " + std::to_string(p.max_tokens) + " (" +
+                std::to_string(total) + " in all); the server's context is " +
+                std::to_string(s.max_context) + " tokens");
+    auto r = std::make_unique<Impl::Request>();
+    r->stop_ids = p.stop_token_ids.value_or(s.policy->eos_token_ids());
+    for (size_t i = 0; i < r->stop_ids.size(); ++i)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= mc.vocab_size)
+            invalid("stop_token_ids[" + std::to_string(i) +
+                    "] = " + std::to_string(r->stop_ids[i]) + " is outside the vocabulary");
+    if (!p.stop.empty()) s.policy->require_tokenizer("stop strings");
+    r->seed = p.seed ? *p.seed : s.policy->next_sampling_seed();
+    r->text = std::make_unique<detail::TextTracker>(s.policy->tokenizer(), p.stop);
+    r->req = std::move(request);
+    uint64_t id = 0;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (s.stop) throw Error(ErrorKind::BadState, "the scheduler is shutting down");
+        const auto waiting = static_cast<int64_t>(s.queue.size()) + s.running_count();
+        if (waiting >= s.slots + s.config.max_queued)
+            throw SchedulerFull("the server is at capacity: " + std::to_string(s.slots) +
+                                " requests running and " + std::to_string(s.queue.size()) +
+                                " queued (max_queued); retry later");
+        id = s.next_id++;
+        r->id = id;
+        s.queue.push_back(std::move(r));
+    }
+    s.cv.notify_all();
+    return id;
+}
+
+void Scheduler::cancel(uint64_t id) {
+    {
+        std::lock_guard<std::mutex> lk(impl_->mu);
+        if (id == 0 || id >= impl_->next_id) return;
+        bool known = false;
+        for (const auto &r : impl_->queue) known = known || r->id == id;
+        for (const auto &r : impl_->running) known = known || (r && r->id == id);
+        if (!known) return;
+        impl_->cancels.insert(id);
+    }
+    impl_->cv.notify_all();
+}
+
+void Scheduler::pause() {
+    {
+        std::lock_guard<std::mutex> lk(impl_->mu);
+        impl_->paused = true;
+    }
+    std::lock_guard<std::mutex> wait_for_step(impl_->step_mu);
+}
+
+void Scheduler::resume() {
+    {
+        std::lock_guard<std::mutex> lk(impl_->mu);
+        impl_->paused = false;
+    }
+    impl_->cv.notify_all();
+}
+
+bool Scheduler::paused() const {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    return impl_->paused;
+}
+
+void Scheduler::exclusive(const std::function<void()> &fn) {
+    Impl &s = *impl_;
+    {
+        std::lock_guard<std::mutex> lk(s.mu);
+        ++s.exclusive_waiting;
+    }
+    struct Leave {
+        Impl &s;
+        ~Leave() {
+            {
+                std::lock_guard<std::mutex> lk(s.mu);
+                --s.exclusive_waiting;
+            }
+            s.cv.notify_all();
+        }
+    } leave{s};
+    std::lock_guard<std::mutex> sl(s.step_mu);
+    fn();
+    std::lock_guard<std::mutex> lk(s.mu);
+    s.version = s.policy->version();
+    for (auto &r : s.running)
+        if (r) r->stale = true;
+    s.cache.clear_all();
+}
+
+void Scheduler::release_memory() {
+    Impl &s = *impl_;
+    std::lock_guard<std::mutex> sl(s.step_mu);
+    std::lock_guard<std::mutex> lk(s.mu);
+    if (s.memory_released) return;
+    s.cache.release();
+    release_cached_memory(s.policy->model().device());
+    s.cache_bytes = 0;
+    s.memory_released = true;
+    for (auto &r : s.running)
+        if (r) r->stale = true;
+}
+
+void Scheduler::resume_memory() {
+    Impl &s = *impl_;
+    {
+        std::lock_guard<std::mutex> sl(s.step_mu);
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (!s.memory_released) return;
+        s.cache.allocate();
+        s.cache_bytes = s.cache.bytes();
+        s.memory_released = false;
+    }
+    s.cv.notify_all();
+}
+
+Scheduler::Stats Scheduler::stats() const {
+    const Impl &s = *impl_;
+    std::lock_guard<std::mutex> lk(s.mu);
+    Stats st;
+    st.running = s.running_count();
+    st.queued = static_cast<int64_t>(s.queue.size());
+    st.slots = s.slots;
+    st.version = s.version;
+    st.tokens_generated = s.tokens_generated;
+    st.cache_bytes = s.cache_bytes;
+    st.paused = s.paused;
+    st.memory_released = s.memory_released;
+    return st;
+}
+
+} // namespace rl::core
