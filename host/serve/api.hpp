@@ -80,7 +80,7 @@ public:
     void must_be_false(const char *key, const std::string &why) const;
 
 private:
-    const json &o_;
+    json o_; // a copy: callers pass temporaries
     std::string prefix_;
 };
 

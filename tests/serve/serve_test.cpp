@@ -153,7 +153,8 @@ TEST(ServeOpenAI, CompletionLogprobsEqualTheTrainersLogprobsOfTheSameTokens) {
     ASSERT_EQ(lp["text_offset"].size(), tokens.size());
     for (size_t i = 0; i < tokens.size(); ++i) {
         EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), want[i], 1e-5) << "token " << i;
-        EXPECT_GE(lp["top_logprobs"][i].size(), 2u);
+        // Alternatives whose text collides (bytes that decode to U+FFFD) share a key.
+        EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
     }
     EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
     EXPECT_EQ(j["usage"]["completion_tokens"], 12);
@@ -533,7 +534,7 @@ TEST(ServeErrors, EveryBadRequestGets4xxNamingTheFieldAndTheServerKeepsServing) 
         {"/v1/completions", R"({"prompt": "a", "n": 0})", "n", "outside"},
         {"/v1/completions", R"({"prompt": "a", "max_tokens": 2.5})", "max_tokens", "integer"},
         {"/v1/completions", R"({"prompt": "a", "stop": 5})", "stop", "string"},
-        {"/v1/completions", R"({"prompt": "a", "logprobs": 50})", "logprobs", "outside"},
+        {"/v1/completions", R"({"prompt": "a", "logprobs": 50})", "logprobs", "maximum 20"},
         {"/v1/completions", R"({"prompt": "a", "echo": true})", "echo", "not supported"},
         {"/v1/completions", R"({"prompt": "a", "frequency_penalty": 0.5})", "frequency_penalty",
          "not supported"},
@@ -600,14 +601,23 @@ TEST(ServeErrors, AFullQueueAnswers503WithRetryAfter) {
     c.scheduler.max_queued = 1;
     Running s(c);
     ASSERT_EQ(s.post("/pause_generation", {{"mode", "keep"}}).status, 200);
-    HttpResponse first;
-    std::thread t([&] { first = s.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}); });
-    ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.queued + st.running == 1; }));
-    const HttpResponse full = s.post("/v1/completions", {{"prompt", "b"}, {"max_tokens", 2}});
+    // One request takes the one slot, one the one queue place; both wait (paused).
+    HttpResponse first, second;
+    std::thread t1([&] {
+        first = s.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}});
+    });
+    std::thread t2([&] {
+        second = s.post("/v1/completions", {{"prompt", "b"}, {"max_tokens", 2}});
+    });
+    ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.queued + st.running == 2; }))
+        << "the two requests never reached the scheduler";
+    const HttpResponse full = s.post("/v1/completions", {{"prompt", "c"}, {"max_tokens", 2}});
     EXPECT_EQ(full.status, 503) << full.body;
     EXPECT_EQ(full.header("retry-after"), "1");
     ASSERT_EQ(s.post("/continue_generation", json::object()).status, 200);
-    t.join();
+    t1.join();
+    t2.join();
+    EXPECT_EQ(second.status, 200) << second.body;
     EXPECT_EQ(first.status, 200) << first.body;
 }
 
