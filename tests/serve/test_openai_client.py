@@ -73,7 +73,8 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertEqual(len(got), len(want))
         for a, b in zip(got, want):
             self.assertAlmostEqual(a, b, delta=TOL)
-        self.assertTrue(all(len(t) >= 2 for t in choice.logprobs.top_logprobs))
+        # Alternatives whose text collides (bytes that decode to U+FFFD) share a key.
+        self.assertTrue(all(len(t) >= 1 for t in choice.logprobs.top_logprobs))
         self.assertEqual(r.usage.completion_tokens, 10)
 
     def test_chat_logprobs_equal_the_trainers(self):
