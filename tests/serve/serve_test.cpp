@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -45,6 +46,11 @@ const std::string &tiny_dir() {
         const auto d = std::filesystem::temp_directory_path() /
                        ("rl-serve-test-" + std::to_string(::getpid()));
         core::write_tiny_model(d.string(), 7);
+        static const std::string path = d.string();
+        std::atexit([] {
+            std::error_code ec;
+            std::filesystem::remove_all(path, ec);
+        });
         return d.string();
     }();
     return dir;
