@@ -18,10 +18,12 @@ BUILD := build-san
 CMAKE_ARGS += -DRL_SANITIZE=$(RL_SANITIZE) -DCMAKE_BUILD_TYPE=Debug
 endif
 
-CCACHE := $(shell command -v ccache 2>/dev/null)
-ifneq ($(CCACHE),)
-CMAKE_ARGS += -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
-endif
+# ccache: CMakeLists.txt compiles through it when installed (install-deps.sh
+# installs it before the first configure). Its hashes do not depend on the
+# checkout's folder (relative paths; debug info not hashed by folder), so a
+# second clone on the same machine reuses the first one's objects.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
 .PHONY: all deps configure build test run bench format clean
 

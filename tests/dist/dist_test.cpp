@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -171,7 +172,25 @@ TEST_P(DistParity, FiveStepsOnTwoRanksEqualOneProcessWithUnevenMicroBatches) {
     EXPECT_GT(max_abs_diff(zero, one), 1e-3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, DistParity, ::testing::Values("dp", "fsdp"));
+INSTANTIATE_TEST_SUITE_P(Strategies, DistParity, ::testing::Values("dp", "fsdp", "dp-overlap"),
+                         [](const auto &info) {
+                             std::string n = info.param;
+                             std::replace(n.begin(), n.end(), '-', '_');
+                             return n;
+                         });
+
+TEST(DistOverlap, RanksWithDifferentNumbersOfCallsPerStepAreToldNotSummed) {
+    Ranks ranks("rl_dist_overlap_mismatch");
+    const auto exits = ranks.run({"mismatched-calls"}, Ranks::world(2), std::chrono::seconds(120));
+    ASSERT_EQ(exits.size(), 2u);
+    for (size_t r = 0; r < exits.size(); ++r) {
+        EXPECT_NE(exits[r].status, 0) << "rank " << r;
+        EXPECT_NE(exits[r].err.find("different numbers of forward_backward calls"),
+                  std::string::npos)
+            << "rank " << r << ":\n"
+            << exits[r].err;
+    }
+}
 
 TEST(DistResume, TwoRanksToOneAndOneToTwoEqualAnUninterruptedRun) {
     Ranks ranks("rl_dist_resume");
@@ -192,6 +211,43 @@ TEST(DistResume, TwoRanksToOneAndOneToTwoEqualAnUninterruptedRun) {
     expect_all_ok(ranks.run({"train", "dp", "3", b, "--save", ck2}, kOneProcess));
     expect_all_ok(ranks.run({"train", "fsdp", "5", b2, "--resume", ck2}, Ranks::world(2)));
     EXPECT_LE(max_abs_diff(full, b2), 1e-5);
+}
+
+TEST(DistCheckpoints, FsdpRanksWriteTheirOwnShardsAndResumeAtAnyWorldSize) {
+    Ranks ranks("rl_dist_sharded");
+    const std::string full = ranks.path("full.safetensors");
+    expect_all_ok(ranks.run({"train", "dp", "5", full}, kOneProcess));
+
+    // fsdp on 2 ranks writes the sharded layout: one file per rank, a
+    // manifest, no gathered model folder.
+    const std::string ck = ranks.path("ck").string();
+    expect_all_ok(ranks.run({"train", "fsdp", "3", ranks.path("a.safetensors"), "--save", ck},
+                            Ranks::world(2)));
+    const fs::path step = fs::path(ck) / "step_3";
+    EXPECT_TRUE(fs::exists(step / "shards" / "manifest.json"));
+    EXPECT_TRUE(fs::exists(step / "shards" / "rank_0.safetensors"));
+    EXPECT_TRUE(fs::exists(step / "shards" / "rank_1.safetensors"));
+    EXPECT_FALSE(fs::exists(step / "model"));
+    EXPECT_FALSE(fs::exists(step / "optimizer.safetensors"));
+    // Each rank's file holds about half of the state.
+    const auto r0 = fs::file_size(step / "shards" / "rank_0.safetensors");
+    const auto r1 = fs::file_size(step / "shards" / "rank_1.safetensors");
+    EXPECT_LT(r0 > r1 ? r0 - r1 : r1 - r0, r0 / 10);
+
+    // Same world size, and one process (dp), both continue exactly.
+    const std::string s2 = ranks.path("s2.safetensors"), s1 = ranks.path("s1.safetensors");
+    expect_all_ok(ranks.run({"train", "fsdp", "5", s2, "--resume", ck}, Ranks::world(2)));
+    EXPECT_LE(max_abs_diff(full, s2), 1e-5);
+    expect_all_ok(ranks.run({"train", "dp", "5", s1, "--resume", ck}, kOneProcess));
+    EXPECT_LE(max_abs_diff(full, s1), 1e-5);
+
+    // A missing rank file is named; nothing is loaded.
+    fs::remove(step / "shards" / "rank_1.safetensors");
+    const auto exits =
+        ranks.run({"train", "dp", "5", ranks.path("x.safetensors"), "--resume", ck}, kOneProcess);
+    ASSERT_EQ(exits.size(), 1u);
+    EXPECT_NE(exits[0].status, 0);
+    EXPECT_NE(exits[0].err.find("rank_1.safetensors': missing"), std::string::npos) << exits[0].err;
 }
 
 TEST(DistFaults, ARankThatDiesIsNamedByTheOthersWithinTheTimeout) {

@@ -3,6 +3,7 @@
 //   dist_worker collectives
 //   dist_worker train STRATEGY STEPS OUT.safetensors [--save DIR] [--resume DIR]
 //   dist_worker die-before-collective
+//   dist_worker mismatched-calls
 // Exit status 0 on success; on failure the error goes to stderr.
 #include "rl/core/dist.hpp"
 #include "rl/core/error.hpp"
@@ -76,7 +77,10 @@ int train(int argc, char **argv) {
 
     auto policy = rl_dist_test::tiny_policy();
     rl::core::TrainerConfig tc = rl_dist_test::trainer_config();
-    tc.parallel = strategy;
+    // "dp-overlap": dp with the gradient buckets summed during the backward.
+    tc.parallel = strategy == "dp-overlap" ? "dp" : strategy;
+    tc.overlap_grad_reduce = strategy == "dp-overlap";
+    if (tc.overlap_grad_reduce) tc.bucket_mb = 0.05; // many buckets: most go out mid-backward
     rl::core::Trainer trainer(policy, tc);
     expect(trainer.world_size() == world, "trainer sees the world size");
     int start = 0;
@@ -107,6 +111,25 @@ int train(int argc, char **argv) {
     return 0;
 }
 
+// dp with overlap_grad_reduce where rank 0 makes one more forward_backward
+// call per step than rank 1: both must fail naming the mismatch.
+int mismatched_calls() {
+    rl::core::dist::Options o;
+    o.timeout = std::chrono::seconds(30);
+    auto g = rl::core::dist::init(o);
+    auto policy = rl_dist_test::tiny_policy();
+    rl::core::TrainerConfig tc = rl_dist_test::trainer_config();
+    tc.overlap_grad_reduce = true;
+    rl::core::Trainer trainer(policy, tc);
+    const rl::core::LossFunction loss = rl_dist_test::weighted_logprob_loss();
+    for (int step = 0; step < 2; ++step) {
+        for (int call = 0; call < (g->rank() == 0 ? 2 : 1); ++call)
+            trainer.forward_backward(rl_dist_test::rank_batch(step, call, g->rank(), 2), loss);
+        trainer.optim_step();
+    }
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -114,6 +137,7 @@ int main(int argc, char **argv) {
         const std::string mode = argc > 1 ? argv[1] : "";
         if (mode == "collectives") return collectives();
         if (mode == "train") return train(argc, argv);
+        if (mode == "mismatched-calls") return mismatched_calls();
         if (mode == "die-before-collective") {
             rl::core::dist::Options o;
             o.timeout = std::chrono::seconds(20);

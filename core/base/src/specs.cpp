@@ -56,6 +56,17 @@ const std::vector<ParamSpec> &trainer_params() {
                      "gradients and AdamW state sharded over the ranks (docs/distributed.md)."),
         param("bucket_mb", T::Number, 25.0,
               "dp: megabytes of float32 gradients per all-reduce bucket.", Range::at_least(0.001)),
+        param("overlap_grad_reduce", T::Boolean, false,
+              "dp: sum the gradient buckets over ranks while the backward of each "
+              "forward_backward call's last micro-batch still runs, instead of all at the "
+              "optimizer step. Every rank must then make the same number of forward_backward "
+              "calls between optimizer steps (a mismatch is an error naming it)."),
+        choice_param("checkpoint_format", "auto", {"auto", "consolidated", "sharded"},
+                     "Checkpoint layout. consolidated: one whole copy (model/ folder, optimizer "
+                     "state), written by rank 0; sharded: every rank writes its own fsdp shards "
+                     "plus a manifest, nothing is gathered (fsdp on several ranks only; otherwise "
+                     "consolidated is written); auto: sharded under fsdp, else consolidated. Both "
+                     "resume at any world size (docs/distributed.md)."),
         nullable(param(
             "logprob_temperature", T::Number, nullptr,
             "Temperature of the trainer's logprobs and entropy: logits / T before the log-softmax "

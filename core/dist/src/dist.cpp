@@ -113,6 +113,10 @@ struct Group::Impl {
     std::condition_variable hb_cv;
     bool stopping = false;
     bool failed = false; // a collective failed: the group is unusable
+    // Issued and not yet finished (issue_all_reduce_sum / finish_issued).
+    std::vector<c10::intrusive_ptr<c10d::Work>> issued;
+    std::vector<std::vector<at::Tensor>> issued_tensors;
+    std::string issue_error;
 
     c10d::Backend &backend_for(const at::Tensor &t) {
         if (t.is_cuda()) {
@@ -363,6 +367,34 @@ void Group::all_reduce_sum(std::vector<at::Tensor> &ts) {
             if (!w->wait(options_.timeout)) throw std::runtime_error("timed out");
         holders.push_back({ts[i]});
         return impl_->backend_for(ts[i]).allreduce(holders.back());
+    });
+}
+
+void Group::issue_all_reduce_sum(const at::Tensor &t) {
+    Impl &im = *impl_;
+    if (im.failed || !im.issue_error.empty()) return; // reported by finish_issued
+    try {
+        im.issued_tensors.push_back({t});
+        im.issued.push_back(im.backend_for(t).allreduce(im.issued_tensors.back()));
+    } catch (const std::exception &e) {
+        im.issue_error = e.what();
+    }
+}
+
+void Group::finish_issued(const char *what) {
+    Impl &im = *impl_;
+    auto works = std::move(im.issued);
+    auto tensors = std::move(im.issued_tensors);
+    std::string issue_error = std::move(im.issue_error);
+    im.issued.clear();
+    im.issued_tensors.clear();
+    im.issue_error.clear();
+    if (works.empty() && issue_error.empty()) return;
+    run(what, [&]() -> c10::intrusive_ptr<c10d::Work> {
+        if (!issue_error.empty()) throw std::runtime_error(issue_error);
+        for (size_t i = 0; i + 1 < works.size(); ++i)
+            if (!works[i]->wait(options_.timeout)) throw std::runtime_error("timed out");
+        return works.back();
     });
 }
 

@@ -68,6 +68,8 @@ public:
     std::vector<at::Tensor> gather_full(const std::vector<at::Tensor> &per_unit);
     /// This rank's shard of unit u from full per-parameter tensors.
     at::Tensor shard_of(size_t u, const std::vector<at::Tensor> &full_by_param) const;
+    /// The whole shape of parameter `index` (its tensor is empty while released).
+    const std::vector<int64_t> &shape_of(size_t index) const { return shapes_[index]; }
     /// Bytes this rank holds for masters and gradient shards.
     int64_t shard_bytes() const;
 

@@ -1,6 +1,8 @@
 #include "rl/core/trainer.hpp"
 
 #include "fsdp.hpp"
+#include "grad_reducer.hpp"
+#include "optimizer_state.hpp"
 
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/dist.hpp"
@@ -60,21 +62,6 @@ bool is_integral_or_bool(at::ScalarType t) {
     return at::isIntegralType(t, /*includeBool=*/true);
 }
 
-// The optimizer keys its per-parameter state by the parameter's TensorImpl:
-// the pointer itself from libtorch 2.6 on, its printed form before.
-using OptimizerStateKey =
-    std::decay_t<decltype(std::declval<torch::optim::AdamW &>().state())>::key_type;
-template <typename Key = OptimizerStateKey>
-Key state_key(const at::Tensor &p) {
-    if constexpr (std::is_same_v<Key, std::string>) {
-        std::ostringstream s;
-        s << p.unsafeGetTensorImpl();
-        return s.str();
-    } else {
-        return p.unsafeGetTensorImpl();
-    }
-}
-
 // Loads every tensor of a saved model folder (single file or sharded).
 std::map<std::string, at::Tensor> load_model_tensors(const fs::path &dir) {
     std::map<std::string, at::Tensor> out;
@@ -124,6 +111,11 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config)
         // Replicas start from rank 0's weights.
         at::NoGradGuard no_grad;
         for (auto &kv : params_) group_->broadcast(kv.second, 0);
+        if (config_.overlap_grad_reduce) {
+            std::vector<at::Tensor> ps;
+            for (auto &kv : params_) ps.push_back(kv.second);
+            reducer_ = std::make_unique<GradReducer>(std::move(ps), group_, config_.bucket_mb);
+        }
     }
     // Low-precision parameters train through float32 master copies: the
     // optimizer (and its state) works on the masters, each step writes them
@@ -179,7 +171,7 @@ int64_t Trainer::state_bytes() const {
     }
     for (const auto &p : opt_params) {
         if (fsdp_) n += bytes(p);
-        auto it = optimizer_->state().find(state_key(p));
+        auto it = optimizer_->state().find(state_key_of(p));
         if (it == optimizer_->state().end()) continue;
         auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
         n += bytes(st.exp_avg()) + bytes(st.exp_avg_sq());
@@ -458,8 +450,17 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         for (int64_t k = rounds; k < most.item<int64_t>(); ++k) idle_micro_batch(backward);
     }
 
+    // dp with overlap: the last micro-batch's backward issues the gradient
+    // buckets as they fill; a failed call leaves the hooks inert.
+    struct Disarm {
+        GradReducer *r;
+        ~Disarm() {
+            if (r) r->disarm();
+        }
+    } disarm{backward ? reducer_.get() : nullptr};
     for (const MicroBatch &mb : P.plan.micro_batches) {
         if (fsdp_) fsdp_->begin_micro_batch();
+        if (disarm.r && &mb == &P.plan.micro_batches.back()) reducer_->arm(step_);
         const int64_t a = mb.range.token_begin, n = mb.range.tokens();
         std::vector<int64_t> cu_local;
         for (int64_t s = mb.range.first_seq; s <= mb.range.end_seq; ++s)
@@ -544,6 +545,10 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         }
         if (fsdp_) fsdp_->end_micro_batch(backward);
     }
+    if (disarm.r) {
+        reducer_->finish_call(step_);
+        disarm.r = nullptr;
+    }
     if (backward) ++pending_backwards_;
 
     if (!backward) {
@@ -579,6 +584,7 @@ void Trainer::zero_grad() {
         }
     for (auto &m : masters_)
         if (m.defined()) m.mutable_grad() = at::Tensor();
+    if (reducer_) reducer_->reset();
     pending_backwards_ = 0;
 }
 
@@ -591,7 +597,7 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     // dp: the gradients summed over ranks (each rank's loss was normalized by
     // the global counts, so the sum is the gradient of the global batch).
     std::vector<at::Tensor> reduced;
-    if (group_) reduced = all_reduce_gradients();
+    if (group_) reduced = reducer_ ? reducer_->take() : all_reduce_gradients();
     // Gradients as the optimizer sees them (float32 on the masters), and
     // their global norm with one device-to-host read.
     std::vector<at::Tensor> grads;
@@ -741,7 +747,7 @@ void Trainer::collect_state(std::vector<std::pair<std::string, at::Tensor>> &opt
         for (size_t i = 0; i < params_.size(); ++i) {
             const std::string &name = params_[i].first;
             if (masters_[i].defined()) masters.emplace_back(name, masters_[i].to(at::kCPU));
-            auto it = optimizer_->state().find(state_key(optimized(i)));
+            auto it = optimizer_->state().find(state_key_of(optimized(i)));
             if (it == optimizer_->state().end()) continue;
             auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
             add_moments(name, st.exp_avg(), st.exp_avg_sq(), st.step());
@@ -754,7 +760,7 @@ void Trainer::collect_state(std::vector<std::pair<std::string, at::Tensor>> &opt
     std::vector<int64_t> steps;
     for (auto &u : units) {
         m.push_back(u.master);
-        auto it = optimizer_->state().find(state_key(u.master));
+        auto it = optimizer_->state().find(state_key_of(u.master));
         if (it == optimizer_->state().end()) {
             ea.push_back(at::zeros_like(u.master));
             eas.push_back(at::zeros_like(u.master));
@@ -787,6 +793,7 @@ std::string Trainer::save_checkpoint(const std::string &dir, const std::string &
             invalid("checkpoint state must be a JSON object");
         if (state.is_null()) state = json::object();
     }
+    if (writes_sharded_checkpoints()) return save_sharded_checkpoint(dir, state.dump());
     std::vector<std::pair<std::string, at::Tensor>> opt, masters;
     collect_state(opt, masters);
     if (!group_) return write_checkpoint(dir, state.dump(), opt, masters);
@@ -821,26 +828,37 @@ std::string Trainer::write_checkpoint(const std::string &dir, const std::string 
         // the rounded weights, a resumed run continues from these.
         if (!masters.empty())
             save_safetensors((root / kMasterFile).string(), masters, {{"format", "pt"}});
-        at::Tensor gen_state;
-        {
-            at::Generator g = at::detail::getDefaultCPUGenerator();
-            std::lock_guard<std::mutex> lock(g.mutex());
-            gen_state = g.get_state();
-        }
-        save_safetensors((root / "rng.safetensors").string(), {{"torch_cpu_generator", gen_state}},
-                         {{"format", "pt"}});
-        json meta = {
-            {"format", kCheckpointFormat},          {"step", step_},
-            {"policy_version", policy_->version()}, {"sampling_state", policy_->sampling_state()},
-            {"optimizer_params", opt.size() / 3},   {"config", json::parse(config_.to_json())},
-            {"world_size", world_size()},           {"strategy", strategy()}};
-        atomic_write_file((root / "trainer.json").string(), meta.dump(2) + "\n");
-        atomic_write_file((root / "state.json").string(), state + "\n");
+        write_run_state(tmp, state, "consolidated", static_cast<int64_t>(opt.size() / 3));
         return commit_checkpoint(tmp, dir, step_);
     } catch (...) {
         abandon_checkpoint(tmp);
         throw;
     }
+}
+
+// rng.safetensors, trainer.json and state.json of a checkpoint folder.
+void Trainer::write_run_state(const std::string &folder, const std::string &state,
+                              const std::string &layout, int64_t optimizer_params) const {
+    const fs::path root(folder);
+    at::Tensor gen_state;
+    {
+        at::Generator g = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(g.mutex());
+        gen_state = g.get_state();
+    }
+    save_safetensors((root / "rng.safetensors").string(), {{"torch_cpu_generator", gen_state}},
+                     {{"format", "pt"}});
+    json meta = {{"format", kCheckpointFormat},
+                 {"layout", layout},
+                 {"step", step_},
+                 {"policy_version", policy_->version()},
+                 {"sampling_state", policy_->sampling_state()},
+                 {"optimizer_params", optimizer_params},
+                 {"config", json::parse(config_.to_json())},
+                 {"world_size", world_size()},
+                 {"strategy", strategy()}};
+    atomic_write_file((root / "trainer.json").string(), meta.dump(2) + "\n");
+    atomic_write_file((root / "state.json").string(), state + "\n");
 }
 
 // fsdp: this rank's shards of the whole tensors of a checkpoint (written by
@@ -871,7 +889,7 @@ void Trainer::load_sharded(const std::map<std::string, at::Tensor> &weights,
         st->step(opt.at("step." + params_[u.params[0]].first).to(at::kLong).item<int64_t>());
         st->exp_avg(fsdp_->shard_of(ui, ea));
         st->exp_avg_sq(fsdp_->shard_of(ui, eas));
-        optimizer_->state()[state_key(u.master)] = std::move(st);
+        optimizer_->state()[state_key_of(u.master)] = std::move(st);
     }
     fsdp_->invalidate();
 }
@@ -900,10 +918,19 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
     const json state = json::parse(state_text, nullptr, false);
     if (state.is_discarded()) throw bad_file("state.json", "not valid JSON");
 
-    // Read and check everything before changing anything.
-    std::map<std::string, at::Tensor> weights = load_model_tensors(root / "model");
-    std::map<std::string, at::Tensor> opt =
-        load_safetensors((root / "optimizer.safetensors").string());
+    const std::string layout = meta.value("layout", "consolidated");
+    if (layout != "consolidated" && layout != "sharded")
+        throw bad_file("trainer.json", "unknown layout '" + layout + "'");
+
+    // Read and check everything before changing anything. A sharded
+    // checkpoint's whole tensors are rebuilt from every rank's shards.
+    std::map<std::string, at::Tensor> weights, opt;
+    if (layout == "sharded") {
+        read_sharded_checkpoint(root.string(), weights, opt);
+    } else {
+        weights = load_model_tensors(root / "model");
+        opt = load_safetensors((root / "optimizer.safetensors").string());
+    }
     std::map<std::string, at::Tensor> rng = load_safetensors((root / "rng.safetensors").string());
     // Float32 masters, when the checkpoint was written by a low-precision
     // model: they replace the rounded model weights as the source.
@@ -974,7 +1001,7 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
         st->step(opt.at("step." + name).to(at::kLong).item<int64_t>());
         st->exp_avg(a->second.to(p.options()).clone());
         st->exp_avg_sq(opt.at("exp_avg_sq." + name).to(p.options()).clone());
-        optimizer_->state()[state_key(p)] = std::move(st);
+        optimizer_->state()[state_key_of(p)] = std::move(st);
     }
     {
         at::Generator g = at::detail::getDefaultCPUGenerator();

@@ -64,6 +64,8 @@ TrainerConfig TrainerConfig::from_json(const std::string &text) {
     c.activation_checkpointing = j["activation_checkpointing"].get<bool>();
     c.parallel = j["parallel"].get<std::string>();
     c.bucket_mb = j["bucket_mb"].get<double>();
+    c.checkpoint_format = j["checkpoint_format"].get<std::string>();
+    c.overlap_grad_reduce = j["overlap_grad_reduce"].get<bool>();
     if (!j["seed"].is_null()) c.seed = j["seed"].get<uint64_t>();
     if (!j["logprob_temperature"].is_null())
         c.logprob_temperature = j["logprob_temperature"].get<double>();
@@ -104,7 +106,9 @@ std::string TrainerConfig::to_json() const {
               {"logprob_chunk_tokens", logprob_chunk_tokens},
               {"activation_checkpointing", activation_checkpointing},
               {"parallel", parallel},
-              {"bucket_mb", bucket_mb}};
+              {"bucket_mb", bucket_mb},
+              {"checkpoint_format", checkpoint_format},
+              {"overlap_grad_reduce", overlap_grad_reduce}};
     j["seed"] = seed ? json(*seed) : json(nullptr);
     j["logprob_temperature"] = logprob_temperature ? json(*logprob_temperature) : json(nullptr);
     return j.dump();

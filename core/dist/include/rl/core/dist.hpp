@@ -69,6 +69,13 @@ public:
     void all_reduce_max(at::Tensor &t);
     /// Several tensors summed, all in flight at once (gradient buckets).
     void all_reduce_sum(std::vector<at::Tensor> &ts);
+    /// Starts an in-place sum over ranks of `t` and returns at once (gradient
+    /// buckets issued during the backward); `t` must not be touched until
+    /// finish_issued() returns. Every rank issues the same sums in the same order.
+    void issue_all_reduce_sum(const at::Tensor &t);
+    /// Waits for every issued sum, in issue order; a failure is reported as
+    /// for the blocking collectives (naming the rank at fault), under `what`.
+    void finish_issued(const char *what);
     /// out [W * n] = concatenation of every rank's `in` [n] (1-D, contiguous).
     void all_gather(at::Tensor &out, const at::Tensor &in);
     /// out [n] = this rank's slice of the sum over ranks of `in` [W * n].

@@ -35,6 +35,7 @@ namespace dist {
 class Group;
 }
 class Fsdp;
+class GradReducer;
 
 /// A batch as the caller gives it. Tensors are 1-D CPU tensors.
 struct TrainBatch {
@@ -160,6 +161,9 @@ public:
     /// policy version, sampling stream, config), state.json (`state_json`, a
     /// JSON object or empty), and for a bfloat16 model
     /// master_weights.safetensors (the float32 masters). Returns its path.
+    /// fsdp over W > 1 ranks writes the sharded layout instead (each rank its
+    /// shards under shards/, a manifest, no model/ folder; a collective), unless
+    /// trainer.checkpoint_format is "consolidated". Both load at any world size.
     std::string save_checkpoint(const std::string &dir, const std::string &state_json);
     /// Restores the newest complete checkpoint under dir; Error NotFound
     /// when there is none.
@@ -187,6 +191,17 @@ private:
     std::string write_checkpoint(const std::string &dir, const std::string &state,
                                  std::vector<std::pair<std::string, at::Tensor>> &optimizer,
                                  std::vector<std::pair<std::string, at::Tensor>> &masters);
+    void write_run_state(const std::string &folder, const std::string &state,
+                         const std::string &layout, int64_t optimizer_params) const;
+    /// fsdp over W > 1 ranks, unless trainer.checkpoint_format is consolidated.
+    bool writes_sharded_checkpoints() const;
+    /// Every rank writes its shards, rank 0 the manifest (checkpoint_sharded.cpp).
+    std::string save_sharded_checkpoint(const std::string &dir, const std::string &state);
+    /// Whole tensors (weights by name, optimizer state as in
+    /// optimizer.safetensors) rebuilt from a sharded checkpoint folder.
+    void read_sharded_checkpoint(const std::string &folder,
+                                 std::map<std::string, at::Tensor> &weights,
+                                 std::map<std::string, at::Tensor> &optimizer) const;
 
     std::shared_ptr<Policy> policy_;
     TrainerConfig config_;
@@ -195,9 +210,10 @@ private:
     std::vector<at::Tensor> masters_; ///< float32 copy per low-precision parameter, else undefined
     int64_t step_ = 0;
     int64_t pending_backwards_ = 0;
-    bool warned_greedy_ = false;         ///< the greedy-batch warning was given
-    std::shared_ptr<dist::Group> group_; ///< null for a single process
-    std::unique_ptr<Fsdp> fsdp_;         ///< fsdp over W > 1 ranks
+    bool warned_greedy_ = false;           ///< the greedy-batch warning was given
+    std::shared_ptr<dist::Group> group_;   ///< null for a single process
+    std::unique_ptr<Fsdp> fsdp_;           ///< fsdp over W > 1 ranks
+    std::unique_ptr<GradReducer> reducer_; ///< dp with overlap_grad_reduce
 };
 
 } // namespace rl::core

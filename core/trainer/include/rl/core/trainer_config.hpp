@@ -40,6 +40,13 @@ struct TrainerConfig {
     std::string parallel = "dp";
     /// dp: megabytes of float32 gradients per all-reduce bucket.
     double bucket_mb = 25.0;
+    /// dp: sum gradient buckets over ranks during the backward of each
+    /// forward_backward call's last micro-batch (every rank must make the
+    /// same number of forward_backward calls between optimizer steps).
+    bool overlap_grad_reduce = false;
+    /// "auto" (sharded under fsdp on W > 1 ranks, else consolidated),
+    /// "consolidated" (one whole copy, written by rank 0) or "sharded".
+    std::string checkpoint_format = "auto";
     /// Seeds torch's default generator and the engine's sampling stream.
     std::optional<uint64_t> seed;
     /// Logits are divided by this before the log-softmax of the trainer's
