@@ -351,9 +351,12 @@ TEST(Lora, DropoutTrainsWithActivationCheckpointingLikeWithout) {
     LoraConfig c = small_lora();
     c.dropout = 0.3;
     std::vector<std::map<std::string, at::Tensor>> results;
-    for (bool ckpt : {false, true}) {
+    for (int run = 0; run < 3; ++run) {
+        const bool ckpt = run == 1;
         auto p = make_policy(tmp);
-        auto a = p->create_adapter("a", c);
+        LoraConfig cr = c;
+        if (run == 2) cr.dropout = 0; // the reference without dropout
+        auto a = p->create_adapter("a", cr);
         TrainerConfig tc = lora_trainer_config();
         tc.activation_checkpointing = ckpt;
         Trainer t(p, tc, a);
@@ -362,10 +365,13 @@ TEST(Lora, DropoutTrainsWithActivationCheckpointingLikeWithout) {
         for (const auto &kv : a->named_parameters()) g[kv.first] = kv.second.grad().clone();
         results.push_back(g);
     }
+    bool dropped = false;
     for (const auto &kv : results[0]) {
         ASSERT_TRUE(kv.second.defined());
         EXPECT_TRUE(at::allclose(kv.second, results[1].at(kv.first), 1e-4, 1e-6)) << kv.first;
+        dropped = dropped || !at::allclose(kv.second, results[2].at(kv.first), 1e-3, 1e-6);
     }
+    EXPECT_TRUE(dropped) << "dropout 0.3 gave the gradients of dropout 0";
 }
 
 TEST(Lora, RegistryNamesAdapters) {

@@ -65,6 +65,12 @@ Engine::~Engine() = default;
 int64_t Engine::sync_weights() {
     version_ = policy_->version();
     if (cache_) cache_->clear_all();
+    return policy_version();
+}
+
+int64_t Engine::policy_version() const {
+    if (!config_.adapter.empty())
+        if (auto a = policy_->find_adapter(config_.adapter)) return a->version();
     return version_;
 }
 

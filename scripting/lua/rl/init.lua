@@ -213,6 +213,10 @@ function rl.rollout_engine(model, cfg, run)
     cfg = cfg or rl.config()
     local s = cfg.inference_server
     if s == nil or s.url == "" then return model:engine(rl.engine_config(cfg)) end
+    if cfg.lora and (cfg.lora.rank or 0) > 0 then
+        error("lora.rank > 0 needs the co-located engine: an inference server (inference_server.url) "
+            .. "receives the base weights, not the adapter", 2)
+    end
     local client = rl.inference_client { url = s.url, api_key = s.api_key, timeout = s.timeout }
     local sync = { mode = s.sync }
     if s.sync == "disk" then
