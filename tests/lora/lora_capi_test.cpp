@@ -87,9 +87,9 @@ TEST(LoraCapi, BadRequestsNameTheProblem) {
     EXPECT_NE(error_of(rl_trainer_create(m.get(), R"({"adapter": "missing"})", &t))
                   .find("no LoRA adapter 'missing'"),
               std::string::npos);
-    EXPECT_NE(error_of(rl_trainer_create(m.get(), R"({"lora": {"rank": -1}})", &t))
-                  .find("lora.rank"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of(rl_trainer_create(m.get(), R"({"lora": {"rank": -1}})", &t)).find("lora.rank"),
+        std::string::npos);
     // A trainer that fails on its own keys leaves no adapter behind.
     EXPECT_NE(error_of(rl_trainer_create(m.get(), R"({"lora": {}, "learnig_rate": 1})", &t))
                   .find("learnig_rate"),
