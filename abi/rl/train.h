@@ -266,12 +266,13 @@ RL_API void rl_engine_destroy(rl_engine_t *engine);
  * {"n", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop": [str],
  * "stop_token_ids": [int], "adapter": str (ABI 0.5: a LoRA adapter of the
  * model; default the engine config's "adapter", else none)} (defaults: 1,
- * 1.0, 1.0, 0, 0, 32, [], the model's EOS). Samples are prompt-major (prompt 0's n samples first). Result: tensors
- * "token_ids" (int64, completions back to back), "logprobs" (float32, log-prob
- * of each sampled token under the distribution it was sampled from),
- * "cu_seqlens" (int64 [n_samples + 1]), "prompt_index" (int64 [n_samples]);
- * text "completions" (JSON array of decoded strings) and "finish_reasons"
- * (JSON array of "stop" | "length"); scalar "policy_version". */
+ * 1.0, 1.0, 0, 0, 32, [], the model's EOS). Samples are prompt-major
+ * (prompt 0's n samples first). Result: tensors "token_ids" (int64,
+ * completions back to back), "logprobs" (float32, log-prob of each sampled
+ * token under the distribution it was sampled from), "cu_seqlens" (int64
+ * [n_samples + 1]), "prompt_index" (int64 [n_samples]); text "completions"
+ * (JSON array of decoded strings) and "finish_reasons" (JSON array of "stop"
+ * | "length"); scalar "policy_version". */
 RL_API rl_status_t rl_engine_generate(rl_engine_t *engine, const rl_tensor_view_t *prompt_ids,
                                       const rl_tensor_view_t *prompt_cu_seqlens,
                                       const char *params_json, rl_result_t **out_result);
