@@ -78,8 +78,14 @@ def main():
     with rl.Runtime(plugin_path=os.pathsep.join(paths) or None) as rt, load_model(cfg) as model, \
             open(metrics_path, "w") as metrics:
         info = model.info()
-        trainer = model.trainer(dict(cfg["trainer"], total_steps=cfg["run"]["steps"], seed=seed))
-        engine = model.engine(cfg["engine"])
+        trainer_cfg = dict(cfg["trainer"], total_steps=cfg["run"]["steps"], seed=seed)
+        engine_cfg = dict(cfg["engine"])
+        lora = cfg.get("lora", {})
+        if lora.get("rank", 0) > 0:  # train and sample LoRA adapter "default" (docs/lora.md)
+            trainer_cfg.update(adapter="default", lora=dict(lora, seed=seed))
+            engine_cfg["adapter"] = "default"
+        trainer = model.trainer(trainer_cfg)
+        engine = model.engine(engine_cfg)
         template = cfg["tokenizer"]["chat_template"]
 
         env = rt.create("env", cfg["env"]["name"], cfg["env"]["params"])

@@ -1,7 +1,8 @@
 -- examples/sft.lua: supervised fine-tuning on an environment's reference
 -- answers (causallm_loss), with a greedy evaluation of the env's reward at
 -- every checkpoint. The trained model is saved as an HF folder in
--- <run folder>/model (the teacher of examples/distill.lua).
+-- <run folder>/model (the teacher of examples/distill.lua); with lora.rank > 0
+-- the adapter goes to <run folder>/adapter and the merged model to model/.
 --
 --   rlhost run examples/sft.lua --config examples/sft.yaml
 local rl = require("rl")
@@ -48,6 +49,12 @@ for step in run:steps("sft", cfg.sft.steps) do
     run:log(record)
 end
 
-model:save(run.dir .. "/model")
-run:print("model saved in " .. run.dir .. "/model")
+if cfg.lora.rank > 0 then -- a LoRA run: the adapter (PEFT folder) and the merged model
+    model:save_adapter("default", run.dir .. "/adapter")
+    model:export_merged("default", run.dir .. "/model")
+    run:print("adapter saved in " .. run.dir .. "/adapter, merged model in " .. run.dir .. "/model")
+else
+    model:save(run.dir .. "/model")
+    run:print("model saved in " .. run.dir .. "/model")
+end
 run:finish()

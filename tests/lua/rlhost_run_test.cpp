@@ -539,4 +539,24 @@ TEST(RlhostRun, AScriptsOwnKeysAreCheckedAndDefaulted) {
     EXPECT_NE(p.err.find("unknown key 'demo'"), std::string::npos) << p.err;
 }
 
+// lora.rank > 0 (docs/lora.md): examples/sft.lua trains adapter "default"
+// over the frozen tiny model; the loss falls, checkpoints hold the adapter
+// alone, and the run saves the adapter (PEFT folder) and the merged model.
+TEST(RlhostRun, SftWithLoraTrainsAnAdapterAndSavesItAndTheMergedModel) {
+    const std::string dir = temp_dir();
+    const Proc p = rlhost({kExamples + "/sft.lua", "--config", kExamples + "/sft.yaml", "--set",
+                           "sft.steps=20", "--set", "run.checkpoint_every=10", "--set",
+                           "lora.rank=8", "--set", "lora.alpha=16"},
+                          dir, 300);
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
+    const auto lines = metrics_lines(dir + "/runs/sft/metrics.jsonl");
+    ASSERT_EQ(lines.size(), 20u) << p.out;
+    EXPECT_LT(lines.back()["loss"].get<double>(), lines.front()["loss"].get<double>() * 0.8);
+    EXPECT_TRUE(exists(dir + "/runs/sft/adapter/adapter_config.json"));
+    EXPECT_TRUE(exists(dir + "/runs/sft/adapter/adapter_model.safetensors"));
+    EXPECT_TRUE(exists(dir + "/runs/sft/model/config.json"));
+    EXPECT_TRUE(exists(dir + "/runs/sft/checkpoints/step_20/adapter/adapter_model.safetensors"));
+    EXPECT_FALSE(exists(dir + "/runs/sft/checkpoints/step_20/model"));
+}
+
 } // namespace
