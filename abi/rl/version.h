@@ -25,7 +25,9 @@
  *        rl_tokenizer_encode_chat, RL_ENCODE_PLAIN_TEXT, RL_DECODE_SKIP_SPECIAL.
  *   0.4  functions only: rl_transport_send / recv and rl_weights_send / recv
  *        (transports), rl_server_* (serve.h), rl_inference_client_*
- *        (inference.h). */
+ *        (inference.h).
+ *   0.5  host extension RL_EXT_HOST_COLLECTIVE (rl_host_collective_t: a
+ *        TCPStore rendezvous and Gloo / NCCL broadcast for plugins). */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 4
 #define RL_ABI_VERSION_PATCH 0

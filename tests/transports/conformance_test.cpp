@@ -6,8 +6,10 @@
 #include "free_port.hpp"
 #include "runtime_fixture.hpp"
 
+#include <rl/core/update_group.hpp>
 #include <rl/sdk/transport.hpp>
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <zmq.h>
@@ -24,6 +26,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -102,6 +105,9 @@ public:
     // tensors' bytes, unchecked.
     virtual void inject(const std::string &wire_header,
                         const std::vector<std::vector<uint8_t>> &payloads) = 0;
+    // Called before a real sender is made (a broadcast transport has one
+    // sender: the fake one steps aside).
+    virtual void before_sender() {}
 };
 
 class FilesystemBackend : public Backend {
@@ -175,8 +181,81 @@ private:
     void *raw_ = nullptr;
 };
 
+// The nccl plugin's wire: a store hosted by the sender, a group per
+// generation, then per message: an announcement in the store and the
+// broadcasts frame, sizes + header, buckets, commit (plugins/transports/nccl).
+// The fake sender below plays that protocol with core/dist directly, as a
+// foreign or broken sender would, one bucket per payload.
+class NcclBackend : public Backend {
+public:
+    NcclBackend() : port_(rltest::free_tcp_port()) {}
+    std::string plugin() const override { return "nccl"; }
+    json sender_params() const override {
+        return {
+            {"role", "push"}, {"port", port_}, {"world_size", 2}, {"timeout", 20}, {"poll_ms", 2}};
+    }
+    json receiver_params() const override {
+        return {{"role", "pull"}, {"port", port_}, {"rank", 1}, {"world_size", 2},
+                {"timeout", 20},  {"poll_ms", 2},  {"queue", 8}};
+    }
+    void before_sender() override {
+        group_.reset();
+        store_.reset();
+    }
+    void inject(const std::string &wire_header,
+                const std::vector<std::vector<uint8_t>> &payloads) override {
+        namespace dist = rl::core::dist;
+        if (!group_) {
+            store_ = std::make_unique<dist::Rendezvous>("127.0.0.1", port_, true,
+                                                        std::chrono::seconds(20));
+            for (int i = 0; i < 2000 && store_->add("join/r1", 0) == 0; ++i)
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            gen_ = store_->add("gen", 0) + 1;
+            store_->add("seen/g" + std::to_string(gen_) + "/r1", store_->add("join/r1", 0));
+            store_->add("gen", 1);
+            dist::UpdateGroupOptions o;
+            o.master_port = port_;
+            o.group_name = "g" + std::to_string(gen_);
+            o.timeout = std::chrono::seconds(20);
+            group_ = std::make_unique<dist::UpdateGroup>(o, *store_);
+        }
+        const int64_t seq = store_->add("msg/g" + std::to_string(gen_), 1);
+        auto longs = [](std::vector<int64_t> v) {
+            return at::tensor(v, at::TensorOptions().dtype(at::kLong));
+        };
+        auto bytes = [](const void *p, size_t n) {
+            at::Tensor t = at::empty({static_cast<int64_t>(n)}, at::kByte);
+            if (n) std::memcpy(t.data_ptr(), p, n);
+            return t;
+        };
+        std::vector<int64_t> sizes;
+        for (const auto &p : payloads) sizes.push_back(static_cast<int64_t>(p.size()));
+        std::vector<at::Tensor> ts{
+            longs({static_cast<int64_t>(wire_header.size()), static_cast<int64_t>(payloads.size()),
+                   seq, 0x726c6e63636c0001})};
+        group_->broadcast(ts);
+        ts = {longs(sizes), bytes(wire_header.data(), wire_header.size())};
+        group_->broadcast(ts);
+        for (const auto &p : payloads) {
+            if (p.empty()) continue;
+            ts = {bytes(p.data(), p.size())};
+            group_->broadcast(ts);
+        }
+        const auto crc = rl::sdk::transport::crc32c(wire_header.data(), wire_header.size());
+        ts = {longs({seq, static_cast<int64_t>(crc)})};
+        group_->broadcast(ts);
+    }
+
+private:
+    int port_;
+    int64_t gen_ = 0;
+    std::unique_ptr<rl::core::dist::Rendezvous> store_;
+    std::unique_ptr<rl::core::dist::UpdateGroup> group_;
+};
+
 std::unique_ptr<Backend> make_backend(const std::string &name) {
     if (name == "filesystem") return std::make_unique<FilesystemBackend>();
+    if (name == "nccl") return std::make_unique<NcclBackend>();
     return std::make_unique<ZmqBackend>();
 }
 
@@ -206,7 +285,10 @@ protected:
         return inst;
     }
     rl_instance_t *receiver() { return make(backend_->receiver_params()); }
-    rl_instance_t *sender() { return make(backend_->sender_params()); }
+    rl_instance_t *sender() {
+        backend_->before_sender();
+        return make(backend_->sender_params());
+    }
 
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<rltest::RuntimeFixture> rt_;
@@ -431,7 +513,8 @@ TEST_P(TransportConformance, SenderRefusesMessagesItCannotCarryNamingTheProblem)
 }
 
 INSTANTIATE_TEST_SUITE_P(Plugins, TransportConformance,
-                         ::testing::Values(std::string("filesystem"), std::string("zmq")),
+                         ::testing::Values(std::string("filesystem"), std::string("zmq"),
+                                           std::string("nccl")),
                          [](const auto &info) { return info.param; });
 
 // ---- the wire format's checksum ------------------------------------------------------
