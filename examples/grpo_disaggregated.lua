@@ -89,7 +89,7 @@ local function weight_transport(k, sending)
         local device = model_device
         return rl.transport("nccl", { host = t.host, port = t.port, world_size = workers + 1,
             rank = sending and 0 or k + 1, role = sending and "push" or "pull",
-            timeout = t.timeout, queue = 2,
+            timeout = t.timeout, mode = "latest",
             backend = device:match("^cuda") and "nccl" or "gloo" })
     end
     return rl.transport("zmq", { host = t.host, port = t.port + k, hwm = 2,

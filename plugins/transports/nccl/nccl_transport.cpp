@@ -143,7 +143,8 @@ public:
           device_(static_cast<int>(p.integer("device", 0, 0, 1024))),
           timeout_ms_(static_cast<int64_t>(p.number("timeout", 600, 0.001) * 1000)),
           bucket_bytes_(p.integer("bucket_mb", 64, 1, 1 << 20) << 20),
-          poll_ms_(p.integer("poll_ms", 5, 1, 10000)), queue_max_(p.integer("queue", 4, 1, 1024)) {
+          poll_ms_(p.integer("poll_ms", 5, 1, 10000)), queue_max_(p.integer("queue", 4, 1, 1024)),
+          latest_(p.choice("mode", "queue", {"queue", "latest"}) == "latest") {
         rank_ = static_cast<int>(p.integer("rank", role_ == "push" ? 0 : 1, 0, world_ - 1));
         p.finish();
         if (port_ == 0) rl::sdk::invalid(p.owner() + ": parameter 'port' is required (1-65535)");
@@ -287,6 +288,7 @@ public:
             off += t.nbytes;
         }
         call.metric("transport/bytes", static_cast<double>(r.bytes.size()));
+        if (latest_) call.metric("transport/skipped", static_cast<double>(skipped_.exchange(0)));
         return true;
     }
 
@@ -350,7 +352,7 @@ private:
                 }
                 if (group_->has_group() &&
                     group_->add("msg/g" + std::to_string(my_gen)) > handled) {
-                    if (!wait_for_room()) break;
+                    if (!latest_ && !wait_for_room()) break;
                     ++handled;
                     receive_one(handled);
                     continue;
@@ -440,6 +442,12 @@ private:
     void push(Received r) {
         {
             std::lock_guard<std::mutex> lk(mu_);
+            if (latest_ && r.error.empty()) {
+                // Mode latest: the newest message replaces unread ones, so the
+                // sender never waits for a busy receiver.
+                skipped_ += static_cast<int64_t>(queue_.size());
+                queue_.clear();
+            }
             queue_.push_back(std::move(r));
         }
         cv_.notify_all();
@@ -480,6 +488,8 @@ private:
     std::condition_variable cv_;
     std::deque<Received> queue_;
     bool stop_ = false;
+    bool latest_ = false;
+    std::atomic<int64_t> skipped_{0};
     std::atomic<bool> connected_{false};
 };
 
