@@ -521,8 +521,6 @@ local function orchestrator_role()
                     send_batch(s)
                     stats.resent = stats.resent + 1
                 end
-                -- Every worker hears of the trainer's run (they take its weights again).
-                for k, s in pairs(w) do credit(k) end
             end
             if h.trainer_run == trainer.run then
                 trainer.version, trainer.checkpoint, trainer.done = h.version, h.checkpoint, h.done
@@ -530,6 +528,18 @@ local function orchestrator_role()
                     if s < trainer.checkpoint then sent[s] = nil end
                 end
             end
+            -- Every worker hears of the trainer's run (after a restart they
+            -- take its older weights).
+            if h.hello then
+                for k in pairs(w) do credit(k) end
+            end
+        elseif h.kind == "rl.hello" or h.kind == "rl.rollouts" then
+            if type(h.worker) ~= "number" or h.worker % 1 ~= 0 or h.worker < 0 or h.worker >= workers then
+                error(("%s a message from worker %s, but there are %d (rollout_workers / --roles rollout:K)")
+                    :format(tag, tostring(h.worker), workers), 0)
+            end
+        end
+        if h.kind == "rl.trainer" then
         elseif h.kind == "rl.hello" then
             local old = w[h.worker]
             if old ~= nil and old.run ~= h.worker_run then

@@ -519,7 +519,8 @@ std::vector<std::string> with_role(std::vector<std::string> a, const std::string
 // every step once.
 TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
     const std::string dir = temp_dir();
-    const auto args = three_role_args("zmq", "zmq", 60);
+    auto args = three_role_args("zmq", "zmq", 60);
+    args.insert(args.end(), {"--set", "run.steps=14"});
     const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
     const pid_t orch = spawn_rlhost({"run"}, with_role(args, "orchestrator"), dir,
                                     dir + "/orchestrator.log", dir + "/orchestrator.log");
@@ -527,9 +528,9 @@ TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
                                 dir + "/worker1.log");
     bool killed = false;
     const Proc p = rlhost(with_role(args, "trainer"), dir, 600, [&](pid_t) {
-        // 3 SFT lines, then kill the worker after 5 RL steps.
+        // 3 SFT lines, then kill the worker after 4 RL steps.
         const std::string text = exists(metrics) ? read_file(metrics) : "";
-        if (!killed && std::count(text.begin(), text.end(), '\n') >= 8) {
+        if (!killed && std::count(text.begin(), text.end(), '\n') >= 7) {
             kill(worker, SIGKILL);
             waitpid(worker, nullptr, 0);
             killed = true;
@@ -558,19 +559,19 @@ TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
 TEST(ThreeRoleFaults, ATrainerKilledAndRestartedResumesFromItsCheckpoint) {
     const std::string dir = temp_dir();
     auto args = three_role_args("filesystem", "filesystem", 60);
-    args.insert(args.end(), {"--set", "run.checkpoint_every=4"});
+    args.insert(args.end(), {"--set", "run.checkpoint_every=4", "--set", "run.steps=14"});
     const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
     const pid_t orch = spawn_rlhost({"run"}, with_role(args, "orchestrator"), dir,
                                     dir + "/orchestrator.log", dir + "/orchestrator.log");
-    const pid_t worker = spawn_rlhost({"run"}, with_role(args, "rollout"), dir,
-                                      dir + "/worker.log", dir + "/worker.log");
+    const pid_t worker = spawn_rlhost({"run"}, with_role(args, "rollout"), dir, dir + "/worker.log",
+                                      dir + "/worker.log");
     const pid_t first = spawn_rlhost({"run"}, with_role(args, "trainer"), dir,
                                      dir + "/trainer1.log", dir + "/trainer1.log");
-    // 3 SFT lines, then 10 RL steps (checkpoints at 4 and 8), then kill -9.
+    // 3 SFT lines, then 6 RL steps (a checkpoint at 4), then kill -9.
     bool killed = false;
     for (int i = 0; i < 3000 && !killed; ++i) {
         const std::string text = exists(metrics) ? read_file(metrics) : "";
-        if (std::count(text.begin(), text.end(), '\n') >= 13) {
+        if (std::count(text.begin(), text.end(), '\n') >= 9) {
             kill(first, SIGKILL);
             killed = true;
         } else if (waitpid(first, nullptr, WNOHANG) == first) {
@@ -592,7 +593,7 @@ TEST(ThreeRoleFaults, ATrainerKilledAndRestartedResumesFromItsCheckpoint) {
     const auto rl = expect_every_step_once(dir, p.out);
     ASSERT_FALSE(rl.empty());
     EXPECT_EQ(rl.back().at("trainer_restarts").get<int64_t>(), 1) << logs;
-    EXPECT_NE(read_file(dir + "/worker.log").find("the trainer restarted at version 8"),
+    EXPECT_NE(read_file(dir + "/worker.log").find("the trainer restarted at version 4"),
               std::string::npos)
         << logs;
 }

@@ -127,6 +127,9 @@ rl_status_t RL_ABI broadcast(rl_collective_group_t *g, const rl_tensor_list_t *t
         std::vector<at::Tensor> given, moving;
         for (uint64_t i = 0; i < tensors->count; ++i) {
             const rl_tensor_view_t &v = tensors->items[i].view;
+            int64_t numel = 1;
+            for (int32_t d = 0; d < v.ndim; ++d) numel *= v.shape[d];
+            if (numel == 0) continue; // nothing travels (the same on every rank)
             const std::string what =
                 std::string("broadcast: tensor '") +
                 (tensors->items[i].name ? tensors->items[i].name : std::to_string(i)) + "'";

@@ -62,6 +62,11 @@ rl_tensor_arg_t arg_of(const char *name, void *data, rl_dtype_t dtype, int64_t *
 
 constexpr rl_dtype_t kI64{RL_DTYPE_INT, 64, 1}, kU8{RL_DTYPE_UINT, 8, 1};
 
+// The store is gone (its host, the sender, stopped): reconnect from scratch.
+struct StoreGone : rl::sdk::Error {
+    explicit StoreGone(const std::string &m) : rl::sdk::Error(RL_ERR_IO, m) {}
+};
+
 // The store and group of one end, over the host's collective extension.
 class Group {
 public:
@@ -84,8 +89,7 @@ public:
     int64_t add(const std::string &key, int64_t delta = 0) {
         int64_t v = 0;
         const rl_status_t s = ext_->store_add(store_, key.c_str(), delta, &v);
-        if (s != RL_OK)
-            rl::sdk::fail(RL_ERR_IO, "the store at " + where() + " is unreachable: " + error());
+        if (s != RL_OK) throw StoreGone("the store at " + where() + " is unreachable: " + error());
         return v;
     }
     rl_status_t join(int64_t gen, int rank) {
@@ -357,17 +361,20 @@ private:
                     receive_one(handled);
                     continue;
                 }
-            } catch (const rl::sdk::Error &e) {
-                // The store or the group is gone (the sender stopped): drop
-                // both and reach the store again; a message in flight is lost
-                // whole, never delivered in part.
+            } catch (const StoreGone &e) {
+                // The sender stopped: drop everything and reach the store
+                // again (a new ticket). A message in flight is lost whole,
+                // never delivered in part.
                 log(RL_LOG_WARN, "nccl transport (rank " + std::to_string(rank_) +
                                      "): " + e.what() + "; reconnecting");
-                if (!group_->has_group() ||
-                    std::string(e.what()).find("store") != std::string::npos) {
-                    group_->close();
-                    connected_ = false;
-                }
+                group_->close();
+                connected_ = false;
+            } catch (const rl::sdk::Error &e) {
+                // A collective failed (the group lost a rank): the group is
+                // left; the same ticket joins the sender's next generation.
+                log(RL_LOG_WARN, "nccl transport (rank " + std::to_string(rank_) +
+                                     "): " + e.what() + "; waiting for the next group");
+                group_->leave();
             }
             nap(poll_ms_);
         }
