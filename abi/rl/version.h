@@ -27,7 +27,8 @@
  *        (transports), rl_server_* (serve.h), rl_inference_client_*
  *        (inference.h).
  *   0.5  host extension RL_EXT_HOST_COLLECTIVE (rl_host_collective_t: a
- *        TCPStore rendezvous and Gloo / NCCL broadcast for plugins). */
+ *        TCPStore rendezvous and Gloo / NCCL broadcast for plugins);
+ *        rl_weights_recv option "newer_than". */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 4
 #define RL_ABI_VERSION_PATCH 0
