@@ -236,7 +236,9 @@ public:
             longs({static_cast<int64_t>(wire_header.size()), static_cast<int64_t>(payloads.size()),
                    seq, 0x726c6e63636c0001})};
         group_->broadcast(ts);
-        ts = {longs(sizes), bytes(wire_header.data(), wire_header.size())};
+        // As the host's broadcast: an empty tensor (no buckets) does not travel.
+        ts = {bytes(wire_header.data(), wire_header.size())};
+        if (!sizes.empty()) ts.insert(ts.begin(), longs(sizes));
         group_->broadcast(ts);
         for (const auto &p : payloads) {
             if (p.empty()) continue;

@@ -141,9 +141,10 @@ rl_status_t RL_ABI broadcast(rl_collective_group_t *g, const rl_tensor_list_t *t
                     expect *= v.shape[d];
                 }
             }
-            const at::Device where = v.device.type == RL_DEVICE_CUDA
-                                         ? at::Device(at::kCUDA, static_cast<int8_t>(v.device.id))
-                                         : at::Device(at::kCPU);
+            const at::Device where =
+                v.device.type == RL_DEVICE_CUDA
+                    ? at::Device(at::kCUDA, static_cast<int8_t>(v.device.index))
+                    : at::Device(at::kCPU);
             std::vector<int64_t> shape(v.shape, v.shape + v.ndim);
             at::Tensor t =
                 at::from_blob(static_cast<char *>(v.data) + v.byte_offset, shape,
