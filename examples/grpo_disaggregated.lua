@@ -492,12 +492,13 @@ local function orchestrator_role()
             msg.policy_versions:totable()
         for i = 1, #cu - 1 do
             -- Group ids of the orchestrator: unique over workers and their restarts.
-            local key = h.worker_run .. ":" .. groups[i]
+            local key = h.worker_run .. ":" .. string.format("%d", groups[i])
             if gid_map[key] == nil then gid, gid_map[key] = gid + 1, gid + 1 end
             local a, b = cu[i] + 1, cu[i + 1]
             local t = { token_ids = msg.input_ids:slice(a, b), loss_mask = msg.loss_mask:slice(a, b) }
             if msg.rollout_logprobs then t.logprobs = msg.rollout_logprobs:slice(a, b) end
-            buffer:push({ group_id = gid_map[key], reward = rewards[i], policy_version = versions[i],
+            buffer:push({ group_id = gid_map[key], reward = rewards[i],
+                policy_version = math.tointeger(versions[i]) or math.floor(versions[i]),
                 sampling_temperature = h.sampling_temperature }, t)
         end
     end
