@@ -335,7 +335,8 @@ TEST(DisaggregatedErrors, ImpossibleSettingsAreNamedBeforeTheRunStarts) {
     const std::string script = kExamples + "/grpo_disaggregated.lua";
     Proc p = rlhost({script, "--config", kScripts + "/grpo_test.yaml"}, dir, 60);
     EXPECT_EQ(p.exit_code, 1);
-    EXPECT_NE(p.err.find("role=auto needs RL_ROLE=trainer|rollout"), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("role=auto needs RL_ROLE=trainer|orchestrator|rollout"), std::string::npos)
+        << p.err;
     p = rlhost({script, "--config", kScripts + "/grpo_test.yaml", "--set", "role=trainer", "--set",
                 "max_async_level=3", "--set", "buffer.max_off_policy_steps=1"},
                dir, 60);
@@ -344,8 +345,9 @@ TEST(DisaggregatedErrors, ImpossibleSettingsAreNamedBeforeTheRunStarts) {
               std::string::npos)
         << p.err;
     p = rlhost({script, "--set", "role=worker"}, dir, 60);
-    EXPECT_NE(p.err.find("key 'role' must be one of auto,trainer,rollout; got 'worker'"),
-              std::string::npos)
+    EXPECT_NE(
+        p.err.find("key 'role' must be one of auto,trainer,orchestrator,rollout; got 'worker'"),
+        std::string::npos)
         << p.err;
     p = rlhost({script, "--set", "rollout_transport.port=70000"}, dir, 60);
     EXPECT_NE(p.err.find("rollout_transport.port"), std::string::npos) << p.err;
