@@ -7,6 +7,19 @@
 -- Each role also runs alone (role=trainer / role=rollout, e.g. on two machines
 -- sharing a folder or a network).
 --
+-- With an orchestrator (Surogate's three roles; docs/disaggregated.md):
+--
+--   rlhost launch --roles trainer,orchestrator,rollout:2 -- run examples/grpo_disaggregated.lua \
+--       --config examples/grpo_disaggregated.yaml
+--
+-- rollout workers only generate, score and filter: each chunk of rollouts goes
+-- to the orchestrator, numbered (worker process, sequence number), when the
+-- orchestrator grants a credit. The orchestrator owns the buffer (difficulty
+-- filter, staleness), the advantages and the batches; it numbers every batch
+-- with the trainer step it is for, keeps it until the trainer's checkpoint
+-- covers it, and sends it again to a restarted trainer. The trainer
+-- acknowledges every step. See the protocol under "three roles" below.
+--
 -- rollout (K workers): engine + env + filters + buffer + advantages. It waits
 --   for the trainer's weights, then produces training batches, each tagged
 --   with the global step it is for and the policy version that sampled it.
@@ -27,11 +40,15 @@ local cfg = rl.config {
 local role = cfg.role
 if role == "auto" then
     role = os.getenv("RL_ROLE")
-    if role ~= "trainer" and role ~= "rollout" then
-        error("role=auto needs RL_ROLE=trainer|rollout: start the roles with `rlhost launch "
+    if role ~= "trainer" and role ~= "rollout" and role ~= "orchestrator" then
+        error("role=auto needs RL_ROLE=trainer|orchestrator|rollout: start the roles with `rlhost launch "
             .. "--roles trainer,rollout -- run ...`, or set role=trainer / role=rollout", 0)
     end
 end
+-- Three roles when an orchestrator is among the launched roles (or, by hand,
+-- with orchestrator=true).
+local orchestrated = cfg.orchestrator or role == "orchestrator"
+    or ((os.getenv("RL_ROLES") or ""):match("orchestrator") ~= nil)
 local workers = tonumber((os.getenv("RL_ROLES") or ""):match("rollout:(%d+)") or "")
     or cfg.rollout_workers
 local worker_index = role == "rollout" and tonumber(os.getenv("RL_ROLE_INDEX") or "0") or 0
@@ -60,11 +77,20 @@ local function batch_transport(k, sending)
     return rl.transport("zmq", { host = t.host, port = t.port, hwm = t.hwm,
         role = sending and "push" or "pull", timeout_ms = ms(t.timeout) })
 end
+local model_device = "cpu" -- set once the role has loaded its model
 local function weight_transport(k, sending)
     local t = cfg.weight_broadcast
     if t.type == "filesystem" then
         return rl.transport("filesystem", { dir = weight_dir, channel = "broadcasts",
             mode = "latest", keep = 3, poll_ms = 10 })
+    elseif t.type == "nccl" then
+        -- One collective group: the trainer is rank 0, worker K rank K + 1.
+        -- NCCL for a model on a GPU, Gloo for one on the CPU.
+        local device = model_device
+        return rl.transport("nccl", { host = t.host, port = t.port, world_size = workers + 1,
+            rank = sending and 0 or k + 1, role = sending and "push" or "pull",
+            timeout = t.timeout, mode = "latest",
+            backend = device:match("^cuda") and "nccl" or "gloo" })
     end
     return rl.transport("zmq", { host = t.host, port = t.port + k, hwm = 2,
         role = sending and "push" or "pull", timeout_ms = ms(t.timeout) })
@@ -82,6 +108,7 @@ local function rollout_worker()
         end
     end
     local model = rl.load_model(cfg)
+    model_device = model:info().device
     local engine = model:engine(rl.engine_config(cfg))
     local env = rl.env(cfg.env.name, cfg.env.params)
     local advantage = rl.advantage(cfg.advantage.name, cfg.advantage.params)
@@ -163,6 +190,7 @@ local function trainer_role()
     local run = rl.run(cfg)
     local model = rl.load_model(cfg)
     local tok, info = model:tokenizer(), model:info()
+    model_device = info.device
     local trainer = model:trainer(rl.trainer_config(cfg))
     run:attach(trainer) -- with run.resume: the last checkpoint, re-broadcast below
     local loss = rl.loss(cfg.loss.name, cfg.loss.params)
@@ -180,7 +208,7 @@ local function trainer_role()
         for k = 0, workers - 1 do inbox[#inbox + 1] = batch_transport(k, false) end
     end
     local outbox = {}
-    if cfg.weight_broadcast.type == "zmq" then
+    if cfg.weight_broadcast.type == "zmq" then -- point to point: one per worker
         for k = 0, workers - 1 do outbox[#outbox + 1] = weight_transport(k, true) end
     else
         outbox[1] = weight_transport(0, true)
@@ -254,4 +282,424 @@ local function trainer_role()
     run:finish()
 end
 
-if role == "trainer" then trainer_role() else rollout_worker() end
+-- ---- three roles: rollout workers -> orchestrator -> trainer ---------------------------
+--
+-- Channels (zmq: ports from rollout_transport.port = P; filesystem: channels
+-- of the shared folder):
+--   orchestrator -> trainer   batches          zmq: trainer binds P       fs: batches
+--   workers, trainer -> orch. rollouts, acks   zmq: orchestrator binds P+1 fs: to_orch_w<K>, to_orch_trainer
+--   orchestrator -> worker K  credits          zmq: worker K binds P+2+K  fs: credits_<K>
+--   trainer -> workers        weights          weight_broadcast (filesystem, zmq or nccl)
+-- Messages (header "kind"):
+--   rl.hello    worker -> orch.: {worker, worker_run} when a worker process starts
+--   rl.rollouts worker -> orch.: {worker, worker_run, seq, policy_version} + a chunk of
+--               scored rollouts (one per credit; seq 1, 2, ... per worker process)
+--   rl.credit   orch. -> worker: {worker_run, seq: may send up to this one, min_version:
+--               sample with weights at least this new, trainer_run, trainer_version, done}
+--   rl.batch    orch. -> trainer: {step, ...}: the batch the trainer trains at version step
+--   rl.trainer  trainer -> orch.: {trainer_run, version, checkpoint, hello, done}
+-- Guarantees: the orchestrator takes a chunk once (a repeated (worker_run, seq) is
+-- skipped, a gap is counted as lost); the trainer trains every step once, in order
+-- (a batch for a past step is skipped, one for a later step waits); the orchestrator
+-- keeps every batch from the trainer's last checkpoint on and sends them again when a
+-- trainer says hello at an older version. Any peer silent past its timeout is an
+-- error naming it, never a hang.
+
+local P = cfg.rollout_transport.port
+local function zmq_end(port, sending, bind, hwm)
+    local t = cfg.rollout_transport
+    return rl.transport("zmq", { host = t.host, port = port, hwm = hwm or t.hwm, bind = bind,
+        role = sending and "push" or "pull", timeout_ms = ms(t.timeout) })
+end
+local function fs_end(channel, reading)
+    return rl.transport("filesystem", { dir = batch_dir, channel = channel, poll_ms = 10 })
+end
+local fs = cfg.rollout_transport.type == "filesystem"
+-- Channels of the three roles.
+local function to_trainer(reading) -- batches
+    if fs then return fs_end("batches", reading) end
+    return zmq_end(P, not reading, reading)
+end
+local function to_orchestrator(who, reading) -- who: "w<K>" or "trainer"
+    if fs then return fs_end("to_orch_" .. who, reading) end
+    return zmq_end(P + 1, not reading, reading)
+end
+local function to_worker(k, reading) -- credits
+    if fs then return fs_end("credits_" .. k, reading) end
+    return zmq_end(P + 2 + k, not reading, reading, 64)
+end
+local function clear(channels)
+    for _, c in ipairs(channels) do
+        local d = batch_dir .. "/" .. c
+        if rl.exists(d) == "dir" then rl.remove_tree(d) end
+    end
+end
+-- The last checkpoint surely saved at `version` (run.checkpoint_every; 0: none before the end).
+local function checkpoint_floor(version)
+    local every = cfg.run.checkpoint_every
+    if every <= 0 or version <= 0 then return 0 end
+    return ((version - 1) // every) * every
+end
+
+local function orchestrated_worker()
+    local path = cfg.model.path
+    if path == "" then -- the trainer creates the built-in model: wait for it
+        local deadline = rl.clock() + cfg.weight_broadcast.timeout
+        while not rl.exists(cfg.model.init_dir .. "/config.json") do
+            if rl.clock() > deadline then error("rollout: no model appeared in " .. cfg.model.init_dir, 0) end
+            rl.sleep(0.05)
+        end
+    end
+    local model = rl.load_model(cfg)
+    model_device = model:info().device
+    local engine = model:engine(rl.engine_config(cfg))
+    local env = rl.env(cfg.env.name, cfg.env.params)
+    local filters = rl.filters(cfg.filters)
+    local tag = ("[rollout %d/%d]"):format(worker_index, workers)
+    local worker_run = ("%d-%d"):format(worker_index, math.floor(rl.time() * 1000))
+    if fs then clear({ "credits_" .. worker_index }) end
+    local credits = to_worker(worker_index, true)
+    local out = to_orchestrator("w" .. worker_index, false)
+    local weights_in = weight_transport(worker_index, false)
+
+    local version, floor = -1, nil
+    local function take(wait_s)
+        local got = model:recv_weights(weights_in, ms(wait_s), floor and { newer_than = floor } or nil)
+        if not got then return false end
+        version, floor = got.version, nil
+        engine:sync_weights()
+        return true
+    end
+    if not take(cfg.weight_broadcast.timeout) then
+        error(tag .. " no weights from the trainer within weight_broadcast.timeout; is it running?", 0)
+    end
+    out:send({ kind = "rl.hello", worker = worker_index, worker_run = worker_run })
+    local seq, allowed, min_version, trainer_run, done = 0, 0, 0, nil, false
+    local chunks = 0
+    while true do
+        -- A credit for the next chunk (or the end).
+        while allowed <= seq and not done do
+            local msg = credits:recv(ms(cfg.rollout_transport.timeout))
+            if not msg then
+                error(("%s no credit from the orchestrator within rollout_transport.timeout (%gs); is it running?")
+                    :format(tag, cfg.rollout_transport.timeout), 0)
+            end
+            local h = msg.header
+            if h.worker_run == worker_run then -- credits for an earlier process are void
+                if trainer_run ~= nil and h.trainer_run ~= trainer_run then
+                    -- The trainer restarted from a checkpoint: take its (older) weights.
+                    print(("%s the trainer restarted at version %d"):format(tag, h.trainer_version))
+                    floor = h.trainer_version - 1
+                    if cfg.weight_broadcast.type == "filesystem" then
+                        weights_in = weight_transport(worker_index, false) -- read from the newest again
+                    end
+                end
+                trainer_run = h.trainer_run
+                done = h.done
+                allowed = math.max(allowed, h.seq)
+                min_version = h.min_version
+            end
+        end
+        if done then break end
+        -- Weights: the newest there is, at least min_version.
+        while take(0) do end
+        while version < min_version or floor ~= nil do
+            if not take(cfg.weight_broadcast.timeout) then
+                error(("%s waited weight_broadcast.timeout (%gs) for weights version %d; is the trainer running?")
+                    :format(tag, cfg.weight_broadcast.timeout, min_version), 0)
+            end
+        end
+        seq = seq + 1
+        local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", worker_run, seq))
+        local rollouts = engine:rollouts(tasks, {
+            chat_template = template,
+            sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", worker_run, seq) }),
+        })
+        rollouts:score(env)
+        local flagged = rollouts:filter(filters)
+        local r = rollouts:info()
+        local b = rollouts:to_batch():info()
+        local tensors = { input_ids = b.input_ids, cu_seqlens = b.cu_seqlens, loss_mask = b.loss_mask,
+            rewards = b.rewards, group_ids = b.group_ids, policy_versions = b.policy_versions }
+        if b.rollout_logprobs then tensors.rollout_logprobs = b.rollout_logprobs end
+        out:send({ kind = "rl.rollouts", worker = worker_index, worker_run = worker_run, seq = seq,
+            policy_version = version, sampling_temperature = b.sampling_temperature,
+            reward = r.reward_mean, exact = r["env/exact_match"], flagged = flagged.flagged,
+            masked = flagged.masked }, tensors)
+        chunks = chunks + 1
+    end
+    print(("%s done: %d chunks, final weights version %d"):format(tag, chunks, version))
+end
+
+local function orchestrator_role()
+    local advantage = rl.advantage(cfg.advantage.name, cfg.advantage.params)
+    local buffer = rl.buffer(rl.buffer_config(cfg))
+    local tag = "[orchestrator]"
+    local inboxes = {}
+    if fs then
+        clear({ "to_orch_trainer" })
+        inboxes[1] = to_orchestrator("trainer", true)
+        for k = 0, workers - 1 do
+            clear({ "to_orch_w" .. k })
+            inboxes[#inboxes + 1] = to_orchestrator("w" .. k, true)
+        end
+    else
+        inboxes[1] = to_orchestrator(nil, true)
+    end
+    local batches = to_trainer(false)
+    local credit_out = {}
+    for k = 0, workers - 1 do credit_out[k] = to_worker(k, false) end
+
+    local total, A = cfg.run.steps, cfg.max_async_level
+    local trainer = { run = nil, version = -1, checkpoint = 0, done = false }
+    local w = {} -- per worker index: run, seq (last taken), granted
+    local stats = { chunks = 0, duplicates = 0, lost_chunks = 0, worker_restarts = 0,
+        trainer_restarts = 0, resent = 0 }
+    local sent = {}  -- step -> {header, tensors}, kept until the trainer's checkpoint covers it
+    local next_step = nil
+    local gid, gid_map = 0, {}
+    local last_heard = rl.clock()
+
+    local function credit(k, done)
+        local s = w[k]
+        credit_out[k]:send({ kind = "rl.credit", worker_run = s.run, seq = s.granted, done = done or false,
+            min_version = math.max(0, (next_step or 0) - A), trainer_run = trainer.run,
+            trainer_version = trainer.version })
+    end
+    local function send_batch(step)
+        local b = sent[step]
+        batches:send(b.header, b.tensors)
+    end
+    local function take_rollouts(h, msg)
+        local k = h.worker
+        local s = w[k]
+        if s == nil or s.run ~= h.worker_run then
+            -- A chunk of a process we never heard hello from (its hello was lost): adopt it.
+            if s ~= nil then stats.worker_restarts = stats.worker_restarts + 1 end
+            s = { run = h.worker_run, seq = 0, granted = h.seq }
+            w[k] = s
+        end
+        if h.seq <= s.seq then
+            stats.duplicates = stats.duplicates + 1 -- taken before: never twice
+            return
+        end
+        if h.seq > s.seq + 1 then stats.lost_chunks = stats.lost_chunks + (h.seq - s.seq - 1) end
+        s.seq = h.seq
+        stats.chunks = stats.chunks + 1
+        buffer:set_policy_version(math.max(trainer.version, 0))
+        local cu = msg.cu_seqlens:totable()
+        local rewards, groups, versions = msg.rewards:totable(), msg.group_ids:totable(),
+            msg.policy_versions:totable()
+        for i = 1, #cu - 1 do
+            -- Group ids of the orchestrator: unique over workers and their restarts.
+            local key = h.worker_run .. ":" .. string.format("%d", groups[i])
+            if gid_map[key] == nil then gid, gid_map[key] = gid + 1, gid + 1 end
+            local a, b = cu[i] + 1, cu[i + 1]
+            local t = { token_ids = msg.input_ids:slice(a, b), loss_mask = msg.loss_mask:slice(a, b) }
+            if msg.rollout_logprobs then t.logprobs = msg.rollout_logprobs:slice(a, b) end
+            buffer:push({ group_id = gid_map[key], reward = rewards[i],
+                policy_version = math.tointeger(versions[i]) or math.floor(versions[i]),
+                sampling_temperature = h.sampling_temperature }, t)
+        end
+    end
+    local function handle(msg)
+        local h = msg.header
+        last_heard = rl.clock()
+        if h.kind == "rl.trainer" then
+            if h.hello then
+                if trainer.run ~= nil and h.trainer_run ~= trainer.run then
+                    stats.trainer_restarts = stats.trainer_restarts + 1
+                    print(("%s the trainer restarted at version %d"):format(tag, h.version))
+                end
+                trainer.run = h.trainer_run
+                if next_step == nil then next_step = h.version end
+                -- Batches it lost with its process: again, in order.
+                for s = h.version, next_step - 1 do
+                    if sent[s] == nil then
+                        error(("%s the trainer restarted at version %d but the batch of step %d is gone "
+                            .. "(run.checkpoint_every too far apart?)"):format(tag, h.version, s), 0)
+                    end
+                    send_batch(s)
+                    stats.resent = stats.resent + 1
+                end
+            end
+            if h.trainer_run == trainer.run then
+                trainer.version, trainer.checkpoint, trainer.done = h.version, h.checkpoint, h.done
+                for s in pairs(sent) do
+                    if s < trainer.checkpoint then sent[s] = nil end
+                end
+            end
+            -- Every worker hears of the trainer's run (after a restart they
+            -- take its older weights).
+            if h.hello then
+                for k in pairs(w) do credit(k) end
+            end
+        elseif h.kind == "rl.hello" or h.kind == "rl.rollouts" then
+            if type(h.worker) ~= "number" or h.worker % 1 ~= 0 or h.worker < 0 or h.worker >= workers then
+                error(("%s a message from worker %s, but there are %d (rollout_workers / --roles rollout:K)")
+                    :format(tag, tostring(h.worker), workers), 0)
+            end
+        end
+        if h.kind == "rl.trainer" then
+        elseif h.kind == "rl.hello" then
+            local old = w[h.worker]
+            if old ~= nil and old.run ~= h.worker_run then
+                stats.worker_restarts = stats.worker_restarts + 1
+                local lost = old.granted - old.seq
+                stats.lost_chunks = stats.lost_chunks + math.max(0, lost)
+                print(("%s worker %d restarted (%s -> %s); %d chunk(s) in flight lost, none trained")
+                    :format(tag, h.worker, old.run, h.worker_run, math.max(0, lost)))
+            end
+            if old == nil or old.run ~= h.worker_run then
+                w[h.worker] = { run = h.worker_run, seq = 0, granted = 0 }
+            end
+        elseif h.kind == "rl.rollouts" then
+            take_rollouts(h, msg)
+        else
+            error(("%s unexpected message kind '%s'"):format(tag, tostring(h.kind)), 0)
+        end
+    end
+
+    while not trainer.done do
+        -- Everything that arrived.
+        local got = false
+        for _, t in ipairs(inboxes) do
+            local msg = t:recv(0)
+            while msg do
+                got = true
+                handle(msg)
+                msg = t:recv(0)
+            end
+        end
+        if not got then
+            if next_step ~= nil and next_step < total and trainer.version >= next_step - A then
+                local batch = buffer:pop_train_batch(cfg.buffer.min_rollouts)
+                if batch then
+                    batch:compute_advantages(advantage)
+                    local info = batch:info()
+                    local tensors = batch:tensors()
+                    local rs = info.rewards:totable()
+                    local sum = 0
+                    for _, x in ipairs(rs) do sum = sum + x end
+                    sent[next_step] = { header = { kind = "rl.batch", step = next_step,
+                        policy_version = info.min_policy_version, reward = sum / #rs,
+                        groups = info.groups, rollouts = info.rollouts,
+                        chunks = stats.chunks, duplicates = stats.duplicates,
+                        lost_chunks = stats.lost_chunks, worker_restarts = stats.worker_restarts,
+                        trainer_restarts = stats.trainer_restarts, resent = stats.resent },
+                        tensors = tensors }
+                    send_batch(next_step)
+                    next_step = next_step + 1
+                    last_heard = rl.clock()
+                else
+                    -- Rollouts needed: one credit per worker with none in flight.
+                    for k, s in pairs(w) do
+                        if s.granted <= s.seq then
+                            s.granted = s.seq + 1
+                            credit(k)
+                        end
+                    end
+                end
+            end
+            if rl.clock() - last_heard > cfg.rollout_transport.timeout then
+                error(("%s nothing from the trainer or the workers within rollout_transport.timeout (%gs) "
+                    .. "(trainer at version %d, next batch for step %s); are they running?")
+                    :format(tag, cfg.rollout_transport.timeout, trainer.version, tostring(next_step)), 0)
+            end
+            rl.sleep(0.005)
+        end
+    end
+    for k, s in pairs(w) do credit(k, true) end
+    print(("%s done: %d chunks, %d batches, %d duplicate(s) skipped, %d chunk(s) lost, %d worker restart(s), %d trainer restart(s)")
+        :format(tag, stats.chunks, next_step or 0, stats.duplicates, stats.lost_chunks,
+            stats.worker_restarts, stats.trainer_restarts))
+end
+
+local function orchestrated_trainer()
+    local run = rl.run(cfg)
+    local model = rl.load_model(cfg)
+    local tok, info = model:tokenizer(), model:info()
+    model_device = info.device
+    local trainer = model:trainer(rl.trainer_config(cfg))
+    run:attach(trainer)
+    local loss = rl.loss(cfg.loss.name, cfg.loss.params)
+    local trainer_run = tostring(math.floor(rl.time() * 1000))
+    if rl.exists(weight_dir .. "/broadcasts") == "dir" then rl.remove_tree(weight_dir .. "/broadcasts") end
+    if fs then clear({ "batches" }) end
+    local inbox = to_trainer(true)
+    local acks = to_orchestrator("trainer", false)
+    local outbox = {}
+    if cfg.weight_broadcast.type == "zmq" then
+        for k = 0, workers - 1 do outbox[#outbox + 1] = weight_transport(k, true) end
+    else
+        outbox[1] = weight_transport(0, true)
+    end
+    local version = 0
+    local function broadcast()
+        local sent
+        for _, t in ipairs(outbox) do sent = model:send_weights(t, version) end
+        return sent.metrics
+    end
+    if cfg.sft.steps > 0 then
+        local env = rl.env(cfg.env.name, cfg.env.params)
+        local ce = rl.loss("causallm_loss")
+        for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
+            local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
+            local batch = rl.sft_batch(tok, tasks, info.eos_token_ids[1], template)
+            local out = trainer:forward_backward(batch, ce)
+            local opt = trainer:optim_step { learning_rate = cfg.sft.learning_rate }
+            run:log { loss = out.loss, tokens = out.tokens, grad_norm = opt.grad_norm }
+        end
+    end
+    version = run.phases.rl or 0
+    acks:send({ kind = "rl.trainer", trainer_run = trainer_run, version = version, hello = true,
+        checkpoint = version, done = false })
+    broadcast()
+
+    local waiting, duplicates = {}, 0 -- batches for later steps; batches for past steps skipped
+    for step in run:steps("rl", cfg.run.steps) do
+        local t0, msg = rl.clock(), waiting[version]
+        waiting[version] = nil
+        while msg == nil do
+            local m = inbox:recv(200)
+            if m then
+                local s = m.header.step
+                if s == version then msg = m
+                elseif s < version then duplicates = duplicates + 1
+                else waiting[s] = m end
+            elseif rl.clock() - t0 > cfg.rollout_transport.timeout then
+                error(("trainer: no batch for step %d from the orchestrator within rollout_transport.timeout "
+                    .. "(%gs); is it running?"):format(version, cfg.rollout_transport.timeout), 0)
+            end
+        end
+        local wait = rl.clock() - t0
+        local h = msg.header
+        msg.header, msg.metrics = nil, nil
+        local out = trainer:forward_backward(msg, loss)
+        local opt = trainer:optim_step()
+        version = version + 1
+        local sync = broadcast()
+        acks:send({ kind = "rl.trainer", trainer_run = trainer_run, version = version,
+            checkpoint = checkpoint_floor(version), hello = false, done = version >= cfg.run.steps })
+        local record = {
+            reward = h.reward, groups = h.groups, rollouts = h.rollouts,
+            off_policy_gap = version - 1 - h.policy_version, batch_step = h.step, wait_s = wait,
+            duplicate_batches = duplicates, chunks = h.chunks, lost_chunks = h.lost_chunks,
+            worker_restarts = h.worker_restarts, trainer_restarts = h.trainer_restarts,
+            ["sync/bytes"] = sync["sync/bytes"], ["sync/seconds"] = sync["sync/seconds"],
+            ["sync/version"] = sync["sync/version"],
+        }
+        for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
+        record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
+        run:log(record)
+    end
+    run:finish()
+end
+
+if orchestrated then
+    if role == "trainer" then orchestrated_trainer()
+    elseif role == "orchestrator" then orchestrator_role()
+    else orchestrated_worker() end
+elseif role == "orchestrator" then
+    error("role=orchestrator: the two-role mode has none (start trainer,orchestrator,rollout)", 0)
+elseif role == "trainer" then trainer_role() else rollout_worker() end

@@ -305,7 +305,9 @@ RL_API rl_status_t rl_weights_send(rl_model_t *model, rl_instance_t *transport, 
  * (checksums, names, shapes, count) and swap it into `model` at once: the
  * model is never half-updated, and any failure leaves the previous version in
  * use. Malformed or corrupted messages are refused and waited past up to
- * options {"retries": 2} times; versions not newer are skipped. The model
+ * options {"retries": 2} times; versions not newer are skipped (option
+ * "newer_than": V (ABI 0.5) takes any version > V instead, e.g. the older
+ * version a trainer restarted from its checkpoint broadcasts). The model
  * adopts the version: call rl_engine_sync_weights on its engines next.
  * RL_ERR_TIMEOUT when none came. Result: scalar "version"; metrics
  * "sync/bytes", "sync/seconds", "sync/version", "sync/refused", "sync/stale". */

@@ -26,9 +26,12 @@
  *   0.4  functions only: rl_transport_send / recv and rl_weights_send / recv
  *        (transports), rl_server_* (serve.h), rl_inference_client_*
  *        (inference.h).
- *   0.5  (LoRA) rl_adapter_create / load / save / export_merged / remove /
+ *   0.5  LoRA: rl_adapter_create / load / save / export_merged / remove /
  *        info; "adapter" / "lora" keys of rl_trainer_create, "adapter" of
- *        rl_engine_generate params and the engine config. */
+ *        rl_engine_generate params and the engine config. Host extension
+ *        RL_EXT_HOST_COLLECTIVE (rl_host_collective_t: a TCPStore rendezvous
+ *        and Gloo / NCCL broadcast for plugins); rl_weights_recv option
+ *        "newer_than". */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 4
 #define RL_ABI_VERSION_PATCH 0

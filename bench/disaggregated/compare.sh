@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Co-located vs disaggregated GRPO on the tiny model: RL steps/s and reward of
 # examples/grpo.lua and of examples/grpo_disaggregated.lua (trainer + one
-# rollout worker, over the filesystem and over ZeroMQ), same config and seed,
-# and the ratios. Usage: bench/disaggregated/compare.sh BUILD_DIR [STEPS]
+# rollout worker, over the filesystem and over ZeroMQ; then trainer +
+# orchestrator + worker, batches over the filesystem / ZeroMQ and weights over
+# the filesystem / the nccl transport), same config and seed, and the ratios. Usage: bench/disaggregated/compare.sh BUILD_DIR [STEPS]
 set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
 steps=${2:-30}
@@ -32,5 +33,15 @@ for t in filesystem zmq; do
   "$rlhost" launch --roles trainer,rollout -- run "$src/examples/grpo_disaggregated.lua" "${common[@]}" \
     --set "rollout_transport.type=$t" --set "weight_broadcast.type=$t" > log 2>&1 || { cat log; exit 1; }
   summary "disaggregated ($t)"
+  python3 -c "print(f'  ratio to co-located: {$(cat rate) / $base:.2f}x')"
+done
+# Three roles: rollout worker -> orchestrator -> trainer.
+for t in filesystem zmq; do
+  rm -rf runs
+  w=$t; [ "$t" = zmq ] && w=nccl
+  "$rlhost" launch --roles trainer,orchestrator,rollout -- run "$src/examples/grpo_disaggregated.lua" \
+    "${common[@]}" --set "rollout_transport.type=$t" --set "weight_broadcast.type=$w" > log 2>&1 \
+    || { cat log; exit 1; }
+  summary "three roles ($t + $w weights)"
   python3 -c "print(f'  ratio to co-located: {$(cat rate) / $base:.2f}x')"
 done

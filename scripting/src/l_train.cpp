@@ -163,7 +163,7 @@ int m_send_weights(lua_State *L) {
     return 1;
 }
 
-// model:recv_weights(transport [, timeout_ms [, {retries}]]) -> {version, metrics},
+// model:recv_weights(transport [, timeout_ms [, {retries, newer_than}]]) -> {version, metrics},
 // or nil, "timeout" when no newer weights came in time
 int m_recv_weights(lua_State *L) {
     rl_model_t *m = model_of(L, 1);

@@ -98,6 +98,10 @@ TEST(AbiLayout, HostAndCallContextHaveGoldenLayout) {
     EXPECT_OFFSET(rl_host_api_t, emit_text, 88);
     EXPECT_LAYOUT(rl_host_thread_check_t, 16); // extension "rl.host.thread-check/1", ABI 0.2
     EXPECT_OFFSET(rl_host_thread_check_t, is_control_thread, 8);
+    EXPECT_LAYOUT(rl_host_collective_t, 64); // extension "rl.host.collective/1", ABI 0.5
+    EXPECT_OFFSET(rl_host_collective_t, store_open, 8);
+    EXPECT_OFFSET(rl_host_collective_t, broadcast, 48);
+    EXPECT_OFFSET(rl_host_collective_t, last_error, 56);
 }
 
 // The first published (0.1) layout of every struct a plugin provides is its

@@ -335,7 +335,8 @@ TEST(DisaggregatedErrors, ImpossibleSettingsAreNamedBeforeTheRunStarts) {
     const std::string script = kExamples + "/grpo_disaggregated.lua";
     Proc p = rlhost({script, "--config", kScripts + "/grpo_test.yaml"}, dir, 60);
     EXPECT_EQ(p.exit_code, 1);
-    EXPECT_NE(p.err.find("role=auto needs RL_ROLE=trainer|rollout"), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("role=auto needs RL_ROLE=trainer|orchestrator|rollout"), std::string::npos)
+        << p.err;
     p = rlhost({script, "--config", kScripts + "/grpo_test.yaml", "--set", "role=trainer", "--set",
                 "max_async_level=3", "--set", "buffer.max_off_policy_steps=1"},
                dir, 60);
@@ -344,8 +345,9 @@ TEST(DisaggregatedErrors, ImpossibleSettingsAreNamedBeforeTheRunStarts) {
               std::string::npos)
         << p.err;
     p = rlhost({script, "--set", "role=worker"}, dir, 60);
-    EXPECT_NE(p.err.find("key 'role' must be one of auto,trainer,rollout; got 'worker'"),
-              std::string::npos)
+    EXPECT_NE(
+        p.err.find("key 'role' must be one of auto,trainer,orchestrator,rollout; got 'worker'"),
+        std::string::npos)
         << p.err;
     p = rlhost({script, "--set", "rollout_transport.port=70000"}, dir, 60);
     EXPECT_NE(p.err.find("rollout_transport.port"), std::string::npos) << p.err;
@@ -417,6 +419,204 @@ TEST(DisaggregatedFaults, AWorkerKilledAndRestartedMidRunLosesNoStepAndRepeatsNo
             << "batch " << run << " step " << it->at("batch_step") << " trained twice";
     }
     EXPECT_EQ(runs.size(), 2u) << "both worker processes should have fed the trainer";
+}
+
+// ---- three roles: rollout workers -> orchestrator -> trainer ---------------------------
+
+// The settings every three-role test shares: ports and short timeouts.
+std::vector<std::string> three_role_args(const std::string &batches, const std::string &weights,
+                                         int timeout_s) {
+    return {kExamples + "/grpo_disaggregated.lua",
+            "--config",
+            kScripts + "/grpo_test.yaml",
+            "--set",
+            "rollout_transport.type=" + batches,
+            "--set",
+            "weight_broadcast.type=" + weights,
+            "--set",
+            "rollout_transport.port=" + std::to_string(rltest::free_tcp_port()),
+            "--set",
+            "weight_broadcast.port=" + std::to_string(rltest::free_tcp_port()),
+            "--set",
+            "rollout_transport.timeout=" + std::to_string(timeout_s),
+            "--set",
+            "weight_broadcast.timeout=" + std::to_string(timeout_s),
+            "--set",
+            "loss.name=policy_loss",
+            "--set",
+            "loss.params={}"};
+}
+
+// The RL lines of a finished three-role run: one per step, each batch
+// numbered with its step, in order (none lost, none trained twice).
+std::vector<json> expect_every_step_once(const std::string &dir, const std::string &out) {
+    const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
+    const auto lines = metrics_lines(dir + "/runs/grpo_test/metrics.jsonl");
+    const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
+    EXPECT_EQ(static_cast<int64_t>(lines.size()), sft_steps + rl_steps) << out;
+    if (static_cast<int64_t>(lines.size()) < sft_steps) return {};
+    std::vector<json> rl(lines.begin() + sft_steps, lines.end());
+    for (size_t i = 0; i < rl.size(); ++i)
+        EXPECT_EQ(rl[i].at("batch_step").get<int64_t>(), static_cast<int64_t>(i))
+            << "RL step " << i << " trained the batch of another step";
+    return rl;
+}
+
+// trainer, orchestrator and a rollout worker as three processes started by
+// one `rlhost launch --roles`: batches over filesystem or ZeroMQ, weights over
+// the filesystem or the nccl transport (Gloo on this CPU machine). The reward
+// rises as in one process; every step trains its own batch once.
+class ThreeRoles : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(ThreeRoles, GrpoLearnsWithAnOrchestratorBetweenRolloutsAndTrainer) {
+    const auto &[batches, weights] = GetParam();
+    const std::string dir = temp_dir();
+    const Proc p = rlhost(three_role_args(batches, weights, 120), dir, 900, nullptr,
+                          {"launch", "--roles", "trainer,orchestrator,rollout", "--", "run"});
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
+    const auto rl = expect_every_step_once(dir, p.out);
+    ASSERT_FALSE(rl.empty());
+    int64_t max_gap = 0;
+    for (const auto &l : rl) {
+        max_gap = std::max<int64_t>(max_gap, l.at("off_policy_gap").get<int64_t>());
+        EXPECT_GT(l.at("sync/bytes").get<double>(), 1e6);
+    }
+    EXPECT_LE(max_gap, 1) << "a batch older than max_async_level was trained on";
+    EXPECT_EQ(rl.back().at("sync/version").get<int64_t>(), static_cast<int64_t>(rl.size()));
+    EXPECT_EQ(rl.back().at("lost_chunks").get<int64_t>(), 0);
+    expect_reward_rises(rl, p.out);
+    EXPECT_NE(p.out.find("[orchestrator] [orchestrator] done"), std::string::npos) << p.out;
+    EXPECT_NE(p.out.find("[rollout] [rollout 0/1] done"), std::string::npos) << p.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ThreeRoles,
+                         ::testing::Values(std::make_tuple("filesystem", "filesystem"),
+                                           std::make_tuple("zmq", "nccl")),
+                         [](const auto &info) {
+                             return std::get<0>(info.param) + "_batches_" +
+                                    std::get<1>(info.param) + "_weights";
+                         });
+
+// Waits for a hand-started role to end (up to 60 s), then reports how.
+int wait_role(pid_t pid) {
+    int status = -1;
+    for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return -1;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::vector<std::string> with_role(std::vector<std::string> a, const std::string &role) {
+    a.insert(a.end(), {"--set", "orchestrator=true", "--set", "role=" + role});
+    return a;
+}
+
+// Over ZeroMQ a worker killed -9 mid-run loses the chunk it had in flight;
+// the orchestrator notices (its sequence numbers and the restarted worker's
+// hello), the restarted worker gets a credit, and the trainer still trains
+// every step once.
+TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
+    const std::string dir = temp_dir();
+    auto args = three_role_args("zmq", "zmq", 60);
+    args.insert(args.end(), {"--set", "run.steps=14"});
+    const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
+    const pid_t orch = spawn_rlhost({"run"}, with_role(args, "orchestrator"), dir,
+                                    dir + "/orchestrator.log", dir + "/orchestrator.log");
+    pid_t worker = spawn_rlhost({"run"}, with_role(args, "rollout"), dir, dir + "/worker1.log",
+                                dir + "/worker1.log");
+    bool killed = false;
+    const Proc p = rlhost(with_role(args, "trainer"), dir, 600, [&](pid_t) {
+        // 3 SFT lines, then kill the worker after 4 RL steps.
+        const std::string text = exists(metrics) ? read_file(metrics) : "";
+        if (!killed && std::count(text.begin(), text.end(), '\n') >= 7) {
+            kill(worker, SIGKILL);
+            waitpid(worker, nullptr, 0);
+            killed = true;
+            worker = spawn_rlhost({"run"}, with_role(args, "rollout"), dir, dir + "/worker2.log",
+                                  dir + "/worker2.log");
+        }
+    });
+    const int worker_exit = wait_role(worker), orch_exit = wait_role(orch);
+    const std::string logs = read_file(dir + "/orchestrator.log") + read_file(dir + "/worker2.log");
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err << "\n" << logs;
+    ASSERT_TRUE(killed) << "the run ended before the worker could be killed";
+    EXPECT_EQ(worker_exit, 0) << logs;
+    EXPECT_EQ(orch_exit, 0) << logs;
+    const auto rl = expect_every_step_once(dir, p.out);
+    ASSERT_FALSE(rl.empty());
+    EXPECT_EQ(rl.back().at("worker_restarts").get<int64_t>(), 1) << logs;
+    EXPECT_EQ(rl.back().at("duplicate_batches").get<int64_t>(), 0);
+    EXPECT_NE(read_file(dir + "/orchestrator.log").find("worker 0 restarted"), std::string::npos)
+        << logs;
+}
+
+// The trainer killed -9 mid-run and started again with run.resume=true: it
+// resumes from its checkpoint, broadcasts those weights again (the worker
+// takes the older version), the orchestrator sends the batches after the
+// checkpoint again, and every step ends up trained once.
+TEST(ThreeRoleFaults, ATrainerKilledAndRestartedResumesFromItsCheckpoint) {
+    const std::string dir = temp_dir();
+    auto args = three_role_args("filesystem", "filesystem", 60);
+    args.insert(args.end(), {"--set", "run.checkpoint_every=4", "--set", "run.steps=14"});
+    const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
+    const pid_t orch = spawn_rlhost({"run"}, with_role(args, "orchestrator"), dir,
+                                    dir + "/orchestrator.log", dir + "/orchestrator.log");
+    const pid_t worker = spawn_rlhost({"run"}, with_role(args, "rollout"), dir, dir + "/worker.log",
+                                      dir + "/worker.log");
+    const pid_t first = spawn_rlhost({"run"}, with_role(args, "trainer"), dir,
+                                     dir + "/trainer1.log", dir + "/trainer1.log");
+    // 3 SFT lines, then 6 RL steps (a checkpoint at 4), then kill -9.
+    bool killed = false;
+    for (int i = 0; i < 3000 && !killed; ++i) {
+        const std::string text = exists(metrics) ? read_file(metrics) : "";
+        if (std::count(text.begin(), text.end(), '\n') >= 9) {
+            kill(first, SIGKILL);
+            killed = true;
+        } else if (waitpid(first, nullptr, WNOHANG) == first) {
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    waitpid(first, nullptr, 0);
+    ASSERT_TRUE(killed) << read_file(dir + "/trainer1.log");
+    auto resumed = with_role(args, "trainer");
+    resumed.insert(resumed.end(), {"--set", "run.resume=true"});
+    const Proc p = rlhost(resumed, dir, 600);
+    const int worker_exit = wait_role(worker), orch_exit = wait_role(orch);
+    const std::string logs = read_file(dir + "/orchestrator.log") + read_file(dir + "/worker.log");
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err << "\n" << logs;
+    EXPECT_EQ(worker_exit, 0) << logs;
+    EXPECT_EQ(orch_exit, 0) << logs;
+    EXPECT_NE(p.out.find("resum"), std::string::npos) << p.out;
+    const auto rl = expect_every_step_once(dir, p.out);
+    ASSERT_FALSE(rl.empty());
+    EXPECT_EQ(rl.back().at("trainer_restarts").get<int64_t>(), 1) << logs;
+    EXPECT_NE(read_file(dir + "/worker.log").find("the trainer restarted at version 4"),
+              std::string::npos)
+        << logs;
+}
+
+// A role whose peers never come (or vanish) fails after its timeout with a
+// message naming what it waited for; it never hangs.
+TEST(ThreeRoleFaults, APeerThatNeverAnswersIsNamedAfterTheTimeout) {
+    const std::string dir = temp_dir();
+    const auto args = three_role_args("zmq", "zmq", 3);
+    Proc p = rlhost(with_role(args, "trainer"), dir, 120);
+    EXPECT_EQ(p.exit_code, 1) << p.out << p.err;
+    EXPECT_NE(p.err.find("no batch for step 0 from the orchestrator within "
+                         "rollout_transport.timeout (3s); is it running?"),
+              std::string::npos)
+        << p.err;
+    p = rlhost(with_role(args, "orchestrator"), dir, 120);
+    EXPECT_EQ(p.exit_code, 1) << p.out << p.err;
+    EXPECT_NE(p.err.find("nothing from the trainer or the workers within "
+                         "rollout_transport.timeout (3s)"),
+              std::string::npos)
+        << p.err;
 }
 
 // Ctrl-C during a run: the step in flight completes, a checkpoint is saved,

@@ -201,6 +201,29 @@ TEST(WeightSyncFilesystem, CorruptedWeightsAreRefusedAndTheNextVersionIsTaken) {
     EXPECT_EQ(logprobs_of(worker.get()), logprobs_of(src.get()));
 }
 
+// A trainer restarted from its checkpoint broadcasts an older version: the
+// handshake skips it, unless the worker says newer_than (then it is taken).
+TEST(WeightSyncOptions, NewerThanTakesTheOlderVersionOfARestartedTrainer) {
+    ModelPtr src = load_model();
+    ModelPtr worker = load_model();
+    Ends e = zmq_ends();
+    Result a, got;
+    RL_ASSERT_OK(rl_weights_send(src.get(), e.tx.get(), 5, nullptr, a.out()));
+    RL_ASSERT_OK(rl_weights_recv(worker.get(), e.rx.get(), 20000, nullptr, got.out()));
+    EXPECT_EQ(got.scalar("version"), 5.0);
+    Result b, skipped;
+    RL_ASSERT_OK(rl_weights_send(src.get(), e.tx.get(), 3, nullptr, b.out()));
+    EXPECT_EQ(rl_weights_recv(worker.get(), e.rx.get(), 1000, nullptr, skipped.out()),
+              RL_ERR_TIMEOUT)
+        << "version 3 is not newer than 5";
+    Result c, taken;
+    RL_ASSERT_OK(rl_weights_send(src.get(), e.tx.get(), 3, nullptr, c.out()));
+    RL_ASSERT_OK(
+        rl_weights_recv(worker.get(), e.rx.get(), 20000, R"({"newer_than": 2})", taken.out()));
+    EXPECT_EQ(taken.scalar("version"), 3.0);
+    EXPECT_EQ(policy_version(worker.get()), 3);
+}
+
 TEST(WeightSyncOptions, BadOptionsAreNamed) {
     ModelPtr m = load_model();
     TempDir dir("weights-opts");

@@ -6,8 +6,10 @@
 #include "free_port.hpp"
 #include "runtime_fixture.hpp"
 
+#include <rl/core/update_group.hpp>
 #include <rl/sdk/transport.hpp>
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <zmq.h>
@@ -18,12 +20,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -102,6 +107,9 @@ public:
     // tensors' bytes, unchecked.
     virtual void inject(const std::string &wire_header,
                         const std::vector<std::vector<uint8_t>> &payloads) = 0;
+    // Called before a real sender is made (a broadcast transport has one
+    // sender: the fake one steps aside).
+    virtual void before_sender() {}
 };
 
 class FilesystemBackend : public Backend {
@@ -175,8 +183,83 @@ private:
     void *raw_ = nullptr;
 };
 
+// The nccl plugin's wire: a store hosted by the sender, a group per
+// generation, then per message: an announcement in the store and the
+// broadcasts frame, sizes + header, buckets, commit (plugins/transports/nccl).
+// The fake sender below plays that protocol with core/dist directly, as a
+// foreign or broken sender would, one bucket per payload.
+class NcclBackend : public Backend {
+public:
+    NcclBackend() : port_(rltest::free_tcp_port()) {}
+    std::string plugin() const override { return "nccl"; }
+    json sender_params() const override {
+        return {
+            {"role", "push"}, {"port", port_}, {"world_size", 2}, {"timeout", 20}, {"poll_ms", 2}};
+    }
+    json receiver_params() const override {
+        return {{"role", "pull"}, {"port", port_}, {"rank", 1}, {"world_size", 2},
+                {"timeout", 20},  {"poll_ms", 2},  {"queue", 8}};
+    }
+    void before_sender() override {
+        group_.reset();
+        store_.reset();
+    }
+    void inject(const std::string &wire_header,
+                const std::vector<std::vector<uint8_t>> &payloads) override {
+        namespace dist = rl::core::dist;
+        if (!group_) {
+            store_ = std::make_unique<dist::Rendezvous>("127.0.0.1", port_, true,
+                                                        std::chrono::seconds(20));
+            for (int i = 0; i < 2000 && store_->add("join/r1", 0) == 0; ++i)
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            gen_ = store_->add("gen", 0) + 1;
+            store_->add("seen/g" + std::to_string(gen_) + "/r1", store_->add("join/r1", 0));
+            store_->add("gen", 1);
+            dist::UpdateGroupOptions o;
+            o.master_port = port_;
+            o.group_name = "g" + std::to_string(gen_);
+            o.timeout = std::chrono::seconds(20);
+            group_ = std::make_unique<dist::UpdateGroup>(o, *store_);
+        }
+        const int64_t seq = store_->add("msg/g" + std::to_string(gen_), 1);
+        auto longs = [](std::vector<int64_t> v) {
+            return at::tensor(v, at::TensorOptions().dtype(at::kLong));
+        };
+        auto bytes = [](const void *p, size_t n) {
+            at::Tensor t = at::empty({static_cast<int64_t>(n)}, at::kByte);
+            if (n) std::memcpy(t.data_ptr(), p, n);
+            return t;
+        };
+        std::vector<int64_t> sizes;
+        for (const auto &p : payloads) sizes.push_back(static_cast<int64_t>(p.size()));
+        std::vector<at::Tensor> ts{
+            longs({static_cast<int64_t>(wire_header.size()), static_cast<int64_t>(payloads.size()),
+                   seq, 0x726c6e63636c0001})};
+        group_->broadcast(ts);
+        // As the host's broadcast: an empty tensor (no buckets) does not travel.
+        ts = {bytes(wire_header.data(), wire_header.size())};
+        if (!sizes.empty()) ts.insert(ts.begin(), longs(sizes));
+        group_->broadcast(ts);
+        for (const auto &p : payloads) {
+            if (p.empty()) continue;
+            ts = {bytes(p.data(), p.size())};
+            group_->broadcast(ts);
+        }
+        const auto crc = rl::sdk::transport::crc32c(wire_header.data(), wire_header.size());
+        ts = {longs({seq, static_cast<int64_t>(crc)})};
+        group_->broadcast(ts);
+    }
+
+private:
+    int port_;
+    int64_t gen_ = 0;
+    std::unique_ptr<rl::core::dist::Rendezvous> store_;
+    std::unique_ptr<rl::core::dist::UpdateGroup> group_;
+};
+
 std::unique_ptr<Backend> make_backend(const std::string &name) {
     if (name == "filesystem") return std::make_unique<FilesystemBackend>();
+    if (name == "nccl") return std::make_unique<NcclBackend>();
     return std::make_unique<ZmqBackend>();
 }
 
@@ -206,7 +289,10 @@ protected:
         return inst;
     }
     rl_instance_t *receiver() { return make(backend_->receiver_params()); }
-    rl_instance_t *sender() { return make(backend_->sender_params()); }
+    rl_instance_t *sender() {
+        backend_->before_sender();
+        return make(backend_->sender_params());
+    }
 
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<rltest::RuntimeFixture> rt_;
@@ -431,7 +517,8 @@ TEST_P(TransportConformance, SenderRefusesMessagesItCannotCarryNamingTheProblem)
 }
 
 INSTANTIATE_TEST_SUITE_P(Plugins, TransportConformance,
-                         ::testing::Values(std::string("filesystem"), std::string("zmq")),
+                         ::testing::Values(std::string("filesystem"), std::string("zmq"),
+                                           std::string("nccl")),
                          [](const auto &info) { return info.param; });
 
 // ---- the wire format's checksum ------------------------------------------------------
@@ -496,6 +583,136 @@ TEST(ZmqTransport, EachEndRefusesTheOtherEndsVerb) {
         << rl_last_error();
     rl_instance_destroy(rx);
     rl_instance_destroy(tx);
+}
+
+// ---- nccl: a broadcast group that loses and regains a receiver ------------------------
+
+// A receiver process for the tests below: this test binary run again with
+// RL_NCCL_RECEIVER_PORT set (fork + exec, so the child starts clean). It
+// writes "ready", then the header's "i" of every message, one per line, to
+// RL_NCCL_RECEIVER_OUT until it is killed.
+TEST(NcclReceiverProcess, HelperOfTheNcclTransportTests) {
+    const char *port = std::getenv("RL_NCCL_RECEIVER_PORT");
+    const char *out = std::getenv("RL_NCCL_RECEIVER_OUT");
+    if (!port || !out) GTEST_SKIP() << "runs only as a process started by NcclTransport tests";
+    rltest::RuntimeFixture rt({"transport-nccl"});
+    ASSERT_EQ(rt.status(), RL_OK) << rl_last_error();
+    const std::string p = json{
+        {"role", "pull"}, {"port", std::atoi(port)}, {"rank", 1}, {"world_size", 2}, {"timeout", 5},
+        {"poll_ms", 2}}.dump();
+    rl_instance_t *rx = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.get(), "transport", "nccl", p.c_str(), &rx), RL_OK)
+        << rl_last_error();
+    std::ofstream(out, std::ios::app) << "ready" << std::endl;
+    const pid_t parent = ::getppid();
+    while (::getppid() == parent) { // ends with the test that started it
+        Result r;
+        if (rl_transport_recv(rx, 1000, &r.r) == RL_OK)
+            std::ofstream(out, std::ios::app) << json::parse(r.text("header")).at("i") << std::endl;
+    }
+}
+
+pid_t spawn_receiver(int port, const std::string &out) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::setenv("RL_NCCL_RECEIVER_PORT", std::to_string(port).c_str(), 1);
+        ::setenv("RL_NCCL_RECEIVER_OUT", out.c_str(), 1);
+        ::execl("/proc/self/exe", "transport_conformance_test",
+                "--gtest_filter=NcclReceiverProcess.*", static_cast<char *>(nullptr));
+        ::_exit(127);
+    }
+    return pid;
+}
+
+// Waits up to 30 s for `line` in the file.
+bool wait_line(const std::string &path, const std::string &line) {
+    for (int i = 0; i < 600; ++i) {
+        std::ifstream in(path);
+        std::string l;
+        while (std::getline(in, l))
+            if (l == line) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+}
+
+TEST(NcclTransport, ASenderNamesAVanishedReceiverAndTakesARestartedOneBack) {
+    rltest::RuntimeFixture rt({"transport-nccl"});
+    ASSERT_EQ(rt.status(), RL_OK) << rl_last_error();
+    const int port = rltest::free_tcp_port();
+    const std::string p =
+        json{{"role", "push"}, {"port", port}, {"world_size", 2}, {"timeout", 3}, {"poll_ms", 2}}
+            .dump();
+    rl_instance_t *tx = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.get(), "transport", "nccl", p.c_str(), &tx), RL_OK)
+        << rl_last_error();
+    const fs::path dir = fs::temp_directory_path() / ("rl-nccl-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    auto message = [](int i) { return json{{"i", i}}.dump(); };
+    auto one = [](int i) { return std::vector<Tensor>{make_tensor<int64_t>("x", kI64, {1}, {i})}; };
+
+    const pid_t first = spawn_receiver(port, (dir / "first").string());
+    ASSERT_TRUE(wait_line((dir / "first").string(), "ready"));
+    ASSERT_EQ(send(tx, message(0), one(0)), RL_OK) << rl_last_error();
+    ASSERT_TRUE(wait_line((dir / "first").string(), "0"));
+    ::kill(first, SIGKILL);
+    ::waitpid(first, nullptr, 0);
+
+    // The broadcast to the dead rank fails, naming the sender's group ...
+    EXPECT_NE(send(tx, message(1), one(1)), RL_OK);
+    EXPECT_NE(std::string(rl_last_error()).find("nccl transport (sender at 127.0.0.1:"),
+              std::string::npos)
+        << rl_last_error();
+    // ... and a new group without it fails after the timeout (never a hang).
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(send(tx, message(2), one(2)), RL_ERR_TIMEOUT);
+    EXPECT_NE(std::string(rl_last_error()).find("forming the group"), std::string::npos)
+        << rl_last_error();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+
+    // A restarted receiver is taken into the next group.
+    const pid_t second = spawn_receiver(port, (dir / "second").string());
+    ASSERT_TRUE(wait_line((dir / "second").string(), "ready"));
+    rl_status_t st = RL_ERR_TIMEOUT;
+    for (int attempt = 0; attempt < 3 && st != RL_OK; ++attempt) st = send(tx, message(3), one(3));
+    EXPECT_EQ(st, RL_OK) << rl_last_error();
+    EXPECT_TRUE(wait_line((dir / "second").string(), "3"));
+    ::kill(second, SIGKILL);
+    ::waitpid(second, nullptr, 0);
+    rl_instance_destroy(tx);
+    fs::remove_all(dir);
+}
+
+TEST(NcclTransport, AReceiverWithoutASenderTimesOutNamingTheUnreachableStore) {
+    rltest::RuntimeFixture rt({"transport-nccl"});
+    ASSERT_EQ(rt.status(), RL_OK) << rl_last_error();
+    const std::string p =
+        json{{"role", "pull"}, {"port", rltest::free_tcp_port()}, {"rank", 1}}.dump();
+    rl_instance_t *rx = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.get(), "transport", "nccl", p.c_str(), &rx), RL_OK)
+        << rl_last_error();
+    rl_result_t *r = nullptr;
+    EXPECT_EQ(rl_transport_recv(rx, 300, &r), RL_ERR_TIMEOUT);
+    EXPECT_NE(std::string(rl_last_error()).find("is the sender running?"), std::string::npos)
+        << rl_last_error();
+    rl_instance_destroy(rx);
+}
+
+TEST(NcclTransport, BadParametersAreNamed) {
+    rltest::RuntimeFixture rt({"transport-nccl"});
+    ASSERT_EQ(rt.status(), RL_OK) << rl_last_error();
+    auto refused = [&](const json &params, const char *needle) {
+        rl_instance_t *inst = nullptr;
+        const std::string p = params.dump();
+        EXPECT_NE(rl_instance_create(rt.get(), "transport", "nccl", p.c_str(), &inst), RL_OK);
+        EXPECT_NE(std::string(rl_last_error()).find(needle), std::string::npos) << rl_last_error();
+        rl_instance_destroy(inst);
+    };
+    refused({{"role", "push"}}, "'port' is required");
+    refused({{"role", "pull"}, {"port", 5000}, {"rank", 0}}, "rank 0 is the sender");
+    refused({{"role", "push"}, {"port", 5000}, {"rank", 1}}, "the sender (role 'push') is rank 0");
+    refused({{"role", "pull"}, {"port", 5000}, {"rank", 2}, {"world_size", 2}}, "rank");
+    refused({{"role", "push"}, {"port", 5000}, {"backend", "mpi"}}, "backend");
 }
 
 // ---- filesystem layout ------------------------------------------------------------

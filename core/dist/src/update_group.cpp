@@ -17,6 +17,10 @@ struct UpdateGroup::Impl {
     c10::intrusive_ptr<c10d::Backend> backend;
 };
 
+struct Rendezvous::Impl {
+    c10::intrusive_ptr<c10d::Store> store;
+};
+
 namespace {
 
 std::string where_of(const UpdateGroupOptions &o) {
@@ -29,8 +33,49 @@ std::string short_what(const std::exception &e) {
 
 } // namespace
 
+Rendezvous::Rendezvous(const std::string &address, int port, bool server,
+                       std::chrono::milliseconds timeout)
+    : where_(address + ":" + std::to_string(port)), impl_(std::make_unique<Impl>()) {
+    if (address.empty()) throw Error(ErrorKind::InvalidArgument, "rendezvous: address is empty");
+    if (port <= 0 || port > 65535)
+        throw Error(ErrorKind::InvalidArgument,
+                    "rendezvous: port must be in 1..65535, got " + std::to_string(port));
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(port);
+    so.isServer = server;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    try {
+        impl_->store = c10::make_intrusive<c10d::TCPStore>(address, so);
+    } catch (const std::exception &e) {
+        throw Error(ErrorKind::Io, std::string(server ? "cannot host the store at "
+                                                      : "cannot reach the store at ") +
+                                       where_ + ": " + short_what(e));
+    }
+}
+
+Rendezvous::~Rendezvous() = default;
+
+int64_t Rendezvous::add(const std::string &key, int64_t delta) {
+    try {
+        return impl_->store->add(key, delta);
+    } catch (const std::exception &e) {
+        throw Error(ErrorKind::Io, "the store at " + where_ + " is gone: " + short_what(e));
+    }
+}
+
+UpdateGroup::UpdateGroup(const UpdateGroupOptions &o, Rendezvous &store)
+    : options_(o), impl_(std::make_unique<Impl>()) {
+    impl_->store = store.impl_->store;
+    form(o, false);
+}
+
 UpdateGroup::UpdateGroup(const UpdateGroupOptions &o)
     : options_(o), impl_(std::make_unique<Impl>()) {
+    form(o, true);
+}
+
+void UpdateGroup::form(const UpdateGroupOptions &o, bool own_store) {
     auto bad = [](const std::string &m) { throw Error(ErrorKind::InvalidArgument, m); };
     if (o.master_address.empty()) bad("weight update group: master_address is empty");
     if (o.master_port <= 0 || o.master_port > 65535)
@@ -56,7 +101,7 @@ UpdateGroup::UpdateGroup(const UpdateGroupOptions &o)
     so.waitWorkers = false; // the trainer must not wait: servers join while it does
     so.timeout = o.timeout;
     try {
-        impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_address, so);
+        if (own_store) impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_address, so);
     } catch (const std::exception &e) {
         throw Error(
             ErrorKind::Io,
@@ -98,7 +143,7 @@ UpdateGroup::UpdateGroup(const UpdateGroupOptions &o)
 
 UpdateGroup::~UpdateGroup() = default;
 
-void UpdateGroup::broadcast(std::vector<at::Tensor> &tensors) {
+void UpdateGroup::broadcast(std::vector<at::Tensor> &tensors, int root) {
     if (tensors.empty()) return;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     works.reserve(tensors.size());
@@ -106,7 +151,7 @@ void UpdateGroup::broadcast(std::vector<at::Tensor> &tensors) {
         for (auto &t : tensors) {
             std::vector<at::Tensor> one{t};
             c10d::BroadcastOptions bo;
-            bo.rootRank = 0;
+            bo.rootRank = root;
             bo.timeout = options_.timeout;
             works.push_back(impl_->backend->broadcast(one, bo));
         }

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <thread>
 
 namespace {
@@ -62,7 +63,8 @@ SendOptions send_options(const char *text) {
 }
 
 struct RecvOptions {
-    int64_t retries = 2; // refused messages tolerated before giving up
+    int64_t retries = 2;               // refused messages tolerated before giving up
+    std::optional<int64_t> newer_than; // the handshake's floor (default: the version in use)
 };
 
 RecvOptions recv_options(const char *text) {
@@ -74,10 +76,13 @@ RecvOptions recv_options(const char *text) {
     for (const auto &[k, v] : j.items()) {
         if (k == "retries" && v.is_number_integer() && v.get<int64_t>() >= 0)
             o.retries = v.get<int64_t>();
+        else if (k == "newer_than" && v.is_number_integer() && v.get<int64_t>() >= -1)
+            o.newer_than = v.get<int64_t>();
         else
             throw HostError{RL_ERR_INVALID_ARG,
                             "rl_weights_recv: options_json key '" + k +
-                                "' is unknown or has a bad value (retries: integer >= 0)"};
+                                "' is unknown or has a bad value (retries: integer >= 0, "
+                                "newer_than: integer >= -1)"};
     }
     return o;
 }
@@ -223,7 +228,10 @@ RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, 
                                            "integer 'version'): " +
                                                in.texts.at("header").substr(0, 200))};
             const int64_t version = header["version"].get<int64_t>();
-            if (version <= model->synced_version) { // handshake: only newer versions
+            // Handshake: only versions newer than the one in use (or than
+            // newer_than: a trainer that restarted from a checkpoint
+            // broadcasts an older version, which a worker must take).
+            if (version <= opt.newer_than.value_or(model->synced_version)) {
                 ++stale;
                 continue;
             }

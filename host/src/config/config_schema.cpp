@@ -122,9 +122,13 @@ std::vector<ConfigKey> build() {
                          Range::at_least(1)));
     // The disaggregated mode (docs/disaggregated.md), named as Surogate's keys.
     const std::vector<ConfigKey> disaggregated = {
-        choice_param("role", "auto", {"auto", "trainer", "rollout"},
+        choice_param("role", "auto", {"auto", "trainer", "orchestrator", "rollout"},
                      "Disaggregated mode: this process's role; auto: from RL_ROLE (set by "
                      "rlhost launch --roles)."),
+        param("orchestrator", T::Boolean, false,
+              "Disaggregated mode: rollouts pass through an orchestrator process (buffer, "
+              "difficulty filter, advantages, batches) on their way to the trainer, when the "
+              "roles are started by hand (rlhost launch --roles with an orchestrator sets it)."),
         param("rollout_workers", T::Integer, 1,
               "Disaggregated mode: rollout workers, when the roles are started by hand "
               "(rlhost launch --roles sets it).",
@@ -137,21 +141,29 @@ std::vector<ConfigKey> build() {
                      "Transport plugin carrying training batches to the trainer."),
         param("rollout_transport.dir", T::String, "",
               "filesystem: the shared folder (empty: <run folder>/transport/<launch id>)."),
-        param("rollout_transport.host", T::String, "127.0.0.1", "zmq: the trainer's address."),
-        param("rollout_transport.port", T::Integer, 5557, "zmq: the port the trainer binds.",
+        param("rollout_transport.host", T::String, "127.0.0.1",
+              "zmq: the trainer's address (and the orchestrator's, when there is one)."),
+        param("rollout_transport.port", T::Integer, 5557,
+              "zmq: the port the trainer binds (with an orchestrator: port + 1 is the "
+              "orchestrator's, port + 2 + K worker K's).",
               Range::closed(1, 65535)),
         param("rollout_transport.hwm", T::Integer, 4,
               "zmq: batches queued before a worker's send waits.", Range::at_least(1)),
         param("rollout_transport.timeout", T::Number, 600,
               "Seconds the trainer waits for a batch before it fails.", Range::at_least(0)),
-        choice_param("weight_broadcast.type", "filesystem", {"filesystem", "zmq"},
-                     "Transport plugin carrying weights to the rollout workers."),
+        choice_param("weight_broadcast.type", "filesystem", {"filesystem", "zmq", "nccl"},
+                     "Transport plugin carrying weights to the rollout workers (nccl: one "
+                     "broadcast to every worker over a collective group; Gloo for CPU models, "
+                     "NCCL for CUDA ones)."),
         param("weight_broadcast.dir", T::String, "",
               "filesystem: the shared folder (empty: as rollout_transport.dir)."),
         param("weight_broadcast.host", T::String, "127.0.0.1",
-              "zmq: the address of worker 0 (worker K listens on port + K)."),
+              "zmq: the address of worker 0 (worker K listens on port + K); nccl: the "
+              "trainer's address."),
         param("weight_broadcast.port", T::Integer, 5558,
-              "zmq: the port worker 0 binds (worker K: port + K).", Range::closed(1, 65535)),
+              "zmq: the port worker 0 binds (worker K: port + K); nccl: the port of the "
+              "trainer's rendezvous store.",
+              Range::closed(1, 65535)),
         param("weight_broadcast.timeout", T::Number, 600,
               "Seconds a worker waits for weights before it fails.", Range::at_least(0)),
     };

@@ -8,6 +8,10 @@
 #include <new>
 
 namespace rl::host {
+
+// The rl.host.collective/1 table (host/src/capi/collective.cpp, over libtorch).
+const void *collective_extension();
+
 namespace {
 
 thread_local std::string g_last_plugin_log;
@@ -31,12 +35,13 @@ struct Extension {
 };
 const Extension k_extensions[] = {
     {RL_EXT_HOST_THREAD_CHECK, &k_thread_check},
+    {RL_EXT_HOST_COLLECTIVE, nullptr}, // collective_extension()
 };
 
 const void *RL_ABI api_get_extension(const rl_host_api_t *, const char *id) {
     if (!id) return nullptr;
     for (const Extension &e : k_extensions)
-        if (std::strcmp(e.id, id) == 0) return e.table;
+        if (std::strcmp(e.id, id) == 0) return e.table ? e.table : collective_extension();
     return nullptr;
 }
 

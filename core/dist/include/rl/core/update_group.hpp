@@ -11,6 +11,7 @@
 #include <ATen/Tensor.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,11 +28,36 @@ struct UpdateGroupOptions {
     std::chrono::milliseconds timeout{std::chrono::seconds(120)};
 };
 
+/// A c10d TCPStore at address:port: hosted by one process (server), reached
+/// by the others. Shared by the groups formed on it (each under its own key
+/// prefix), so one rendezvous serves a sequence of groups.
+class Rendezvous {
+public:
+    /// Hosts or reaches the store, waiting at most `timeout` to reach it.
+    Rendezvous(const std::string &address, int port, bool server,
+               std::chrono::milliseconds timeout);
+    ~Rendezvous();
+    Rendezvous(const Rendezvous &) = delete;
+    Rendezvous &operator=(const Rendezvous &) = delete;
+    /// Adds `delta` to the integer at `key` (a new key starts at 0); returns the sum.
+    int64_t add(const std::string &key, int64_t delta);
+    const std::string &where() const { return where_; }
+
+private:
+    friend class UpdateGroup;
+    struct Impl;
+    std::string where_;
+    std::unique_ptr<Impl> impl_;
+};
+
 class UpdateGroup {
 public:
     /// Joins (blocks until every rank joined or the timeout passed). Errors
     /// name the address, the rank and the option at fault.
     explicit UpdateGroup(const UpdateGroupOptions &options);
+    /// Joins on an existing rendezvous (its address and port are the
+    /// options'); the group's keys live under options.group_name there.
+    UpdateGroup(const UpdateGroupOptions &options, Rendezvous &store);
     ~UpdateGroup();
     UpdateGroup(const UpdateGroup &) = delete;
     UpdateGroup &operator=(const UpdateGroup &) = delete;
@@ -40,9 +66,10 @@ public:
     /// Broadcasts every tensor from rank 0 in order, all in flight at once;
     /// other ranks receive into theirs (allocated with the announced shapes
     /// and dtypes). Contiguous tensors; CPU under Gloo, CUDA under NCCL.
-    void broadcast(std::vector<at::Tensor> &tensors);
+    void broadcast(std::vector<at::Tensor> &tensors, int root = 0);
 
 private:
+    void form(const UpdateGroupOptions &o, bool own_store);
     struct Impl;
     UpdateGroupOptions options_;
     std::unique_ptr<Impl> impl_;
