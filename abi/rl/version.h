@@ -33,7 +33,7 @@
  *        and Gloo / NCCL broadcast for plugins); rl_weights_recv option
  *        "newer_than". */
 #define RL_ABI_VERSION_MAJOR 0
-#define RL_ABI_VERSION_MINOR 4
+#define RL_ABI_VERSION_MINOR 5
 #define RL_ABI_VERSION_PATCH 0
 #define RL_ABI_VERSION                                                                             \
     RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)
