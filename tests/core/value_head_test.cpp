@@ -2,6 +2,7 @@
 // into gradients of the head and of the shared trunk, and they equal central
 // finite differences of the loss the trainer reports.
 #include "rl/core/policy.hpp"
+#include "rl/core/pretrained.hpp"
 #include "rl/core/tiny.hpp"
 #include "rl/core/trainer.hpp"
 #include "test_util.hpp"
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <random>
 
@@ -98,6 +100,88 @@ TEST(ValueHeadGradient, ReachesTheHeadAndTheTrunkAsFiniteDifferences) {
     for (int64_t i : {0, 100, 255}) check(head.weight, gw, i, "value_head.weight");
     EXPECT_GT(gt.abs().sum().item<double>(), 0.0);
     for (int64_t i : {3, 200}) check(trunk, gt, i, "model.norm.weight");
+}
+
+// L = 1/2 sum_t (v_t - R_t)^2 with R = +1 on even sequences, -0.5 on odd ones.
+LossFunction squared_error_to(const std::vector<int64_t> &cu) {
+    LossFunction f;
+    f.name = "test squared error";
+    f.signature = {{"values"}, {}, {"values"}};
+    f.compute = [cu](const LossCall &call) {
+        at::Tensor v = call.tensors.at(0).second;
+        at::Tensor target = at::zeros_like(v);
+        for (size_t s = 0; s + 1 < cu.size(); ++s)
+            target.narrow(0, cu[s] + 1, cu[s + 1] - cu[s] - 1).fill_(s % 2 == 0 ? 1.0 : -0.5);
+        LossResult r;
+        r.loss = 0.5 * (v - target).pow(2).sum().item<double>();
+        if (call.want_grads) r.grads["values"] = v - target;
+        return r;
+    };
+    return f;
+}
+
+TEST(ValueHeadTraining, LossFallsAndCheckpointsRestoreTheHead) {
+    test::TempDir dir;
+    write_tiny_model(dir / "model", 3);
+    LoadOptions lo;
+    lo.value_head = true;
+    lo.value_head_seed = 1;
+    TrainerConfig cfg;
+    cfg.learning_rate = 3e-3;
+    auto policy = Policy::load(dir / "model", lo);
+    Trainer trainer(policy, cfg);
+    const TrainBatch batch = batch_of(policy->model().config().vocab_size);
+    const LossFunction loss = squared_error_to(batch.cu_seqlens);
+    std::vector<double> losses;
+    for (int i = 0; i < 15; ++i) {
+        losses.push_back(trainer.forward_backward(batch, loss).loss);
+        trainer.optim_step();
+    }
+    EXPECT_LT(losses.back(), 0.5 * losses.front())
+        << "first " << losses.front() << ", last " << losses.back();
+    const at::Tensor values = trainer.forward(batch, nullptr).tensors.at("values");
+    ASSERT_EQ(values.size(0), batch.input_ids.size(0));
+    for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
+        EXPECT_EQ(values[batch.cu_seqlens[s]].item<float>(), 0.0f);
+
+    const std::string ckpt = trainer.save_checkpoint(dir / "ckpt", "{}");
+    EXPECT_TRUE(std::filesystem::exists(ckpt + "/model/" + kValueHeadFile));
+    save_pretrained(policy->model(), dir / "saved");
+    policy->value_head()->save(dir / "saved/value_head.safetensors");
+
+    // Another head (other seed) restored from the checkpoint: same values,
+    // and the next step matches the original's (optimizer state restored).
+    lo.value_head_seed = 2;
+    auto policy2 = Policy::load(dir / "model", lo);
+    Trainer trainer2(policy2, cfg);
+    EXPECT_FALSE(trainer2.forward(batch, nullptr).tensors.at("values").equal(values));
+    trainer2.load_checkpoint(dir / "ckpt");
+    EXPECT_TRUE(trainer2.forward(batch, nullptr).tensors.at("values").equal(values));
+    for (Trainer *t : {&trainer, &trainer2}) {
+        t->forward_backward(batch, loss);
+        t->optim_step();
+    }
+    EXPECT_TRUE(trainer2.forward(batch, nullptr)
+                    .tensors.at("values")
+                    .equal(trainer.forward(batch, nullptr).tensors.at("values")));
+
+    // A saved folder loads with its head; without the option it has none.
+    auto policy3 = Policy::load(dir / "saved", lo);
+    Trainer trainer3(policy3, cfg);
+    EXPECT_TRUE(trainer3.forward(batch, nullptr).tensors.at("values").equal(values));
+    EXPECT_EQ(Policy::load(dir / "saved")->value_head(), nullptr);
+
+    // A checkpoint without a head cannot restore one.
+    auto plain = Policy::load(dir / "model");
+    Trainer plain_trainer(plain, cfg);
+    const std::string plain_ckpt = plain_trainer.save_checkpoint(dir / "plain", "{}");
+    try {
+        trainer3.load_checkpoint(dir / "plain");
+        ADD_FAILURE() << "a checkpoint without value_head.safetensors was accepted";
+    } catch (const Error &e) {
+        EXPECT_NE(std::string(e.what()).find("value_head.safetensors"), std::string::npos)
+            << e.what();
+    }
 }
 
 } // namespace

@@ -43,7 +43,7 @@ std::vector<float> values_of(rl_trainer_t *t, Batch &b) {
 
 TEST(ValueHead, ForwardGivesOneValuePerTokenZeroAtSequenceStarts) {
     ModelPtr m = load_with_head(tiny_model_dir());
-    TrainerPtr t = make_trainer(m.get(), R"({"learning_rate": 0.01})");
+    TrainerPtr t = make_trainer(m.get(), R"({"learning_rate": 0.003})");
     Batch b = critic_batch();
     const std::vector<float> v = values_of(t.get(), b);
     ASSERT_EQ(v.size(), b.ids.size());
@@ -65,7 +65,7 @@ TEST(ValueHead, ForwardGivesOneValuePerTokenZeroAtSequenceStarts) {
 
 TEST(ValueHead, ValueLossFallsOnAFixedBatch) {
     ModelPtr m = load_with_head(tiny_model_dir());
-    TrainerPtr t = make_trainer(m.get(), R"({"learning_rate": 0.01})");
+    TrainerPtr t = make_trainer(m.get(), R"({"learning_rate": 0.003})");
     InstancePtr vl = make_loss("value_loss");
     Batch b = critic_batch();
     std::vector<double> losses;
@@ -76,7 +76,7 @@ TEST(ValueHead, ValueLossFallsOnAFixedBatch) {
         Result o;
         RL_ASSERT_OK(rl_trainer_optim_step(t.get(), nullptr, o.out()));
     }
-    EXPECT_LT(losses.back(), 0.3 * losses.front())
+    EXPECT_LT(losses.back(), 0.5 * losses.front())
         << "first " << losses.front() << ", last " << losses.back();
     // The completion tokens moved toward their targets.
     const std::vector<float> v = values_of(t.get(), b);
@@ -109,7 +109,7 @@ TEST(ValueHead, BatchValuesAreRefusedWhenTheHeadComputesThem) {
 TEST(ValueHead, CheckpointAndModelFolderKeepTheHead) {
     TempDir dir("value-head");
     ModelPtr m = load_with_head(tiny_model_dir(), 7);
-    TrainerPtr t = make_trainer(m.get(), R"({"learning_rate": 0.01})");
+    TrainerPtr t = make_trainer(m.get(), R"({"learning_rate": 0.003})");
     InstancePtr vl = make_loss("value_loss");
     Batch b = critic_batch();
     for (int i = 0; i < 3; ++i) {
@@ -128,7 +128,7 @@ TEST(ValueHead, CheckpointAndModelFolderKeepTheHead) {
     // A fresh head (another seed) restored from the checkpoint: same values,
     // and the next step equals the original's (optimizer state kept).
     ModelPtr m2 = load_with_head(tiny_model_dir(), 99);
-    TrainerPtr t2 = make_trainer(m2.get(), R"({"learning_rate": 0.01})");
+    TrainerPtr t2 = make_trainer(m2.get(), R"({"learning_rate": 0.003})");
     EXPECT_GT(max_abs_diff(values_of(t2.get(), b), trained), 1e-3);
     Result loaded;
     RL_ASSERT_OK(rl_trainer_load_checkpoint(t2.get(), dir.sub("ckpt").c_str(), loaded.out()));
