@@ -37,9 +37,13 @@ RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uin
 
 /* [control-thread] Load an HF model folder. options_json (may be NULL):
  * {"threads": 0 (all cores), "device": "auto" | "cpu" | "cuda" | "cuda:N" (default
- * "cpu"), "dtype": "float32" (default) | "bfloat16"}. With bfloat16 the trainer
- * keeps float32 master weights and optimizer state. A CUDA device that is not
- * usable is an error naming the reason. */
+ * "cpu"), "dtype": "float32" (default) | "bfloat16", "value_head": false,
+ * "value_head_seed": 0}. With bfloat16 the trainer keeps float32 master
+ * weights and optimizer state. A CUDA device that is not usable is an error
+ * naming the reason. "value_head": true gives the policy a scalar critic head
+ * on its trunk (the folder's value_head.safetensors when present, else a
+ * seeded init; docs/model.md): trainers then compute the loss input "values"
+ * from it (differentiable) and save it with checkpoints and rl_model_save. */
 RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
                                  rl_model_t **out_model);
 /* [control-thread] NULL is a no-op. Trainers and engines of the model must be
@@ -48,7 +52,7 @@ RL_API void rl_model_destroy(rl_model_t *model);
 
 /* [thread-safe] Text "info": JSON {"architecture", "vocab_size", "num_parameters",
  * "hidden_size", "num_layers", "eos_token_ids": [...], "policy_version", "device",
- * "dtype"}. */
+ * "dtype", "value_head": true | false}. */
 RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result);
 
 /* [control-thread] Save weights, config and tokenizer as an HF folder, atomically
@@ -189,8 +193,9 @@ RL_API rl_status_t rl_trainer_forward_backward(rl_trainer_t *trainer, const rl_b
 
 /* [control-thread] Forward only, no gradient. Tensors "logprobs" and "entropy"
  * (float32 [n_tokens]; 0 at each sequence's first token; at the temperature of
- * scalar "logprob_temperature", see rl_batch_t); with a loss (may be NULL) also
- * its scalars and metrics as in forward_backward. */
+ * scalar "logprob_temperature", see rl_batch_t), and "values" (same layout)
+ * when the model has a value head (and the loss, if any, reads values); with a
+ * loss (may be NULL) also its scalars and metrics as in forward_backward. */
 RL_API rl_status_t rl_trainer_forward(rl_trainer_t *trainer, const rl_batch_t *batch,
                                       rl_instance_t *loss, rl_result_t **out_result);
 

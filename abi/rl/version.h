@@ -31,7 +31,10 @@
  *        rl_engine_generate params and the engine config. Host extension
  *        RL_EXT_HOST_COLLECTIVE (rl_host_collective_t: a TCPStore rendezvous
  *        and Gloo / NCCL broadcast for plugins); rl_weights_recv option
- *        "newer_than". */
+ *        "newer_than"; rl_model_load options "value_head"
+ *        and "value_head_seed" (a PPO critic head on the policy's trunk; the
+ *        trainer computes the loss input "values" and rl_trainer_forward
+ *        returns it), rl_model_info "value_head". */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 5
 #define RL_ABI_VERSION_PATCH 0

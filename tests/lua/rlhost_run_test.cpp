@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <fcntl.h>
 #include <cstdlib>
@@ -239,6 +240,35 @@ TEST(RlhostRun, GrpoOnTheTinyModelImprovesReward) {
     EXPECT_NE(p.out.find("finished 'grpo_test'"), std::string::npos) << p.out;
     EXPECT_TRUE(exists(dir + "/runs/grpo_test/summary.json"));
     EXPECT_TRUE(exists(dir + "/models/tiny/config.json")); // created because model.path is empty
+}
+
+// examples/ppo.lua as shipped (model.value_head, gae on the critic's values,
+// value_loss next to policy_loss) for a few short steps: the run finishes,
+// every RL step trains the critic and its squared error falls, and the
+// checkpoints hold the head.
+TEST(RlhostRun, PpoWithAValueHeadTrainsTheCritic) {
+    const std::string dir = temp_dir();
+    const Proc p = rlhost({kExamples + "/ppo.lua", "--config", kExamples + "/ppo.yaml", "--set",
+                           "run.steps=6", "--set", "sft.steps=2", "--set", "run.checkpoint_every=3",
+                           "--set", "run.progress=lines", "--set", "rollout.prompts_per_step=4",
+                           "--set", "buffer.min_rollouts=16"},
+                          dir, 600);
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
+    const auto lines = metrics_lines(dir + "/runs/ppo/metrics.jsonl");
+    std::vector<json> rl;
+    for (const auto &l : lines)
+        if (l["phase"] == "rl") rl.push_back(l);
+    ASSERT_EQ(rl.size(), 6u) << p.out;
+    for (const auto &l : rl) {
+        ASSERT_TRUE(l.contains("value_loss") && l.contains("value_error_sq")) << l.dump();
+        EXPECT_TRUE(std::isfinite(l["value_loss"].get<double>())) << l.dump();
+    }
+    EXPECT_LT(rl.back()["value_error_sq"].get<double>(), rl.front()["value_error_sq"].get<double>())
+        << p.out;
+    int heads = 0;
+    for (const auto &e : std::filesystem::directory_iterator(dir + "/runs/ppo/checkpoints"))
+        heads += exists(e.path().string() + "/model/value_head.safetensors");
+    EXPECT_GT(heads, 0) << p.out;
 }
 
 // The same run on two ranks (rlhost launch, Gloo): each rank generates its

@@ -415,7 +415,7 @@ TokenLogprobs CausalLM::token_logprobs(const PackedBatch &batch, const at::Tenso
     auto [lp, ent] = chunked_logprobs(h, lm_head_weight(), labels.to(options_.device).to(at::kLong),
                                       options.chunk_tokens, options.temperature, options.entropy,
                                       options.ignore_index);
-    return {lp, ent};
+    return {lp, ent, options.keep_hidden ? h : at::Tensor()};
 }
 
 // -- incremental decoding ---------------------------------------------------

@@ -26,7 +26,23 @@ std::shared_ptr<Policy> Policy::load(const std::string &dir, const LoadOptions &
         tok = Tokenizer::from_folder(dir);
     auto policy = std::make_shared<Policy>(std::move(model), std::move(tok));
     policy->set_source_dir(dir);
+    if (options.value_head) {
+        const CausalLM &m = policy->model();
+        auto head = std::make_shared<ValueHead>(m.config().hidden_size, m.device());
+        const std::filesystem::path file = std::filesystem::path(dir) / kValueHeadFile;
+        if (std::filesystem::exists(file))
+            head->load(file.string());
+        else
+            head->init_weights(options.value_head_seed);
+        policy->set_value_head(std::move(head));
+    }
     return policy;
+}
+
+void Policy::set_value_head(std::shared_ptr<ValueHead> head) {
+    check(head == nullptr || head->hidden_size() == model_->config().hidden_size,
+          "Policy: the value head's width differs from the model's hidden size");
+    value_head_ = std::move(head);
 }
 
 const Tokenizer &Policy::require_tokenizer(const std::string &what) const {

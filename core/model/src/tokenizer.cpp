@@ -115,7 +115,14 @@ struct Tokenizer::Impl {
     std::vector<AddedToken> added;
     std::unordered_map<int32_t, size_t> added_by_id;
     std::unordered_map<std::string, size_t> added_by_content;
-    std::array<std::vector<size_t>, 256> added_by_first_byte; // longest first
+    // What each added token matches: its content, or for a `normalized`
+    // token its content after the normalizers (matched in normalized text,
+    // as Hugging Face does). Per table, candidates by first byte, longest
+    // first: raw = the non-normalized tokens, norm = the normalized ones.
+    std::vector<std::string> added_match;
+    using FirstByteIndex = std::array<std::vector<size_t>, 256>;
+    FirstByteIndex added_raw, added_norm;
+    bool any_normalized = false, special_normalized = false;
 
     std::vector<int32_t> prefix, suffix;
 
@@ -408,12 +415,32 @@ struct Tokenizer::Impl {
             added_by_content[a.content] = added.size();
             added.push_back(a);
         }
-        for (size_t i = 0; i < added.size(); ++i)
-            added_by_first_byte[static_cast<uint8_t>(added[i].content[0])].push_back(i);
-        for (auto &v : added_by_first_byte)
-            std::stable_sort(v.begin(), v.end(), [&](size_t x, size_t y) {
-                return added[x].content.size() > added[y].content.size();
-            });
+    }
+
+    std::string normalize(std::string text) const {
+        for (auto f : normalizers) text = unicode::normalize(text, f);
+        return text;
+    }
+
+    // After the normalizers are known: what each added token matches.
+    void index_added() {
+        added_match.clear();
+        for (auto &v : added_raw) v.clear();
+        for (auto &v : added_norm) v.clear();
+        for (size_t i = 0; i < added.size(); ++i) {
+            const AddedToken &a = added[i];
+            added_match.push_back(a.normalized ? normalize(a.content) : a.content);
+            if (added_match.back().empty()) continue; // normalized away: never matches
+            any_normalized = any_normalized || a.normalized;
+            special_normalized = special_normalized || (a.normalized && a.special);
+            (a.normalized ? added_norm : added_raw)[static_cast<uint8_t>(added_match[i][0])]
+                .push_back(i);
+        }
+        for (auto *table : {&added_raw, &added_norm})
+            for (auto &v : *table)
+                std::stable_sort(v.begin(), v.end(), [&](size_t x, size_t y) {
+                    return added_match[x].size() > added_match[y].size();
+                });
     }
 
     // -- encoding -----------------------------------------------------------
@@ -423,30 +450,32 @@ struct Tokenizer::Impl {
         int64_t added = -1;
     };
 
-    // Splits the text around added tokens (leftmost, then longest match).
-    // Special tokens are skipped when !parse_special or when they overlap a
-    // plain span.
+    // Splits the text around the added tokens of `table` (leftmost, then
+    // longest match). Special tokens are skipped when !parse_special or when
+    // they overlap a plain span.
     std::vector<Segment> split_added(std::string_view text, bool parse_special,
-                                     const std::vector<std::pair<size_t, size_t>> &plain) const {
+                                     const std::vector<std::pair<size_t, size_t>> &plain,
+                                     const FirstByteIndex &table) const {
         std::vector<Segment> out;
         size_t seg_start = 0, i = 0;
         while (i < text.size()) {
-            const auto &cands = added_by_first_byte[static_cast<uint8_t>(text[i])];
+            const auto &cands = table[static_cast<uint8_t>(text[i])];
             int64_t hit = -1;
             for (size_t c : cands) {
                 const AddedToken &a = added[c];
+                const std::string &pat = added_match[c];
                 if (a.special && !parse_special) continue;
-                if (text.compare(i, a.content.size(), a.content) != 0) continue;
+                if (text.compare(i, pat.size(), pat) != 0) continue;
                 if (a.special) {
                     bool in_plain = false;
                     for (const auto &s : plain)
-                        in_plain = in_plain || (i < s.second && i + a.content.size() > s.first);
+                        in_plain = in_plain || (i < s.second && i + pat.size() > s.first);
                     if (in_plain) continue;
                 }
                 if (a.single_word) {
                     const bool left_ok =
                         i == 0 || !is_word_byte(static_cast<unsigned char>(text[i - 1]));
-                    const size_t e = i + a.content.size();
+                    const size_t e = i + pat.size();
                     const bool right_ok =
                         e >= text.size() || !is_word_byte(static_cast<unsigned char>(text[e]));
                     if (!left_ok || !right_ok) continue;
@@ -459,22 +488,20 @@ struct Tokenizer::Impl {
                 continue;
             }
             const AddedToken &a = added[static_cast<size_t>(hit)];
-            size_t b = i, e = i + a.content.size();
+            size_t b = i, e = i + added_match[static_cast<size_t>(hit)].size();
+            // White space as Hugging Face strips it (char::is_whitespace).
             if (a.lstrip) {
                 while (b > seg_start) {
                     size_t s = b - 1;
                     while (s > seg_start && (static_cast<uint8_t>(text[s]) & 0xC0) == 0x80) --s;
-                    const std::string ch(text.substr(s, b - s));
-                    const std::string stripped = unicode::strip(ch);
-                    if (!stripped.empty()) break;
+                    if (!unicode::is_white_space(unicode::code_point_at(text, s))) break;
                     b = s;
                 }
             }
             if (a.rstrip) {
                 while (e < text.size()) {
-                    const size_t n = unicode::char_len(text, e);
-                    if (!unicode::strip(text.substr(e, n)).empty()) break;
-                    e += n;
+                    if (!unicode::is_white_space(unicode::code_point_at(text, e))) break;
+                    e += unicode::char_len(text, e);
                 }
             }
             if (b > seg_start) out.push_back({seg_start, b, -1});
@@ -485,8 +512,8 @@ struct Tokenizer::Impl {
         return out;
     }
 
+    // Pre-tokenizes normalized text.
     std::vector<std::string> pre_tokenize(std::string text) const {
-        for (auto f : normalizers) text = unicode::normalize(text, f);
         std::vector<std::string> pieces{std::move(text)};
         for (const auto &p : pretokenizers) {
             std::vector<std::string> next;
@@ -645,6 +672,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(const std::string &json_text,
     m.parse_model(j["model"]);
     m.parse_added(j.value("added_tokens", Json::array()));
     m.parse_normalizer(j.value("normalizer", Json()), "normalizer");
+    m.index_added();
     m.parse_pretokenizer(j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()
                              ? j["pre_tokenizer"]
                              : Json{{"type", "Sequence"}, {"pretokenizers", Json::array()}},
@@ -761,14 +789,54 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOption
         throw Error("encode: text is not valid UTF-8 (byte " + std::to_string(bad) + ")");
     std::vector<int32_t> ids;
     if (options.add_special_tokens) ids = m.prefix;
-    for (const auto &seg : m.split_added(text, options.parse_special, options.plain_spans)) {
+    // As Hugging Face: the non-normalized added tokens are found in the raw
+    // text; the rest is normalized, the normalized added tokens are found in
+    // it, and what remains is pre-tokenized and merged.
+    auto encode_normalized = [&](const std::string &norm, bool parse_special) {
+        if (!m.any_normalized) {
+            for (const auto &piece : m.pre_tokenize(norm)) m.bpe(piece, &ids);
+            return;
+        }
+        for (const auto &seg : m.split_added(norm, parse_special, {}, m.added_norm)) {
+            if (seg.added >= 0) {
+                ids.push_back(m.added[static_cast<size_t>(seg.added)].id);
+                continue;
+            }
+            for (const auto &piece : m.pre_tokenize(norm.substr(seg.begin, seg.end - seg.begin)))
+                m.bpe(piece, &ids);
+        }
+    };
+    for (const auto &seg :
+         m.split_added(text, options.parse_special, options.plain_spans, m.added_raw)) {
         if (seg.added >= 0) {
             ids.push_back(m.added[static_cast<size_t>(seg.added)].id);
             continue;
         }
-        for (const auto &piece :
-             m.pre_tokenize(std::string(text.substr(seg.begin, seg.end - seg.begin))))
-            m.bpe(piece, &ids);
+        // Plain spans are byte ranges of the raw text: where special
+        // normalized tokens exist, the segment is cut at their borders and
+        // each part normalized alone (no special token inside a plain span).
+        std::vector<std::pair<size_t, size_t>> cuts;
+        if (m.special_normalized && options.parse_special)
+            for (const auto &p : options.plain_spans)
+                if (p.first < seg.end && p.second > seg.begin)
+                    cuts.emplace_back(std::max(p.first, seg.begin), std::min(p.second, seg.end));
+        if (cuts.empty()) {
+            encode_normalized(m.normalize(std::string(text.substr(seg.begin, seg.end - seg.begin))),
+                              options.parse_special);
+            continue;
+        }
+        std::sort(cuts.begin(), cuts.end());
+        size_t pos = seg.begin;
+        for (const auto &[b, e] : cuts) {
+            if (e <= pos) continue;
+            const size_t from = std::max(b, pos);
+            if (from > pos)
+                encode_normalized(m.normalize(std::string(text.substr(pos, from - pos))), true);
+            encode_normalized(m.normalize(std::string(text.substr(from, e - from))), false);
+            pos = e;
+        }
+        if (pos < seg.end)
+            encode_normalized(m.normalize(std::string(text.substr(pos, seg.end - pos))), true);
     }
     if (options.add_special_tokens) ids.insert(ids.end(), m.suffix.begin(), m.suffix.end());
     return ids;

@@ -165,6 +165,45 @@ bool is_space(uint32_t cp) {
            cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
+bool is_white_space(uint32_t cp) {
+    return is_space(cp) && !(cp >= 0x1C && cp <= 0x1F);
+}
+
+uint32_t code_point_at(std::string_view s, size_t i) {
+    int32_t cp;
+    bool incomplete;
+    decode_one(s, i, &cp, &incomplete);
+    return cp < 0 ? 0xFFFD : static_cast<uint32_t>(cp);
+}
+
+std::string white_space_as_hf(const std::string &p) {
+    std::string out;
+    out.reserve(p.size() + 32);
+    bool quoted = false; // inside \Q ... \E
+    for (size_t i = 0; i < p.size(); ++i) {
+        const char c = p[i];
+        if (c != '\\' || i + 1 >= p.size()) {
+            out += c;
+            continue;
+        }
+        const char d = p[++i];
+        if (quoted) {
+            if (d == 'E') quoted = false;
+            out += c;
+            out += d;
+        } else if (d == 's') {
+            out += "\\p{White_Space}";
+        } else if (d == 'S') {
+            out += "\\P{White_Space}";
+        } else {
+            if (d == 'Q') quoted = true;
+            out += c;
+            out += d;
+        }
+    }
+    return out;
+}
+
 std::string strip(std::string_view s) {
     size_t begin = 0, end = s.size();
     // Leading.
@@ -193,7 +232,8 @@ std::string strip(std::string_view s) {
 Regex::Regex(const std::string &pattern) : pattern_(pattern) {
     int err = 0;
     PCRE2_SIZE offset = 0;
-    pcre2_code *code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+    const std::string compiled = white_space_as_hf(pattern);
+    pcre2_code *code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(),
                                      PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
     if (code == nullptr) {
         PCRE2_UCHAR msg[256];

@@ -38,8 +38,17 @@ std::string normalize(std::string_view s, Form form);
 bool is_space(uint32_t cp);
 /// Strips leading and trailing white space (Python str.strip()).
 std::string strip(std::string_view s);
+/// The Unicode White_Space property (Rust's char::is_whitespace, Oniguruma's
+/// \s): is_space without U+001C..U+001F.
+bool is_white_space(uint32_t cp);
+/// The code point of the valid UTF-8 sequence at s[i].
+uint32_t code_point_at(std::string_view s, size_t i);
 
 /// A compiled PCRE2 pattern with Unicode semantics (\p{L}, \s, (?i) ...).
+/// \s and \S mean what they mean in Hugging Face tokenizers' regex engine
+/// (Oniguruma): the White_Space property, inside and outside classes. PCRE2's
+/// own UCP \s also matches U+180E MONGOLIAN VOWEL SEPARATOR (not white space
+/// since Unicode 6.3).
 class Regex {
 public:
     /// Throws Error naming the pattern and position on a syntax error.
@@ -57,6 +66,10 @@ private:
     std::string pattern_;
     void *code_ = nullptr; // pcre2_code_8
 };
+
+/// `pattern` with \s / \S written as \p{White_Space} / \P{White_Space}
+/// (escaped backslashes and \Q...\E quotes left alone).
+std::string white_space_as_hf(const std::string &pattern);
 
 /// Escapes a literal string for use inside a PCRE2 pattern.
 std::string regex_escape(std::string_view literal);

@@ -114,12 +114,19 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
     } else {
         params_ = policy_->model().named_weights();
     }
-    for (auto &kv : params_) kv.second.set_requires_grad(true);
     group_ = dist::current(policy_->model().device().str());
     if (group_ && group_->size() <= 1) group_.reset();
     require(!(adapter_ && group_ && config_.parallel == "fsdp"), ErrorKind::InvalidArgument,
             "trainer: LoRA adapters are not supported with trainer.parallel = \"fsdp\" (use "
             "\"dp\")");
+    // The critic's head trains with the policy (after the model's weights,
+    // so the model's parameter order is unchanged).
+    if (const auto &head = policy_->value_head()) {
+        require(!(group_ && config_.parallel == "fsdp"), ErrorKind::InvalidArgument,
+                "trainer: model.value_head is not supported with trainer.parallel fsdp (use dp)");
+        for (auto &kv : head->named_weights()) params_.push_back(kv);
+    }
+    for (auto &kv : params_) kv.second.set_requires_grad(true);
     if (group_ && config_.parallel == "fsdp") {
         // The shards are the optimizer's float32 masters (no masters_).
         masters_.assign(params_.size(), at::Tensor());
@@ -230,6 +237,7 @@ struct Trainer::Prepared {
     // Loss inputs over the whole batch (float64, labels int64), sliced per micro-batch.
     std::vector<std::pair<std::string, at::Tensor>> inputs;
     bool want_logprobs = false, want_entropy = false;
+    bool want_values = false; // from the value head
     int64_t loss_tokens = 0, loss_seqs = 0;
     double global_tokens = 0, global_seqs = 0;
 };
@@ -316,9 +324,11 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
             if (!first[static_cast<size_t>(t)]) m[t - 1] = l[t];
     }
 
+    const bool head = policy_->value_head() != nullptr;
     if (loss == nullptr) {
         P.want_logprobs = true;
         P.want_entropy = true;
+        P.want_values = head;
         return P;
     }
 
@@ -332,9 +342,16 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
                         a.insert(a.end(), sig.optional.begin(), sig.optional.end());
                         return a;
                     }()));
+    // With a value head, "values" is the head's output (differentiable); a
+    // batch's own values are the rollout's, passed as old_values.
+    P.want_values = head && sig.accepts("values");
+    if (P.want_values && batch.tensors.count("values"))
+        invalid("batch tensor 'values' is computed by the model's value head (model.value_head); "
+                "pass the values the rollout was scored with as 'old_values'");
     for (const auto &r : sig.required) {
         const bool provided = r == "logprobs" || r == "entropy" || r == "labels" ||
-                              r == "loss_mask" || batch.tensors.count(r);
+                              r == "loss_mask" || batch.tensors.count(r) ||
+                              (r == "values" && P.want_values);
         if (!provided) {
             std::vector<std::string> have;
             for (const auto &kv : batch.tensors) have.push_back(kv.first);
@@ -453,6 +470,8 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     LogprobOptions lopts;
     lopts.chunk_tokens = config_.logprob_chunk_tokens;
     lopts.entropy = P.want_entropy;
+    lopts.keep_hidden = P.want_values;
+    std::vector<at::Tensor> out_val;
     bool greedy = false;
     lopts.temperature = logprob_temperature_for(config_, batch.sampling_temperature, &greedy);
     R.logprob_temperature = lopts.temperature;
@@ -500,9 +519,16 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (P.want_entropy)
             ent = at::cat({zero, tl.entropy.narrow(0, 0, n - 1)}) *
                   P.not_first.narrow(0, a, n).to(lp.device());
+        // Values, aligned as the logprobs: V at t is the head at t - 1, the
+        // state token t is drawn from; 0 at each sequence's first token.
+        at::Tensor vals;
+        if (P.want_values)
+            vals = at::cat({zero, policy_->value_head()->forward(tl.hidden).narrow(0, 0, n - 1)}) *
+                   P.not_first.narrow(0, a, n).to(lp.device());
         if (!backward) {
             out_lp.push_back(lp);
             out_ent.push_back(ent);
+            if (P.want_values) out_val.push_back(vals);
         }
         if (loss == nullptr) {
             if (fsdp_) fsdp_->end_micro_batch(backward);
@@ -516,6 +542,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         };
         if (P.want_logprobs) call.tensors.emplace_back("logprobs", to_host(lp));
         if (loss->signature.accepts("entropy")) call.tensors.emplace_back("entropy", to_host(ent));
+        if (P.want_values) call.tensors.emplace_back("values", to_host(vals));
         for (const auto &kv : P.inputs)
             call.tensors.emplace_back(kv.first, kv.second.narrow(0, a, n).contiguous());
         call.cu_seqlens = long_tensor(cu_local);
@@ -561,6 +588,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
             };
             take("logprobs", lp);
             take("entropy", ent);
+            take("values", vals);
             if (outs.empty() && fsdp_) { // the layers' collectives run regardless
                 outs.push_back(lp);
                 grads.push_back(at::zeros_like(lp));
@@ -578,6 +606,8 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     if (!backward) {
         R.tensors["logprobs"] = at::cat(out_lp).to(at::kCPU).to(at::kFloat).contiguous();
         R.tensors["entropy"] = at::cat(out_ent).to(at::kCPU).to(at::kFloat).contiguous();
+        if (!out_val.empty())
+            R.tensors["values"] = at::cat(out_val).to(at::kCPU).to(at::kFloat).contiguous();
     }
     for (const auto &m : metric_sums) {
         const auto &pl = metric_plain[m.first];
@@ -591,7 +621,9 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
                                                         " of " + std::to_string(R.micro_batches) +
                                                         " micro-batches");
         std::string name = e.first;
-        if (!backward && (name == "logprobs" || name == "entropy")) name = "loss." + name;
+        if (!backward && (name == "logprobs" || name == "entropy" ||
+                          (name == "values" && R.tensors.count("values"))))
+            name = "loss." + name;
         R.tensors[name] = e.second.size() == 1 ? e.second[0] : at::cat(e.second);
     }
     return R;
@@ -848,6 +880,9 @@ std::string Trainer::write_checkpoint(const std::string &dir, const std::string 
             save_adapter(*adapter_, (root / kAdapterFolder).string()); // the adapter alone
         else
             save_pretrained(policy_->model(), (root / "model").string());
+        // The critic's head, beside the weights it belongs with.
+        if (const auto &head = policy_->value_head())
+            head->save((root / (adapter_ ? kAdapterFolder : "model") / kValueHeadFile).string());
         // Optimizer moments, by parameter name.
         save_safetensors((root / "optimizer.safetensors").string(), opt,
                          {{"format", "pt"}, {"optimizer", "adamw"}});
@@ -986,6 +1021,14 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
                 ? load_safetensors((root / kAdapterFolder / "adapter_model.safetensors").string())
                 : load_model_tensors(root / "model");
         opt = load_safetensors((root / "optimizer.safetensors").string());
+    }
+    if (const auto &head = policy_->value_head()) {
+        const std::string rel =
+            std::string(adapter_ ? kAdapterFolder : "model") + "/" + kValueHeadFile;
+        if (!fs::exists(root / rel))
+            throw bad_file(rel, "is missing: the checkpoint was written by a model without a "
+                                "value head (model.value_head)");
+        for (auto &kv : head->read((root / rel).string())) weights.insert(std::move(kv));
     }
     std::map<std::string, at::Tensor> rng = load_safetensors((root / "rng.safetensors").string());
     // Float32 masters, when the checkpoint was written by a low-precision

@@ -86,13 +86,22 @@ RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
                     require(kv.value().is_number_integer() && kv.value().get<int64_t>() >= 0,
                             "rl_model_load: threads must be an integer >= 0 (0: all cores)");
                     core::set_num_threads(static_cast<int>(kv.value().get<int64_t>()));
+                } else if (key == "value_head") {
+                    require(kv.value().is_boolean(),
+                            "rl_model_load: value_head must be true or false, got " +
+                                kv.value().dump());
+                } else if (key == "value_head_seed") {
+                    require(kv.value().is_number_unsigned(),
+                            "rl_model_load: value_head_seed must be an integer >= 0, got " +
+                                kv.value().dump());
                 } else if (key == "device" || key == "dtype") {
                     require(kv.value().is_string(), "rl_model_load: " + key +
                                                         " must be a string, got " +
                                                         kv.value().dump());
                 } else {
                     throw HostError{RL_ERR_INVALID_ARG, "rl_model_load: unknown option '" + key +
-                                                            "'; valid: threads, device, dtype"};
+                                                            "'; valid: threads, device, dtype, "
+                                                            "value_head, value_head_seed"};
                 }
             }
         }
@@ -105,6 +114,10 @@ RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
             require(lo.dtype == at::kFloat || lo.dtype == at::kBFloat16,
                     "rl_model_load: dtype must be float32 or bfloat16, got '" +
                         opts["dtype"].get<std::string>() + "'");
+        }
+        if (opts.is_object()) {
+            lo.value_head = opts.value("value_head", false);
+            lo.value_head_seed = opts.value("value_head_seed", uint64_t{0});
         }
         auto m = std::make_unique<rl_model>();
         m->policy = core::Policy::load(path, lo);
@@ -160,6 +173,7 @@ RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result) {
                   {"eos_token_ids", model->policy->eos_token_ids()},
                   {"has_tokenizer", model->policy->tokenizer() != nullptr},
                   {"has_model", true},
+                  {"value_head", model->policy->value_head() != nullptr},
                   {"device", m.device().str()},
                   {"dtype", core::dtype_string(m.dtype())},
                   {"policy_version", model->policy->version()}};
@@ -188,7 +202,10 @@ RL_API rl_status_t rl_model_save(rl_model_t *model, const char *dir) {
         const fs::path tmp = fs::path(target.string() + ".tmp-" + std::to_string(::getpid()));
         fs::remove_all(tmp, ec);
         try {
-            core::save_pretrained(policy_of(model, "rl_model_save").model(), tmp.string());
+            const core::Policy &policy = policy_of(model, "rl_model_save");
+            core::save_pretrained(policy.model(), tmp.string());
+            if (policy.value_head())
+                policy.value_head()->save((tmp / core::kValueHeadFile).string());
             core::replace_folder(tmp.string(), target.string());
         } catch (...) {
             fs::remove_all(tmp, ec);

@@ -64,6 +64,10 @@ std::vector<ConfigKey> build() {
             "model.dtype", "float32", {"float32", "bfloat16"},
             "Weights and activations; bfloat16 keeps float32 master weights and AdamW state "
             "in the trainer."),
+        param("model.value_head", T::Boolean, false,
+              "Give the policy a scalar value head on its trunk (the PPO critic): the trainer "
+              "computes 'values' with the logprobs and trains the head through the loss; saved "
+              "as value_head.safetensors in model folders and checkpoints."),
 
         choice_param("tokenizer.chat_template", "none", {"none", "model", "chatml", "llama3"},
                      "Chat template applied to prompts: none (the prompt as it is), model (the "

@@ -153,7 +153,12 @@ function rl.load_model(cfg)
             io.stdout:write(("created the built-in '%s' model in %s\n"):format(m.preset, path))
         end
     end
-    return rl.model(path, { threads = m.threads, device = m.device, dtype = m.dtype })
+    local opts = { threads = m.threads, device = m.device, dtype = m.dtype }
+    if m.value_head then
+        opts.value_head = true
+        opts.value_head_seed = cfg.run.seed
+    end
+    return rl.model(path, opts)
 end
 
 --- rl.trainer_config(cfg [, extra]): the trainer section of the configuration

@@ -44,11 +44,14 @@ struct LogprobOptions {
     double temperature = 1.0;
     /// Labels equal to this get logprob 0 and no gradient.
     int64_t ignore_index = -100;
+    /// Also return the final-norm hidden states (for a value head).
+    bool keep_hidden = false;
 };
 
 struct TokenLogprobs {
     at::Tensor logprobs; ///< [T] fp32, log p(label_t | tokens <= t)
     at::Tensor entropy;  ///< [T] fp32 when asked, else undefined
+    at::Tensor hidden;   ///< [T, hidden] when keep_hidden, else undefined
 };
 
 struct ModelOptions {

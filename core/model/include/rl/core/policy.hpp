@@ -11,6 +11,7 @@
 #include "rl/core/model.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/tokenizer.hpp"
+#include "rl/core/value_head.hpp"
 
 #include <cstdint>
 #include <map>
@@ -37,6 +38,11 @@ public:
     const std::shared_ptr<const Tokenizer> &tokenizer() const { return tokenizer_; }
     /// The tokenizer; throws naming `what` when there is none.
     const Tokenizer &require_tokenizer(const std::string &what) const;
+
+    /// The critic's head on this model's trunk (LoadOptions::value_head);
+    /// null when the policy has none.
+    const std::shared_ptr<ValueHead> &value_head() const { return value_head_; }
+    void set_value_head(std::shared_ptr<ValueHead> head);
 
     /// The number of optimizer steps applied to the weights (or restored from
     /// a checkpoint). The engine stamps its samples with the version it synced.
@@ -78,6 +84,7 @@ public:
 private:
     std::shared_ptr<CausalLM> model_;
     std::shared_ptr<const Tokenizer> tokenizer_;
+    std::shared_ptr<ValueHead> value_head_;
     mutable std::mutex mu_;
     int64_t version_ = 0;
     uint64_t sampling_state_ = 0;

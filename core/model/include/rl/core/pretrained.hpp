@@ -17,6 +17,11 @@ struct LoadOptions {
     /// Adopt the mapped file pages as parameters where dtype, device and
     /// alignment allow (no copy; training writes go to private pages).
     bool zero_copy = true;
+    /// Policy::load: give the policy a value head (value_head.hpp), read from
+    /// the folder's value_head.safetensors when it has one, else initialized
+    /// from value_head_seed. load_pretrained ignores both.
+    bool value_head = false;
+    uint64_t value_head_seed = 0;
 };
 
 /// Loads a model folder. Errors name the folder, file and tensor: missing or
