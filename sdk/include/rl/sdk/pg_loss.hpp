@@ -5,9 +5,10 @@
 // calls read_shared(p) (loss_agg_mode + max_seq_len, kl_coef / kl_type /
 // entropy_coef) and implements policy(PgCall &): per loss token, add the
 // policy term's weighted value and gradient. The base gives it
-//   - the signature {logprobs, old_logprobs, advantages} + loss_mask, the
-//     differentiable logprobs, ref_logprobs / entropy when the regularizers need
-//     them, plus whatever add_inputs() declares;
+//   - the signature {logprobs, old_logprobs, advantages} + loss_mask and
+//     rollout_is_weights (verl's precomputed per-token importance weights,
+//     which multiply the policy term), the differentiable logprobs, ref_logprobs / entropy when the
+//     regularizers need them, plus whatever add_inputs() declares;
 //   - the aggregation weights, the inputs as vectors, the gradient buffer;
 //   - the metrics pg_loss (first), valid_tokens and ref_kl / entropy (last), and
 //     the KL / entropy terms added to the loss and its gradient;
@@ -195,20 +196,40 @@ struct PgCall {
 class PolicyGradientLoss : public LossBase {
 public:
     LossSignature signature() const override {
-        LossSignature s{{"logprobs", "old_logprobs", "advantages"}, {"loss_mask"}, {"logprobs"}};
+        LossSignature s{{"logprobs", "old_logprobs", "advantages"},
+                        {"loss_mask", "rollout_is_weights"},
+                        {"logprobs"}};
         add_inputs(s);
         reg_.add_to(s);
         return s;
     }
 
     Result evaluate(const Data &d, const Data &sg) const final {
-        PgCall c(d, sg, agg_.weights(d));
+        const std::vector<double> w = agg_.weights(d);
+        PgCall c(d, sg, with_rollout_is_weights(d, w));
         policy(c);
         c.r.loss = c.pg;
         c.r.metrics.insert(c.r.metrics.begin(), {metrics::kPgLoss, c.pg});
         if (report_valid_tokens_) c.r.metric(metrics::kValidTokens, double(d.loss_tokens));
-        reg_.apply(d, sg, c.w, c.r);
+        reg_.apply(d, sg, w, c.r);
         return std::move(c.r);
+    }
+
+    // verl's rollout_is_weights: precomputed per-token importance weights
+    // (>= 0, detached) that multiply the policy term of every token, not the
+    // KL / entropy terms. Folded into the aggregation weights the policy term
+    // is built with: every policy term is linear in its per-token weights.
+    static std::vector<double> with_rollout_is_weights(const Data &d, std::vector<double> w) {
+        const auto *is = d.find("rollout_is_weights");
+        if (!is) return w;
+        for (int64_t t = 0; t < d.n; ++t) {
+            if (d.mask[t] == 0) continue;
+            if ((*is)[t] < 0)
+                invalid("input 'rollout_is_weights' must be >= 0, got " + num((*is)[t]) +
+                        " at token " + std::to_string(t));
+            w[t] *= (*is)[t];
+        }
+        return w;
     }
 
     // The policy term: add every loss token's weighted value to c.pg and its
