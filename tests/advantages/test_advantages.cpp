@@ -41,6 +41,7 @@ TEST(AdvantageContract, EveryEstimatorEmitsFloat64PerTokenAdvantages) {
         {"group_norm", {{"advantages", {1, 2, 3, 4, 5}}}},
         {"gpg", {}},
         {"grpo_passk", {}},
+        {"remax", {{"reward_baselines", {0.5, 0.5, 0.2, 0.2, 0.2}}}},
     };
     for (const auto &c : cases) {
         auto inst = make(c.first);
@@ -470,6 +471,69 @@ TEST(GrpoPassK, BadParametersAreNamed) {
     o = Instance::create_status(rltest::load("advantage-grpo_passk"), R"({"k": 4})");
     EXPECT_NE(o.error.find("unknown parameter 'k'"), std::string::npos) << o.error;
     EXPECT_NE(o.error.find("std_unbiased"), std::string::npos) << o.error;
+}
+
+// ---- remax ---------------------------------------------------------------------------
+
+TEST(Remax, ReturnToGoMinusTheSequencesExternalBaseline) {
+    // Sequence 0: prompt token 0 (masked, its baseline value is ignored), completion token 1:
+    // G = 1, A = 1 - 0.4. Sequence 1: tokens 2..4 with token rewards {0.1, 0, 0.2} and the
+    // reward 0 at the end: G = {0.3, 0.2, 0.2}, A = G - 0.7.
+    auto inst = make("remax");
+    Outputs o = inst->advantage({1.0, 0.0}, {0, 0}, {0, 2, 5},
+                                {{"loss_mask", {0, 1, 1, 1, 1}},
+                                 {"reward_baselines", {9, 0.4, 0.7, 0.7, 0.7}},
+                                 {"token_rewards", {0, 0, 0.1, 0, 0.2}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0, 0.6, -0.4, -0.5, -0.5});
+    expect_near_all(o.tensors["returns"], {0, 1, 0.3, 0.2, 0.2});
+    EXPECT_NEAR(o.metrics["baseline_mean"], 0.55, kTol);
+    // Without token rewards every completion token carries r - b.
+    o = inst->advantage({1.0, 0.0}, {0, 1}, {0, 2, 5},
+                        {{"reward_baselines", {0.25, 0.25, 0.5, 0.5, 0.5}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0.75, 0.75, -0.5, -0.5, -0.5});
+}
+
+TEST(Remax, BaselinesMustBeGivenAndConstantWithinASequence) {
+    auto inst = make("remax");
+    Outputs o = inst->advantage({1.0, 0.0}, {0, 0}, {0, 2, 5}, {});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("missing per-token input 'reward_baselines'"), std::string::npos)
+        << o.error;
+    o = inst->advantage({1.0, 0.0}, {0, 0}, {0, 2, 5},
+                        {{"reward_baselines", {0.5, 0.5, 0.2, 0.3, 0.2}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("sequence 1"), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("token 3"), std::string::npos) << o.error;
+    o = Instance::create_status(rltest::load("advantage-remax"), R"({"whiten": true})");
+    EXPECT_NE(o.error.find("unknown parameter 'whiten'"), std::string::npos) << o.error;
+}
+
+// ---- whitening std ------------------------------------------------------------------------
+
+TEST(ReinforcePP, WhiteningWithTheUnbiasedStd) {
+    // Returns {1, 0}: mean 0.5, population std 0.5, sample std sqrt(0.5).
+    auto pop = make("reinforce_pp", R"({"eps": 0})");
+    Outputs o = pop->advantage({1.0, 0.0}, {0, 1}, {0, 1, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {1, -1});
+    auto unb = make("reinforce_pp", R"({"eps": 0, "std_unbiased": true})");
+    o = unb->advantage({1.0, 0.0}, {0, 1}, {0, 1, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {std::sqrt(0.5), -std::sqrt(0.5)});
+}
+
+TEST(Gae, WhiteningWithTheUnbiasedStdAndRefusedWithoutWhitening) {
+    auto inst = make("gae", R"({"gamma": 1, "lambda": 1, "whiten": true, "eps": 0,
+                                "std_unbiased": true})");
+    Outputs o = inst->advantage({1.0, 0.0}, {0, 1}, {0, 1, 2}, {{"values", {0, 0}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {std::sqrt(0.5), -std::sqrt(0.5)});
+    o = Instance::create_status(rltest::load("advantage-gae"), R"({"std_unbiased": true})");
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("'std_unbiased' only applies with 'whiten': true"), std::string::npos)
+        << o.error;
 }
 
 } // namespace
