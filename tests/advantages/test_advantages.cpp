@@ -42,6 +42,7 @@ TEST(AdvantageContract, EveryEstimatorEmitsFloat64PerTokenAdvantages) {
         {"gpg", {}},
         {"grpo_passk", {}},
         {"remax", {{"reward_baselines", {0.5, 0.5, 0.2, 0.2, 0.2}}}},
+        {"areal", {}},
     };
     for (const auto &c : cases) {
         auto inst = make(c.first);
@@ -534,6 +535,130 @@ TEST(Gae, WhiteningWithTheUnbiasedStdAndRefusedWithoutWhitening) {
     EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
     EXPECT_NE(o.error.find("'std_unbiased' only applies with 'whiten': true"), std::string::npos)
         << o.error;
+}
+
+// ---- areal ---------------------------------------------------------------------------
+
+TEST(Areal, RewardBiasScaleAndClip) {
+    // (r + 1) * 2 = {4, -4}, clipped to [-3, 3]; one completion token each, no values.
+    auto inst = make("areal", R"({"reward_bias": 1, "reward_scaling": 2, "reward_clip": 3})");
+    Outputs o = inst->advantage({1, -3}, {0, 1}, {0, 1, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {3, -3});
+    expect_near_all(o.tensors["returns"], {3, -3});
+    EXPECT_NEAR(o.metrics["shaped_reward_mean"], 0, kTol);
+}
+
+TEST(Areal, KlPenalisedTokenRewardsWithAFixedAndAnAdaptiveCoefficient) {
+    // k1 = old - ref = {0.5, 0, -0.5}; u = {-0.05, 0, 0.05 + 1}; return to go.
+    const Tensors kl_in = {{"old_logprobs", {-1, -1, -1}}, {"ref_logprobs", {-1.5, -1, -0.5}}};
+    auto fixed = make("areal", R"({"kl_ctl": 0.1})");
+    Outputs o = fixed->advantage({1}, {0}, {0, 3}, kl_in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {1.0, 1.05, 1.05});
+    EXPECT_NEAR(o.metrics["kl"], 0.0, kTol);
+    // k2 = {0.125, 0, 0.125}: batch KL 1/12 > target 0.05, error clipped to 0.2: the
+    // coefficient grows by 1 + 0.2 * 1 sequence / horizon 10 after each call.
+    auto adaptive = make(
+        "areal", R"({"kl_coef": 0.1, "kl_estimator": "k2", "kl_target": 0.05, "kl_horizon": 10})");
+    o = adaptive->advantage({1}, {0}, {0, 3}, kl_in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    EXPECT_NEAR(o.metrics["kl_coef"], 0.1, kTol);
+    EXPECT_NEAR(o.metrics["kl"], 0.25 / 3, kTol);
+    expect_near_all(adv(o), {1 - 0.1 * 0.25, 1 - 0.1 * 0.125, 1 - 0.1 * 0.125});
+    o = adaptive->advantage({1}, {0}, {0, 3}, kl_in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    EXPECT_NEAR(o.metrics["kl_coef"], 0.1 * 1.02, kTol);
+    // Below the target the coefficient shrinks: k2 of {0.1, 0, 0} is 0.005 / 3 per token.
+    o = adaptive->advantage({1}, {0}, {0, 3},
+                            {{"old_logprobs", {-1, -1, -1}}, {"ref_logprobs", {-1.1, -1, -1}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    o = adaptive->advantage({1}, {0}, {0, 3}, kl_in);
+    EXPECT_NEAR(o.metrics["kl_coef"], 0.1 * 1.02 * 1.02 * 0.98, kTol);
+}
+
+TEST(Areal, TruncatedSequencesBootstrapFromTheirLastValueOrLoseTheirReward) {
+    // Completion tokens 0, 1; token 2 (loss_mask 0) carries the state after the last action.
+    Tensors in = {{"loss_mask", {1, 1, 0}}, {"values", {0.5, 0.2, 0.8}}, {"truncated", {1, 1, 1}}};
+    auto inst = make("areal");
+    Outputs o = inst->advantage({1}, {0}, {0, 3}, in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    // delta_1 = 1 + 0.8 - 0.2 = 1.6; delta_0 = 0.2 - 0.5; A_0 = -0.3 + 1.6.
+    expect_near_all(adv(o), {1.3, 1.6, 0});
+    expect_near_all(o.tensors["returns"], {1.8, 1.8, 0});
+    auto no_eos = make("areal", R"({"mask_no_eos_with_zero": true})");
+    o = no_eos->advantage({1}, {0}, {0, 3}, in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0.3, 0.6, 0});
+    EXPECT_EQ(o.metrics["no_eos_masked"], 1);
+    in["truncated"] = {0, 0, 0}; // ended with EOS: no bootstrap, reward kept
+    o = no_eos->advantage({1}, {0}, {0, 3}, in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0.5, 0.8, 0});
+    // A truncated sequence must end with the bootstrap token; 'truncated' is per sequence.
+    o = inst->advantage({1}, {0}, {0, 2}, {{"values", {0.5, 0.2}}, {"truncated", {1, 1}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("bootstrap"), std::string::npos) << o.error;
+    o = inst->advantage({1}, {0}, {0, 2}, {{"truncated", {1, 0}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("one 0/1 value per sequence"), std::string::npos) << o.error;
+    o = no_eos->advantage({1}, {0}, {0, 2}, {});
+    EXPECT_NE(o.error.find("missing per-token input 'truncated'"), std::string::npos) << o.error;
+}
+
+TEST(Areal, NormalizationLevelsLeaveOneOutAndGroupsOfOne) {
+    // One completion token per sequence, so the advantages before normalization are the
+    // rewards {1, 2, 3, 6}.
+    const std::vector<double> r = {1, 2, 3, 6};
+    const std::vector<int64_t> cu = {0, 1, 2, 3, 4};
+    auto norm = [&](const std::string &cfg, const std::vector<int64_t> &groups) {
+        auto inst = make("areal", R"({"adv_norm": )" + cfg + "}");
+        Outputs o = inst->advantage(r, groups, cu, {});
+        EXPECT_TRUE(o.ok()) << cfg << ": " << o.error;
+        return adv(o);
+    };
+    const std::vector<int64_t> two = {0, 0, 1, 1};
+    const double sb = std::sqrt(14.0 / 3); // batch: mean 3, unbiased std
+    expect_near_all(norm(R"({"eps": 0})", two), {-2 / sb, -1 / sb, 0, 3 / sb});
+    expect_near_all(
+        norm(R"({"mean_level": "group", "std_level": "group", "std_unbiased": false, "eps": 0})",
+             two),
+        {-1, 1, -1, 1});
+    expect_near_all(norm(R"({"std_level": null})", two), {-2, -1, 0, 3});
+    const double s0 = std::sqrt(50.0 / 3); // std around 0
+    expect_near_all(norm(R"({"mean_level": "none", "eps": 0})", two),
+                    {1 / s0, 2 / s0, 3 / s0, 6 / s0});
+    expect_near_all(norm(R"({"mean_leave1out": true, "std_level": "none"})", two),
+                    {-8.0 / 3, -4.0 / 3, 0, 4});
+    // Groups {1, 2}, {3}, {6}: the singletons keep mean 0 and std 1; group 0's
+    // leave-one-out means {2, 1}, std around them sqrt(2 / 1).
+    expect_near_all(norm(R"({"mean_level": "group", "mean_leave1out": true,
+                             "std_level": "group", "eps": 0})",
+                         {0, 0, 1, 2}),
+                    {-1 / std::sqrt(2.0), 1 / std::sqrt(2.0), 3, 6});
+}
+
+TEST(Areal, BadParametersAndMissingInputsAreNamed) {
+    auto refused = [](const std::string &params, const std::string &want) {
+        Outputs o = Instance::create_status(rltest::load("advantage-areal"), params);
+        EXPECT_EQ(o.status, RL_ERR_INVALID_ARG) << params;
+        EXPECT_NE(o.error.find(want), std::string::npos) << params << ": " << o.error;
+    };
+    refused(R"({"adv_norm": "batch"})", "'adv_norm' must be an object");
+    refused(R"({"adv_norm": {"level": "batch"}})", "unknown parameter 'level'");
+    refused(R"({"adv_norm": {"mean_level": "none", "mean_leave1out": true}})",
+            "'mean_leave1out' needs a mean_level");
+    refused(R"({"adv_norm": {"std_level": "token"}})", "'std_level'");
+    refused(R"({"kl_target": 0})", "'kl_target' must be > 0");
+    refused(R"({"kl_horizon": 5})", "'kl_horizon' only applies with 'kl_target'");
+    refused(R"({"kl_estimator": "k4"})", "'kl_estimator'");
+    refused(R"({"reward_clip": -1})", "'reward_clip'");
+    refused(R"({"gamma": 1.5})", "'gamma'");
+    refused(R"({"discount": 0.9, "gamma": 0.9})", "both given");
+    auto inst = make("areal", R"({"kl_coef": 0.1})");
+    Outputs o = inst->advantage({1}, {0}, {0, 2}, {});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("missing per-token input 'old_logprobs'"), std::string::npos) << o.error;
 }
 
 } // namespace
