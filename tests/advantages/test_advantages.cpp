@@ -661,4 +661,61 @@ TEST(Areal, BadParametersAndMissingInputsAreNamed) {
     EXPECT_NE(o.error.find("missing per-token input 'old_logprobs'"), std::string::npos) << o.error;
 }
 
+// ---- grpo length_penalty (prime-rl) -------------------------------------------------------
+
+TEST(Grpo, PrimeRlLengthPenaltyShapesRewardsBeforeTheGroupMean) {
+    // One group of three: completion / other tokens (2, 1), (4, 0), (1, 1); rewards
+    // {1, 1, 0}, pass rate p = 2/3, maxima 4 and 1, one turn each (the turn term is the same
+    // for all and cancels). Default weights 0.25, 0.1, 0.1.
+    auto inst = make("grpo", R"({"norm_by_std": false, "length_penalty": {"type": "linear"}})");
+    Outputs o = inst->advantage({1, 1, 0}, {0, 0, 0}, {0, 3, 7, 9},
+                                {{"loss_mask", {0, 1, 1, 1, 1, 1, 1, 0, 1}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    const double p = 2.0 / 3;
+    const std::vector<double> shaped = {1 - p * (0.25 * 0.5 + 0.1 + 0.1), 1 - p * (0.25 + 0.1),
+                                        -p * (0.25 * 0.25 + 0.1 + 0.1)};
+    const double m = (shaped[0] + shaped[1] + shaped[2]) / 3;
+    const double a0 = shaped[0] - m, a1 = shaped[1] - m, a2 = shaped[2] - m;
+    expect_near_all(adv(o), {0, a0, a0, a1, a1, a1, a1, 0, a2});
+    // Equal rewards still prefer the shorter answer: p = 1, penalties {0.5 / 3, 0.5}.
+    auto out_only = make("grpo", R"({"norm_by_std": false, "length_penalty":
+        {"num_output_tokens_weight": 0.5, "num_input_tokens_weight": 0, "num_turns_weight": 0}})");
+    o = out_only->advantage({1, 1}, {0, 0}, {0, 1, 4}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6});
+    // Turns from the per-sequence input num_turns: {1, 2}, weight 0.3: penalties {0.15, 0.3}.
+    auto turns = make("grpo", R"({"norm_by_std": false, "length_penalty":
+        {"num_output_tokens_weight": 0, "num_input_tokens_weight": 0, "num_turns_weight": 0.3}})");
+    o = turns->advantage({1, 1}, {0, 0}, {0, 1, 4}, {{"num_turns", {1, 2, 2, 2}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0.075, -0.075, -0.075, -0.075});
+    o = turns->advantage({1, 1}, {0, 0}, {0, 1, 4}, {{"num_turns", {1, 2, 3, 2}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("'num_turns' must hold one value"), std::string::npos) << o.error;
+    // A group of one gets 0.
+    o = inst->advantage({1}, {0}, {0, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0, 0});
+}
+
+TEST(Grpo, LengthPenaltyBadParametersAreNamed) {
+    auto refused = [](const std::string &params, const std::string &want) {
+        Outputs o = Instance::create_status(rltest::load("advantage-grpo"), params);
+        EXPECT_EQ(o.status, RL_ERR_INVALID_ARG) << params;
+        EXPECT_NE(o.error.find(want), std::string::npos) << params << ": " << o.error;
+    };
+    refused(R"({"length_penalty": {}})", "needs 'norm_by_std': false");
+    refused(R"({"norm_by_std": false, "length_penalty": 0.25})",
+            "'length_penalty' must be an object");
+    refused(R"({"norm_by_std": false, "length_penalty": {"output_weight": 1}})",
+            "unknown parameter 'output_weight'");
+    refused(R"({"norm_by_std": false, "length_penalty": {"type": "exponential"}})", "'type'");
+    refused(R"({"norm_by_std": false, "length_penalty": {"num_turns_weight": -1}})",
+            "'num_turns_weight'");
+    auto plain = make("grpo");
+    Outputs o = plain->advantage({1, 0}, {0, 0}, {0, 1, 2}, {{"num_turns", {1, 1}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("'num_turns'"), std::string::npos) << o.error;
+}
+
 } // namespace
