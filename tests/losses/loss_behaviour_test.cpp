@@ -1053,6 +1053,105 @@ TEST(PolicyGradient, EveryPolicyLossScalesItsPolicyTermByConstantRolloutIsWeight
     }
 }
 
+// ---- weights (every loss) -------------------------------------------------------------------
+
+TEST(Weights, ScaleTheWholePerTokenLossAndKeepTheNormalizer) {
+    const std::vector<double> lp = {-1.0, -1.0, -1.0}, r = {1.1, 5.0, 0.5}, A = {1.0, -1.0, 2.0};
+    Batch b = make({0, 3}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    b.f["ref_logprobs"] = {-1.5, -0.5, -1.0};
+    b.f["weights"] = {0.5, 2.0, 0.0};
+    // Token-mean over 3 tokens (the zero weight stays in the normalizer); the k1 KL term
+    // (0.5, -0.5, 0) is weighted too: ((-1.1 + 0.1 * 0.5) * 0.5 + (5 - 0.05) * 2) / 3.
+    const auto out = run<PolicyLoss>(R"({"kl_coef": 0.1, "kl_type": "k1"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    EXPECT_NEAR(out.loss, ((-1.1 + 0.05) * 0.5 + (5 - 0.05) * 2) / 3, 1e-12);
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_NEAR(g[0], 0.5 * (-1.1 + 0.1) / 3, 1e-12);
+    EXPECT_NEAR(g[1], 2.0 * (5.0 + 0.1) / 3, 1e-12);
+    EXPECT_EQ(g[2], 0.0);
+    // Cross-entropy and the critic take them too.
+    Batch ce = make({0, 2}, {{"logprobs", {-1.0, -3.0}}, {"weights", {2.0, 0.5}}});
+    ce.labels = {1, 2};
+    ce.has_labels = true;
+    const auto c = run<CausalLmLoss>("{}", ce);
+    ASSERT_EQ(c.status, RL_OK) << c.error;
+    EXPECT_NEAR(c.loss, (2.0 * 1.0 + 0.5 * 3.0) / 2, 1e-12);
+    const Batch v =
+        make({0, 2}, {{"values", {1.0, 1.0}}, {"returns", {0.0, 3.0}}, {"weights", {1.0, 3.0}}});
+    const auto val = run<ValueLoss>(R"({"loss_agg_mode": "sum"})", v);
+    ASSERT_EQ(val.status, RL_OK) << val.error;
+    EXPECT_NEAR(val.loss, 0.5 * 1.0 + 3.0 * 0.5 * 4.0, 1e-12);
+    EXPECT_NEAR(val.grads.at("values")[1], 3.0 * -2.0, 1e-12);
+    b.f["weights"] = {1.0, -0.5, 1.0};
+    const auto bad = run<PolicyLoss>("{}", b);
+    EXPECT_EQ(bad.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(bad.error.find("'weights' must be >= 0"), std::string::npos) << bad.error;
+}
+
+// ---- per_token_outputs (every policy loss) ---------------------------------------------
+
+TEST(PerTokenOutputs, PolicyLossEmitsItsTermsMasksAndWeights) {
+    const std::vector<double> lp = {-1.0, -1.0, -1.0}, r = {1.1, 5.0, 0.5}, A = {1.0, 1.0, 2.0};
+    Batch b = make({0, 3}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    b.f["ref_logprobs"] = {-1.5, -0.5, -1.0};
+    const auto out = run<PolicyLoss>(
+        R"({"per_token_outputs": true, "icepop_beta": 4, "kl_type": "k1", "loss_agg_mode": "sum"})",
+        b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    // t0 inside the band; t1 r = 5 > beta: dropped by IcePop (clipped too, A > 0);
+    // t2 r = 0.5, A > 0: -A r = -1 > -A 0.8 = -1.6, unclipped.
+    EXPECT_EQ(out.tensors.at("clip_mask"), (std::vector<double>{0, 1, 0}));
+    EXPECT_EQ(out.tensors.at("icepop_mask"), (std::vector<double>{0, 1, 0}));
+    const auto &l = out.tensors.at("elementwise_loss");
+    EXPECT_NEAR(l[0], -1.1, 1e-12);
+    EXPECT_EQ(l[1], 0.0);
+    EXPECT_NEAR(l[2], -1.0, 1e-12);
+    EXPECT_NEAR(out.tensors.at("ratio")[1], 5.0, 1e-12);
+    EXPECT_NEAR(out.tensors.at("kl")[0], 0.5, 1e-12); // k1 = logprobs - ref
+    EXPECT_NEAR(out.tensors.at("kl")[1], -0.5, 1e-12);
+    EXPECT_FALSE(out.tensors.count("tis_weights"));
+    // Off by default.
+    EXPECT_TRUE(run<PolicyLoss>("{}", b).tensors.empty());
+}
+
+TEST(PerTokenOutputs, EveryPolicyLossesElementwiseLossSumsToItsPolicyTerm) {
+    for (const auto &name : loss_names()) {
+        with_loss(name, [&](auto tag) {
+            using L = typename decltype(tag)::type;
+            T::Host host;
+            T::Instance<L> inst(host, R"({"per_token_outputs": true, "loss_agg_mode": "sum"})");
+            if (!inst.ok()) return; // not a policy loss
+            SCOPED_TRACE(name);
+            Batch b = random_batch(6).only(accepted_inputs(inst));
+            for (const char *x : {"weights", "rollout_is_weights", "ce_weights", "ref_kl_weights"})
+                b.f.erase(x);
+            const auto out = T::run_loss(inst, b.inputs());
+            ASSERT_EQ(out.status, RL_OK) << out.error;
+            ASSERT_TRUE(out.tensors.count("elementwise_loss"));
+            const auto &l = out.tensors.at("elementwise_loss");
+            ASSERT_EQ(int64_t(l.size()), b.n());
+            double sum = 0;
+            for (int64_t t = 0; t < b.n(); ++t) {
+                sum += l[t];
+                if (b["loss_mask"][t] == 0) {
+                    EXPECT_EQ(l[t], 0.0) << t;
+                }
+            }
+            EXPECT_NEAR(sum, out.metric("pg_loss"), 1e-10 * (1 + std::fabs(sum)));
+            for (const auto &kv : out.tensors) {
+                EXPECT_EQ(int64_t(kv.second.size()), b.n()) << kv.first;
+                if (kv.first.find("mask") == std::string::npos) continue;
+                for (double x : kv.second) {
+                    EXPECT_TRUE(x == 0 || x == 1) << kv.first;
+                }
+            }
+            if (b.f.count("ref_logprobs")) {
+                EXPECT_TRUE(out.tensors.count("kl"));
+            }
+        });
+    }
+}
+
 // ---- forward only -------------------------------------------------------------------
 
 TEST(ForwardOnly, GivesTheSameLossAndNoGradients) {

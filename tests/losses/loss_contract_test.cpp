@@ -189,7 +189,7 @@ TEST(Signature, DependsOnTheParameters) {
     T::Instance<PolicyLoss> plain(host, "{}");
     auto s = T::loss_signature(plain);
     EXPECT_EQ(s.required, (std::vector<std::string>{"logprobs", "old_logprobs", "advantages"}));
-    EXPECT_EQ(s.optional, (std::vector<std::string>{"loss_mask", "rollout_is_weights",
+    EXPECT_EQ(s.optional, (std::vector<std::string>{"loss_mask", "weights", "rollout_is_weights",
                                                     "ref_logprobs", "entropy"}));
     EXPECT_EQ(s.differentiable, (std::vector<std::string>{"logprobs"}));
 

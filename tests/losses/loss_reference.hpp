@@ -56,7 +56,7 @@ inline double aggregate(const Batch &b, const std::vector<bool> &m, const std::v
         int64_t k = 0;
         for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t)
             if (m[t]) {
-                sum += l[t];
+                sum += l[t] * (b.f.count("weights") ? b["weights"][t] : 1.0); // input "weights"
                 ++k;
             }
         total += sum;

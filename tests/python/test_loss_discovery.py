@@ -42,6 +42,7 @@ def inputs_for(names):
         "ce_weights": [0.0, 1.0, 0.0, 0.5, 1.0, 1.0, 0.0],
         "ref_kl_weights": [1.0, 0.0, 1.0, 1.0, 0.5, 0.0, 1.0],
         "rollout_is_weights": [1.0, 0.9, 1.2, 0.7, 1.1, 1.0, 0.8],
+        "weights": [1.0, 1.5, 0.5, 1.0, 2.0, 1.0, 0.0],
     }
     missing = [n for n in names if n not in values]
     if missing:

@@ -191,7 +191,13 @@ public:
                 ppo_clip(adv[t], ratio[t], 1.0 - eps_clip_, 1.0 + eps_clip_higher_, c_clip_);
             clipped += ppo.clipped;
             dual_clipped += ppo.dual_clipped;
+            c.put("ratio", t, ratio[t]);
+            c.put("clip_mask", t, ppo.clipped);
+            if (c_clip_) c.put("dual_clip_mask", t, ppo.dual_clipped);
+            c.put("behave_imp_weight", t, bw[t]);
+            if (rs_) c.put("rejection_mask", t, !keep[t]);
             if (!keep[t]) continue;
+            c.put("elementwise_loss", t, bw[t] * ppo.loss);
             if (bw[t] > 0) {
                 behav_w.add(bw[t]);
                 behav_kl.add(prox[t] - c.old[t]);

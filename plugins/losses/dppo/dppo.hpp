@@ -99,6 +99,8 @@ public:
             rl += c.w[t] * l;
             c.pg += c.w[t] * l;
             c.g[t] += c.w[t] * wt * (pg + 2.0 * kl_tau_ * lr);
+            c.put("elementwise_loss", t, l);
+            c.put("is_masked", t, m);
         }
         c.metric("rl_loss", rl);
         c.metric("is_masked", c.frac(masked));

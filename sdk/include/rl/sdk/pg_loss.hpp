@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -171,6 +172,9 @@ struct PgCall {
     Result r;               // loss, gradients, metrics
     std::vector<double> &g; // d loss / d logprobs
     double pg = 0;          // the policy term, reported as pg_loss
+    // per_token_outputs: tensors the loss emits, [n_tokens], 0 off loss tokens.
+    bool per_token = false;
+    std::map<std::string, std::vector<double>> out;
 
     // Indices of the loss tokens, in order.
     std::vector<int64_t> tokens() const {
@@ -183,10 +187,18 @@ struct PgCall {
     double ratio(int64_t t) const { return std::exp(lp[t] - old[t]); }
     double log_ratio_sg(int64_t t) const { return lp_sg[t] - old[t]; }
     double ratio_sg(int64_t t) const { return std::exp(lp_sg[t] - old[t]); }
-    // pg += w_t * l, g_t += w_t * dl.
+    // pg += w_t * l, g_t += w_t * dl (and the elementwise_loss output).
     void add(int64_t t, double l, double dl) {
         pg += w[t] * l;
         g[t] += w[t] * dl;
+        put("elementwise_loss", t, l);
+    }
+    // Sets token t of the per-token output `name` (only with per_token_outputs).
+    void put(const char *name, int64_t t, double v) {
+        if (!per_token) return;
+        auto &o = out[name];
+        if (o.empty()) o.assign(static_cast<size_t>(d.n), 0.0);
+        o[static_cast<size_t>(t)] = v;
     }
     void metric(const std::string &name, double v) { r.metric(name, v); }
     // k out of the call's loss tokens.
@@ -197,7 +209,7 @@ class PolicyGradientLoss : public LossBase {
 public:
     LossSignature signature() const override {
         LossSignature s{{"logprobs", "old_logprobs", "advantages"},
-                        {"loss_mask", "rollout_is_weights"},
+                        {"loss_mask", "weights", "rollout_is_weights"},
                         {"logprobs"}};
         add_inputs(s);
         reg_.add_to(s);
@@ -207,11 +219,23 @@ public:
     Result evaluate(const Data &d, const Data &sg) const final {
         const std::vector<double> w = agg_.weights(d);
         PgCall c(d, sg, with_rollout_is_weights(d, w));
+        c.per_token = per_token_outputs_;
         policy(c);
         c.r.loss = c.pg;
         c.r.metrics.insert(c.r.metrics.begin(), {metrics::kPgLoss, c.pg});
         if (report_valid_tokens_) c.r.metric(metrics::kValidTokens, double(d.loss_tokens));
         reg_.apply(d, sg, w, c.r);
+        if (per_token_outputs_) {
+            c.out.emplace("elementwise_loss", std::vector<double>(static_cast<size_t>(d.n), 0.0));
+            if (const auto *ref = d.find("ref_logprobs")) {
+                auto &k = c.out["kl"];
+                k.assign(static_cast<size_t>(d.n), 0.0);
+                for (int64_t t = 0; t < d.n; ++t)
+                    if (d.mask[t] != 0)
+                        k[t] = kl_value(reg_.kl_type.value, d.at("logprobs")[t], (*ref)[t]);
+            }
+            for (auto &kv : c.out) c.r.tensors.emplace_back(kv.first, std::move(kv.second));
+        }
         return std::move(c.r);
     }
 
@@ -240,6 +264,7 @@ protected:
     // loss_agg_mode (default `default_agg`) and the KL / entropy regularizers.
     // Call once, after reading the loss's own parameters.
     void read_shared(Params &p, const std::string &default_agg = "token-mean") {
+        per_token_outputs_ = p.boolean("per_token_outputs", false);
         agg_ = Aggregation::read(p, default_agg);
         reg_.read(p);
     }
@@ -250,6 +275,7 @@ protected:
     bool report_valid_tokens_ = true;
 
 private:
+    bool per_token_outputs_ = false;
     Aggregation agg_;
     Regularizers reg_;
 };
