@@ -41,6 +41,8 @@ TEST(AdvantageContract, EveryEstimatorEmitsFloat64PerTokenAdvantages) {
         {"group_norm", {{"advantages", {1, 2, 3, 4, 5}}}},
         {"gpg", {}},
         {"grpo_passk", {}},
+        {"remax", {{"reward_baselines", {0.5, 0.5, 0.2, 0.2, 0.2}}}},
+        {"areal", {}},
     };
     for (const auto &c : cases) {
         auto inst = make(c.first);
@@ -470,6 +472,250 @@ TEST(GrpoPassK, BadParametersAreNamed) {
     o = Instance::create_status(rltest::load("advantage-grpo_passk"), R"({"k": 4})");
     EXPECT_NE(o.error.find("unknown parameter 'k'"), std::string::npos) << o.error;
     EXPECT_NE(o.error.find("std_unbiased"), std::string::npos) << o.error;
+}
+
+// ---- remax ---------------------------------------------------------------------------
+
+TEST(Remax, ReturnToGoMinusTheSequencesExternalBaseline) {
+    // Sequence 0: prompt token 0 (masked, its baseline value is ignored), completion token 1:
+    // G = 1, A = 1 - 0.4. Sequence 1: tokens 2..4 with token rewards {0.1, 0, 0.2} and the
+    // reward 0 at the end: G = {0.3, 0.2, 0.2}, A = G - 0.7.
+    auto inst = make("remax");
+    Outputs o = inst->advantage({1.0, 0.0}, {0, 0}, {0, 2, 5},
+                                {{"loss_mask", {0, 1, 1, 1, 1}},
+                                 {"reward_baselines", {9, 0.4, 0.7, 0.7, 0.7}},
+                                 {"token_rewards", {0, 0, 0.1, 0, 0.2}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0, 0.6, -0.4, -0.5, -0.5});
+    expect_near_all(o.tensors["returns"], {0, 1, 0.3, 0.2, 0.2});
+    EXPECT_NEAR(o.metrics["baseline_mean"], 0.55, kTol);
+    // Without token rewards every completion token carries r - b.
+    o = inst->advantage({1.0, 0.0}, {0, 1}, {0, 2, 5},
+                        {{"reward_baselines", {0.25, 0.25, 0.5, 0.5, 0.5}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0.75, 0.75, -0.5, -0.5, -0.5});
+}
+
+TEST(Remax, BaselinesMustBeGivenAndConstantWithinASequence) {
+    auto inst = make("remax");
+    Outputs o = inst->advantage({1.0, 0.0}, {0, 0}, {0, 2, 5}, {});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("missing per-token input 'reward_baselines'"), std::string::npos)
+        << o.error;
+    o = inst->advantage({1.0, 0.0}, {0, 0}, {0, 2, 5},
+                        {{"reward_baselines", {0.5, 0.5, 0.2, 0.3, 0.2}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("sequence 1"), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("token 3"), std::string::npos) << o.error;
+    o = Instance::create_status(rltest::load("advantage-remax"), R"({"whiten": true})");
+    EXPECT_NE(o.error.find("unknown parameter 'whiten'"), std::string::npos) << o.error;
+}
+
+// ---- whitening std ------------------------------------------------------------------------
+
+TEST(ReinforcePP, WhiteningWithTheUnbiasedStd) {
+    // Returns {1, 0}: mean 0.5, population std 0.5, sample std sqrt(0.5).
+    auto pop = make("reinforce_pp", R"({"eps": 0})");
+    Outputs o = pop->advantage({1.0, 0.0}, {0, 1}, {0, 1, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {1, -1});
+    auto unb = make("reinforce_pp", R"({"eps": 0, "std_unbiased": true})");
+    o = unb->advantage({1.0, 0.0}, {0, 1}, {0, 1, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {std::sqrt(0.5), -std::sqrt(0.5)});
+}
+
+TEST(Gae, WhiteningWithTheUnbiasedStdAndRefusedWithoutWhitening) {
+    auto inst = make("gae", R"({"gamma": 1, "lambda": 1, "whiten": true, "eps": 0,
+                                "std_unbiased": true})");
+    Outputs o = inst->advantage({1.0, 0.0}, {0, 1}, {0, 1, 2}, {{"values", {0, 0}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {std::sqrt(0.5), -std::sqrt(0.5)});
+    o = Instance::create_status(rltest::load("advantage-gae"), R"({"std_unbiased": true})");
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("'std_unbiased' only applies with 'whiten': true"), std::string::npos)
+        << o.error;
+}
+
+// ---- areal ---------------------------------------------------------------------------
+
+TEST(Areal, RewardBiasScaleAndClip) {
+    // (r + 1) * 2 = {4, -4}, clipped to [-3, 3]; one completion token each, no values.
+    auto inst = make("areal", R"({"reward_bias": 1, "reward_scaling": 2, "reward_clip": 3})");
+    Outputs o = inst->advantage({1, -3}, {0, 1}, {0, 1, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {3, -3});
+    expect_near_all(o.tensors["returns"], {3, -3});
+    EXPECT_NEAR(o.metrics["shaped_reward_mean"], 0, kTol);
+}
+
+TEST(Areal, KlPenalisedTokenRewardsWithAFixedAndAnAdaptiveCoefficient) {
+    // k1 = old - ref = {0.5, 0, -0.5}; u = {-0.05, 0, 0.05 + 1}; return to go.
+    const Tensors kl_in = {{"old_logprobs", {-1, -1, -1}}, {"ref_logprobs", {-1.5, -1, -0.5}}};
+    auto fixed = make("areal", R"({"kl_ctl": 0.1})");
+    Outputs o = fixed->advantage({1}, {0}, {0, 3}, kl_in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {1.0, 1.05, 1.05});
+    EXPECT_NEAR(o.metrics["kl"], 0.0, kTol);
+    // k2 = {0.125, 0, 0.125}: batch KL 1/12 > target 0.05, error clipped to 0.2: the
+    // coefficient grows by 1 + 0.2 * 1 sequence / horizon 10 after each call.
+    auto adaptive = make(
+        "areal", R"({"kl_coef": 0.1, "kl_estimator": "k2", "kl_target": 0.05, "kl_horizon": 10})");
+    o = adaptive->advantage({1}, {0}, {0, 3}, kl_in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    EXPECT_NEAR(o.metrics["kl_coef"], 0.1, kTol);
+    EXPECT_NEAR(o.metrics["kl"], 0.25 / 3, kTol);
+    expect_near_all(adv(o), {1 - 0.1 * 0.25, 1 - 0.1 * 0.125, 1 - 0.1 * 0.125});
+    o = adaptive->advantage({1}, {0}, {0, 3}, kl_in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    EXPECT_NEAR(o.metrics["kl_coef"], 0.1 * 1.02, kTol);
+    // Below the target the coefficient shrinks: k2 of {0.1, 0, 0} is 0.005 / 3 per token.
+    o = adaptive->advantage({1}, {0}, {0, 3},
+                            {{"old_logprobs", {-1, -1, -1}}, {"ref_logprobs", {-1.1, -1, -1}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    o = adaptive->advantage({1}, {0}, {0, 3}, kl_in);
+    EXPECT_NEAR(o.metrics["kl_coef"], 0.1 * 1.02 * 1.02 * 0.98, kTol);
+}
+
+TEST(Areal, TruncatedSequencesBootstrapFromTheirLastValueOrLoseTheirReward) {
+    // Completion tokens 0, 1; token 2 (loss_mask 0) carries the state after the last action.
+    Tensors in = {{"loss_mask", {1, 1, 0}}, {"values", {0.5, 0.2, 0.8}}, {"truncated", {1, 1, 1}}};
+    auto inst = make("areal");
+    Outputs o = inst->advantage({1}, {0}, {0, 3}, in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    // delta_1 = 1 + 0.8 - 0.2 = 1.6; delta_0 = 0.2 - 0.5; A_0 = -0.3 + 1.6.
+    expect_near_all(adv(o), {1.3, 1.6, 0});
+    expect_near_all(o.tensors["returns"], {1.8, 1.8, 0});
+    auto no_eos = make("areal", R"({"mask_no_eos_with_zero": true})");
+    o = no_eos->advantage({1}, {0}, {0, 3}, in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0.3, 0.6, 0});
+    EXPECT_EQ(o.metrics["no_eos_masked"], 1);
+    in["truncated"] = {0, 0, 0}; // ended with EOS: no bootstrap, reward kept
+    o = no_eos->advantage({1}, {0}, {0, 3}, in);
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0.5, 0.8, 0});
+    // A truncated sequence must end with the bootstrap token; 'truncated' is per sequence.
+    o = inst->advantage({1}, {0}, {0, 2}, {{"values", {0.5, 0.2}}, {"truncated", {1, 1}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("bootstrap"), std::string::npos) << o.error;
+    o = inst->advantage({1}, {0}, {0, 2}, {{"truncated", {1, 0}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("one 0/1 value per sequence"), std::string::npos) << o.error;
+    o = no_eos->advantage({1}, {0}, {0, 2}, {});
+    EXPECT_NE(o.error.find("missing per-token input 'truncated'"), std::string::npos) << o.error;
+}
+
+TEST(Areal, NormalizationLevelsLeaveOneOutAndGroupsOfOne) {
+    // One completion token per sequence, so the advantages before normalization are the
+    // rewards {1, 2, 3, 6}.
+    const std::vector<double> r = {1, 2, 3, 6};
+    const std::vector<int64_t> cu = {0, 1, 2, 3, 4};
+    auto norm = [&](const std::string &cfg, const std::vector<int64_t> &groups) {
+        auto inst = make("areal", R"({"adv_norm": )" + cfg + "}");
+        Outputs o = inst->advantage(r, groups, cu, {});
+        EXPECT_TRUE(o.ok()) << cfg << ": " << o.error;
+        return adv(o);
+    };
+    const std::vector<int64_t> two = {0, 0, 1, 1};
+    const double sb = std::sqrt(14.0 / 3); // batch: mean 3, unbiased std
+    expect_near_all(norm(R"({"eps": 0})", two), {-2 / sb, -1 / sb, 0, 3 / sb});
+    expect_near_all(
+        norm(R"({"mean_level": "group", "std_level": "group", "std_unbiased": false, "eps": 0})",
+             two),
+        {-1, 1, -1, 1});
+    expect_near_all(norm(R"({"std_level": null})", two), {-2, -1, 0, 3});
+    const double s0 = std::sqrt(50.0 / 3); // std around 0
+    expect_near_all(norm(R"({"mean_level": "none", "eps": 0})", two),
+                    {1 / s0, 2 / s0, 3 / s0, 6 / s0});
+    expect_near_all(norm(R"({"mean_leave1out": true, "std_level": "none"})", two),
+                    {-8.0 / 3, -4.0 / 3, 0, 4});
+    // Groups {1, 2}, {3}, {6}: the singletons keep mean 0 and std 1; group 0's
+    // leave-one-out means {2, 1}, std around them sqrt(2 / 1).
+    expect_near_all(norm(R"({"mean_level": "group", "mean_leave1out": true,
+                             "std_level": "group", "eps": 0})",
+                         {0, 0, 1, 2}),
+                    {-1 / std::sqrt(2.0), 1 / std::sqrt(2.0), 3, 6});
+}
+
+TEST(Areal, BadParametersAndMissingInputsAreNamed) {
+    auto refused = [](const std::string &params, const std::string &want) {
+        Outputs o = Instance::create_status(rltest::load("advantage-areal"), params);
+        EXPECT_EQ(o.status, RL_ERR_INVALID_ARG) << params;
+        EXPECT_NE(o.error.find(want), std::string::npos) << params << ": " << o.error;
+    };
+    refused(R"({"adv_norm": "batch"})", "'adv_norm' must be an object");
+    refused(R"({"adv_norm": {"level": "batch"}})", "unknown parameter 'level'");
+    refused(R"({"adv_norm": {"mean_level": "none", "mean_leave1out": true}})",
+            "'mean_leave1out' needs a mean_level");
+    refused(R"({"adv_norm": {"std_level": "token"}})", "'std_level'");
+    refused(R"({"kl_target": 0})", "'kl_target' must be > 0");
+    refused(R"({"kl_horizon": 5})", "'kl_horizon' only applies with 'kl_target'");
+    refused(R"({"kl_estimator": "k4"})", "'kl_estimator'");
+    refused(R"({"reward_clip": -1})", "'reward_clip'");
+    refused(R"({"gamma": 1.5})", "'gamma'");
+    refused(R"({"discount": 0.9, "gamma": 0.9})", "both given");
+    auto inst = make("areal", R"({"kl_coef": 0.1})");
+    Outputs o = inst->advantage({1}, {0}, {0, 2}, {});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("missing per-token input 'old_logprobs'"), std::string::npos) << o.error;
+}
+
+// ---- grpo length_penalty (prime-rl) -------------------------------------------------------
+
+TEST(Grpo, PrimeRlLengthPenaltyShapesRewardsBeforeTheGroupMean) {
+    // One group of three: completion / other tokens (2, 1), (4, 0), (1, 1); rewards
+    // {1, 1, 0}, pass rate p = 2/3, maxima 4 and 1, one turn each (the turn term is the same
+    // for all and cancels). Default weights 0.25, 0.1, 0.1.
+    auto inst = make("grpo", R"({"norm_by_std": false, "length_penalty": {"type": "linear"}})");
+    Outputs o = inst->advantage({1, 1, 0}, {0, 0, 0}, {0, 3, 7, 9},
+                                {{"loss_mask", {0, 1, 1, 1, 1, 1, 1, 0, 1}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    const double p = 2.0 / 3;
+    const std::vector<double> shaped = {1 - p * (0.25 * 0.5 + 0.1 + 0.1), 1 - p * (0.25 + 0.1),
+                                        -p * (0.25 * 0.25 + 0.1 + 0.1)};
+    const double m = (shaped[0] + shaped[1] + shaped[2]) / 3;
+    const double a0 = shaped[0] - m, a1 = shaped[1] - m, a2 = shaped[2] - m;
+    expect_near_all(adv(o), {0, a0, a0, a1, a1, a1, a1, 0, a2});
+    // Equal rewards still prefer the shorter answer: p = 1, penalties {0.5 / 3, 0.5}.
+    auto out_only = make("grpo", R"({"norm_by_std": false, "length_penalty":
+        {"num_output_tokens_weight": 0.5, "num_input_tokens_weight": 0, "num_turns_weight": 0}})");
+    o = out_only->advantage({1, 1}, {0, 0}, {0, 1, 4}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6});
+    // Turns from the per-sequence input num_turns: {1, 2}, weight 0.3: penalties {0.15, 0.3}.
+    auto turns = make("grpo", R"({"norm_by_std": false, "length_penalty":
+        {"num_output_tokens_weight": 0, "num_input_tokens_weight": 0, "num_turns_weight": 0.3}})");
+    o = turns->advantage({1, 1}, {0, 0}, {0, 1, 4}, {{"num_turns", {1, 2, 2, 2}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0.075, -0.075, -0.075, -0.075});
+    o = turns->advantage({1, 1}, {0, 0}, {0, 1, 4}, {{"num_turns", {1, 2, 3, 2}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("'num_turns' must hold one value"), std::string::npos) << o.error;
+    // A group of one gets 0.
+    o = inst->advantage({1}, {0}, {0, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {0, 0});
+}
+
+TEST(Grpo, LengthPenaltyBadParametersAreNamed) {
+    auto refused = [](const std::string &params, const std::string &want) {
+        Outputs o = Instance::create_status(rltest::load("advantage-grpo"), params);
+        EXPECT_EQ(o.status, RL_ERR_INVALID_ARG) << params;
+        EXPECT_NE(o.error.find(want), std::string::npos) << params << ": " << o.error;
+    };
+    refused(R"({"length_penalty": {}})", "needs 'norm_by_std': false");
+    refused(R"({"norm_by_std": false, "length_penalty": 0.25})",
+            "'length_penalty' must be an object");
+    refused(R"({"norm_by_std": false, "length_penalty": {"output_weight": 1}})",
+            "unknown parameter 'output_weight'");
+    refused(R"({"norm_by_std": false, "length_penalty": {"type": "exponential"}})", "'type'");
+    refused(R"({"norm_by_std": false, "length_penalty": {"num_turns_weight": -1}})",
+            "'num_turns_weight'");
+    auto plain = make("grpo");
+    Outputs o = plain->advantage({1, 0}, {0, 0}, {0, 1, 2}, {{"num_turns", {1, 1}}});
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(o.error.find("'num_turns'"), std::string::npos) << o.error;
 }
 
 } // namespace

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -727,6 +728,428 @@ TEST(ValueLoss, HuberIsQuadraticInsideDeltaAndLinearOutside) {
     EXPECT_EQ(clip.grads.at("values")[0], 0.0);
     EXPECT_NEAR(clip.grads.at("values")[1], 2.0, 1e-12);
     EXPECT_DOUBLE_EQ(clip.metric("huber_linear_frac"), 0.5);
+}
+
+// ---- decoupled_ppo: rejection sampling, AReaL's older modes, sequence level ------------
+
+// Two sequences of two tokens; logprobs = prox_logprobs (PPO ratio 1, term -A, gradient
+// -A b) and behaviour weights b = exp(prox - old) = {0.5, 3, 1.2, 1.1}, A = {1, 1, -1, 2}.
+Batch behaviour_batch() {
+    const std::vector<double> lp = {-1, -1, -1, -1}, b = {0.5, 3.0, 1.2, 1.1};
+    return make({0, 2, 4}, {{"logprobs", lp},
+                            {"prox_logprobs", lp},
+                            {"old_logprobs", old_for(lp, b)},
+                            {"advantages", {1, 1, -1, 2}}});
+}
+
+// The summed loss and its gradient for behaviour weights bw (0 = dropped).
+void expect_weights(const T::LossRun &out, const std::vector<double> &bw) {
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    const std::vector<double> A = {1, 1, -1, 2};
+    double loss = 0;
+    for (int t = 0; t < 4; ++t) loss += -A[t] * bw[t];
+    EXPECT_NEAR(out.loss, loss, 1e-12);
+    for (int t = 0; t < 4; ++t) EXPECT_NEAR(out.grads.at("logprobs")[t], -A[t] * bw[t], 1e-12) << t;
+}
+
+TEST(DecoupledPpo, TokenRejectionMasksOrTruncatesBetweenTheBounds) {
+    const Batch b = behaviour_batch();
+    const std::string sum = R"(, "loss_agg_mode": "sum"})";
+    expect_weights(run<DecoupledPpo>(R"({"loss_agg_mode": "sum"})", b), {0.5, 3, 1.2, 1.1});
+    const auto mask =
+        run<DecoupledPpo>(R"({"rejection_sampling": {"upper": 2, "lower": 0.6})" + sum, b);
+    expect_weights(mask, {0, 0, 1.2, 1.1});
+    EXPECT_DOUBLE_EQ(mask.metric("behav_maskfrac"), 0.5);
+    EXPECT_NEAR(mask.metric("behav_imp_weight"), 1.15, 1e-12);
+    const auto clamp = run<DecoupledPpo>(
+        R"({"rejection_sampling": {"action": "clamp", "upper": 2, "lower": 0.6})" + sum, b);
+    expect_weights(clamp, {0.6, 2, 1.2, 1.1});
+    EXPECT_DOUBLE_EQ(clamp.metric("behav_truncfrac"), 0.5);
+    EXPECT_FALSE(clamp.has_metric("behav_maskfrac"));
+    // KL metrics: k1 = log b; upper 0.5 drops t1 (log 3), no lower bound keeps t0.
+    expect_weights(
+        run<DecoupledPpo>(R"({"rejection_sampling": {"metric": "kl_k1", "upper": 0.5})" + sum, b),
+        {0.5, 0, 1.2, 1.1});
+    // k3 = 1/b - 1 + log b: {0.307, 0.432, 0.0156, 0.0044}; upper 0.35 drops t1.
+    expect_weights(
+        run<DecoupledPpo>(R"({"rejection_sampling": {"metric": "kl_k3", "upper": 0.35})" + sum, b),
+        {0.5, 0, 1.2, 1.1});
+}
+
+TEST(DecoupledPpo, SequenceRejectionUsesTheGeometricMeanWeightForTheRatioMetric) {
+    const Batch b = behaviour_batch();
+    const std::string sum = R"(, "loss_agg_mode": "sum"})";
+    const double g0 = std::sqrt(1.5), g1 = std::sqrt(1.32); // per-sequence geometric means
+    // mean (default agg): g0 > 1.2 drops sequence 0; sequence 1 keeps weight g1 on each token.
+    const auto mask =
+        run<DecoupledPpo>(R"({"rejection_sampling": {"level": "sequence", "upper": 1.2})" + sum, b);
+    expect_weights(mask, {0, 0, g1, g1});
+    EXPECT_DOUBLE_EQ(mask.metric("behav_maskfrac"), 0.5);
+    // sum: exp(sum log b) = {1.5, 1.32}; upper 1.4 drops sequence 0 too.
+    expect_weights(run<DecoupledPpo>(R"({"rejection_sampling": {"level": "sequence", "agg": "sum",
+                                         "upper": 1.4})" +
+                                         sum,
+                                     b),
+                   {0, 0, g1, g1});
+    // max: {3, 1.2}; upper 4 keeps both.
+    expect_weights(run<DecoupledPpo>(R"({"rejection_sampling": {"level": "sequence", "agg": "max",
+                                         "upper": 4})" +
+                                         sum,
+                                     b),
+                   {g0, g0, g1, g1});
+    // clamp truncates the out-of-bounds sequence's weight to the upper bound.
+    const auto clamp = run<DecoupledPpo>(
+        R"({"rejection_sampling": {"level": "sequence", "action": "clamp", "upper": 1.2})" + sum,
+        b);
+    expect_weights(clamp, {1.2, 1.2, g1, g1});
+    EXPECT_DOUBLE_EQ(clamp.metric("behav_truncfrac"), 0.5);
+    // A KL metric aggregates arithmetically and keeps token weights: mean k2 of sequence
+    // 0 is 0.42, of sequence 1 0.0104; upper 0.2 drops sequence 0.
+    expect_weights(run<DecoupledPpo>(R"({"rejection_sampling": {"level": "sequence",
+                                         "metric": "kl_k2", "upper": 0.2})" +
+                                         sum,
+                                     b),
+                   {0, 0, 1.2, 1.1});
+}
+
+TEST(DecoupledPpo, AReaLsOlderModesAreShorthandsForRejectionSampling) {
+    const Batch b = behaviour_batch();
+    const double g1 = std::sqrt(1.32);
+    auto legacy = [&](const std::string &mode, double cap) {
+        return run<DecoupledPpo>(R"({"behave_imp_weight_mode": ")" + mode +
+                                     R"(", "behave_imp_weight_cap": )" + std::to_string(cap) +
+                                     R"(, "loss_agg_mode": "sum"})",
+                                 b);
+    };
+    expect_weights(legacy("token_mask", 2), {0.5, 0, 1.2, 1.1});
+    expect_weights(legacy("token_truncate", 2), {0.5, 2, 1.2, 1.1});
+    expect_weights(legacy("sequence_mask", 1.2), {0, 0, g1, g1});
+    expect_weights(legacy("sequence_truncate", 1.2), {1.2, 1.2, g1, g1});
+    // Our spelling, and the cap alone (token_mask, as before).
+    expect_weights(run<DecoupledPpo>(R"({"behav_imp_weight_cap": 2, "loss_agg_mode": "sum"})", b),
+                   {0.5, 0, 1.2, 1.1});
+    // 'disabled': no behaviour weight at all.
+    expect_weights(
+        run<DecoupledPpo>(R"({"behav_imp_weight_mode": "disabled", "loss_agg_mode": "sum"})", b),
+        {1, 1, 1, 1});
+}
+
+TEST(DecoupledPpo, SequenceLevelRatioIsGspoAroundTheProximalPolicy) {
+    // One sequence; log ratios to prox {0.1, 0.3, 0.5}, behaviour weights {1, 1, 3}.
+    const std::vector<double> lp = {-1, -1, -1}, prox = {-1.1, -1.3, -1.5};
+    Batch b = make({0, 3}, {{"logprobs", lp},
+                            {"prox_logprobs", prox},
+                            {"old_logprobs", old_for(prox, {1, 1, 3})},
+                            {"advantages", {1, 2, 3}}});
+    // All kept: s = exp(0.3), Abar = 2; 1 + 0.28 < s: clipped for A > 0, no gradient.
+    auto out = run<DecoupledPpo>(
+        R"({"importance_sampling_level": "sequence", "eps_clip_higher": 0.28,
+            "loss_agg_mode": "sum"})",
+        b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    EXPECT_NEAR(out.loss, -2 * 1.28 * (1 + 1 + 3), 1e-12);
+    for (int t = 0; t < 3; ++t) EXPECT_EQ(out.grads.at("logprobs")[t], 0.0);
+    EXPECT_DOUBLE_EQ(out.metric("pg_clipfrac"), 1.0);
+    // Token rejection (upper 2) drops t2 first: s = exp(0.2) < 1.28, Abar = 1.5; each kept
+    // token's loss -1.5 s, gradient sum_t w_t b_t (-Abar s) / 2 = -1.5 s.
+    out = run<DecoupledPpo>(
+        R"({"importance_sampling_level": "sequence", "eps_clip_higher": 0.28,
+            "rejection_sampling": {"upper": 2}, "loss_agg_mode": "sum"})",
+        b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    const double s = std::exp(0.2);
+    EXPECT_NEAR(out.loss, -3 * s, 1e-12);
+    EXPECT_NEAR(out.grads.at("logprobs")[0], -1.5 * s, 1e-12);
+    EXPECT_NEAR(out.grads.at("logprobs")[1], -1.5 * s, 1e-12);
+    EXPECT_EQ(out.grads.at("logprobs")[2], 0.0);
+    EXPECT_NEAR(out.metric("ratio_mean"), s, 1e-12);
+    // Dual clip on a negative sequence advantage: s = exp(1.6) > c_clip = 3.
+    b["advantages"] = {-1, -2, -3};
+    b["logprobs"] = {0.4, 0.2, 0.0};
+    out = run<DecoupledPpo>(
+        R"({"importance_sampling_level": "sequence", "c_clip": 3, "loss_agg_mode": "sum",
+            "behav_imp_weight_mode": "disabled"})",
+        b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    EXPECT_NEAR(out.loss, 3 * 2 * 3, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("dual_clipfrac"), 1.0);
+    for (int t = 0; t < 3; ++t) EXPECT_EQ(out.grads.at("logprobs")[t], 0.0);
+}
+
+// ---- dppo, ipo (prime-rl) ------------------------------------------------------------
+
+// Probabilities p = exp(logprobs) and q = exp(old_logprobs) per token.
+Batch prob_batch(const std::vector<double> &p, const std::vector<double> &q,
+                 const std::vector<double> &A) {
+    std::vector<double> lp(p.size()), old(q.size());
+    for (size_t t = 0; t < p.size(); ++t) {
+        lp[t] = std::log(p[t]);
+        old[t] = std::log(q[t]);
+    }
+    return make({0, int64_t(p.size())},
+                {{"logprobs", lp}, {"old_logprobs", old}, {"advantages", A}});
+}
+
+double mismatch(double r) {
+    return r - std::log(r) - 1.0;
+}
+
+TEST(Dppo, MasksByProbabilityDifferenceOnTheAdvantagesSide) {
+    // dp = p - q = {0.3, 0.3, -0.3, -0.1}; default bounds 0.2: t0 (A > 0, dp > 0.2) and
+    // t2 (A < 0, dp < -0.2) are masked; t1 (A < 0, dp > 0) and t3 (|dp| small) are kept.
+    const Batch b = prob_batch({0.5, 0.5, 0.2, 0.3}, {0.2, 0.2, 0.5, 0.4}, {1, -1, -1, 2});
+    const auto out = run<Dppo>(R"({"kl_tau": 0.1, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    const double l0 = std::log(2.5), l2 = std::log(0.4), l3 = std::log(0.75);
+    EXPECT_NEAR(out.loss, 0.1 * (2 * l0 * l0 + l2 * l2 + l3 * l3) + 2.5 - 1.5, 1e-12);
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_NEAR(g[0], 0.2 * l0, 1e-12); // masked: the KL term alone
+    EXPECT_NEAR(g[1], 2.5 + 0.2 * l0, 1e-12);
+    EXPECT_NEAR(g[2], 0.2 * l2, 1e-12);
+    EXPECT_NEAR(g[3], -1.5 + 0.2 * l3, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("is_masked"), 0.5);
+    EXPECT_DOUBLE_EQ(out.metric("is_masked_low"), 0.25);
+    EXPECT_DOUBLE_EQ(out.metric("is_masked_high"), 0.25);
+    EXPECT_DOUBLE_EQ(out.metric("masked_advantage_positive"), 0.5);
+    EXPECT_DOUBLE_EQ(out.metric("masked_advantage_negative"), 0.5);
+    EXPECT_NEAR(out.metric("masked_mismatch_kl"), (mismatch(2.5) + mismatch(0.4)) / 2, 1e-12);
+    EXPECT_NEAR(out.metric("unmasked_mismatch_kl"), (mismatch(2.5) + mismatch(0.75)) / 2, 1e-12);
+    EXPECT_NEAR(out.metric("pg_loss"), out.loss, 1e-12);
+    // Wider bounds keep every token; adv_tau scales the policy term only.
+    const auto wide = run<Dppo>(
+        R"({"dppo_mask_low": 0.5, "dppo_mask_high": 0.5, "adv_tau": 2, "kl_tau": 0,
+            "loss_agg_mode": "sum"})",
+        b);
+    ASSERT_EQ(wide.status, RL_OK) << wide.error;
+    EXPECT_NEAR(wide.loss, 2 * (-2.5 + 2.5 + 0.4 - 1.5), 1e-12);
+    EXPECT_DOUBLE_EQ(wide.metric("is_masked"), 0.0);
+    // Defaults: kl_tau 1e-3, token-mean.
+    const auto def = run<Dppo>("{}", b);
+    EXPECT_NEAR(def.loss, (1e-3 * (2 * l0 * l0 + l2 * l2 + l3 * l3) + 1.0) / 4, 1e-12);
+}
+
+TEST(Ipo, MasksSymmetricallyByTheAbsoluteProbabilityDifference) {
+    // dp = {0.3, 0.3, -0.3, -0.05}: threshold 0.1 masks t0..t2 whatever the sign of A.
+    const Batch b = prob_batch({0.5, 0.5, 0.2, 0.3}, {0.2, 0.2, 0.5, 0.35}, {1, -1, -1, 2});
+    const auto out = run<Ipo>(R"({"kl_tau": 0, "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    const double r3 = 0.3 / 0.35;
+    EXPECT_NEAR(out.loss, -2 * r3, 1e-12);
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_EQ(g[0], 0.0);
+    EXPECT_EQ(g[1], 0.0);
+    EXPECT_EQ(g[2], 0.0);
+    EXPECT_NEAR(g[3], -2 * r3, 1e-12);
+    EXPECT_DOUBLE_EQ(out.metric("is_masked"), 0.75);
+    EXPECT_FALSE(out.has_metric("is_masked_low"));
+    const auto loose =
+        run<Ipo>(R"({"ipo_threshold": 0.35, "kl_tau": 0, "loss_agg_mode": "sum"})", b);
+    EXPECT_NEAR(loose.loss, -2.5 + 2.5 + 0.4 - 2 * r3, 1e-12);
+}
+
+TEST(Dppo, CeAndRefKlComponentsAreNormalizedOverTheirOwnTokens) {
+    Batch b = prob_batch({0.5, 0.5, 0.2, 0.3}, {0.2, 0.2, 0.5, 0.4}, {1, -1, -1, 2});
+    const std::vector<double> lp = b["logprobs"];
+    b.f["ce_weights"] = {1, 0, 0, 2};
+    b.f["ref_kl_weights"] = {0, 1, 1, 0};
+    b.f["rl_weights"] = {1, 1, 1, 0.5};
+    b.f["ref_logprobs"] = {-1, lp[1] + 0.4, -1, -1};
+    const auto out = run<Dppo>(R"({"kl_tau": 0})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    // rl over the 4 loss tokens (t3 weighted 0.5): (2.5 - 0.5 * 1.5) / 4.
+    const double rl = (2.5 - 0.75) / 4;
+    // ce over t0, t3: (-lp0 - 2 lp3) / 2.
+    const double ce = (-lp[0] - 2 * lp[3]) / 2;
+    // ref_kl over t1, t2: t1 kept (dp = 0.3), advantage ref - lp = 0.4, r = 2.5; t2 masked
+    // (dp = -0.3 < -0.2); both add 1e-3 (log r)^2.
+    const double l1 = std::log(2.5), l2 = std::log(0.4);
+    const double rk = (-0.4 * 2.5 + 1e-3 * (l1 * l1 + l2 * l2)) / 2;
+    EXPECT_NEAR(out.metric("rl_loss"), rl, 1e-12);
+    EXPECT_NEAR(out.metric("ce_loss"), ce, 1e-12);
+    EXPECT_NEAR(out.metric("ref_kl_loss"), rk, 1e-12);
+    EXPECT_NEAR(out.loss, rl + ce + rk, 1e-12);
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_NEAR(g[0], -0.5, 1e-12);                                   // rl masked, ce 1/2
+    EXPECT_NEAR(g[1], 2.5 / 4 + (-0.4 * 2.5 + 2e-3 * l1) / 2, 1e-12); // rl + ref_kl
+    EXPECT_NEAR(g[2], 2e-3 * l2 / 2, 1e-12);                          // ref_kl KL term only
+    EXPECT_NEAR(g[3], -0.5 * 2 * 0.75 / 4 - 1.0, 1e-12);              // rl (weight 0.5) + ce
+    EXPECT_DOUBLE_EQ(out.metric("ce_tokens"), 2.0);
+    EXPECT_DOUBLE_EQ(out.metric("ref_kl_tokens"), 2.0);
+    EXPECT_DOUBLE_EQ(out.metric("ref_kl_is_masked"), 0.5);
+    EXPECT_NEAR(out.metric("nll"), (-lp[0] - lp[3]) / 2, 1e-12);
+    EXPECT_NEAR(out.metric("ref_kl_reverse"), (0.4 + (-1 - lp[2])) / 2, 1e-12);
+}
+
+TEST(Dppo, RefusesComponentsWithoutWhatTheyNeed) {
+    Batch b = prob_batch({0.5, 0.5}, {0.2, 0.2}, {1, -1});
+    b.f["ref_kl_weights"] = {1, 1};
+    auto r = run<Dppo>("{}", b);
+    EXPECT_EQ(r.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(r.error.find("'ref_kl_weights' needs input 'ref_logprobs'"), std::string::npos)
+        << r.error;
+    Batch c = prob_batch({0.5, 0.5}, {0.2, 0.2}, {1, -1});
+    c.f["ce_weights"] = {1, 1};
+    c.global_tokens = 10;
+    r = run<Ipo>("{}", c);
+    EXPECT_EQ(r.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(r.error.find("'ce_weights' with global_tokens"), std::string::npos) << r.error;
+    EXPECT_EQ(run<Ipo>(R"({"loss_agg_mode": "sum"})", c).status, RL_OK);
+    c.f["ce_weights"] = {1, -1};
+    r = run<Ipo>(R"({"loss_agg_mode": "sum"})", c);
+    EXPECT_EQ(r.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(r.error.find("'ce_weights' must be >= 0"), std::string::npos) << r.error;
+}
+
+// ---- rollout_is_weights (every policy loss) -----------------------------------------------
+
+TEST(PolicyGradient, RolloutIsWeightsMultiplyThePolicyTermOnly) {
+    const std::vector<double> lp = {-1.0, -1.0, -1.0}, r = {1.1, 5.0, 0.5}, A = {1.0, -1.0, 2.0};
+    Batch b = make({0, 3}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    b.f["rollout_is_weights"] = {0.5, 2.0, 0.0};
+    b.f["ref_logprobs"] = {-1.5, -0.5, -1.0};
+    const auto out =
+        run<PolicyLoss>(R"({"kl_coef": 0.1, "kl_type": "k1", "loss_agg_mode": "sum"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    // PPO terms: t0 -1.1 (inside the band), t1 max(5, 1.2) = 5, t2 max(-1, -1.6) = -1, all on
+    // the unclipped branch. Weighted: 0.5 * -1.1 + 2 * 5 + 0 * -1; the k1 KL term
+    // (0.5, -0.5, 0) is not weighted.
+    EXPECT_NEAR(out.metric("pg_loss"), -0.55 + 10.0, 1e-12);
+    EXPECT_NEAR(out.loss, -0.55 + 10.0 + 0.1 * (0.5 - 0.5 + 0.0), 1e-12);
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_NEAR(g[0], 0.5 * -1.1 + 0.1, 1e-12);
+    EXPECT_NEAR(g[1], 2.0 * 5.0 + 0.1, 1e-12);
+    EXPECT_NEAR(g[2], 0.1, 1e-12); // weight 0: the KL term alone
+    b.f["rollout_is_weights"] = {0.5, -1.0, 0.0};
+    const auto bad = run<PolicyLoss>("{}", b);
+    EXPECT_EQ(bad.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(bad.error.find("'rollout_is_weights' must be >= 0"), std::string::npos) << bad.error;
+}
+
+TEST(PolicyGradient, EveryPolicyLossScalesItsPolicyTermByConstantRolloutIsWeights) {
+    for (const auto &name : loss_names()) {
+        with_loss(name, [&](auto tag) {
+            using L = typename decltype(tag)::type;
+            T::Host host;
+            const std::string params = R"({"kl_coef": 0.1})";
+            T::Instance<L> inst(host, params);
+            if (!inst.ok()) return; // not a policy loss (no kl_coef)
+            const auto acc = accepted_inputs(inst);
+            if (std::find(acc.begin(), acc.end(), "rollout_is_weights") == acc.end()) return;
+            SCOPED_TRACE(name);
+            Batch b = random_batch(4).only(acc);
+            b.f.erase("ce_weights");
+            b.f.erase("ref_kl_weights");
+            b.f["rollout_is_weights"].assign(size_t(b.n()), 1.0);
+            const auto one = T::run_loss(inst, b.inputs());
+            b.f["rollout_is_weights"].assign(size_t(b.n()), 3.0);
+            const auto three = T::run_loss(inst, b.inputs());
+            ASSERT_EQ(one.status, RL_OK) << one.error;
+            ASSERT_EQ(three.status, RL_OK) << three.error;
+            const double pg1 = one.metric("pg_loss"), pg3 = three.metric("pg_loss");
+            EXPECT_NEAR(pg3, 3 * pg1, 1e-12 * (1 + std::fabs(pg1)));
+            EXPECT_NEAR(three.loss - pg3, one.loss - pg1, 1e-12 * (1 + std::fabs(one.loss)));
+            EXPECT_NE(pg1, 0.0);
+        });
+    }
+}
+
+// ---- weights (every loss) -------------------------------------------------------------------
+
+TEST(Weights, ScaleTheWholePerTokenLossAndKeepTheNormalizer) {
+    const std::vector<double> lp = {-1.0, -1.0, -1.0}, r = {1.1, 5.0, 0.5}, A = {1.0, -1.0, 2.0};
+    Batch b = make({0, 3}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    b.f["ref_logprobs"] = {-1.5, -0.5, -1.0};
+    b.f["weights"] = {0.5, 2.0, 0.0};
+    // Token-mean over 3 tokens (the zero weight stays in the normalizer); the k1 KL term
+    // (0.5, -0.5, 0) is weighted too: ((-1.1 + 0.1 * 0.5) * 0.5 + (5 - 0.05) * 2) / 3.
+    const auto out = run<PolicyLoss>(R"({"kl_coef": 0.1, "kl_type": "k1"})", b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    EXPECT_NEAR(out.loss, ((-1.1 + 0.05) * 0.5 + (5 - 0.05) * 2) / 3, 1e-12);
+    const auto &g = out.grads.at("logprobs");
+    EXPECT_NEAR(g[0], 0.5 * (-1.1 + 0.1) / 3, 1e-12);
+    EXPECT_NEAR(g[1], 2.0 * (5.0 + 0.1) / 3, 1e-12);
+    EXPECT_EQ(g[2], 0.0);
+    // Cross-entropy and the critic take them too.
+    Batch ce = make({0, 2}, {{"logprobs", {-1.0, -3.0}}, {"weights", {2.0, 0.5}}});
+    ce.labels = {1, 2};
+    ce.has_labels = true;
+    const auto c = run<CausalLmLoss>("{}", ce);
+    ASSERT_EQ(c.status, RL_OK) << c.error;
+    EXPECT_NEAR(c.loss, (2.0 * 1.0 + 0.5 * 3.0) / 2, 1e-12);
+    const Batch v =
+        make({0, 2}, {{"values", {1.0, 1.0}}, {"returns", {0.0, 3.0}}, {"weights", {1.0, 3.0}}});
+    const auto val = run<ValueLoss>(R"({"loss_agg_mode": "sum"})", v);
+    ASSERT_EQ(val.status, RL_OK) << val.error;
+    EXPECT_NEAR(val.loss, 0.5 * 1.0 + 3.0 * 0.5 * 4.0, 1e-12);
+    EXPECT_NEAR(val.grads.at("values")[1], 3.0 * -2.0, 1e-12);
+    b.f["weights"] = {1.0, -0.5, 1.0};
+    const auto bad = run<PolicyLoss>("{}", b);
+    EXPECT_EQ(bad.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(bad.error.find("'weights' must be >= 0"), std::string::npos) << bad.error;
+}
+
+// ---- per_token_outputs (every policy loss) ---------------------------------------------
+
+TEST(PerTokenOutputs, PolicyLossEmitsItsTermsMasksAndWeights) {
+    const std::vector<double> lp = {-1.0, -1.0, -1.0}, r = {1.1, 5.0, 0.5}, A = {1.0, 1.0, 2.0};
+    Batch b = make({0, 3}, {{"logprobs", lp}, {"old_logprobs", old_for(lp, r)}, {"advantages", A}});
+    b.f["ref_logprobs"] = {-1.5, -0.5, -1.0};
+    const auto out = run<PolicyLoss>(
+        R"({"per_token_outputs": true, "icepop_beta": 4, "kl_type": "k1", "loss_agg_mode": "sum"})",
+        b);
+    ASSERT_EQ(out.status, RL_OK) << out.error;
+    // t0 inside the band; t1 r = 5 > beta: dropped by IcePop (clipped too, A > 0);
+    // t2 r = 0.5, A > 0: -A r = -1 > -A 0.8 = -1.6, unclipped.
+    EXPECT_EQ(out.tensors.at("clip_mask"), (std::vector<double>{0, 1, 0}));
+    EXPECT_EQ(out.tensors.at("icepop_mask"), (std::vector<double>{0, 1, 0}));
+    const auto &l = out.tensors.at("elementwise_loss");
+    EXPECT_NEAR(l[0], -1.1, 1e-12);
+    EXPECT_EQ(l[1], 0.0);
+    EXPECT_NEAR(l[2], -1.0, 1e-12);
+    EXPECT_NEAR(out.tensors.at("ratio")[1], 5.0, 1e-12);
+    EXPECT_NEAR(out.tensors.at("kl")[0], 0.5, 1e-12); // k1 = logprobs - ref
+    EXPECT_NEAR(out.tensors.at("kl")[1], -0.5, 1e-12);
+    EXPECT_FALSE(out.tensors.count("tis_weights"));
+    // Off by default.
+    EXPECT_TRUE(run<PolicyLoss>("{}", b).tensors.empty());
+}
+
+TEST(PerTokenOutputs, EveryPolicyLossesElementwiseLossSumsToItsPolicyTerm) {
+    for (const auto &name : loss_names()) {
+        with_loss(name, [&](auto tag) {
+            using L = typename decltype(tag)::type;
+            T::Host host;
+            T::Instance<L> inst(host, R"({"per_token_outputs": true, "loss_agg_mode": "sum"})");
+            if (!inst.ok()) return; // not a policy loss
+            SCOPED_TRACE(name);
+            Batch b = random_batch(6).only(accepted_inputs(inst));
+            for (const char *x : {"weights", "rollout_is_weights", "ce_weights", "ref_kl_weights"})
+                b.f.erase(x);
+            const auto out = T::run_loss(inst, b.inputs());
+            ASSERT_EQ(out.status, RL_OK) << out.error;
+            ASSERT_TRUE(out.tensors.count("elementwise_loss"));
+            const auto &l = out.tensors.at("elementwise_loss");
+            ASSERT_EQ(int64_t(l.size()), b.n());
+            double sum = 0;
+            for (int64_t t = 0; t < b.n(); ++t) {
+                sum += l[t];
+                if (b["loss_mask"][t] == 0) {
+                    EXPECT_EQ(l[t], 0.0) << t;
+                }
+            }
+            EXPECT_NEAR(sum, out.metric("pg_loss"), 1e-10 * (1 + std::fabs(sum)));
+            for (const auto &kv : out.tensors) {
+                EXPECT_EQ(int64_t(kv.second.size()), b.n()) << kv.first;
+                if (kv.first.find("mask") == std::string::npos) continue;
+                for (double x : kv.second) {
+                    EXPECT_TRUE(x == 0 || x == 1) << kv.first;
+                }
+            }
+            if (b.f.count("ref_logprobs")) {
+                EXPECT_TRUE(out.tensors.count("kl"));
+            }
+        });
+    }
 }
 
 // ---- forward only -------------------------------------------------------------------

@@ -118,6 +118,47 @@ TEST(Parameters, NewLossesAndOptionsRefuseBadValuesNamingTheParameter) {
     expect_refused("policy_loss", R"({"kl_type": "k2+"})",
                    {"'kl_type'", "k1, k2, k3, low_var_kl, abs, k1+, k3+, low_var_kl+"});
     expect_refused("gmpo", R"({"kl_type": "mse"})", {"'kl_type'"});
+    expect_refused("decoupled_ppo", R"({"rejection_sampling": 2})",
+                   {"'rejection_sampling' must be an object"});
+    expect_refused("decoupled_ppo", R"({"rejection_sampling": {"upper": 1}})",
+                   {"'rejection_sampling'", "'upper' must be > 1 for metric 'ratio'"});
+    expect_refused("decoupled_ppo", R"({"rejection_sampling": {"upper": 3, "lower": 0}})",
+                   {"'lower' must be > 0"});
+    expect_refused("decoupled_ppo", R"({"rejection_sampling": {"upper": 3, "lower": 4}})",
+                   {"'lower' (4) must be <= 'upper' (3)"});
+    expect_refused("decoupled_ppo", R"({"rejection_sampling": {"metric": "kl_k2", "upper": 0}})",
+                   {"'upper' must be > 0 for metric 'kl_k2'"});
+    expect_refused("decoupled_ppo",
+                   R"({"rejection_sampling": {"metric": "kl_k3", "action": "clamp"}})",
+                   {"action 'clamp' needs metric 'ratio'"});
+    expect_refused("decoupled_ppo", R"({"rejection_sampling": {"agg": "max"}})",
+                   {"'agg' only applies to level 'sequence'"});
+    expect_refused("decoupled_ppo", R"({"rejection_sampling": {"level": "seq"}})",
+                   {"'level'", "token, sequence"});
+    expect_refused("decoupled_ppo", R"({"rejection_sampling": {"threshold": 2}})",
+                   {"'rejection_sampling'", "unknown parameter 'threshold'", "upper"});
+    expect_refused("decoupled_ppo",
+                   R"({"rejection_sampling": {"upper": 2}, "behav_imp_weight_cap": 2})",
+                   {"either 'rejection_sampling' or"});
+    expect_refused("decoupled_ppo", R"({"behave_imp_weight_mode": "token_truncate"})",
+                   {"'token_truncate' needs 'behav_imp_weight_cap'"});
+    expect_refused("decoupled_ppo",
+                   R"({"behav_imp_weight_mode": "disabled", "behav_imp_weight_cap": 2})",
+                   {"no effect", "'disabled'"});
+    expect_refused("decoupled_ppo", R"({"behav_imp_weight_mode": "seq_mask"})",
+                   {"'behav_imp_weight_mode'", "sequence_truncate"});
+    expect_refused("decoupled_ppo", R"({"importance_sampling_level": "group"})",
+                   {"'importance_sampling_level'", "token, sequence"});
+    expect_refused("dppo", R"({"dppo_mask_low": -0.1})", {"'dppo_mask_low'"});
+    expect_refused("dppo", R"({"dppo_mask_high": "0.2"})", {"'dppo_mask_high'", "number"});
+    expect_refused("dppo", R"({"kl_tau": -1})", {"'kl_tau'"});
+    expect_refused("dppo", R"({"ipo_threshold": 0.1})",
+                   {"unknown parameter 'ipo_threshold'", "dppo_mask_low", "adv_tau"});
+    expect_refused("ipo", R"({"ipo_threshold": -0.1})", {"'ipo_threshold'"});
+    expect_refused("ipo", R"({"adv_tau": -1})", {"'adv_tau'"});
+    expect_refused("ipo", R"({"ref_kl_tau": -1})", {"'ref_kl_tau'"});
+    expect_refused("ipo", R"({"dppo_mask_high": 0.2})",
+                   {"unknown parameter 'dppo_mask_high'", "ipo_threshold"});
 }
 
 TEST(Parameters, AggregationModesAreCheckedWithTheirNormalizer) {
@@ -148,7 +189,8 @@ TEST(Signature, DependsOnTheParameters) {
     T::Instance<PolicyLoss> plain(host, "{}");
     auto s = T::loss_signature(plain);
     EXPECT_EQ(s.required, (std::vector<std::string>{"logprobs", "old_logprobs", "advantages"}));
-    EXPECT_EQ(s.optional, (std::vector<std::string>{"loss_mask", "ref_logprobs", "entropy"}));
+    EXPECT_EQ(s.optional, (std::vector<std::string>{"loss_mask", "weights", "rollout_is_weights",
+                                                    "ref_logprobs", "entropy"}));
     EXPECT_EQ(s.differentiable, (std::vector<std::string>{"logprobs"}));
 
     T::Instance<PolicyLoss> full(host, R"({"use_tis": true, "kl_coef": 0.1, "entropy_coef": 0.1})");

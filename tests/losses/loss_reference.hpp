@@ -56,7 +56,7 @@ inline double aggregate(const Batch &b, const std::vector<bool> &m, const std::v
         int64_t k = 0;
         for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t)
             if (m[t]) {
-                sum += l[t];
+                sum += l[t] * (b.f.count("weights") ? b["weights"][t] : 1.0); // input "weights"
                 ++k;
             }
         total += sum;
@@ -616,7 +616,14 @@ inline std::optional<RefResult> reference(const std::string &loss, const Batch &
     if (loss == "importance_sampling") return ref::importance_or_cispo(b, p, false);
     if (loss == "cispo") return ref::importance_or_cispo(b, p, true);
     if (loss == "grpo") return ref::grpo(b, p);
-    if (loss == "decoupled_ppo") return ref::decoupled_ppo(b, p);
+    if (loss == "decoupled_ppo") {
+        // Rejection sampling, the older AReaL modes and the sequence level are
+        // checked by hand-computed cases (DecoupledPpo.* in loss_behaviour_test.cpp).
+        for (const char *k : {"rejection_sampling", "behav_imp_weight_mode",
+                              "behave_imp_weight_mode", "importance_sampling_level"})
+            if (p.contains(k)) return std::nullopt;
+        return ref::decoupled_ppo(b, p);
+    }
     if (loss == "gspo") return ref::gspo(b, p);
     if (loss == "value_loss") return ref::value_loss(b, p);
     if (loss == "sapo") return ref::sapo(b, p);

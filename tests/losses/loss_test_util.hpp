@@ -151,6 +151,15 @@ inline Batch random_batch(uint64_t seed, const GenOptions &opt = {}) {
            {"values", values},
            {"old_values", old_values},
            {"returns", returns}};
+    // Per-token weight streams (dppo / ipo components, rollout importance
+    // weights): their own generator, so the inputs above do not depend on them.
+    Rng rw(seed * 104729 + 17);
+    for (const char *name :
+         {"rl_weights", "ce_weights", "ref_kl_weights", "rollout_is_weights", "weights"}) {
+        std::vector<double> w(n);
+        for (int64_t t = 0; t < n; ++t) w[t] = rw.coin(0.2) ? 0.0 : rw.uni(0.2, 2.0);
+        b.f[name] = std::move(w);
+    }
     return b;
 }
 

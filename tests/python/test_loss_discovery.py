@@ -38,6 +38,11 @@ def inputs_for(names):
         "returns": [0.5, 0.1, 0.2, -0.3, 0.6, 0.0, 0.4],
         "labels": [5, 6, 7, 8, 9, 10, 11],
         "loss_mask": [0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0],
+        "rl_weights": [1.0, 0.5, 1.5, 1.0, 0.0, 1.0, 2.0],
+        "ce_weights": [0.0, 1.0, 0.0, 0.5, 1.0, 1.0, 0.0],
+        "ref_kl_weights": [1.0, 0.0, 1.0, 1.0, 0.5, 0.0, 1.0],
+        "rollout_is_weights": [1.0, 0.9, 1.2, 0.7, 1.1, 1.0, 0.8],
+        "weights": [1.0, 1.5, 0.5, 1.0, 2.0, 1.0, 0.0],
     }
     missing = [n for n in names if n not in values]
     if missing:
@@ -59,7 +64,7 @@ class LossDiscoveryTest(unittest.TestCase):
 
     def test_the_build_ships_loss_plugins(self):
         self.assertGreaterEqual(len(self.losses), 10, self.losses)
-        self.assertEqual(self.surrogate, {"cispo", "grpo"})
+        self.assertEqual(self.surrogate, {"cispo", "grpo", "dppo", "ipo"})
 
     def configurations(self, name):
         """Parameter sets the plugin accepts: each aggregation mode, with and without regularizers."""

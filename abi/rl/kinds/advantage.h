@@ -28,7 +28,10 @@ typedef struct rl_advantage_inputs {
     rl_tensor_view_t cu_seqlens; /* int64 [n_seqs + 1]: token offsets */
     /* Optional per-token tensors, [n_tokens] each: "loss_mask" (1 on completion
      * tokens; all ones when absent), "token_rewards", "values", "advantages"
-     * (given advantages, for normalizing estimators). Borrowed. */
+     * (given advantages, for normalizing estimators), "old_logprobs" and
+     * "ref_logprobs" (KL-penalised rewards). Per-sequence inputs travel as
+     * per-token tensors holding the sequence's value on its tokens:
+     * "reward_baselines", "truncated", "num_turns". Borrowed. */
     rl_tensor_list_t tensors;
 } rl_advantage_inputs_t;
 

@@ -11,7 +11,10 @@
  *
  * Standard input names: logprobs, old_logprobs, rollout_logprobs,
  * prox_logprobs, ref_logprobs, teacher_logprobs, advantages, loss_mask,
- * labels, entropy, values, old_values, returns. */
+ * labels, entropy, values, old_values, returns; per-token weights: weights
+ * (every loss: scales each token's loss), rollout_is_weights (policy losses:
+ * precomputed importance weights of the policy term), rl_weights, ce_weights,
+ * ref_kl_weights (loss components, docs/losses.md). */
 #ifndef RL_KINDS_LOSS_H
 #define RL_KINDS_LOSS_H
 

@@ -22,7 +22,9 @@ public:
         : group_baseline_(p.boolean("group_baseline", false)),
           length_weighted_(p.boolean("length_weighted_mean", false)),
           gamma_(p.number("gamma", 1.0, 0.0, 1.0)), whiten_(p.boolean("whiten", true)),
-          eps_(p.number("eps", 1e-6, 0.0)) {
+          eps_(p.number("eps", 1e-6, 0.0)), std_unbiased_(p.boolean("std_unbiased", false)) {
+        if (p.has("std_unbiased") && !whiten_)
+            invalid(p.owner() + ": parameter 'std_unbiased' only applies with 'whiten': true");
         if (length_weighted_ && !group_baseline_)
             invalid(p.owner() + ": parameter 'length_weighted_mean' needs 'group_baseline': true "
                                 "(it weights the group baseline)");
@@ -66,7 +68,7 @@ public:
         }
 
         std::vector<double> adv = returns;
-        if (whiten_) whiten_masked(adv, mask, eps_);
+        if (whiten_) whiten_masked(adv, mask, eps_, std_unbiased_);
         call.tensor("advantages", adv);
         call.tensor("returns", returns);
         call.metric(rl::sdk::metrics::kRewardMean, mean_of(rewards));
@@ -80,6 +82,7 @@ private:
     double gamma_;
     bool whiten_;
     double eps_;
+    bool std_unbiased_;
 };
 
 } // namespace

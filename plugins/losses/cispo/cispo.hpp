@@ -37,6 +37,9 @@ public:
             rs.add(c.log_ratio_sg(t), c.old[t]);
             c.pg += -c.w[t] * cr * c.adv[t] * c.lp[t];
             c.g[t] += -c.w[t] * cr * c.adv[t];
+            c.put("elementwise_loss", t, -cr * c.adv[t] * c.lp[t]);
+            c.put("is_weights", t, cr);
+            c.put("clip_mask", t, cr != ratio);
         }
         rs.emit_ratio(c.r);
         c.metric(metrics::kClipFraction, c.frac(clipped));

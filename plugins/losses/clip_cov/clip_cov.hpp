@@ -56,6 +56,9 @@ public:
             const double A = c.adv[t], ratio = c.ratio(t);
             const PpoTerm ppo = ppo_clip(A, ratio, lo, hi);
             if (ppo.clipped) ++clipped;
+            c.put("clip_mask", t, ppo.clipped);
+            c.put("cov_mask", t, drop[t]);
+            c.put("elementwise_loss", t, drop[t] ? 0.0 : ppo.loss);
             if (drop[t]) continue;
             c.pg += c.w[t] * ppo.loss;
             if (!ppo.clipped) c.g[t] += -c.w[t] * A * ratio;

@@ -1,8 +1,13 @@
-// decoupled_ppo: AReaL's decoupled PPO objective. The PPO clip is taken around
-// the proximal policy (prox_logprobs) and the result is weighted by the
-// behaviour importance weight exp(prox_logprobs - old_logprobs), which does not
-// depend on the current policy. Tokens whose behaviour weight exceeds
-// behav_imp_weight_cap are dropped (they still count in the normalizer).
+// decoupled_ppo: AReaL's decoupled PPO objective (areal/utils/functional
+// ppo_actor_loss_fn). The PPO clip is taken around the proximal policy
+// (prox_logprobs) and the result is weighted by the behaviour importance weight
+// b_t = exp(prox_logprobs - old_logprobs), which does not depend on the current
+// policy. AReaL's rejection sampling filters or truncates b (token or sequence
+// level, ratio or KL metric, lower and upper bounds); its older
+// behave_imp_weight_cap / behave_imp_weight_mode are shorthands for it. Tokens
+// rejected by the mask action are dropped (they still count in the
+// normalizer). importance_sampling_level "sequence" takes GSPO's sequence
+// ratio around the proximal policy, with the sequence-mean advantage.
 #pragma once
 
 #include <rl/sdk/pg_loss.hpp>
@@ -11,16 +16,119 @@ namespace rl::losses {
 
 using namespace rl::sdk::loss;
 
+// AReaL's RejectionSamplingConfig.
+struct RejectionSampling {
+    enum class Metric { Ratio, K1, K2, K3 };
+    enum class Agg { Sum, Mean, Max };
+    bool sequence = false; // level
+    bool clamp = false;    // action: clamp (truncate) instead of mask (reject)
+    Metric metric = Metric::Ratio;
+    Agg agg = Agg::Mean;
+    double upper = 5.0;
+    std::optional<double> lower;
+
+    bool in_bounds(double m) const { return m <= upper && (!lower || m >= *lower); }
+
+    static RejectionSampling read(Params &outer) {
+        const rl::sdk::json raw = outer.raw("rejection_sampling");
+        if (!raw.is_object())
+            invalid(outer.owner() +
+                    ": parameter 'rejection_sampling' must be an object {level, action, metric, "
+                    "agg, upper, lower} (or null for off), got " +
+                    raw.dump());
+        Params p(raw.dump(), outer.owner() + ": parameter 'rejection_sampling'");
+        RejectionSampling rs;
+        rs.sequence = p.choice("level", "token", {"token", "sequence"}) == "sequence";
+        rs.clamp = p.choice("action", "mask", {"mask", "clamp"}) == "clamp";
+        const std::string m = p.choice("metric", "ratio", {"ratio", "kl_k1", "kl_k2", "kl_k3"});
+        rs.metric = m == "ratio"   ? Metric::Ratio
+                    : m == "kl_k1" ? Metric::K1
+                    : m == "kl_k2" ? Metric::K2
+                                   : Metric::K3;
+        const bool agg_given = p.has("agg");
+        const std::string a = p.choice("agg", "mean", {"sum", "mean", "max"});
+        rs.agg = a == "sum" ? Agg::Sum : a == "mean" ? Agg::Mean : Agg::Max;
+        if (agg_given && !rs.sequence)
+            invalid(p.owner() + ": 'agg' only applies to level 'sequence'");
+        rs.upper = p.number("upper", 5.0);
+        rs.lower = p.optional_number("lower");
+        p.finish();
+        if (rs.lower && *rs.lower > rs.upper)
+            invalid(p.owner() + ": 'lower' (" + num(*rs.lower) + ") must be <= 'upper' (" +
+                    num(rs.upper) + ")");
+        if (rs.metric == Metric::Ratio) {
+            if (rs.upper <= 1.0)
+                invalid(p.owner() + ": 'upper' must be > 1 for metric 'ratio', got " +
+                        num(rs.upper));
+            if (rs.lower && *rs.lower <= 0)
+                invalid(p.owner() + ": 'lower' must be > 0 for metric 'ratio', got " +
+                        num(*rs.lower));
+        } else if (rs.metric != Metric::K1 && rs.upper <= 0) {
+            invalid(p.owner() + ": 'upper' must be > 0 for metric '" + m + "', got " +
+                    num(rs.upper));
+        }
+        if (rs.clamp && rs.metric != Metric::Ratio)
+            invalid(p.owner() + ": action 'clamp' needs metric 'ratio' (it truncates the "
+                                "importance weight); use action 'mask' with a KL metric");
+        return rs;
+    }
+
+    // Per-token metric of log r = prox - old.
+    double token_metric(double lr) const {
+        switch (metric) {
+            case Metric::Ratio:
+                return std::exp(lr);
+            case Metric::K1:
+                return lr;
+            case Metric::K2:
+                return 0.5 * lr * lr;
+            default:
+                return std::exp(-lr) - 1.0 + lr;
+        }
+    }
+};
+
 class DecoupledPpo : public PolicyGradientLoss {
 public:
     explicit DecoupledPpo(Params &p) {
         accept_peer_clip_names(p, "eps_clip", "eps_clip_higher", "c_clip");
+        p.alias("behave_imp_weight_cap", "behav_imp_weight_cap", "AReaL");
+        p.alias("behave_imp_weight_mode", "behav_imp_weight_mode", "AReaL");
         eps_clip_ = read_eps_clip(p, 0.2);
         eps_clip_higher_ = p.optional_number("eps_clip_higher", 0.0).value_or(eps_clip_);
         c_clip_ = read_optional_above_one(p, "c_clip");
-        behav_cap_ = p.optional_number("behav_imp_weight_cap", 0.0);
-        if (behav_cap_ && *behav_cap_ <= 0.0)
+        const auto cap = p.optional_number("behav_imp_weight_cap", 0.0);
+        if (cap && *cap <= 0.0)
             invalid(p.owner() + ": parameter 'behav_imp_weight_cap' must be > 0 (or null for off)");
+        const bool mode_given = p.has("behav_imp_weight_mode");
+        const std::string mode = p.choice(
+            "behav_imp_weight_mode", "token_mask",
+            {"disabled", "token_mask", "token_truncate", "sequence_mask", "sequence_truncate"});
+        if (p.has("rejection_sampling")) {
+            if (cap || mode_given)
+                invalid(p.owner() + ": give either 'rejection_sampling' or the older "
+                                    "'behav_imp_weight_cap' / 'behav_imp_weight_mode', not both");
+            rs_ = RejectionSampling::read(p);
+        } else if (mode == "disabled") {
+            if (cap)
+                invalid(p.owner() +
+                        ": 'behav_imp_weight_cap' has no effect with behav_imp_weight_mode "
+                        "'disabled'");
+            no_behav_weight_ = true; // AReaL's 'disabled': no behaviour weight at all
+        } else if (cap) {
+            // AReaL's migration: {level, action: mask | clamp, metric: ratio, upper: cap}.
+            RejectionSampling rs;
+            rs.sequence = mode.rfind("sequence", 0) == 0;
+            rs.clamp = mode.find("truncate") != std::string::npos;
+            rs.upper = *cap;
+            if (rs.clamp) rs.lower = 0.0;
+            rs_ = rs;
+        } else if (mode_given) {
+            invalid(p.owner() + ": behav_imp_weight_mode '" + mode +
+                    "' needs 'behav_imp_weight_cap'");
+        }
+        sequence_is_ =
+            p.choice("importance_sampling_level", "token", {"token", "sequence"}) == "sequence";
         read_shared(p);
     }
 
@@ -29,39 +137,153 @@ public:
     }
 
     void policy(PgCall &c) const override {
+        const Data &d = c.d;
         const auto &prox = c.d.at("prox_logprobs");
-        int64_t clipped = 0, dual_clipped = 0, behav_masked = 0;
+        // Behaviour weights and the tokens rejection sampling keeps (all data).
+        std::vector<double> bw(static_cast<size_t>(d.n), 0.0);
+        std::vector<uint8_t> keep(static_cast<size_t>(d.n), 0);
+        int64_t filtered = 0;
+        for (int64_t t = 0; t < d.n; ++t) {
+            if (d.mask[t] == 0) continue;
+            bw[t] = no_behav_weight_ ? 1.0 : std::exp(prox[t] - c.old[t]);
+            keep[t] = 1;
+        }
+        if (rs_) filtered = reject(d, prox, c.old, bw, keep);
+
+        // The PPO ratio around the proximal policy: per token, or per sequence over its
+        // kept tokens (GSPO) with the sequence-mean advantage.
+        std::vector<double> ratio(static_cast<size_t>(d.n), 1.0), adv = c.adv;
+        std::vector<int64_t> kept_in_seq(static_cast<size_t>(d.n_seqs()), 0);
+        for (int64_t t = 0; t < d.n; ++t)
+            if (d.mask[t] != 0) ratio[t] = std::exp(c.lp[t] - prox[t]);
+        if (sequence_is_) {
+            for (int64_t s = 0; s < d.n_seqs(); ++s) {
+                double sum_lr = 0, sum_a = 0;
+                int64_t k = 0;
+                for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
+                    if (keep[t]) {
+                        sum_lr += c.lp[t] - prox[t];
+                        sum_a += c.adv[t];
+                        ++k;
+                    }
+                kept_in_seq[s] = k;
+                if (!k) continue;
+                const double si = std::exp(sum_lr / double(k)), abar = sum_a / double(k);
+                for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
+                    if (keep[t]) {
+                        ratio[t] = si;
+                        adv[t] = abar;
+                    }
+            }
+        }
+
+        int64_t clipped = 0, dual_clipped = 0;
         Stat ratio_s, approx_kl, behav_w, behav_kl;
+        std::vector<double> dl_dlr_seq(static_cast<size_t>(d.n_seqs()), 0.0);
         for (int64_t t : c.tokens()) {
-            const double ratio = std::exp(c.lp[t] - prox[t]);
-            ratio_s.add(ratio);
+            // Statistics over every loss token at token level (rejected ones too, as
+            // AReaL's older cap did); at sequence level over the kept tokens, the
+            // only ones with a sequence ratio.
             approx_kl.add(c.lp[t] - prox[t]);
+            if (sequence_is_ && !keep[t]) continue;
+            ratio_s.add(ratio[t]);
             const PpoTerm ppo =
-                ppo_clip(c.adv[t], ratio, 1.0 - eps_clip_, 1.0 + eps_clip_higher_, c_clip_);
+                ppo_clip(adv[t], ratio[t], 1.0 - eps_clip_, 1.0 + eps_clip_higher_, c_clip_);
             clipped += ppo.clipped;
             dual_clipped += ppo.dual_clipped;
-            const double bw = std::exp(prox[t] - c.old[t]);
-            if (behav_cap_ && bw > *behav_cap_) {
-                ++behav_masked;
-                continue;
+            c.put("ratio", t, ratio[t]);
+            c.put("clip_mask", t, ppo.clipped);
+            if (c_clip_) c.put("dual_clip_mask", t, ppo.dual_clipped);
+            c.put("behave_imp_weight", t, bw[t]);
+            if (rs_) c.put("rejection_mask", t, !keep[t]);
+            if (!keep[t]) continue;
+            c.put("elementwise_loss", t, bw[t] * ppo.loss);
+            if (bw[t] > 0) {
+                behav_w.add(bw[t]);
+                behav_kl.add(prox[t] - c.old[t]);
             }
-            behav_w.add(bw);
-            behav_kl.add(prox[t] - c.old[t]);
-            c.pg += c.w[t] * bw * ppo.loss;
-            c.g[t] += c.w[t] * bw * ppo.dloss;
+            c.pg += c.w[t] * bw[t] * ppo.loss;
+            if (sequence_is_)
+                dl_dlr_seq[d.seq[t]] += c.w[t] * bw[t] * ppo.dloss; // d L / d (mean log ratio)
+            else
+                c.g[t] += c.w[t] * bw[t] * ppo.dloss;
         }
+        if (sequence_is_)
+            for (int64_t t = 0; t < d.n; ++t)
+                if (keep[t]) c.g[t] += dl_dlr_seq[d.seq[t]] / double(kept_in_seq[d.seq[t]]);
+
         c.metric(metrics::kPgClipfrac, c.frac(clipped));
         if (c_clip_) c.metric(metrics::kDualClipfrac, c.frac(dual_clipped));
         c.metric(metrics::kRatioMean, ratio_s.mean(1.0));
         c.metric(metrics::kApproxKl, approx_kl.mean());
         c.metric(metrics::kBehavImpWeight, behav_w.mean(1.0));
         c.metric(metrics::kBehavApproxKl, behav_kl.mean());
-        if (behav_cap_) c.metric(metrics::kBehavMaskfrac, c.frac(behav_masked));
+        if (rs_)
+            c.metric(rs_->clamp ? "behav_truncfrac" : metrics::kBehavMaskfrac, c.frac(filtered));
     }
 
 private:
+    // AReaL's apply_rejection_sampling on the loss tokens: drops tokens (mask) or
+    // truncates their weight (clamp); returns how many it dropped or truncated.
+    int64_t reject(const Data &d, const std::vector<double> &prox, const std::vector<double> &old,
+                   std::vector<double> &bw, std::vector<uint8_t> &keep) const {
+        const RejectionSampling &rs = *rs_;
+        const double lo = rs.lower.value_or(0.0);
+        int64_t n = 0;
+        auto act = [&](int64_t t) {
+            if (rs.clamp) {
+                const double w = std::clamp(bw[t], lo, rs.upper);
+                n += w != bw[t];
+                bw[t] = w;
+            } else {
+                keep[t] = 0;
+                bw[t] = 0;
+                ++n;
+            }
+        };
+        if (!rs.sequence) {
+            for (int64_t t = 0; t < d.n; ++t)
+                if (d.mask[t] != 0 &&
+                    (rs.clamp || !rs.in_bounds(rs.token_metric(prox[t] - old[t]))))
+                    act(t);
+            return n;
+        }
+        const bool log_agg = rs.metric == RejectionSampling::Metric::Ratio;
+        for (int64_t s = 0; s < d.n_seqs(); ++s) {
+            const int64_t k = d.seq_tokens[s];
+            if (!k) continue;
+            double sum = 0, mx = -std::numeric_limits<double>::infinity(), sum_lr = 0;
+            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t) {
+                if (d.mask[t] == 0) continue;
+                const double lr = prox[t] - old[t];
+                const double v = log_agg ? lr : rs.token_metric(lr);
+                sum += v;
+                mx = std::max(mx, v);
+                sum_lr += lr;
+            }
+            double agg = rs.agg == RejectionSampling::Agg::Sum    ? sum
+                         : rs.agg == RejectionSampling::Agg::Mean ? sum / double(k)
+                                                                  : mx;
+            if (log_agg) {
+                agg = std::exp(agg);
+                // The ratio metric at sequence level also makes the weight the
+                // sequence's geometric-mean ratio (AReaL's sequence_* modes).
+                const double geo = std::exp(sum_lr / double(k));
+                for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
+                    if (d.mask[t] != 0) bw[t] = geo;
+            }
+            if (rs.in_bounds(agg)) continue;
+            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
+                if (d.mask[t] != 0) act(t);
+        }
+        return n;
+    }
+
     double eps_clip_, eps_clip_higher_;
-    std::optional<double> c_clip_, behav_cap_;
+    std::optional<double> c_clip_;
+    std::optional<RejectionSampling> rs_;
+    bool sequence_is_ = false;
+    bool no_behav_weight_ = false;
 };
 
 } // namespace rl::losses

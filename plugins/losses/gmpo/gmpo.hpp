@@ -60,8 +60,13 @@ public:
             c.pg += -weight * abar * si;
             // d L / d s_i = -weight * abar; d s_i / d lp_u = s_i / n_i on live tokens.
             const double per_token = -weight * abar * si / double(ni);
-            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
-                if (d.mask[t] != 0 && live[t]) c.g[t] += per_token;
+            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t) {
+                if (d.mask[t] == 0) continue;
+                if (live[t]) c.g[t] += per_token;
+                c.put("elementwise_loss", t, -abar * si);
+                c.put("ratio", t, si);
+                c.put("clip_mask", t, adv[t] != 0 && !live[t]);
+            }
         }
         c.metric(metrics::kPgClipfrac, c.frac(clipped));
         c.metric(metrics::kSeqRatioMean, seq_ratio.mean(1.0));

@@ -85,6 +85,7 @@ public:
                 ratio_t < token_mask_low_ || ratio_t > token_mask_high_ || seq_masked[d.seq[t]];
             if (is_masked) {
                 ++masked;
+                c.put("mask", t, 1.0);
                 continue;
             }
             const double ratio = sequence_ratio_ ? seq_ratio[d.seq[t]] : ratio_t;
@@ -93,6 +94,8 @@ public:
             const double coeff = ratio * a;
             pg += -w[t] * coeff * lp[t];
             g[t] += -w[t] * coeff;
+            c.put("elementwise_loss", t, -coeff * lp[t]);
+            c.put("coeff", t, coeff);
         }
         c.metric(metrics::kKl, kl.mean());
         c.metric(metrics::kMasked, c.frac(masked));

@@ -36,6 +36,9 @@ public:
                 if (d.mask[t] == 0) continue;
                 const PpoTerm ppo = ppo_clip(c.adv[t], si, 1.0 - eps_clip_, 1.0 + eps_clip_high_);
                 c.pg += c.w[t] * ppo.loss;
+                c.put("elementwise_loss", t, ppo.loss);
+                c.put("ratio", t, si);
+                c.put("clip_mask", t, ppo.clipped);
                 if (ppo.clipped)
                     ++clipped;
                 else

@@ -25,6 +25,8 @@ public:
             const double ratio = c.ratio(t);
             c.pg += -c.w[t] * ratio * c.adv[t];
             c.g[t] += -c.w[t] * ratio * c.adv[t];
+            c.put("elementwise_loss", t, -ratio * c.adv[t]);
+            c.put("ratio", t, ratio);
             rs.add(c.log_ratio(t), c.old[t]);
         }
         rs.emit_ratio(c.r);

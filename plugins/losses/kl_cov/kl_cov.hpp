@@ -37,6 +37,7 @@ public:
                 dl += coef_ * (lr > 0 ? 1.0 : lr < 0 ? -1.0 : 0.0);
             }
             c.add(t, l, dl);
+            c.put("kl_cov_mask", t, pen[t]);
             abs_kl.add(std::fabs(lr));
         }
         c.metric(metrics::kKlCovFrac, c.frac(int64_t(chosen.size())));

@@ -58,6 +58,12 @@ public:
                 c.pg += c.w[t] * tis_w * ppo.loss;
                 c.g[t] += c.w[t] * tis_w * ppo.dloss;
             }
+            c.put("elementwise_loss", t, keep * tis_w * ppo.loss);
+            c.put("ratio", t, ratio_sg);
+            c.put("clip_mask", t, ppo.clipped || ppo.dual_clipped);
+            if (eps_clip_c_) c.put("dual_clip_mask", t, ppo.dual_clipped);
+            if (icepop_beta_) c.put("icepop_mask", t, 1.0 - keep);
+            if (roll) c.put("tis_weights", t, tis_w);
         }
         c.metric(metrics::kPgClipfrac, c.frac(clipped));
         if (icepop_beta_) c.metric(metrics::kIcepopMaskfrac, c.frac(icepop_masked));

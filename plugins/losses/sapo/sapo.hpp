@@ -42,6 +42,8 @@ public:
             c.pg += -c.w[t] * f * A;
             c.g[t] += -c.w[t] * A * 4.0 * s * (1.0 - s) * ratio;
             gate.add(f);
+            c.put("elementwise_loss", t, -f * A);
+            c.put("gate", t, f);
             rs.add(c.log_ratio_sg(t), c.old[t]);
         }
         c.metric(metrics::kGateMean, gate.mean());

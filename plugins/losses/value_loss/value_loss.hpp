@@ -25,7 +25,7 @@ public:
     }
 
     LossSignature signature() const override {
-        LossSignature s{{"values", "returns"}, {"loss_mask"}, {"values"}};
+        LossSignature s{{"values", "returns"}, {"loss_mask", "weights"}, {"values"}};
         if (vf_clip_) s.required.push_back("old_values");
         return s;
     }

@@ -167,12 +167,14 @@ inline std::vector<int64_t> masked_positions(const std::vector<int64_t> &cu,
     return pos;
 }
 
-// Whitens `x` over the completion tokens of the whole batch, in place.
-inline void whiten_masked(std::vector<double> &x, const std::vector<uint8_t> &mask, double eps) {
+// Whitens `x` over the completion tokens of the whole batch, in place, with
+// the population std (`unbiased`: the sample std, n - 1, as verl's masked_whiten).
+inline void whiten_masked(std::vector<double> &x, const std::vector<uint8_t> &mask, double eps,
+                          bool unbiased = false) {
     std::vector<double> vals;
     for (size_t t = 0; t < x.size(); ++t)
         if (mask[t]) vals.push_back(x[t]);
-    const std::vector<double> w = normalize(vals, eps, /*unbiased=*/false);
+    const std::vector<double> w = normalize(vals, eps, unbiased);
     size_t k = 0;
     for (size_t t = 0; t < x.size(); ++t)
         if (mask[t]) x[t] = w[k++];

@@ -219,8 +219,12 @@ struct Aggregation {
     }
 
     // w_t with L = sum_t w_t * l_t; zero on tokens that are not loss tokens.
+    // The optional per-token input "weights" (>= 0, every loss of the toolkit
+    // accepts it) multiplies each token's weight: it scales the whole per-token
+    // loss and leaves the normalizers alone.
     std::vector<double> weights(const Data &d) const {
         std::vector<double> w(static_cast<size_t>(d.n), 0.0);
+        const std::vector<double> *user = d.find("weights");
         const double tokens = d.global_tokens > 0 ? d.global_tokens : double(d.loss_tokens);
         const double seqs = d.global_seqs > 0 ? d.global_seqs : double(d.loss_seqs);
         for (int64_t t = 0; t < d.n; ++t) {
@@ -242,6 +246,12 @@ struct Aggregation {
                 case AggMode::Sum:
                     w[t] = 1.0;
                     break;
+            }
+            if (user) {
+                if ((*user)[t] < 0)
+                    invalid("input 'weights' must be >= 0, got " + num((*user)[t]) + " at token " +
+                            std::to_string(t));
+                w[t] *= (*user)[t];
             }
         }
         return w;
@@ -506,7 +516,7 @@ public:
     }
 
     LossSignature signature() const override {
-        return {{"logprobs", "labels"}, {"loss_mask"}, {"logprobs"}};
+        return {{"logprobs", "labels"}, {"loss_mask", "weights"}, {"logprobs"}};
     }
 
     Result evaluate(const Data &d, const Data &) const override {

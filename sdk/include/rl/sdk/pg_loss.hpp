@@ -5,9 +5,10 @@
 // calls read_shared(p) (loss_agg_mode + max_seq_len, kl_coef / kl_type /
 // entropy_coef) and implements policy(PgCall &): per loss token, add the
 // policy term's weighted value and gradient. The base gives it
-//   - the signature {logprobs, old_logprobs, advantages} + loss_mask, the
-//     differentiable logprobs, ref_logprobs / entropy when the regularizers need
-//     them, plus whatever add_inputs() declares;
+//   - the signature {logprobs, old_logprobs, advantages} + loss_mask and
+//     rollout_is_weights (verl's precomputed per-token importance weights,
+//     which multiply the policy term), the differentiable logprobs, ref_logprobs / entropy when the
+//     regularizers need them, plus whatever add_inputs() declares;
 //   - the aggregation weights, the inputs as vectors, the gradient buffer;
 //   - the metrics pg_loss (first), valid_tokens and ref_kl / entropy (last), and
 //     the KL / entropy terms added to the loss and its gradient;
@@ -36,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -170,6 +172,9 @@ struct PgCall {
     Result r;               // loss, gradients, metrics
     std::vector<double> &g; // d loss / d logprobs
     double pg = 0;          // the policy term, reported as pg_loss
+    // per_token_outputs: tensors the loss emits, [n_tokens], 0 off loss tokens.
+    bool per_token = false;
+    std::map<std::string, std::vector<double>> out;
 
     // Indices of the loss tokens, in order.
     std::vector<int64_t> tokens() const {
@@ -182,10 +187,18 @@ struct PgCall {
     double ratio(int64_t t) const { return std::exp(lp[t] - old[t]); }
     double log_ratio_sg(int64_t t) const { return lp_sg[t] - old[t]; }
     double ratio_sg(int64_t t) const { return std::exp(lp_sg[t] - old[t]); }
-    // pg += w_t * l, g_t += w_t * dl.
+    // pg += w_t * l, g_t += w_t * dl (and the elementwise_loss output).
     void add(int64_t t, double l, double dl) {
         pg += w[t] * l;
         g[t] += w[t] * dl;
+        put("elementwise_loss", t, l);
+    }
+    // Sets token t of the per-token output `name` (only with per_token_outputs).
+    void put(const char *name, int64_t t, double v) {
+        if (!per_token) return;
+        auto &o = out[name];
+        if (o.empty()) o.assign(static_cast<size_t>(d.n), 0.0);
+        o[static_cast<size_t>(t)] = v;
     }
     void metric(const std::string &name, double v) { r.metric(name, v); }
     // k out of the call's loss tokens.
@@ -195,20 +208,52 @@ struct PgCall {
 class PolicyGradientLoss : public LossBase {
 public:
     LossSignature signature() const override {
-        LossSignature s{{"logprobs", "old_logprobs", "advantages"}, {"loss_mask"}, {"logprobs"}};
+        LossSignature s{{"logprobs", "old_logprobs", "advantages"},
+                        {"loss_mask", "weights", "rollout_is_weights"},
+                        {"logprobs"}};
         add_inputs(s);
         reg_.add_to(s);
         return s;
     }
 
     Result evaluate(const Data &d, const Data &sg) const final {
-        PgCall c(d, sg, agg_.weights(d));
+        const std::vector<double> w = agg_.weights(d);
+        PgCall c(d, sg, with_rollout_is_weights(d, w));
+        c.per_token = per_token_outputs_;
         policy(c);
         c.r.loss = c.pg;
         c.r.metrics.insert(c.r.metrics.begin(), {metrics::kPgLoss, c.pg});
         if (report_valid_tokens_) c.r.metric(metrics::kValidTokens, double(d.loss_tokens));
-        reg_.apply(d, sg, c.w, c.r);
+        reg_.apply(d, sg, w, c.r);
+        if (per_token_outputs_) {
+            c.out.emplace("elementwise_loss", std::vector<double>(static_cast<size_t>(d.n), 0.0));
+            if (const auto *ref = d.find("ref_logprobs")) {
+                auto &k = c.out["kl"];
+                k.assign(static_cast<size_t>(d.n), 0.0);
+                for (int64_t t = 0; t < d.n; ++t)
+                    if (d.mask[t] != 0)
+                        k[t] = kl_value(reg_.kl_type.value, d.at("logprobs")[t], (*ref)[t]);
+            }
+            for (auto &kv : c.out) c.r.tensors.emplace_back(kv.first, std::move(kv.second));
+        }
         return std::move(c.r);
+    }
+
+    // verl's rollout_is_weights: precomputed per-token importance weights
+    // (>= 0, detached) that multiply the policy term of every token, not the
+    // KL / entropy terms. Folded into the aggregation weights the policy term
+    // is built with: every policy term is linear in its per-token weights.
+    static std::vector<double> with_rollout_is_weights(const Data &d, std::vector<double> w) {
+        const auto *is = d.find("rollout_is_weights");
+        if (!is) return w;
+        for (int64_t t = 0; t < d.n; ++t) {
+            if (d.mask[t] == 0) continue;
+            if ((*is)[t] < 0)
+                invalid("input 'rollout_is_weights' must be >= 0, got " + num((*is)[t]) +
+                        " at token " + std::to_string(t));
+            w[t] *= (*is)[t];
+        }
+        return w;
     }
 
     // The policy term: add every loss token's weighted value to c.pg and its
@@ -219,6 +264,7 @@ protected:
     // loss_agg_mode (default `default_agg`) and the KL / entropy regularizers.
     // Call once, after reading the loss's own parameters.
     void read_shared(Params &p, const std::string &default_agg = "token-mean") {
+        per_token_outputs_ = p.boolean("per_token_outputs", false);
         agg_ = Aggregation::read(p, default_agg);
         reg_.read(p);
     }
@@ -229,6 +275,7 @@ protected:
     bool report_valid_tokens_ = true;
 
 private:
+    bool per_token_outputs_ = false;
     Aggregation agg_;
     Regularizers reg_;
 };
