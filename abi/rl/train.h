@@ -166,7 +166,12 @@ typedef struct rl_batch {
 
 /* [control-thread] A trainer over `model`'s parameters. config_json: the
  * "trainer" section of the run configuration (docs/configuration.md) plus
- * optional "total_steps" (for schedules) and "seed". */
+ * optional "total_steps" (for schedules) and "seed". (ABI 0.5) LoRA: with
+ * "adapter": name the trainer trains that adapter of the model and nothing
+ * else (the base weights are frozen); with "lora": {config as
+ * rl_adapter_create} it first creates the adapter ("adapter" names it,
+ * default "default"; a taken name is an error). Its optim_step reports the
+ * adapter's version as "policy_version"; its checkpoints hold the adapter. */
 RL_API rl_status_t rl_trainer_create(rl_model_t *model, const char *config_json,
                                      rl_trainer_t **out_trainer);
 /* [control-thread] NULL is a no-op. */
@@ -211,6 +216,41 @@ RL_API rl_status_t rl_trainer_save_checkpoint(rl_trainer_t *trainer, const char 
 RL_API rl_status_t rl_trainer_load_checkpoint(rl_trainer_t *trainer, const char *dir,
                                               rl_result_t **out_result);
 
+/* ---- LoRA adapters (ABI 0.5; docs/lora.md) ---------------------------------------
+ * Adapters sit over a model's frozen weights, several at once, each by a name
+ * unique within the model. A trainer trains one adapter when its config names
+ * it (rl_trainer_create: "adapter": name, or "lora": {config} to create it);
+ * an engine samples with one when rl_engine_generate's params (or the
+ * engine's config) give "adapter": name. Files follow PEFT's layout
+ * (adapter_config.json + adapter_model.safetensors). */
+
+/* [control-thread] Create adapter `name` over `model`, initialised as PEFT
+ * does (A Kaiming-uniform, B zero: the model's outputs are unchanged).
+ * lora_json (may be NULL: defaults): {"rank": 8, "alpha": 16, "dropout": 0,
+ * "target_modules": "all-linear" | ["q_proj", "k_proj", "v_proj", "o_proj",
+ * "gate_proj", "up_proj", "down_proj"], "use_rslora": false, "seed": 0,
+ * "base_model_name_or_path": the model's folder}; PEFT's spellings "r",
+ * "lora_alpha", "lora_dropout" are accepted. RL_ERR_INVALID_ARG when the name
+ * is taken or a key is bad (the message names it). */
+RL_API rl_status_t rl_adapter_create(rl_model_t *model, const char *name, const char *lora_json);
+/* [control-thread] Load a PEFT LoRA folder as adapter `name` (replacing an
+ * adapter of that name: trainers over the old one keep training the old one). */
+RL_API rl_status_t rl_adapter_load(rl_model_t *model, const char *name, const char *dir);
+/* [control-thread] Save adapter `name` as a PEFT LoRA folder at `dir`, atomically. */
+RL_API rl_status_t rl_adapter_save(rl_model_t *model, const char *name, const char *dir);
+/* [control-thread] Save the model with adapter `name` merged into its weights
+ * (W + scale * B A) as an HF folder at `dir` (loads with rl_model_load; the
+ * model itself is unchanged). */
+RL_API rl_status_t rl_adapter_export_merged(rl_model_t *model, const char *name, const char *dir);
+/* [control-thread] Drop adapter `name` from the model (RL_ERR_NOT_FOUND when
+ * there is none). Trainers over it keep it alive until destroyed. */
+RL_API rl_status_t rl_adapter_remove(rl_model_t *model, const char *name);
+/* [thread-safe] name non-NULL: text "info" = JSON {"name", "rank", "alpha",
+ * "dropout", "use_rslora", "target_modules", "scale", "num_parameters",
+ * "version", "base_model_name_or_path"}; RL_ERR_NOT_FOUND when unknown.
+ * name NULL: text "adapters" = JSON array of the adapters' names. */
+RL_API rl_status_t rl_adapter_info(rl_model_t *model, const char *name, rl_result_t **out_result);
+
 /* ---- rollout engine ------------------------------------------------------------ */
 
 /* [control-thread] A co-located engine: it reads the model's parameters in
@@ -224,8 +264,9 @@ RL_API void rl_engine_destroy(rl_engine_t *engine);
 /* [control-thread] Generate `n` samples for each prompt. prompt_ids: int64,
  * prompts back to back; prompt_cu_seqlens: int64 [n_prompts + 1]. params_json:
  * {"n", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop": [str],
- * "stop_token_ids": [int]} (defaults: 1, 1.0, 1.0, 0, 0, 32, [], the model's
- * EOS). Samples are prompt-major (prompt 0's n samples first). Result: tensors
+ * "stop_token_ids": [int], "adapter": str (ABI 0.5: a LoRA adapter of the
+ * model; default the engine config's "adapter", else none)} (defaults: 1,
+ * 1.0, 1.0, 0, 0, 32, [], the model's EOS). Samples are prompt-major (prompt 0's n samples first). Result: tensors
  * "token_ids" (int64, completions back to back), "logprobs" (float32, log-prob
  * of each sampled token under the distribution it was sampled from),
  * "cu_seqlens" (int64 [n_samples + 1]), "prompt_index" (int64 [n_samples]);

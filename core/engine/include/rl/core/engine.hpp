@@ -29,6 +29,9 @@ struct EngineConfig {
     /// CUDA, physical RAM on the CPU). Calls whose samples do not fit run in
     /// waves that do; one sample that does not fit is an error.
     double kv_cache_fraction = 0.3;
+    /// The LoRA adapter generate uses when a call names none (its name in
+    /// the policy's registry); empty: the base model.
+    std::string adapter;
     /// JSON object (empty text or null: defaults); unknown keys are errors.
     static EngineConfig from_json(const std::string &json_text);
 };
@@ -56,7 +59,10 @@ public:
 
     /// n samples per prompt, prompt-major. Refuses (BadState) when the
     /// policy's version moved since the last sync (call sync_weights) or while
-    /// asleep.
+    /// asleep. With an adapter (params.adapter, else config.adapter) every
+    /// forward of the call, KV-cache prefill and decode included, runs with
+    /// it (read in place, like the base weights); the generation carries the
+    /// adapter's version as its policy_version.
     Generation generate(const std::vector<std::vector<int64_t>> &prompts,
                         const SamplingParams &params);
 

@@ -37,6 +37,9 @@ struct SamplingParams {
     /// Stop token ids (kept in the tokens, excluded from the text); none: the
     /// model's EOS ids.
     std::optional<std::vector<int64_t>> stop_token_ids;
+    /// The LoRA adapter to sample with, by its name in the policy's registry
+    /// (docs/lora.md); empty: the engine's default (EngineConfig::adapter).
+    std::string adapter;
 
     /// JSON object with the keys above (all optional); unknown keys and bad
     /// values are errors naming the key.

@@ -7,11 +7,13 @@
 #pragma once
 
 #include "rl/core/error.hpp"
+#include "rl/core/lora.hpp"
 #include "rl/core/model.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/tokenizer.hpp"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,12 +54,35 @@ public:
     uint64_t sampling_state() const;
     void set_sampling_state(uint64_t state);
 
+    // -- LoRA adapters over this model (docs/lora.md) ------------------------
+
+    /// A fresh adapter (identity) named `name` over this model. An empty
+    /// config.base_model_name_or_path becomes the folder the model was loaded
+    /// from. InvalidArgument when the name is empty or taken.
+    std::shared_ptr<LoraAdapter> create_adapter(const std::string &name, LoraConfig config);
+    /// Registers an adapter made over this model elsewhere (load_adapter);
+    /// with `replace` an adapter of the same name is dropped first, else a
+    /// taken name is an error.
+    void add_adapter(std::shared_ptr<LoraAdapter> adapter, bool replace = false);
+    /// The adapter named `name`; NotFound naming the adapters there are.
+    std::shared_ptr<LoraAdapter> adapter(const std::string &name) const;
+    /// The adapter named `name`, or null.
+    std::shared_ptr<LoraAdapter> find_adapter(const std::string &name) const;
+    /// Drops the registry's reference (trainers and scopes using it keep theirs).
+    bool remove_adapter(const std::string &name);
+    std::vector<std::string> adapter_names() const;
+    /// The folder the model was loaded from ("" when built in memory).
+    const std::string &source_dir() const { return source_dir_; }
+    void set_source_dir(std::string dir) { source_dir_ = std::move(dir); }
+
 private:
     std::shared_ptr<CausalLM> model_;
     std::shared_ptr<const Tokenizer> tokenizer_;
     mutable std::mutex mu_;
     int64_t version_ = 0;
     uint64_t sampling_state_ = 0;
+    std::map<std::string, std::shared_ptr<LoraAdapter>> adapters_;
+    std::string source_dir_;
 };
 
 /// splitmix64 finalizer: a well-mixed 64-bit function of x.

@@ -116,6 +116,16 @@ struct CheckpointInfo {
 class Trainer {
 public:
     Trainer(std::shared_ptr<Policy> policy, TrainerConfig config);
+    /// A LoRA trainer (docs/lora.md): only `adapter`'s parameters train; the
+    /// base model's parameters are frozen (requires_grad off) and never
+    /// change. Its forwards run with the adapter (dropout in forward_backward
+    /// only); its optimizer state and checkpoints hold the adapter alone
+    /// (checkpoint folder "adapter/" in PEFT layout instead of "model/");
+    /// optim_step bumps the adapter's version, not the policy's. Several LoRA
+    /// trainers over one policy (one per adapter) train independently.
+    /// Not available with trainer.parallel fsdp over several ranks.
+    Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
+            std::shared_ptr<LoraAdapter> adapter);
     ~Trainer();
     Trainer(const Trainer &) = delete;
     Trainer &operator=(const Trainer &) = delete;
@@ -123,6 +133,10 @@ public:
     const TrainerConfig &config() const { return config_; }
     Policy &policy() const { return *policy_; }
     int64_t step() const { return step_; }
+    /// The adapter a LoRA trainer trains; null for full-weight training.
+    const std::shared_ptr<LoraAdapter> &adapter() const { return adapter_; }
+    /// The version optim_step reports: the adapter's (LoRA) or the policy's.
+    int64_t version() const;
     /// forward_backward calls since the last optimizer step.
     int64_t pending_backwards() const { return pending_backwards_; }
 
@@ -190,6 +204,7 @@ private:
 
     std::shared_ptr<Policy> policy_;
     TrainerConfig config_;
+    std::shared_ptr<LoraAdapter> adapter_; ///< null: full-weight training
     std::unique_ptr<torch::optim::AdamW> optimizer_;
     std::vector<std::pair<std::string, at::Tensor>> params_; ///< (HF name, parameter)
     std::vector<at::Tensor> masters_; ///< float32 copy per low-precision parameter, else undefined
