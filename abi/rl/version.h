@@ -25,9 +25,7 @@
  *        rl_tokenizer_encode_chat, RL_ENCODE_PLAIN_TEXT, RL_DECODE_SKIP_SPECIAL.
  *   0.4  functions only: rl_transport_send / recv and rl_weights_send / recv
  *        (transports), rl_server_* (serve.h), rl_inference_client_*
- *        (inference.h).
- *   0.5  functions only: rl_training_server_* (serve.h: the Tinker-compatible
- *        training server). */
+ *        (inference.h). */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 4
 #define RL_ABI_VERSION_PATCH 0

@@ -1,6 +1,7 @@
 #include "training_server.hpp"
 
 #include <rl_api.h>
+#include <rl/training_server.h>
 
 #include <nlohmann/json.hpp>
 

@@ -1,7 +1,9 @@
-// abi/rl/serve.h (ABI 0.5): the Tinker-compatible training server
+// abi/rl/training_server.h (ABI 0.5): the Tinker-compatible training server
 // (host/serve/training_server.hpp) over a loaded model, with the runtime's
 // loss plugins available by name.
 #include "train_common.hpp"
+
+#include <rl/training_server.h>
 #include "../bridge/loss_node.hpp"
 
 #include "serve/training_server.hpp"
