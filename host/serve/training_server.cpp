@@ -6,6 +6,7 @@
 
 #include "rl/core/engine.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/lora.hpp"
 #include "rl/core/pretrained.hpp"
 
 #include <ATen/ATen.h>
@@ -112,13 +113,17 @@ struct Model {
     std::string id, session_id;
     bool lora = false;
     int64_t lora_rank = 0;
-    std::shared_ptr<core::Policy> policy;
+    core::LoraConfig lora_config;
+    std::shared_ptr<core::Policy> policy;       ///< a copy of the base, or the base (LoRA)
+    std::shared_ptr<core::LoraAdapter> adapter; ///< LoRA: in the base's registry under the model id
     std::unique_ptr<core::Trainer> trainer;
 };
 
 struct Sampler {
     std::string id, session_id, model_path;
     std::shared_ptr<core::Policy> policy;
+    /// LoRA: the adapter, in the base's registry under the sampler's id.
+    std::shared_ptr<const core::LoraAdapter> adapter;
     std::unique_ptr<core::Engine> engine;
 };
 
@@ -355,6 +360,7 @@ struct TrainingServer::Impl {
     void drop_model_locked(const std::string &id, const std::string &why) {
         auto it = models.find(id);
         if (it == models.end()) return;
+        if (it->second->adapter) base->remove_adapter(it->second->adapter->name());
         if (auto s = sessions.find(it->second->session_id); s != sessions.end())
             s->second->models.erase(id);
         models.erase(it);
@@ -364,6 +370,7 @@ struct TrainingServer::Impl {
     void drop_sampler_locked(const std::string &id, const std::string &why) {
         auto it = samplers.find(id);
         if (it == samplers.end()) return;
+        if (it->second->adapter) base->remove_adapter(it->second->adapter->name());
         if (auto s = sessions.find(it->second->session_id); s != sessions.end())
             s->second->samplers.erase(id);
         samplers.erase(it);
@@ -589,12 +596,16 @@ struct TrainingServer::Impl {
     void weights_info(const Request &req, Responder &r);
     void list_checkpoints(const Request &req, Responder &r);
 
+    /// A sampler of the session over `policy`; `adapter` (may be empty) makes
+    /// its LoRA adapter, registered in the base under the sampler's id.
+    using AdapterMaker = std::function<std::shared_ptr<core::LoraAdapter>(const std::string &id)>;
     std::shared_ptr<Sampler> make_sampler(const std::string &session_id,
                                           std::shared_ptr<core::Policy> policy,
-                                          const std::string &model_path);
+                                          const std::string &model_path,
+                                          const AdapterMaker &adapter = {});
     tinker::SampleOutput run_sample(Sampler &s, const std::vector<int64_t> &prompt,
                                     int64_t num_samples, const core::SamplingParams &params,
-                                    bool prompt_logprobs);
+                                    bool prompt_logprobs, std::optional<int64_t> last_n);
 };
 
 // ---- sessions and service routes ---------------------------------------------------------
@@ -784,19 +795,50 @@ void TrainingServer::Impl::create_model(const Request &req, Responder &r) {
     }
     bool lora = false;
     int64_t rank = 0;
+    core::LoraConfig lcfg;
     if (const json *lc = f.get("lora_config")) {
+        // Tinker: rank, seed, train_attn / train_mlp / train_unembed; xorl-client:
+        // lora_rank, alpha / lora_alpha, dropout, target_modules, lora_seed.
         Fields l(*lc, "lora_config.");
         auto v = l.integer("rank", 1, 1 << 16);
         if (!v) v = l.integer("lora_rank", 1, 1 << 16);
         if (!v) throw ApiError(400, "lora_config.rank is required", "lora_config.rank");
         lora = true;
         rank = *v;
+        json c = json::object();
+        c["rank"] = rank;
+        if (auto a = l.number("alpha", 1e-9, 1e9)) c["alpha"] = *a;
+        if (auto a = l.number("lora_alpha", 1e-9, 1e9)) c["alpha"] = *a;
+        if (auto d = l.number("dropout", 0, 0.999)) c["dropout"] = *d;
+        if (auto d = l.number("lora_dropout", 0, 0.999)) c["dropout"] = *d;
+        if (auto sd = l.integer("seed", 0, std::numeric_limits<int64_t>::max())) c["seed"] = *sd;
+        if (auto sd = l.integer("lora_seed", 0, std::numeric_limits<int64_t>::max()))
+            c["seed"] = *sd;
+        if (const json *tm = l.get("target_modules")) {
+            c["target_modules"] = *tm;
+        } else {
+            const bool attn = l.boolean("train_attn").value_or(true);
+            const bool mlp = l.boolean("train_mlp").value_or(true);
+            if (!attn && !mlp)
+                throw ApiError(400,
+                               "lora_config: train_attn and train_mlp are both false: nothing "
+                               "would train",
+                               "lora_config.train_attn");
+            json mods = json::array();
+            if (attn)
+                for (const char *m : {"q_proj", "k_proj", "v_proj", "o_proj"}) mods.push_back(m);
+            if (mlp)
+                for (const char *m : {"gate_proj", "up_proj", "down_proj"}) mods.push_back(m);
+            c["target_modules"] = mods;
+        }
+        (void)l.boolean("train_unembed"); // the unembedding has no adapter: it stays frozen
+        try {
+            lcfg = core::LoraConfig::from_json(c.dump());
+        } catch (const core::Error &e) {
+            throw ApiError(400, std::string("lora_config: ") + e.what(), "lora_config");
+        }
+        if (lcfg.base_model_name_or_path.empty()) lcfg.base_model_name_or_path = cfg.model_path;
     }
-    if (lora)
-        throw ApiError(400,
-                       "lora_config: LoRA adapters are not available in this build of the training "
-                       "server; omit lora_config for full-weight training",
-                       "lora_config");
 
     std::string session_id, model_id;
     std::shared_ptr<Session> session;
@@ -831,6 +873,7 @@ void TrainingServer::Impl::create_model(const Request &req, Responder &r) {
         m->session_id = session_id;
         m->lora = lora;
         m->lora_rank = rank;
+        m->lora_config = lcfg;
         models[model_id] = m; // reserved; weights come in the call
         session->models.insert(model_id);
         gone_models.erase(model_id);
@@ -839,8 +882,14 @@ void TrainingServer::Impl::create_model(const Request &req, Responder &r) {
     std::shared_ptr<Model> m = created;
     const std::string id =
         submit("model:" + model_id, "CreateModel", model_id, session_id, 0, [this, m]() {
-            m->policy = clone_policy(*base);
-            m->trainer = std::make_unique<core::Trainer>(m->policy, cfg.trainer);
+            if (m->lora) { // an adapter of its own over the shared, frozen base
+                m->adapter = base->create_adapter(m->id, m->lora_config);
+                m->policy = base;
+                m->trainer = std::make_unique<core::Trainer>(base, cfg.trainer, m->adapter);
+            } else {
+                m->policy = clone_policy(*base);
+                m->trainer = std::make_unique<core::Trainer>(m->policy, cfg.trainer);
+            }
             return OpResult{{{"model_id", m->id}, {"type", "create_model"}}, {}};
         });
     submitted(r, id, model_id);
@@ -1253,7 +1302,9 @@ void TrainingServer::Impl::load_weights(const Request &req, Responder &r) {
                                 " checkpoint; model '" + m->id + "' is not");
             m->trainer->load_checkpoint(dir.string());
             if (!with_optimizer) // fresh optimizer state over the loaded weights
-                m->trainer = std::make_unique<core::Trainer>(m->policy, c->trainer);
+                m->trainer =
+                    m->adapter ? std::make_unique<core::Trainer>(m->policy, c->trainer, m->adapter)
+                               : std::make_unique<core::Trainer>(m->policy, c->trainer);
             return OpResult{{{"path", p}, {"model_id", m->id}, {"type", "load_weights"}}, {}};
         });
     submitted(r, id, m->id);
@@ -1261,18 +1312,31 @@ void TrainingServer::Impl::load_weights(const Request &req, Responder &r) {
 
 std::shared_ptr<Sampler> TrainingServer::Impl::make_sampler(const std::string &session_id,
                                                             std::shared_ptr<core::Policy> policy,
-                                                            const std::string &model_path) {
+                                                            const std::string &model_path,
+                                                            const AdapterMaker &adapter) {
     auto s = std::make_shared<Sampler>();
     s->session_id = session_id;
     s->model_path = model_path;
     s->policy = std::move(policy);
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        auto sess = sessions.find(session_id);
+        if (sess == sessions.end()) throw UserError("session '" + session_id + "' is gone");
+        s->id = session_id + "-sampler-" + std::to_string(sess->second->sampler_count++);
+    }
     core::EngineConfig ec;
     ec.kv_cache_fraction = cfg.kv_cache_fraction;
+    if (adapter) {
+        s->adapter = adapter(s->id);
+        ec.adapter = s->adapter->name();
+    }
     s->engine = std::make_unique<core::Engine>(s->policy, ec);
     std::lock_guard<std::mutex> lock(mu);
     auto sess = sessions.find(session_id);
-    if (sess == sessions.end()) throw UserError("session '" + session_id + "' is gone");
-    s->id = session_id + "-sampler-" + std::to_string(sess->second->sampler_count++);
+    if (sess == sessions.end()) {
+        if (s->adapter) base->remove_adapter(s->adapter->name());
+        throw UserError("session '" + session_id + "' is gone");
+    }
     sess->second->samplers.insert(s->id);
     samplers[s->id] = s;
     return s;
@@ -1306,8 +1370,12 @@ void TrainingServer::Impl::save_weights_for_sampler(const Request &req, Responde
         id = submit("model:" + m->id, "SaveWeightsForSampler", m->id, session_id, seq,
                     [m, dir, uri, base_model]() {
                         if (!m->trainer) throw UserError("model '" + m->id + "' has no weights");
-                        fs::create_directories(dir);
-                        core::save_pretrained(m->policy->model(), dir.string());
+                        if (m->adapter) { // a PEFT adapter folder
+                            core::save_adapter(*m->adapter, dir.string());
+                        } else {
+                            fs::create_directories(dir);
+                            core::save_pretrained(m->policy->model(), dir.string());
+                        }
                         write_text(dir / "tinker.json",
                                    json{{"base_model", base_model},
                                         {"model_id", m->id},
@@ -1317,15 +1385,30 @@ void TrainingServer::Impl::save_weights_for_sampler(const Request &req, Responde
                         return OpResult{{{"path", uri}, {"type", "save_weights_for_sampler"}}, {}};
                     });
     } else {
-        id = submit("model:" + m->id, "SaveWeightsForSampler", m->id, session_id, seq,
-                    [this, m, session_id]() {
-                        if (!m->trainer) throw UserError("model '" + m->id + "' has no weights");
-                        auto s = make_sampler(session_id, clone_policy(*m->policy), "");
-                        return OpResult{{{"path", nullptr},
-                                         {"sampling_session_id", s->id},
-                                         {"type", "save_weights_for_sampler"}},
-                                        {}};
-                    });
+        id =
+            submit("model:" + m->id, "SaveWeightsForSampler", m->id, session_id, seq,
+                   [this, m, session_id]() {
+                       if (!m->trainer) throw UserError("model '" + m->id + "' has no weights");
+                       // A snapshot: later steps of the model do not change what it samples.
+                       std::shared_ptr<Sampler> s;
+                       if (m->adapter) {
+                           s = make_sampler(session_id, base, "", [this, m](const std::string &id) {
+                               auto a = base->create_adapter(id, m->adapter->config());
+                               std::map<std::string, at::Tensor> params;
+                               for (const auto &kv : m->adapter->named_parameters())
+                                   params[kv.first] = kv.second;
+                               a->assign(params, "model '" + m->id + "'");
+                               a->set_version(m->adapter->version());
+                               return a;
+                           });
+                       } else {
+                           s = make_sampler(session_id, clone_policy(*m->policy), "");
+                       }
+                       return OpResult{{{"path", nullptr},
+                                        {"sampling_session_id", s->id},
+                                        {"type", "save_weights_for_sampler"}},
+                                       {}};
+                   });
     }
     submitted(r, id, m->id);
 }
@@ -1427,21 +1510,37 @@ void TrainingServer::Impl::create_sampling_session(const Request &req, Responder
         const CheckpointRef ref = parse_checkpoint_path(
             *model_path, f.string("model_id").value_or(""), "sampler_weights", "model_path");
         fs::path dir = checkpoint_path(ref);
-        if (ref.kind == "weights") { // a training checkpoint: its newest step's model folder
+        if (ref.kind == "weights") { // a training checkpoint: its newest step's model or adapter
             fs::path best;
             int64_t best_step = -1;
             std::error_code ec;
             for (const auto &e : fs::directory_iterator(dir, ec)) {
                 const std::string n = e.path().filename().string();
-                if (n.rfind("step_", 0) == 0 && fs::is_directory(e.path() / "model")) {
-                    const int64_t s = std::atoll(n.c_str() + 5);
-                    if (s > best_step) {
-                        best_step = s;
-                        best = e.path() / "model";
+                for (const char *sub : {"model", "adapter"}) {
+                    if (n.rfind("step_", 0) != 0 || !fs::is_directory(e.path() / sub)) continue;
+                    const int64_t st = std::atoll(n.c_str() + 5);
+                    if (st > best_step) {
+                        best_step = st;
+                        best = e.path() / sub;
                     }
                 }
             }
             dir = best;
+        }
+        path = *model_path;
+        if (!dir.empty() && fs::exists(dir / "adapter_config.json")) {
+            // A LoRA checkpoint: its adapter over the shared base.
+            auto s = make_sampler(session_id, base, path, [this, dir](const std::string &id) {
+                auto a = core::load_adapter(base->model(), dir.string(), id);
+                base->add_adapter(a);
+                return a;
+            });
+            send_json(r, {{"type", "create_sampling_session"},
+                          {"sampling_session_id", s->id},
+                          {"success", true},
+                          {"model_path", path},
+                          {"lora_name", s->id}});
+            return;
         }
         if (dir.empty() || !fs::exists(dir / "config.json"))
             throw ApiError(404, "model_path '" + *model_path + "': no such sampler checkpoint",
@@ -1450,7 +1549,6 @@ void TrainingServer::Impl::create_sampling_session(const Request &req, Responder
         lo.dtype = base->model().dtype();
         lo.device = base->model().device();
         policy = core::Policy::load(dir.string(), lo);
-        path = *model_path;
     } else {
         if (base_model && !is_base_model(*base_model))
             throw ApiError(400,
@@ -1467,15 +1565,15 @@ void TrainingServer::Impl::create_sampling_session(const Request &req, Responder
                   {"lora_name", nullptr}});
 }
 
-tinker::SampleOutput TrainingServer::Impl::run_sample(Sampler &s,
-                                                      const std::vector<int64_t> &prompt,
-                                                      int64_t num_samples,
-                                                      const core::SamplingParams &params,
-                                                      bool prompt_logprobs) {
+tinker::SampleOutput
+TrainingServer::Impl::run_sample(Sampler &s, const std::vector<int64_t> &prompt,
+                                 int64_t num_samples, const core::SamplingParams &params,
+                                 bool prompt_logprobs, std::optional<int64_t> last_n) {
     tinker::SampleOutput out;
     if (params.max_tokens > 0) {
         core::SamplingParams p = params;
         p.n = num_samples;
+        if (s.adapter) p.adapter = s.adapter->name();
         s.engine->sync_weights();
         const core::Generation g = s.engine->generate({prompt}, p);
         for (int64_t i = 0; i < g.samples(); ++i) {
@@ -1493,6 +1591,7 @@ tinker::SampleOutput TrainingServer::Impl::run_sample(Sampler &s,
         std::vector<double> lp(prompt.size(), std::numeric_limits<double>::quiet_NaN());
         if (prompt.size() > 1) {
             c10::InferenceMode guard;
+            core::AdapterScope scope(s.adapter); // null: the base model
             core::PackedBatch batch = core::PackedBatch::from_sequences({prompt});
             std::vector<int64_t> next(prompt.begin() + 1, prompt.end());
             next.push_back(-100);
@@ -1504,6 +1603,9 @@ tinker::SampleOutput TrainingServer::Impl::run_sample(Sampler &s,
                                      .contiguous();
             for (size_t i = 1; i < prompt.size(); ++i) lp[i] = t.data_ptr<double>()[i - 1];
         }
+        if (last_n)
+            for (size_t i = 0; i + static_cast<size_t>(*last_n) < prompt.size(); ++i)
+                lp[i] = std::numeric_limits<double>::quiet_NaN();
         out.prompt_logprobs = std::move(lp);
     }
     return out;
@@ -1530,6 +1632,9 @@ void TrainingServer::Impl::asample(const Request &req, Responder &r) {
     check_tokens(prompt, "prompt");
     const int64_t num_samples = f.integer("num_samples", 1, 1024).value_or(1);
     const bool want_prompt_lp = f.boolean("prompt_logprobs").value_or(false);
+    // Score only the last N prompt tokens (the earlier entries are null).
+    const auto last_n = f.integer("prompt_logprobs_last_n", 1,
+                                  std::max<int64_t>(1, static_cast<int64_t>(prompt.size()) - 1));
     // Top-k logprobs are not produced: only 0 is accepted (the range refuses others).
     for (const char *k : {"topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"})
         (void)f.integer(k, 0, 0);
@@ -1584,12 +1689,15 @@ void TrainingServer::Impl::asample(const Request &req, Responder &r) {
         throw ApiError(400, std::string("sampling_params: ") + e.what(), "sampling_params");
     }
     const std::string id = submit("sampler:" + s->id, "Sample", "", s->session_id, std::nullopt,
-                                  [this, s, prompt, num_samples, p, want_prompt_lp]() {
-                                      const tinker::SampleOutput out =
-                                          run_sample(*s, prompt, num_samples, p, want_prompt_lp);
+                                  [this, s, prompt, num_samples, p, want_prompt_lp, last_n]() {
+                                      const tinker::SampleOutput out = run_sample(
+                                          *s, prompt, num_samples, p, want_prompt_lp, last_n);
                                       return OpResult{tinker::to_json(out), tinker::to_proto(out)};
                                   });
-    submitted(r, id, "");
+    // One id per sample, fixed at submission (newer SDKs stamp them on the sequences).
+    json seq_ids = json::array();
+    for (int64_t i = 0; i < num_samples; ++i) seq_ids.push_back(id + "-" + std::to_string(i));
+    send_json(r, {{"request_id", id}, {"model_id", nullptr}, {"sample_sequence_ids", seq_ids}});
 }
 
 // ---- futures ----------------------------------------------------------------------------------
