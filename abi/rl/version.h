@@ -25,7 +25,10 @@
  *        rl_tokenizer_encode_chat, RL_ENCODE_PLAIN_TEXT, RL_DECODE_SKIP_SPECIAL.
  *   0.4  functions only: rl_transport_send / recv and rl_weights_send / recv
  *        (transports), rl_server_* (serve.h), rl_inference_client_*
- *        (inference.h). */
+ *        (inference.h).
+ *   0.5  (LoRA) rl_adapter_create / load / save / export_merged / remove /
+ *        info; "adapter" / "lora" keys of rl_trainer_create, "adapter" of
+ *        rl_engine_generate params and the engine config. */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 4
 #define RL_ABI_VERSION_PATCH 0

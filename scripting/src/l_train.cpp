@@ -93,6 +93,59 @@ int m_save(lua_State *L) {
     return 0;
 }
 
+// LoRA adapters (docs/lora.md).
+// model:create_adapter(name [, {rank, alpha, dropout, target_modules, use_rslora, seed}])
+int m_create_adapter(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    const char *name = luaL_checkstring(L, 2);
+    const std::string cfg = config_arg(L, 3, "model:create_adapter: lora config");
+    check_status(L, rl_adapter_create(m, name, cfg.c_str()), "model:create_adapter");
+    return 0;
+}
+
+// model:load_adapter(name, dir)
+int m_load_adapter(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    check_status(L, rl_adapter_load(m, luaL_checkstring(L, 2), luaL_checkstring(L, 3)),
+                 "model:load_adapter");
+    return 0;
+}
+
+// model:save_adapter(name, dir)
+int m_save_adapter(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    check_status(L, rl_adapter_save(m, luaL_checkstring(L, 2), luaL_checkstring(L, 3)),
+                 "model:save_adapter");
+    return 0;
+}
+
+// model:export_merged(name, dir)
+int m_export_merged(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    check_status(L, rl_adapter_export_merged(m, luaL_checkstring(L, 2), luaL_checkstring(L, 3)),
+                 "model:export_merged");
+    return 0;
+}
+
+// model:remove_adapter(name)
+int m_remove_adapter(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    check_status(L, rl_adapter_remove(m, luaL_checkstring(L, 2)), "model:remove_adapter");
+    return 0;
+}
+
+// model:adapter_info([name]) -> table: the adapter's info, or the list of names
+int m_adapter_info(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    const char *name = luaL_optstring(L, 2, nullptr);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_adapter_info(m, name, &res), "model:adapter_info");
+    static const char *const texts[] = {"info", "adapters", nullptr};
+    push_result(L, res, texts);
+    lua_getfield(L, -1, name ? "info" : "adapters");
+    return 1;
+}
+
 // model:send_weights(transport, version [, {retries, dtype}]) -> {metrics}
 int m_send_weights(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
@@ -930,6 +983,12 @@ void open_train(lua_State *L, int M) {
                                              RL_LUA_FN("engine", m_engine),
                                              RL_LUA_FN("send_weights", m_send_weights),
                                              RL_LUA_FN("recv_weights", m_recv_weights),
+                                             RL_LUA_FN("create_adapter", m_create_adapter),
+                                             RL_LUA_FN("load_adapter", m_load_adapter),
+                                             RL_LUA_FN("save_adapter", m_save_adapter),
+                                             RL_LUA_FN("export_merged", m_export_merged),
+                                             RL_LUA_FN("remove_adapter", m_remove_adapter),
+                                             RL_LUA_FN("adapter_info", m_adapter_info),
                                              {nullptr, nullptr}};
     define_handle_type(L, kModelMT, model_methods);
     static const luaL_Reg tokenizer_methods[] = {RL_LUA_FN("encode", m_encode),

@@ -96,6 +96,10 @@ const std::vector<ParamSpec> &engine_params() {
               "KV-cache budget as a fraction of the device's memory (GPU memory on CUDA, RAM on "
               "the CPU); larger calls run in waves that fit.",
               Range::left_open(0, 1)),
+        script_only(param("adapter", T::String, "",
+                          "The LoRA adapter generate samples with when a call names none (its "
+                          "name on the model; empty: the base model). Scripts set it from the "
+                          "lora section.")),
     };
     return specs;
 }

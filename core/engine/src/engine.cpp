@@ -50,6 +50,7 @@ EngineConfig EngineConfig::from_json(const std::string &text) {
     EngineConfig c;
     c.max_batch_sequences = j["max_batch_sequences"].get<int64_t>();
     c.kv_cache_fraction = j["kv_cache_fraction"].get<double>();
+    c.adapter = j["adapter"].get<std::string>();
     return c;
 }
 
@@ -64,6 +65,12 @@ Engine::~Engine() = default;
 int64_t Engine::sync_weights() {
     version_ = policy_->version();
     if (cache_) cache_->clear_all();
+    return policy_version();
+}
+
+int64_t Engine::policy_version() const {
+    if (!config_.adapter.empty())
+        if (auto a = policy_->find_adapter(config_.adapter)) return a->version();
     return version_;
 }
 
@@ -150,6 +157,11 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
             invalid("sampling params: stop_token_ids[" + std::to_string(i) +
                     "] = " + std::to_string(stop_ids[i]) + " is outside the vocabulary");
     if (!params.stop.empty()) policy_->require_tokenizer("generate with stop strings");
+    // The LoRA adapter of this call (docs/lora.md): every forward below runs with it.
+    const std::string &adapter_name = params.adapter.empty() ? config_.adapter : params.adapter;
+    std::shared_ptr<LoraAdapter> adapter;
+    if (!adapter_name.empty()) adapter = policy_->adapter(adapter_name);
+    AdapterScope adapter_scope(adapter, /*training=*/false);
     const uint64_t seed = params.seed ? *params.seed : policy_->next_sampling_seed();
 
     c10::InferenceMode inference;
@@ -178,7 +190,7 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
         run_wave(prompts, params, seed, stop_ids, first, std::min(total, first + wave), outs);
 
     Generation g;
-    g.policy_version = version_;
+    g.policy_version = adapter ? adapter->version() : version_;
     g.cu_seqlens.push_back(0);
     for (int64_t i = 0; i < total; ++i) {
         SampleOut &o = outs[static_cast<size_t>(i)];

@@ -78,9 +78,14 @@ SamplingParams SamplingParams::from_json(const std::string &text) {
             for (size_t i = 0; i < v.size(); ++i)
                 ids.push_back(integer(v[i], "stop_token_ids[" + std::to_string(i) + "]"));
             p.stop_token_ids = ids;
+        } else if (k == "adapter") {
+            if (!v.is_string() && !v.is_null())
+                bad("adapter must be the name of a LoRA adapter of the model, got " + v.dump());
+            p.adapter = v.is_string() ? v.get<std::string>() : "";
         } else {
             bad("unknown key '" + k +
-                "'; valid: n, temperature, top_p, top_k, seed, max_tokens, stop, stop_token_ids");
+                "'; valid: n, temperature, top_p, top_k, seed, max_tokens, stop, stop_token_ids, "
+                "adapter");
         }
     }
     p.validate();

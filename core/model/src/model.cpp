@@ -4,6 +4,7 @@
 #include "logprobs.hpp"
 #include "rope.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/lora.hpp"
 #include "rl/core/threads.hpp"
 
 #include <ATen/ATen.h>
@@ -15,6 +16,7 @@
 #include <functional>
 
 #include <cmath>
+#include <optional>
 #include <set>
 
 namespace rl::core {
@@ -278,18 +280,36 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         packed = plan_packed_attention(cu, c.num_attention_heads, options_.device);
     }
 
+    // The LoRA adapter selected on this thread (lora.hpp), held by the
+    // closure so a checkpointed layer recomputes with it; dropout masks come
+    // from one seed per forward so the recomputation drops the same inputs.
+    std::shared_ptr<const LoraAdapter> adapter = AdapterScope::current_shared();
+    std::optional<uint64_t> dropout_seed;
+    if (adapter && AdapterScope::training() && adapter->config().dropout > 0 &&
+        at::GradMode::is_enabled())
+        dropout_seed = adapter->next_dropout_seed();
+
     // One decoder layer: h -> h'. The closure holds what every layer shares
     // (rotary tables, attention plan), so a checkpointed layer can run again
     // in the backward.
     auto layer_fn = [this, T, scale, cos = cos, sin = sin, packed = std::move(packed),
-                     cached = std::move(cached), cache](size_t i, const at::Tensor &hin) {
+                     cached = std::move(cached), cache, adapter,
+                     dropout_seed](size_t i, const at::Tensor &hin) {
         const ModelConfig &c = config_;
         const DecoderLayer &layer = *model->layers[i];
         const Attention &attn = *layer.self_attn;
+        // W x + b, plus the adapter's update on the modules it targets.
+        auto proj = [&](const Linear &l, const at::Tensor &x, LoraTarget t) {
+            at::Tensor y = l.forward(x);
+            return adapter ? adapter->apply(x, y, i, t, dropout_seed) : y;
+        };
         at::Tensor x = layer.input_layernorm->forward(hin);
-        at::Tensor q = attn.q_proj->forward(x).view({T, c.num_attention_heads, c.head_dim});
-        at::Tensor k = attn.k_proj->forward(x).view({T, c.num_key_value_heads, c.head_dim});
-        at::Tensor v = attn.v_proj->forward(x).view({T, c.num_key_value_heads, c.head_dim});
+        at::Tensor q =
+            proj(*attn.q_proj, x, LoraTarget::Q).view({T, c.num_attention_heads, c.head_dim});
+        at::Tensor k =
+            proj(*attn.k_proj, x, LoraTarget::K).view({T, c.num_key_value_heads, c.head_dim});
+        at::Tensor v =
+            proj(*attn.v_proj, x, LoraTarget::V).view({T, c.num_key_value_heads, c.head_dim});
         if (c.qk_norm) {
             q = attn.q_norm->forward(q);
             k = attn.k_norm->forward(k);
@@ -300,8 +320,13 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
                            ? cached_attention(q, k, v, cache->keys(static_cast<int64_t>(i)),
                                               cache->values(static_cast<int64_t>(i)), cached, scale)
                            : packed_attention(q, k, v, packed, scale);
-        at::Tensor hout = hin + attn.o_proj->forward(a);
-        return hout + layer.mlp->forward(layer.post_attention_layernorm->forward(hout));
+        at::Tensor hout = hin + proj(*attn.o_proj, a, LoraTarget::O);
+        at::Tensor y = layer.post_attention_layernorm->forward(hout);
+        if (!adapter) return hout + layer.mlp->forward(y);
+        const MLP &mlp = *layer.mlp;
+        at::Tensor g = at::silu(proj(*mlp.gate_proj, y, LoraTarget::Gate)) *
+                       proj(*mlp.up_proj, y, LoraTarget::Up);
+        return hout + proj(*mlp.down_proj, g, LoraTarget::Down);
     };
     // Hooks (a sharded trainer) run around every layer of a training or
     // scoring pass; decoding asks for all weights up front (extend).
@@ -309,6 +334,9 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
     const bool recompute =
         (checkpoint_layers_ || hooks != nullptr) && cache == nullptr && at::GradMode::is_enabled();
     if (recompute) {
+        // With a frozen base (LoRA) the embeddings need no gradient; the
+        // layers' input must still carry one for the recomputation to run.
+        if (adapter && !h.requires_grad()) h = h.detach().requires_grad_(true);
         auto shared = std::make_shared<std::function<at::Tensor(size_t, const at::Tensor &)>>(
             std::move(layer_fn));
         for (size_t i = 0; i < model->layers.size(); ++i) {

@@ -24,7 +24,9 @@ std::shared_ptr<Policy> Policy::load(const std::string &dir, const LoadOptions &
     std::shared_ptr<const Tokenizer> tok;
     if (std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json"))
         tok = Tokenizer::from_folder(dir);
-    return std::make_shared<Policy>(std::move(model), std::move(tok));
+    auto policy = std::make_shared<Policy>(std::move(model), std::move(tok));
+    policy->set_source_dir(dir);
+    return policy;
 }
 
 const Tokenizer &Policy::require_tokenizer(const std::string &what) const {
@@ -71,6 +73,62 @@ uint64_t Policy::sampling_state() const {
 void Policy::set_sampling_state(uint64_t state) {
     std::lock_guard<std::mutex> lock(mu_);
     sampling_state_ = state;
+}
+
+// -- adapters ---------------------------------------------------------------------
+
+std::shared_ptr<LoraAdapter> Policy::create_adapter(const std::string &name, LoraConfig config) {
+    require(!name.empty(), ErrorKind::InvalidArgument, "adapter name is empty");
+    if (config.base_model_name_or_path.empty()) config.base_model_name_or_path = source_dir_;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        require(!adapters_.count(name), ErrorKind::InvalidArgument,
+                "adapter '" + name + "' exists already");
+    }
+    auto a = std::make_shared<LoraAdapter>(*model_, name, std::move(config));
+    add_adapter(a);
+    return a;
+}
+
+void Policy::add_adapter(std::shared_ptr<LoraAdapter> adapter, bool replace) {
+    require(adapter != nullptr, ErrorKind::InvalidArgument, "add_adapter: adapter is null");
+    require(!adapter->name().empty(), ErrorKind::InvalidArgument, "adapter name is empty");
+    require(adapter->num_layers() == model_->config().num_hidden_layers, ErrorKind::InvalidArgument,
+            "adapter '" + adapter->name() + "' was made for a model with " +
+                std::to_string(adapter->num_layers()) + " layers, this one has " +
+                std::to_string(model_->config().num_hidden_layers));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = adapters_.find(adapter->name());
+    require(replace || it == adapters_.end(), ErrorKind::InvalidArgument,
+            "adapter '" + adapter->name() + "' exists already");
+    adapters_[adapter->name()] = std::move(adapter);
+}
+
+std::shared_ptr<LoraAdapter> Policy::find_adapter(const std::string &name) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = adapters_.find(name);
+    return it == adapters_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<LoraAdapter> Policy::adapter(const std::string &name) const {
+    auto a = find_adapter(name);
+    if (a) return a;
+    std::string known;
+    for (const auto &n : adapter_names()) known += (known.empty() ? "" : ", ") + n;
+    throw Error(ErrorKind::NotFound, "no LoRA adapter '" + name + "' on this model; adapters: " +
+                                         (known.empty() ? "(none)" : known));
+}
+
+bool Policy::remove_adapter(const std::string &name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return adapters_.erase(name) > 0;
+}
+
+std::vector<std::string> Policy::adapter_names() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> out;
+    for (const auto &kv : adapters_) out.push_back(kv.first);
+    return out;
 }
 
 } // namespace rl::core

@@ -179,7 +179,8 @@ void save_pretrained(const CausalLM &model, const std::string &dir, const SaveOp
     // Weights in checkpoint order, converted to the on-disk dtype.
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     uint64_t total = 0;
-    for (const auto &[name, p] : model.named_weights()) {
+    for (const auto &[name, p] :
+         options.weights.empty() ? model.named_weights() : options.weights) {
         at::Tensor t = p.detach().to(at::kCPU).to(dtype).contiguous();
         total += static_cast<uint64_t>(t.numel() * t.element_size());
         tensors.emplace_back(name, t);

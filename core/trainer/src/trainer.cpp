@@ -35,6 +35,7 @@ namespace {
 constexpr int64_t kIgnore = -100;
 constexpr const char *kCheckpointFormat = "rl-trainer-checkpoint/1";
 constexpr const char *kMasterFile = "master_weights.safetensors";
+constexpr const char *kAdapterFolder = "adapter"; // a LoRA trainer's checkpoint: PEFT folder
 
 [[noreturn]] void invalid(const std::string &msg) {
     throw Error(ErrorKind::InvalidArgument, msg);
@@ -109,13 +110,29 @@ bool LossSignature::differentiates(const std::string &n) const {
 // -- construction -------------------------------------------------------------
 
 Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config)
-    : policy_(std::move(policy)), config_(std::move(config)) {
+    : Trainer(std::move(policy), std::move(config), nullptr) {}
+
+Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
+                 std::shared_ptr<LoraAdapter> adapter)
+    : policy_(std::move(policy)), config_(std::move(config)), adapter_(std::move(adapter)) {
     require(policy_ != nullptr, ErrorKind::InvalidArgument, "trainer: policy is null");
     config_.validate();
-    params_ = policy_->model().named_weights();
+    if (adapter_) {
+        // LoRA: the adapter's A and B are the parameters; the base is frozen.
+        require(adapter_->num_layers() == policy_->model().config().num_hidden_layers,
+                ErrorKind::InvalidArgument,
+                "trainer: adapter '" + adapter_->name() + "' was made for another model");
+        for (auto &kv : policy_->model().named_weights()) kv.second.set_requires_grad(false);
+        params_ = adapter_->named_parameters();
+    } else {
+        params_ = policy_->model().named_weights();
+    }
     for (auto &kv : params_) kv.second.set_requires_grad(true);
     group_ = dist::current(policy_->model().device().str());
     if (group_ && group_->size() <= 1) group_.reset();
+    require(!(adapter_ && group_ && config_.parallel == "fsdp"), ErrorKind::InvalidArgument,
+            "trainer: LoRA adapters are not supported with trainer.parallel = \"fsdp\" (use "
+            "\"dp\")");
     if (group_ && config_.parallel == "fsdp") {
         // The shards are the optimizer's float32 masters (no masters_).
         masters_.assign(params_.size(), at::Tensor());
@@ -148,6 +165,10 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config)
 }
 
 Trainer::~Trainer() = default;
+
+int64_t Trainer::version() const {
+    return adapter_ ? adapter_->version() : policy_->version();
+}
 
 int Trainer::rank() const {
     return group_ ? group_->rank() : 0;
@@ -419,6 +440,9 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
             "forward_backward needs a loss");
     Prepared P = prepare(batch, loss, backward);
     CausalLM &model = policy_->model();
+    // The forwards run with this trainer's adapter (none: the base model);
+    // adapter dropout only when back-propagating.
+    AdapterScope adapter_scope(adapter_, backward && adapter_ != nullptr);
 
     StepResult R;
     R.tokens = P.T;
@@ -632,7 +656,7 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     r.grad_norm = norm;
     r.learning_rate = lr;
     r.step = step_;
-    r.policy_version = policy_->bump_version();
+    r.policy_version = adapter_ ? adapter_->bump_version() : policy_->bump_version();
     return r;
 }
 
@@ -722,7 +746,7 @@ OptimResult Trainer::fsdp_step(const OptimOverrides &ov) {
     r.grad_norm = norm;
     r.learning_rate = lr;
     r.step = step_;
-    r.policy_version = policy_->bump_version();
+    r.policy_version = adapter_ ? adapter_->bump_version() : policy_->bump_version();
     return r;
 }
 
@@ -813,7 +837,10 @@ std::string Trainer::write_checkpoint(const std::string &dir, const std::string 
     const std::string tmp = begin_checkpoint(dir, step_);
     try {
         const fs::path root(tmp);
-        save_pretrained(policy_->model(), (root / "model").string());
+        if (adapter_)
+            save_adapter(*adapter_, (root / kAdapterFolder).string()); // the adapter alone
+        else
+            save_pretrained(policy_->model(), (root / "model").string());
         // Optimizer moments, by parameter name.
         save_safetensors((root / "optimizer.safetensors").string(), opt,
                          {{"format", "pt"}, {"optimizer", "adamw"}});
@@ -834,6 +861,10 @@ std::string Trainer::write_checkpoint(const std::string &dir, const std::string 
             {"policy_version", policy_->version()}, {"sampling_state", policy_->sampling_state()},
             {"optimizer_params", opt.size() / 3},   {"config", json::parse(config_.to_json())},
             {"world_size", world_size()},           {"strategy", strategy()}};
+        if (adapter_) {
+            meta["adapter"] = adapter_->name();
+            meta["adapter_version"] = adapter_->version();
+        }
         atomic_write_file((root / "trainer.json").string(), meta.dump(2) + "\n");
         atomic_write_file((root / "state.json").string(), state + "\n");
         return commit_checkpoint(tmp, dir, step_);
@@ -901,7 +932,31 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
     if (state.is_discarded()) throw bad_file("state.json", "not valid JSON");
 
     // Read and check everything before changing anything.
-    std::map<std::string, at::Tensor> weights = load_model_tensors(root / "model");
+    const bool has_adapter = fs::exists(root / kAdapterFolder);
+    if (adapter_ && !has_adapter)
+        throw bad_file(kAdapterFolder, "is missing: the checkpoint holds full weights, this "
+                                       "trainer trains LoRA adapter '" +
+                                           adapter_->name() + "'");
+    if (!adapter_ && has_adapter)
+        throw bad_file("model", "is missing: the checkpoint holds a LoRA adapter, this trainer "
+                                "trains the full weights");
+    if (adapter_) {
+        const LoraConfig saved = read_adapter_config((root / kAdapterFolder).string());
+        const LoraConfig &mine = adapter_->config();
+        if (saved.rank != mine.rank || saved.scale() != mine.scale() ||
+            saved.target_modules != mine.target_modules)
+            throw bad_file(std::string(kAdapterFolder) + "/adapter_config.json",
+                           "the saved adapter (rank " + std::to_string(saved.rank) + ", scale " +
+                               json(saved.scale()).dump() +
+                               ") differs from this trainer's adapter (rank " +
+                               std::to_string(mine.rank) + ", scale " + json(mine.scale()).dump() +
+                               ") or its target modules");
+        if (meta.contains("adapter_version") && !meta["adapter_version"].is_number_unsigned())
+            throw bad_file("trainer.json", "'adapter_version' is not an integer >= 0");
+    }
+    std::map<std::string, at::Tensor> weights =
+        adapter_ ? load_safetensors((root / kAdapterFolder / "adapter_model.safetensors").string())
+                 : load_model_tensors(root / "model");
     std::map<std::string, at::Tensor> opt =
         load_safetensors((root / "optimizer.safetensors").string());
     std::map<std::string, at::Tensor> rng = load_safetensors((root / "rng.safetensors").string());
@@ -922,15 +977,19 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
     }
     for (const auto &kv : params_) {
         auto it = weights.find(kv.first);
-        if (it == weights.end()) throw bad_file("model", "tensor '" + kv.first + "' is missing");
+        if (it == weights.end())
+            throw bad_file(adapter_ ? kAdapterFolder : "model",
+                           "tensor '" + kv.first + "' is missing");
         if (!it->second.sizes().equals(kv.second.sizes()))
-            throw bad_file("model", "tensor '" + kv.first + "' has shape " +
-                                        c10::str(it->second.sizes()) + ", the model has " +
-                                        c10::str(kv.second.sizes()));
+            throw bad_file(adapter_ ? kAdapterFolder : "model",
+                           "tensor '" + kv.first + "' has shape " + c10::str(it->second.sizes()) +
+                               ", the model has " + c10::str(kv.second.sizes()));
     }
     if (weights.size() != params_.size())
-        throw bad_file("model", std::to_string(weights.size()) + " tensors, the model has " +
-                                    std::to_string(params_.size()));
+        throw bad_file(adapter_ ? kAdapterFolder : "model",
+                       std::to_string(weights.size()) + " tensors, the " +
+                           (adapter_ ? "adapter" : "model") + " has " +
+                           std::to_string(params_.size()));
     size_t opt_params = 0;
     for (const auto &kv : params_) {
         auto a = opt.find("exp_avg." + kv.first), b = opt.find("exp_avg_sq." + kv.first),
@@ -982,7 +1041,10 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
         g.set_state(gen->second.clone());
     }
     step_ = meta["step"].get<int64_t>();
-    policy_->set_version(meta["policy_version"].get<int64_t>());
+    if (adapter_) // the policy's version belongs to the base (shared with other adapters)
+        adapter_->set_version(meta.value("adapter_version", step_));
+    else
+        policy_->set_version(meta["policy_version"].get<int64_t>());
     policy_->set_sampling_state(meta["sampling_state"].get<uint64_t>());
 
     CheckpointInfo info;

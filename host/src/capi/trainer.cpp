@@ -85,8 +85,44 @@ RL_API rl_status_t rl_trainer_create(rl_model_t *model, const char *config_json,
         policy_of(model, "rl_trainer_create");
         auto t = std::make_unique<rl_trainer>();
         t->policy = model->policy;
-        t->impl = std::make_unique<core::Trainer>(
-            model->policy, core::TrainerConfig::from_json(config_json ? config_json : ""));
+        // LoRA (ABI 0.5): "adapter" names the adapter to train, "lora" creates it.
+        std::string cfg = config_json ? config_json : "";
+        json j = cfg.empty() ? json() : parse_json(config_json, "rl_trainer_create: config");
+        std::shared_ptr<core::LoraAdapter> adapter;
+        bool created = false;
+        if (j.is_object() && (j.contains("adapter") || j.contains("lora"))) {
+            std::string name = "default";
+            if (j.contains("adapter")) {
+                require(j["adapter"].is_string() && !j["adapter"].get<std::string>().empty(),
+                        "rl_trainer_create: adapter must be the name of a LoRA adapter, got " +
+                            j["adapter"].dump());
+                name = j["adapter"].get<std::string>();
+            }
+            try {
+                if (j.contains("lora") && !j["lora"].is_null()) {
+                    require(j["lora"].is_object(),
+                            "rl_trainer_create: lora must be a JSON object (the LoRA config)");
+                    adapter = model->policy->create_adapter(
+                        name, core::LoraConfig::from_json(j["lora"].dump()));
+                    created = true;
+                } else {
+                    adapter = model->policy->adapter(name);
+                }
+            } catch (const core::Error &e) {
+                throw core::Error(e.kind(), std::string("rl_trainer_create: ") + e.what());
+            }
+            j.erase("adapter");
+            j.erase("lora");
+            cfg = j.dump();
+        }
+        try {
+            t->impl = std::make_unique<core::Trainer>(model->policy,
+                                                      core::TrainerConfig::from_json(cfg), adapter);
+        } catch (...) {
+            // A trainer that failed does not leave the adapter it created behind.
+            if (created) model->policy->remove_adapter(adapter->name());
+            throw;
+        }
         *out_trainer = t.release();
         return RL_OK;
     });
@@ -163,7 +199,7 @@ RL_API rl_status_t rl_trainer_load_checkpoint(rl_trainer_t *trainer, const char 
         sink.texts["state"] = info.state_json;
         sink.texts["path"] = info.path;
         sink.scalars["step"] = static_cast<double>(info.step);
-        sink.scalars["policy_version"] = static_cast<double>(trainer->policy->version());
+        sink.scalars["policy_version"] = static_cast<double>(trainer->impl->version());
         *out_result = new_result(std::move(sink));
         return RL_OK;
     });

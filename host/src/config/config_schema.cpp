@@ -71,6 +71,22 @@ std::vector<ConfigKey> build() {
     };
     add_section(keys, "trainer", rl::core::trainer_params());
     add_section(keys, "engine", rl::core::engine_params());
+    // LoRA (docs/lora.md): the examples train adapter "default" when rank > 0.
+    const std::vector<ConfigKey> lora = {
+        param("lora.rank", T::Integer, 0,
+              "LoRA rank; 0: train the full weights. > 0: train a LoRA adapter (named "
+              "\"default\") over the frozen model and sample with it (docs/lora.md).",
+              Range::at_least(0)),
+        param("lora.alpha", T::Number, 16.0, "LoRA alpha; the update is scaled by alpha / rank.",
+              Range::above(0)),
+        param("lora.dropout", T::Number, 0.0, "Dropout on the adapter's input while training.",
+              Range::half_open(0, 1)),
+        param("lora.target_modules", T::StringList, json::array({"all-linear"}),
+              "Modules the adapter targets: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+              "down_proj, or all-linear."),
+        param("lora.use_rslora", T::Boolean, false, "Scale by alpha / sqrt(rank) (rsLoRA)."),
+    };
+    keys.insert(keys.end(), lora.begin(), lora.end());
     const std::vector<ConfigKey> rest = {
         param("rollout.prompts_per_step", T::Integer, 8, "Prompts sampled per RL step.",
               Range::at_least(1)),

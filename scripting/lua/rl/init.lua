@@ -164,6 +164,15 @@ function rl.trainer_config(cfg, extra)
     for k, v in pairs(cfg.trainer) do t[k] = v end
     t.total_steps = cfg.run.steps
     t.seed = cfg.run.seed
+    -- lora.rank > 0: train adapter "default" (created here) instead of the weights.
+    if cfg.lora and (cfg.lora.rank or 0) > 0 then
+        t.lora = {
+            rank = cfg.lora.rank, alpha = cfg.lora.alpha, dropout = cfg.lora.dropout,
+            target_modules = cfg.lora.target_modules, use_rslora = cfg.lora.use_rslora,
+            seed = cfg.run.seed,
+        }
+        t.adapter = "default"
+    end
     for k, v in pairs(extra or {}) do t[k] = v end
     return t
 end
@@ -188,6 +197,8 @@ function rl.engine_config(cfg, extra)
     cfg = cfg or rl.config()
     local e = {}
     for k, v in pairs(cfg.engine) do e[k] = v end
+    -- lora.rank > 0: sample with the adapter the trainer trains.
+    if cfg.lora and (cfg.lora.rank or 0) > 0 then e.adapter = "default" end
     for k, v in pairs(extra or {}) do e[k] = v end
     return e
 end
@@ -202,6 +213,10 @@ function rl.rollout_engine(model, cfg, run)
     cfg = cfg or rl.config()
     local s = cfg.inference_server
     if s == nil or s.url == "" then return model:engine(rl.engine_config(cfg)) end
+    if cfg.lora and (cfg.lora.rank or 0) > 0 then
+        error("lora.rank > 0 needs the co-located engine: an inference server (inference_server.url) "
+            .. "receives the base weights, not the adapter", 2)
+    end
     local client = rl.inference_client { url = s.url, api_key = s.api_key, timeout = s.timeout }
     local sync = { mode = s.sync }
     if s.sync == "disk" then

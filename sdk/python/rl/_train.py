@@ -109,6 +109,37 @@ class Model(_Handle):
     def save(self, directory):
         A.check(_lib().rl_model_save(self._handle(), directory.encode()))
 
+    # LoRA adapters (docs/lora.md)
+    def create_adapter(self, name, lora=None):
+        """A fresh LoRA adapter `name` over this model (identity at init). lora: {"rank",
+        "alpha", "dropout", "target_modules", "use_rslora", "seed"} (PEFT's r, lora_alpha,
+        lora_dropout accepted)."""
+        A.check(_lib().rl_adapter_create(self._handle(), name.encode(), _text(lora or {})))
+
+    def load_adapter(self, name, directory):
+        """Loads a PEFT LoRA folder as adapter `name` (replacing one of that name)."""
+        A.check(_lib().rl_adapter_load(self._handle(), name.encode(), directory.encode()))
+
+    def save_adapter(self, name, directory):
+        """Saves adapter `name` as a PEFT LoRA folder."""
+        A.check(_lib().rl_adapter_save(self._handle(), name.encode(), directory.encode()))
+
+    def export_merged(self, name, directory):
+        """Saves this model with adapter `name` merged in, as an HF folder."""
+        A.check(_lib().rl_adapter_export_merged(self._handle(), name.encode(),
+                                                directory.encode()))
+
+    def remove_adapter(self, name):
+        A.check(_lib().rl_adapter_remove(self._handle(), name.encode()))
+
+    def adapters(self):
+        """The names of this model's adapters."""
+        return json.loads(_call(_lib().rl_adapter_info, self._handle(), None).texts["adapters"])
+
+    def adapter_info(self, name):
+        return json.loads(_call(_lib().rl_adapter_info, self._handle(), name.encode())
+                          .texts["info"])
+
     # tokenizer
     def encode(self, text, add_special=False, plain_text=False):
         """Token ids of text. plain_text: special-token text in it ("<|im_end|>")

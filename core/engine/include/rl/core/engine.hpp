@@ -66,9 +66,11 @@ public:
     Generation generate(const std::vector<std::vector<int64_t>> &prompts,
                         const SamplingParams &params);
 
-    /// Adopts the policy's current version and drops cached state. Returns it.
+    /// Adopts the policy's current version and drops cached state. Returns
+    /// it, or the version of the engine's default adapter (config.adapter)
+    /// when it has one: the version its generations carry.
     int64_t sync_weights();
-    int64_t policy_version() const { return version_; }
+    int64_t policy_version() const;
 
     /// Frees the KV cache / allocates it again.
     void sleep();

@@ -43,9 +43,9 @@ const char *lora_target_name(LoraTarget t);
 const char *lora_target_parent(LoraTarget t);
 
 struct LoraConfig {
-    int64_t rank = 8;    ///< r >= 1
-    double alpha = 16;   ///< lora_alpha > 0
-    double dropout = 0;  ///< on the adapter's input while training, in [0, 1)
+    int64_t rank = 8;   ///< r >= 1
+    double alpha = 16;  ///< lora_alpha > 0
+    double dropout = 0; ///< on the adapter's input while training, in [0, 1)
     bool use_rslora = false;
     /// Module names among the seven above; "all-linear" (alone) means all of
     /// them. Kept sorted in the canonical order above, deduplicated.
@@ -104,6 +104,10 @@ public:
     at::Tensor apply(const at::Tensor &x, const at::Tensor &base, size_t layer, LoraTarget t,
                      std::optional<uint64_t> dropout_seed) const;
 
+    /// The dropout seed of the next training forward: a stream from
+    /// config.seed, so a run's masks repeat with its seed.
+    uint64_t next_dropout_seed() const;
+
     /// Optimizer steps applied to this adapter (the trainer bumps it; a load
     /// restores it). Generations sampled with the adapter carry it.
     int64_t version() const { return version_.load(); }
@@ -121,6 +125,7 @@ private:
     double scale_ = 1;
     std::vector<std::array<std::unique_ptr<Pair>, kLoraTargets>> pairs_; ///< [layer][target]
     std::atomic<int64_t> version_{0};
+    mutable std::atomic<uint64_t> dropout_forwards_{0};
 };
 
 /// Selects the adapter that the model's forwards (hidden_states, logits,
@@ -137,11 +142,11 @@ public:
 
     /// The adapter selected on this thread (null: none).
     static const LoraAdapter *current();
+    static std::shared_ptr<const LoraAdapter> current_shared();
     static bool training();
 
 private:
-    std::shared_ptr<const LoraAdapter> adapter_;
-    const LoraAdapter *prev_ = nullptr;
+    std::shared_ptr<const LoraAdapter> prev_;
     bool prev_training_ = false;
 };
 

@@ -30,6 +30,9 @@ struct SaveOptions {
     /// Shards above this size are split as transformers does
     /// (model-00001-of-0000N.safetensors + model.safetensors.index.json).
     uint64_t max_shard_bytes = 5'000'000'000ull;
+    /// When non-empty: the (HF name, tensor) list written instead of the
+    /// model's named_weights() (a merged LoRA export, lora.hpp).
+    std::vector<std::pair<std::string, at::Tensor>> weights;
 };
 
 /// Writes config.json, the weights and the carried tokenizer files into `dir`
