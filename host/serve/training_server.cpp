@@ -594,7 +594,7 @@ struct TrainingServer::Impl {
                                           const std::string &model_path);
     tinker::SampleOutput run_sample(Sampler &s, const std::vector<int64_t> &prompt,
                                     int64_t num_samples, const core::SamplingParams &params,
-                                    bool prompt_logprobs);
+                                    bool prompt_logprobs, std::optional<int64_t> last_n);
 };
 
 // ---- sessions and service routes ---------------------------------------------------------
@@ -1467,11 +1467,10 @@ void TrainingServer::Impl::create_sampling_session(const Request &req, Responder
                   {"lora_name", nullptr}});
 }
 
-tinker::SampleOutput TrainingServer::Impl::run_sample(Sampler &s,
-                                                      const std::vector<int64_t> &prompt,
-                                                      int64_t num_samples,
-                                                      const core::SamplingParams &params,
-                                                      bool prompt_logprobs) {
+tinker::SampleOutput
+TrainingServer::Impl::run_sample(Sampler &s, const std::vector<int64_t> &prompt,
+                                 int64_t num_samples, const core::SamplingParams &params,
+                                 bool prompt_logprobs, std::optional<int64_t> last_n) {
     tinker::SampleOutput out;
     if (params.max_tokens > 0) {
         core::SamplingParams p = params;
@@ -1504,6 +1503,9 @@ tinker::SampleOutput TrainingServer::Impl::run_sample(Sampler &s,
                                      .contiguous();
             for (size_t i = 1; i < prompt.size(); ++i) lp[i] = t.data_ptr<double>()[i - 1];
         }
+        if (last_n)
+            for (size_t i = 0; i + static_cast<size_t>(*last_n) < prompt.size(); ++i)
+                lp[i] = std::numeric_limits<double>::quiet_NaN();
         out.prompt_logprobs = std::move(lp);
     }
     return out;
@@ -1530,6 +1532,9 @@ void TrainingServer::Impl::asample(const Request &req, Responder &r) {
     check_tokens(prompt, "prompt");
     const int64_t num_samples = f.integer("num_samples", 1, 1024).value_or(1);
     const bool want_prompt_lp = f.boolean("prompt_logprobs").value_or(false);
+    // Score only the last N prompt tokens (the earlier entries are null).
+    const auto last_n = f.integer("prompt_logprobs_last_n", 1,
+                                  std::max<int64_t>(1, static_cast<int64_t>(prompt.size()) - 1));
     // Top-k logprobs are not produced: only 0 is accepted (the range refuses others).
     for (const char *k : {"topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"})
         (void)f.integer(k, 0, 0);
@@ -1584,9 +1589,9 @@ void TrainingServer::Impl::asample(const Request &req, Responder &r) {
         throw ApiError(400, std::string("sampling_params: ") + e.what(), "sampling_params");
     }
     const std::string id = submit("sampler:" + s->id, "Sample", "", s->session_id, std::nullopt,
-                                  [this, s, prompt, num_samples, p, want_prompt_lp]() {
-                                      const tinker::SampleOutput out =
-                                          run_sample(*s, prompt, num_samples, p, want_prompt_lp);
+                                  [this, s, prompt, num_samples, p, want_prompt_lp, last_n]() {
+                                      const tinker::SampleOutput out = run_sample(
+                                          *s, prompt, num_samples, p, want_prompt_lp, last_n);
                                       return OpResult{tinker::to_json(out), tinker::to_proto(out)};
                                   });
     submitted(r, id, "");

@@ -39,6 +39,11 @@ def datum(tokens, targets, **inputs):
                        loss_fn_inputs=loss_inputs)
 
 
+def ready(client):
+    """The client itself: newer SDKs return a future of it (usable, deprecated, as the client)."""
+    return client.result() if type(client).__name__.startswith("Backcompat") else client
+
+
 def encode(text):
     return list(text.encode("utf-8"))  # the tiny model's tokens are bytes
 
@@ -73,7 +78,7 @@ class TinkerSdkTest(unittest.TestCase):
     def test_lora_sft_then_sampling(self):
         caps = self.service.get_server_capabilities()
         self.assertEqual(caps.supported_models[0].model_name, "tiny")
-        trainer = self.service.create_lora_training_client(base_model="tiny", rank=8)
+        trainer = ready(self.service.create_lora_training_client(base_model="tiny", rank=8))
         texts = ["reverse: abc\ncba\n", "reverse: hello\nolleh\n", "reverse: ab\nba\n"]
         data = []
         for t in texts:
@@ -92,7 +97,7 @@ class TinkerSdkTest(unittest.TestCase):
         print("SFT losses:", [round(x, 3) for x in losses])
         self.assertLess(losses[-1], 0.7 * losses[0])
 
-        sampler = trainer.save_weights_and_get_sampling_client(name="sft")
+        sampler = ready(trainer.save_weights_and_get_sampling_client(name="sft"))
         prompt = types.ModelInput.from_ints(encode("reverse: abc\n"))
         out = sampler.sample(prompt=prompt, num_samples=2,
                              sampling_params=types.SamplingParams(max_tokens=6, temperature=1.0,
@@ -111,7 +116,7 @@ class TinkerSdkTest(unittest.TestCase):
         self.assertTrue(state.path.startswith("tinker://"))
         trainer.load_state(state.path).result()
         saved = trainer.save_weights_for_sampler("sft-weights").result()
-        named = self.service.create_sampling_client(model_path=saved.path)
+        named = ready(self.service.create_sampling_client(model_path=saved.path))
         again = named.sample(prompt=prompt, num_samples=1,
                              sampling_params=types.SamplingParams(max_tokens=6, seed=3)).result()
         self.assertEqual([int(t) for t in again.sequences[0].tokens],
@@ -120,11 +125,11 @@ class TinkerSdkTest(unittest.TestCase):
     def test_rl_importance_sampling_raises_reward_on_reverse_text(self):
         runtime = rl.Runtime()
         env = runtime.create("env", "reverse_text", {"alphabet": "ab", "min_len": 2, "max_len": 4})
-        trainer = self.service.create_lora_training_client(base_model="tiny", rank=16)
+        trainer = ready(self.service.create_lora_training_client(base_model="tiny", rank=16))
         groups, n, steps = 8, 8, int(os.environ.get("RL_TEST_TINKER_RL_STEPS", "24"))
         rewards = []
         for step in range(steps):
-            sampler = trainer.save_weights_and_get_sampling_client()
+            sampler = ready(trainer.save_weights_and_get_sampling_client())
             tasks = env.sample(groups, seed=1000 + step)
             futures = []
             for task in tasks:
