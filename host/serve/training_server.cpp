@@ -1594,7 +1594,10 @@ void TrainingServer::Impl::asample(const Request &req, Responder &r) {
                                           *s, prompt, num_samples, p, want_prompt_lp, last_n);
                                       return OpResult{tinker::to_json(out), tinker::to_proto(out)};
                                   });
-    submitted(r, id, "");
+    // One id per sample, fixed at submission (newer SDKs stamp them on the sequences).
+    json seq_ids = json::array();
+    for (int64_t i = 0; i < num_samples; ++i) seq_ids.push_back(id + "-" + std::to_string(i));
+    send_json(r, {{"request_id", id}, {"model_id", nullptr}, {"sample_sequence_ids", seq_ids}});
 }
 
 // ---- futures ----------------------------------------------------------------------------------
