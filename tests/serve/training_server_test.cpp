@@ -184,7 +184,8 @@ TEST(TrainingServer, LogprobsAreTheTrainersForTheShiftedTargets) {
         s.call("/api/v1/forward",
                {{"model_id", model},
                 {"seq_id", 1},
-                {"forward_input", {{"data", {sft_datum(kText)}}, {"loss_fn", "cross_entropy"}}}});
+                {"forward_input",
+                 {{"data", json::array({sft_datum(kText)})}, {"loss_fn", "cross_entropy"}}}});
     ASSERT_TRUE(fwd.contains("loss_fn_outputs")) << fwd.dump();
     const auto lp = logprobs_of(fwd, 0);
     core::Trainer ref(core::Policy::load(tiny_dir()), core::TrainerConfig{});
@@ -425,7 +426,7 @@ TEST(TrainingServer, BadRequestsAreRefusedNamingTheField) {
 }
 
 TEST(TrainingServer, ExpiredSessionsAreRefusedWith410) {
-    Srv s({{"session_timeout_s", 0.5}});
+    Srv s(json{{"session_timeout_s", 0.5}});
     const std::string session = s.session();
     const std::string model = s.model(session);
     // Heartbeats keep it alive.
@@ -434,14 +435,15 @@ TEST(TrainingServer, ExpiredSessionsAreRefusedWith410) {
         EXPECT_EQ(s.post("/api/v1/session_heartbeat", {{"session_id", session}}).status, 200);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2000));
-    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, {sft_datum(kText)})), 410,
-                   "model_id", "expired");
+    expect_refused(
+        s.post("/api/v1/forward_backward", fb_body(model, 1, json::array({sft_datum(kText)}))), 410,
+        "model_id", "expired");
     expect_refused(s.post("/api/v1/session_heartbeat", {{"session_id", session}}), 410,
                    "session_id", "expired");
 }
 
 TEST(TrainingServer, CallsOfOneModelRunInSeqIdOrder) {
-    Srv s({{"seq_gap_wait_s", 30}, {"workers", 2}});
+    Srv s(json{{"seq_gap_wait_s", 30}, {"workers", 2}});
     const std::string model = s.model(s.session());
     // optim_step (seq 2) arrives before the forward_backward (seq 1) it needs.
     const std::string opt =
@@ -449,22 +451,24 @@ TEST(TrainingServer, CallsOfOneModelRunInSeqIdOrder) {
                  {{"model_id", model}, {"seq_id", 2}, {"adam_params", {{"learning_rate", 1e-3}}}});
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     const std::string fb =
-        s.submit("/api/v1/forward_backward", fb_body(model, 1, {sft_datum(kText)}));
+        s.submit("/api/v1/forward_backward", fb_body(model, 1, json::array({sft_datum(kText)})));
     const json o = s.result(opt);
     EXPECT_TRUE(o.contains("metrics")) << o.dump();
     EXPECT_TRUE(s.result(fb).contains("loss_fn_outputs"));
 }
 
 TEST(TrainingServer, TwoSessionsTrainConcurrentlyWithoutInterfering) {
-    Srv s({{"workers", 2}});
+    Srv s(json{{"workers", 2}});
     const std::string a = s.model(s.session()), b = s.model(s.session());
     const std::string ta = "Reverse: abc -> cba", tb = "Reverse: hello -> olleh";
     // Interleaved submissions; each model sees only its own data.
     std::vector<std::string> ids;
     int64_t seq = 1;
     for (int step = 0; step < 3; ++step) {
-        ids.push_back(s.submit("/api/v1/forward_backward", fb_body(a, seq, {sft_datum(ta)})));
-        ids.push_back(s.submit("/api/v1/forward_backward", fb_body(b, seq, {sft_datum(tb)})));
+        ids.push_back(
+            s.submit("/api/v1/forward_backward", fb_body(a, seq, json::array({sft_datum(ta)}))));
+        ids.push_back(
+            s.submit("/api/v1/forward_backward", fb_body(b, seq, json::array({sft_datum(tb)}))));
         ++seq;
         for (const auto &m : {a, b})
             ids.push_back(s.submit(
@@ -507,11 +511,12 @@ TEST(TrainingServer, TwoSessionsTrainConcurrentlyWithoutInterfering) {
         return trainer_logprobs(t, kText);
     };
     for (const auto &[model, text] : {std::pair{a, ta}, std::pair{b, tb}}) {
-        const json fwd = s.call(
-            "/api/v1/forward",
-            {{"model_id", model},
-             {"seq_id", seq},
-             {"forward_input", {{"data", {sft_datum(kText)}}, {"loss_fn", "cross_entropy"}}}});
+        const json fwd =
+            s.call("/api/v1/forward",
+                   {{"model_id", model},
+                    {"seq_id", seq},
+                    {"forward_input",
+                     {{"data", json::array({sft_datum(kText)})}, {"loss_fn", "cross_entropy"}}}});
         const auto got = logprobs_of(fwd, 0);
         const auto want = reference(text);
         ASSERT_EQ(got.size(), want.size());
@@ -560,7 +565,7 @@ TEST(TrainingServer, SamplingFromASnapshotGivesTokensAndPromptLogprobs) {
 TEST(TrainingServer, SaveStateAndLoadItBack) {
     Srv s;
     const std::string model = s.model(s.session());
-    const json data = {sft_datum(kText)};
+    const json data = json::array({sft_datum(kText)});
     int64_t seq = 1;
     s.call("/api/v1/forward_backward", fb_body(model, seq++, data));
     s.call("/api/v1/optim_step",
@@ -602,7 +607,8 @@ TEST(TrainingServer, SaveStateAndLoadItBack) {
 }
 
 TEST(TrainingServer, BackPressureApiKeyAndDisconnects) {
-    Srv s({{"max_queued", 2}, {"workers", 1}, {"api_key", "tml-secret"}, {"poll_timeout_s", 2}});
+    Srv s(
+        json{{"max_queued", 2}, {"workers", 1}, {"api_key", "tml-secret"}, {"poll_timeout_s", 2}});
     // No key: 401; the health check needs none.
     EXPECT_EQ(s.post("/api/v1/create_session", json::object()).status, 401);
     EXPECT_EQ(http_request(s.server->url(), "GET", "/api/v1/healthz").status, 200);
@@ -644,48 +650,34 @@ TEST(TrainingServer, XorlDialectAliases) {
         s.call("/api/v1/create_model", {{"model_id", "policy"}, {"base_model", "tiny"}});
     ASSERT_EQ(created.value("model_id", ""), "policy") << created.dump();
     std::vector<int64_t> ids(kText, kText + std::strlen(kText));
-    const json fwd = s.call(
-        "/api/v1/forward",
-        {{"model_id", "policy"},
-         {"forward_input",
-          {{"data",
-            {{{"model_input", {{"input_ids", ids}}}, {"loss_fn_inputs", {{"labels", ids}}}}}},
-           {"loss_fn", "cross_entropy"},
-           {"loss_fn_params", nullptr}}}});
+    json xdatum = {{"model_input", {{"input_ids", ids}}}, {"loss_fn_inputs", {{"labels", ids}}}};
+    json xfwd = {{"model_id", "policy"},
+                 {"forward_input",
+                  {{"data", json::array({xdatum})},
+                   {"loss_fn", "cross_entropy"},
+                   {"loss_fn_params", nullptr}}}};
+    const json fwd = s.call("/api/v1/forward", xfwd);
     ASSERT_TRUE(fwd.contains("loss_fn_outputs")) << fwd.dump();
     const auto lp = logprobs_of(fwd, 0);
     core::Trainer ref(core::Policy::load(tiny_dir()), core::TrainerConfig{});
     const auto want = trainer_logprobs(ref, kText);
     ASSERT_EQ(lp.size(), want.size() + 1); // the first token has no prediction (0)
     for (size_t i = 1; i < lp.size(); ++i) EXPECT_NEAR(lp[i], want[i - 1], 1e-5);
-    const json opt_fb = s.call("/api/v1/forward_backward",
-                               {
-        {"model_id", "policy"}, {
-            "forward_backward_input", {
-                {
-                    "data", {
-                        {
-                            {"model_input", {{"input_ids", ids}}}, {
-                                "loss_fn_inputs", {
-                                    { "labels", ids }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }}
-});
-EXPECT_TRUE(opt_fb.contains("metrics")) << opt_fb.dump();
-// Top-level learning_rate / gradient_clip.
-const json opt = s.call("/api/v1/optim_step",
-                        {{"model_id", "policy"}, {"learning_rate", 1e-3}, {"gradient_clip", 1.0}});
-EXPECT_NEAR(opt["metrics"]["learning_rate"].get<double>(), 1e-3, 1e-12) << opt.dump();
-const HttpResponse h = http_request(s.server->url(), "GET", "/health");
-EXPECT_EQ(json::parse(h.body).value("status", ""), "healthy");
-const HttpResponse kill = s.post("/api/v1/kill_session", {{"model_id", "policy"}});
-EXPECT_TRUE(json::parse(kill.body).value("success", false)) << kill.body;
-expect_refused(s.post("/api/v1/get_info", {{"model_id", "policy"}}), 410, "model_id", "unloaded");
+    json xbody = {{"model_id", "policy"},
+                  {"forward_backward_input", {{"data", json::array({xdatum})}}}};
+    const json opt_fb = s.call("/api/v1/forward_backward", xbody);
+    EXPECT_TRUE(opt_fb.contains("metrics")) << opt_fb.dump();
+    // Top-level learning_rate / gradient_clip.
+    const json opt =
+        s.call("/api/v1/optim_step",
+               {{"model_id", "policy"}, {"learning_rate", 1e-3}, {"gradient_clip", 1.0}});
+    EXPECT_NEAR(opt["metrics"]["learning_rate"].get<double>(), 1e-3, 1e-12) << opt.dump();
+    const HttpResponse h = http_request(s.server->url(), "GET", "/health");
+    EXPECT_EQ(json::parse(h.body).value("status", ""), "healthy");
+    const HttpResponse kill = s.post("/api/v1/kill_session", {{"model_id", "policy"}});
+    EXPECT_TRUE(json::parse(kill.body).value("success", false)) << kill.body;
+    expect_refused(s.post("/api/v1/get_info", {{"model_id", "policy"}}), 410, "model_id",
+                   "unloaded");
 }
 
 } // namespace
