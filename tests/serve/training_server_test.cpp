@@ -5,6 +5,7 @@
 #include "serve/http.hpp"
 #include "serve/training_server.hpp"
 
+#include "rl/core/lora.hpp"
 #include "rl/core/policy.hpp"
 #include "rl/core/tiny.hpp"
 #include "rl/core/trainer.hpp"
@@ -20,9 +21,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -641,6 +644,173 @@ TEST(TrainingServer, BackPressureApiKeyAndDisconnects) {
     // Bearer works too (xorl-client).
     s.auth = {{"Authorization", "Bearer tml-secret"}};
     EXPECT_EQ(s.post("/api/v1/get_info", {{"model_id", model}}).status, 200);
+}
+
+TEST(TrainingServer, LoraSessionsTrainTheirOwnAdaptersOverOneSharedBase) {
+    Srv s(json{{"workers", 2}});
+    const std::string sa = s.session(), sb = s.session();
+    auto lora_model = [&](const std::string &session, int rank, int seed) {
+        const json r = s.call("/api/v1/create_model", {{"session_id", session},
+                                                       {"model_seq_id", 0},
+                                                       {"base_model", "tiny"},
+                                                       {"lora_config",
+                                                        {{"rank", rank},
+                                                         {"seed", seed},
+                                                         {"train_unembed", true},
+                                                         {"train_mlp", true},
+                                                         {"train_attn", true}}}});
+        EXPECT_TRUE(r.contains("model_id")) << r.dump();
+        return r.value("model_id", "");
+    };
+    const std::string a = lora_model(sa, 4, 1), b = lora_model(sb, 8, 2);
+    const json info = json::parse(s.post("/api/v1/get_info", {{"model_id", b}}).body);
+    EXPECT_TRUE(info.value("is_lora", false)) << info.dump();
+    EXPECT_EQ(info.value("lora_rank", 0), 8);
+    const std::string ta = "Reverse: abc -> cba", tb = "Reverse: hello -> olleh";
+    std::vector<std::string> ids;
+    int64_t seq = 1;
+    for (int step = 0; step < 3; ++step, seq += 2) {
+        ids.push_back(
+            s.submit("/api/v1/forward_backward", fb_body(a, seq, json::array({sft_datum(ta)}))));
+        ids.push_back(
+            s.submit("/api/v1/forward_backward", fb_body(b, seq, json::array({sft_datum(tb)}))));
+        for (const auto &m : {a, b})
+            ids.push_back(
+                s.submit("/api/v1/optim_step", {{"model_id", m},
+                                                {"seq_id", seq + 1},
+                                                {"adam_params", {{"learning_rate", 1e-2}}}}));
+    }
+    for (const auto &id : ids) EXPECT_FALSE(s.result(id).contains("error"));
+
+    // The same adapters trained alone, locally.
+    auto reference = [&](const std::string &text, int rank, int seed) {
+        auto policy = core::Policy::load(tiny_dir());
+        const json cfg = {
+            {"rank", rank},
+            {"seed", seed},
+            {"target_modules",
+             {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}}};
+        auto adapter = policy->create_adapter("ref", core::LoraConfig::from_json(cfg.dump()));
+        core::TrainerConfig c;
+        c.gradient_clip = 0;
+        auto t = std::make_unique<core::Trainer>(policy, c, adapter);
+        std::vector<int64_t> tok(text.begin(), text.end());
+        for (int step = 0; step < 3; ++step) {
+            core::TrainBatch bt;
+            bt.input_ids = at::tensor(tok, at::kLong);
+            bt.cu_seqlens = {0, static_cast<int64_t>(tok.size())};
+            core::LossFunction ce;
+            ce.name = "ce";
+            ce.signature.required = {"logprobs"};
+            ce.signature.differentiable = {"logprobs"};
+            ce.compute = [](const core::LossCall &call) {
+                core::LossResult r;
+                const at::Tensor lp = call.tensors[0].second;
+                r.loss = -lp.sum().item<double>();
+                r.grads["logprobs"] = -at::ones_like(lp);
+                return r;
+            };
+            t->forward_backward(bt, ce);
+            core::OptimOverrides o;
+            o.learning_rate = 1e-2;
+            o.beta1 = 0.9;
+            o.beta2 = 0.95;
+            o.eps = 1e-12;
+            o.weight_decay = 0;
+            o.gradient_clip = 0;
+            t->optim_step(o);
+        }
+        return std::make_pair(policy, adapter);
+    };
+    for (const auto &[model, text, rank, seed] :
+         {std::tuple{a, ta, 4, 1}, std::tuple{b, tb, 8, 2}}) {
+        auto [policy, adapter] = reference(text, rank, seed);
+        // Parameters: the server's adapter (saved as a PEFT folder) equals the reference.
+        const json saved = s.call("/api/v1/save_weights_for_sampler",
+                                  {{"model_id", model}, {"seq_id", seq}, {"path", "peft"}});
+        ASSERT_TRUE(saved.contains("path")) << saved.dump();
+        const std::string dir =
+            s.server->config().checkpoint_dir + "/" + model + "/sampler_weights/peft";
+        ASSERT_TRUE(fs::exists(dir + "/adapter_config.json")) << dir;
+        auto loaded = core::load_adapter(policy->model(), dir, "loaded");
+        std::map<std::string, at::Tensor> want;
+        for (const auto &kv : adapter->named_parameters()) want[kv.first] = kv.second;
+        size_t n = 0;
+        for (const auto &kv : loaded->named_parameters()) {
+            ASSERT_TRUE(want.count(kv.first)) << kv.first;
+            EXPECT_TRUE(at::allclose(kv.second, want[kv.first], 1e-4, 1e-5))
+                << model << " " << kv.first;
+            ++n;
+        }
+        EXPECT_EQ(n, want.size());
+        EXPECT_GT(n, 0u);
+        // Logprobs through the server equal the reference's.
+        const json fwd =
+            s.call("/api/v1/forward",
+                   {{"model_id", model},
+                    {"seq_id", seq + 1},
+                    {"forward_input",
+                     {{"data", json::array({sft_datum(kText)})}, {"loss_fn", "cross_entropy"}}}});
+        const auto got = logprobs_of(fwd, 0);
+        core::TrainerConfig c;
+        core::Trainer scorer(policy, c, adapter);
+        const auto ref = trainer_logprobs(scorer, kText);
+        ASSERT_EQ(got.size(), ref.size());
+        for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], ref[i], 2e-4) << model;
+    }
+    seq += 2;
+    // The shared base is untouched: a base sampler scores as the fresh model does.
+    const HttpResponse base_sampler =
+        s.post("/api/v1/create_sampling_session",
+               {{"session_id", sa}, {"sampling_session_seq_id", 9}, {"base_model", "tiny"}});
+    ASSERT_EQ(base_sampler.status, 200) << base_sampler.body;
+    std::vector<int64_t> prompt(kText, kText + std::strlen(kText));
+    const json scored =
+        s.call("/api/v1/asample",
+               {{"sampling_session_id", json::parse(base_sampler.body)["sampling_session_id"]},
+                {"num_samples", 1},
+                {"prompt", {{"chunks", json::array({{{"tokens", prompt}}})}}},
+                {"sampling_params", {{"max_tokens", 1}}},
+                {"prompt_logprobs", true}});
+    core::Trainer fresh(core::Policy::load(tiny_dir()), core::TrainerConfig{});
+    const auto base_lp = trainer_logprobs(fresh, kText);
+    for (size_t i = 1; i < prompt.size(); ++i)
+        EXPECT_NEAR(scored["prompt_logprobs"][i].get<double>(), base_lp[i - 1], 1e-4);
+    // The engine samples with the adapter: a snapshot's sampled-token logprobs
+    // are the trainer's logprobs of those tokens under the adapter.
+    const json snap = s.call("/api/v1/save_weights_for_sampler",
+                             {{"model_id", a}, {"seq_id", seq}, {"sampling_session_seq_id", 0}});
+    const std::string sid = snap.value("sampling_session_id", "");
+    ASSERT_FALSE(sid.empty()) << snap.dump();
+    std::vector<int64_t> p10(kText, kText + 10);
+    const json out =
+        s.call("/api/v1/asample", {{"sampling_session_id", sid},
+                                   {"num_samples", 2},
+                                   {"prompt", {{"chunks", json::array({{{"tokens", p10}}})}}},
+                                   {"sampling_params", {{"max_tokens", 6}, {"seed", 5}}}});
+    ASSERT_EQ(out["sequences"].size(), 2u) << out.dump();
+    for (const auto &sq : out["sequences"]) {
+        std::vector<int64_t> full = p10;
+        for (const auto &t : sq["tokens"]) full.push_back(t.get<int64_t>());
+        if (full.size() == p10.size()) continue;
+        json d = {
+            {"model_input",
+             {{"chunks",
+               json::array({{{"tokens", std::vector<int64_t>(full.begin(), full.end() - 1)}}})}}},
+            {"loss_fn_inputs",
+             {{"target_tokens",
+               {{"data", std::vector<int64_t>(full.begin() + 1, full.end())},
+                {"dtype", "int64"}}}}}};
+        const json f =
+            s.call("/api/v1/forward",
+                   {{"model_id", a},
+                    {"seq_id", ++seq},
+                    {"forward_input", {{"data", json::array({d})}, {"loss_fn", "cross_entropy"}}}});
+        const auto lp = logprobs_of(f, 0);
+        const auto sampled = sq["logprobs"].get<std::vector<double>>();
+        for (size_t k = 0; k < sampled.size(); ++k)
+            EXPECT_NEAR(sampled[k], lp[p10.size() - 1 + k], 1e-4) << "token " << k;
+    }
 }
 
 TEST(TrainingServer, XorlDialectAliases) {
