@@ -28,7 +28,8 @@
  *        (inference.h).
  *   0.5  (LoRA) rl_adapter_create / load / save / export_merged / remove /
  *        info; "adapter" / "lora" keys of rl_trainer_create, "adapter" of
- *        rl_engine_generate params and the engine config. */
+ *        rl_engine_generate params and the engine config; rl_training_server_*
+ *        (training_server.h: the Tinker-compatible training server). */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 4
 #define RL_ABI_VERSION_PATCH 0

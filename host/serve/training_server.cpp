@@ -97,6 +97,14 @@ bool valid_name(const std::string &s) {
     return std::regex_match(s, kName) && s.find("..") == std::string::npos;
 }
 
+// Model ids may hold ':' too (Tinker's "<session>:train:<n>", which newer SDKs
+// derive themselves); never '/'.
+const std::regex kModelId("^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$");
+
+bool valid_model_id(const std::string &s) {
+    return std::regex_match(s, kModelId) && s.find("..") == std::string::npos;
+}
+
 double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -255,7 +263,7 @@ CheckpointRef parse_checkpoint_path(const std::string &path, const std::string &
     if (r.kind != "weights" && r.kind != "sampler_weights")
         throw ApiError(
             400, field + " '" + path + "': the kind must be 'weights' or 'sampler_weights'", field);
-    if (!valid_name(r.model_id) || !valid_name(r.name))
+    if (!valid_model_id(r.model_id) || !valid_name(r.name))
         throw ApiError(400, field + " '" + path + "' has a model id or name outside [A-Za-z0-9._-]",
                        field);
     return r;
@@ -584,6 +592,9 @@ struct TrainingServer::Impl {
 
     // The handlers (below).
     void create_model(const Request &req, Responder &r);
+    /// Registers the model of a create_model body and queues its creation:
+    /// (request id, model id).
+    std::pair<std::string, std::string> create_model_submit(const json &body);
     void forward_backward(const Request &req, Responder &r, bool forward_only_route);
     void optim_step(const Request &req, Responder &r);
     void save_weights(const Request &req, Responder &r);
@@ -777,7 +788,11 @@ void TrainingServer::Impl::add_routes() {
 // ---- create_model ------------------------------------------------------------------------
 
 void TrainingServer::Impl::create_model(const Request &req, Responder &r) {
-    json body = json_body(req);
+    const auto [id, model_id] = create_model_submit(json_body(req));
+    submitted(r, id, model_id);
+}
+
+std::pair<std::string, std::string> TrainingServer::Impl::create_model_submit(const json &body) {
     Fields f(body);
     const auto base_model = f.string("base_model");
     if (base_model && !is_base_model(*base_model))
@@ -849,7 +864,7 @@ void TrainingServer::Impl::create_model(const Request &req, Responder &r) {
             session = session_locked(*s, "session_id");
             const int64_t seq = f.integer("model_seq_id", 0, 1 << 30)
                                     .value_or(static_cast<int64_t>(session->models.size()));
-            model_id = session->id + "-train-" + std::to_string(seq);
+            model_id = session->id + ":train:" + std::to_string(seq);
         } else {
             // xorl: the client names the model (default "default").
             model_id = f.string("model_id").value_or("default");
@@ -892,7 +907,7 @@ void TrainingServer::Impl::create_model(const Request &req, Responder &r) {
             }
             return OpResult{{{"model_id", m->id}, {"type", "create_model"}}, {}};
         });
-    submitted(r, id, model_id);
+    return {id, model_id};
 }
 
 // ---- forward / forward_backward ------------------------------------------------------------
@@ -1256,7 +1271,9 @@ void TrainingServer::Impl::save_weights(const Request &req, Responder &r) {
                               json{{"base_model", base_model},
                                    {"model_id", m->id},
                                    {"is_lora", m->lora},
-                                   {"lora_rank", m->lora ? json(m->lora_rank) : json(nullptr)}}
+                                   {"lora_rank", m->lora ? json(m->lora_rank) : json(nullptr)},
+                                   {"lora_config", m->lora ? json::parse(m->lora_config.to_json())
+                                                           : json(nullptr)}}
                                   .dump(2));
                    return OpResult{{{"path", uri}, {"type", "save_weights"}}, {}};
                });
@@ -1266,7 +1283,27 @@ void TrainingServer::Impl::save_weights(const Request &req, Responder &r) {
 void TrainingServer::Impl::load_weights(const Request &req, Responder &r) {
     json body = json_body(req);
     Fields f(body);
-    const std::string model_id = model_id_of(f);
+    std::string model_id;
+    if (!f.has("model_id") && f.has("session_id") && f.has("model_seq_id")) {
+        // Create-via-load (newer SDKs' create_training_client_from_state): the
+        // model of (session_id, model_seq_id) is created like the checkpoint's
+        // model, then loaded.
+        const auto p = f.string("path");
+        if (!p) throw ApiError(400, "path is required", "path");
+        const CheckpointRef ref = parse_checkpoint_path(*p, "", "weights", "path");
+        const json meta = read_json_file(checkpoint_path(ref) / "tinker.json");
+        if (!meta.is_object()) throw ApiError(404, "path '" + *p + "': no such checkpoint", "path");
+        json create = {{"session_id", body["session_id"]}, {"model_seq_id", body["model_seq_id"]}};
+        if (meta.value("is_lora", false)) {
+            json lc = meta.contains("lora_config") && meta["lora_config"].is_object()
+                          ? meta["lora_config"]
+                          : json{{"rank", meta.value("lora_rank", 8)}};
+            create["lora_config"] = lc;
+        }
+        model_id = create_model_submit(create).second;
+    } else {
+        model_id = model_id_of(f);
+    }
     const auto seq = f.integer("seq_id", 0, std::numeric_limits<int64_t>::max());
     const auto path = f.string("path");
     if (!path) throw ApiError(400, "path is required (a tinker://.../weights/<name> path)", "path");
@@ -1469,7 +1506,7 @@ void TrainingServer::Impl::list_checkpoints(const Request &req, Responder &r) {
     json body = json_body(req);
     Fields f(body);
     const std::string model_id = model_id_of(f);
-    if (!valid_name(model_id)) throw ApiError(400, "model_id is not a valid id", "model_id");
+    if (!valid_model_id(model_id)) throw ApiError(400, "model_id is not a valid id", "model_id");
     json out = json::array();
     for (const char *kind : {"weights", "sampler_weights"}) {
         const fs::path dir = fs::path(cfg.checkpoint_dir) / model_id / kind;
