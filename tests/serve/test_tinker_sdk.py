@@ -100,7 +100,7 @@ class TinkerSdkTest(unittest.TestCase):
             self.assertEqual(len(lp.tolist()), len(encode(texts[0])) - 1)
             trainer.optim_step(types.AdamParams(learning_rate=2e-2)).result()
         print("SFT losses:", [round(x, 3) for x in losses])
-        self.assertLess(losses[-1], 0.7 * losses[0])
+        self.assertLess(losses[-1], 0.8 * losses[0])
 
         sampler = ready(trainer.save_weights_and_get_sampling_client())
         prompt = types.ModelInput.from_ints(encode("reverse: abc\n"))
