@@ -31,5 +31,6 @@
 #include "rl/dist.h"
 #include "rl/inference.h"
 #include "rl/serve.h"
+#include "rl/training_server.h"
 
 #endif /* RL_API_H */

@@ -34,7 +34,8 @@
  *        "newer_than"; rl_model_load options "value_head"
  *        and "value_head_seed" (a PPO critic head on the policy's trunk; the
  *        trainer computes the loss input "values" and rl_trainer_forward
- *        returns it), rl_model_info "value_head". */
+ *        returns it), rl_model_info "value_head"; rl_training_server_*
+ *        (training_server.h: the Tinker-compatible training server). */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 5
 #define RL_ABI_VERSION_PATCH 0

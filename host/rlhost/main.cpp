@@ -2,6 +2,7 @@
 #include "launch.hpp"
 #include "run.hpp"
 #include "serve.hpp"
+#include "training_server.hpp"
 
 #include <rl_api.h>
 
@@ -30,6 +31,9 @@ const char *kUsage =
     "  serve --model DIR [--host H] [--port P] [--api-key K] [...]\n"
     "                                      serve the model over HTTP: OpenAI-compatible and\n"
     "                                      SGLang-native routes (rlhost serve --help)\n"
+    "  training-server --model DIR [--port P] [--checkpoint-dir D] [...]\n"
+    "                                      train the model over HTTP with the Tinker API\n"
+    "                                      (rlhost training-server --help)\n"
     "  plugins [--json]                    list loaded plugins and refused libraries\n"
     "  config [--config FILE] [--set K=V]...  print the resolved run configuration (JSON)\n"
     "  config --schema                     print every configuration key (JSON)\n"
@@ -215,6 +219,8 @@ int main(int argc, char **argv) {
         return rlhost::cmd_launch(o.args, host_args);
     }
     if (o.command == "serve") return rlhost::cmd_serve(o.args);
+    if (o.command == "training-server")
+        return rlhost::cmd_training_server(o.args, o.plugin_path, o.log_level);
     if (o.command == "run")
         return rlhost::cmd_run(o.args, o.plugin_path, o.log_level_given ? o.log_level : "");
     return fail("unknown command '" + o.command + "'\n" + kUsage);

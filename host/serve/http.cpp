@@ -242,6 +242,19 @@ void Router::dispatch(const Request &request, Responder &responder) const {
         std::lock_guard<std::mutex> lock(impl_->mu);
         guard = impl_->guard;
         auto it = impl_->routes.find(request.path);
+        if (it == impl_->routes.end()) {
+            // A prefix route ("/a/b/*") holds every path under it; the longest wins.
+            size_t best = 0;
+            for (auto r = impl_->routes.begin(); r != impl_->routes.end(); ++r) {
+                const std::string &key = r->first;
+                if (key.back() != '*' || key.size() - 1 <= best) continue;
+                if (request.path.compare(0, key.size() - 1, key, 0, key.size() - 1) == 0 &&
+                    request.path.size() >= key.size()) {
+                    best = key.size() - 1;
+                    it = r;
+                }
+            }
+        }
         if (it != impl_->routes.end()) {
             known_path = true;
             auto m = it->second.find(request.method);

@@ -79,7 +79,9 @@ public:
     Router(const Router &) = delete;
     Router &operator=(const Router &) = delete;
 
-    /// Registers `handler` for `method` and `path` ("/v1/completions"). A
+    /// Registers `handler` for `method` and `path` ("/v1/completions"); a
+    /// path ending in "*" ("/api/v1/samplers/*") is a prefix route that holds
+    /// every longer path under it (exact routes win, then the longest prefix). A
     /// second registration of the same method and path throws
     /// std::invalid_argument naming both.
     void add(const std::string &method, const std::string &path, Handler handler);

@@ -1,0 +1,187 @@
+#include "training_server.hpp"
+
+#include <rl_api.h>
+#include <rl/training_server.h>
+
+#include <nlohmann/json.hpp>
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+
+namespace rlhost {
+
+namespace {
+
+const char *kUsage =
+    "usage: rlhost training-server --model DIR [options]\n"
+    "\n"
+    "Trains the model over HTTP with the Tinker training API (and xorl's endpoint\n"
+    "names): sessions, futures, create_model, forward_backward, optim_step, save and\n"
+    "load, sampling (docs/training-server.md). Stops on SIGINT / SIGTERM.\n"
+    "\n"
+    "  --model DIR               Hugging Face model folder (required): the base model\n"
+    "  --host H                  address to bind (default 127.0.0.1: this machine only)\n"
+    "  --port P                  TCP port (default 8000; 0: any free port)\n"
+    "  --api-key K               require 'X-API-Key: K' or 'Authorization: Bearer K'\n"
+    "                            (also RL_TRAINING_SERVER_API_KEY)\n"
+    "  --checkpoint-dir D        where checkpoints go (default: a new folder under the\n"
+    "                            system's temporary directory, printed at start)\n"
+    "  --base-model NAME         the name clients pass as base_model (default: the\n"
+    "                            folder's name)\n"
+    "  --device D                cpu (default), cuda, cuda:N or auto\n"
+    "  --dtype T                 float32 (default) or bfloat16\n"
+    "  --threads N               CPU threads (default: all cores)\n"
+    "  --workers N               models / samplers running at once (default 2)\n"
+    "  --max-queued N            calls waiting over all sessions; more get 429 (default 256)\n"
+    "  --max-models N            live training models (default 16)\n"
+    "  --session-timeout S       a session without a heartbeat for S seconds expires\n"
+    "                            (default 300)\n"
+    "  --max-body-bytes N        largest request body (default 64 MiB)\n";
+
+int usage_error(const std::string &what) {
+    std::cerr << "rlhost training-server: " << what << "\n\n" << kUsage;
+    return 2;
+}
+
+} // namespace
+
+int cmd_training_server(const std::vector<std::string> &args, const std::string &plugin_path,
+                        const std::string &log_level) {
+    std::string model_dir;
+    nlohmann::json load = nlohmann::json::object();
+    nlohmann::json options = nlohmann::json::object();
+    struct Flag {
+        const char *flag, *key;
+        char kind;
+    };
+    const Flag flags[] = {{"--host", "host", 's'},
+                          {"--port", "port", 'i'},
+                          {"--api-key", "api_key", 's'},
+                          {"--checkpoint-dir", "checkpoint_dir", 's'},
+                          {"--base-model", "base_model", 's'},
+                          {"--workers", "workers", 'i'},
+                          {"--max-queued", "max_queued", 'i'},
+                          {"--max-models", "max_models", 'i'},
+                          {"--session-timeout", "session_timeout_s", 'f'},
+                          {"--max-body-bytes", "max_body_bytes", 'i'}};
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string &a = args[i];
+        if (a == "--help" || a == "-h") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        }
+        if (i + 1 >= args.size()) return usage_error(a + " needs a value");
+        const std::string v = args[++i];
+        if (a == "--model") {
+            model_dir = v;
+            continue;
+        }
+        if (a == "--device" || a == "--dtype") {
+            load[a.substr(2)] = v;
+            continue;
+        }
+        if (a == "--threads") {
+            try {
+                load["threads"] = std::stoi(v);
+            } catch (const std::exception &) {
+                return usage_error("--threads needs an integer, not '" + v + "'");
+            }
+            continue;
+        }
+        bool known = false;
+        for (const Flag &f : flags) {
+            if (a != f.flag) continue;
+            known = true;
+            try {
+                size_t used = 0;
+                if (f.kind == 's') {
+                    options[f.key] = v;
+                    used = v.size();
+                } else if (f.kind == 'i') {
+                    options[f.key] = std::stoll(v, &used);
+                } else {
+                    options[f.key] = std::stod(v, &used);
+                }
+                if (used != v.size()) throw std::invalid_argument(v);
+            } catch (const std::exception &) {
+                return usage_error(a + " needs a number, not '" + v + "'");
+            }
+        }
+        if (!known) return usage_error("unknown option '" + a + "'");
+    }
+    if (model_dir.empty()) return usage_error("--model DIR is required");
+    if (!options.contains("api_key"))
+        if (const char *k = std::getenv("RL_TRAINING_SERVER_API_KEY"); k && *k)
+            options["api_key"] = k;
+    options["model_path"] = model_dir;
+    if (!options.contains("checkpoint_dir")) {
+        std::error_code ec;
+        std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+        if (ec) tmp = "/tmp";
+        options["checkpoint_dir"] =
+            (tmp / ("rlhost-training-server-" + std::to_string(::getpid()))).string();
+    }
+
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+    rl_runtime_desc_t desc = RL_RUNTIME_DESC_INIT;
+    desc.plugin_path = plugin_path.empty() ? nullptr : plugin_path.c_str();
+    desc.log_level = log_level.c_str();
+    rl_runtime_t *runtime = nullptr;
+    if (rl_runtime_create(&desc, &runtime) != RL_OK) {
+        std::cerr << "rlhost training-server: cannot create the runtime: " << rl_last_error()
+                  << "\n";
+        return 1;
+    }
+    rl_model_t *model = nullptr;
+    if (rl_model_load(model_dir.c_str(), load.dump().c_str(), &model) != RL_OK) {
+        std::cerr << "rlhost training-server: cannot load the model: " << rl_last_error() << "\n";
+        rl_runtime_destroy(runtime);
+        return 1;
+    }
+    rl_training_server_t *server = nullptr;
+    if (rl_training_server_start(runtime, model, options.dump().c_str(), &server) != RL_OK) {
+        std::cerr << "rlhost training-server: " << rl_last_error() << "\n";
+        rl_model_destroy(model);
+        rl_runtime_destroy(runtime);
+        return 1;
+    }
+    const std::string host = options.value("host", std::string("127.0.0.1"));
+    const bool v6 = host.find(':') != std::string::npos;
+    std::printf("rlhost training-server: listening on http://%s:%d (checkpoints in %s)\n",
+                (v6 ? "[" + host + "]" : host).c_str(),
+                static_cast<int>(rl_training_server_port(server)),
+                options["checkpoint_dir"].get<std::string>().c_str());
+    std::fflush(stdout);
+
+    std::thread waiter([&] {
+        int sig = 0;
+        sigwait(&stop_signals, &sig);
+        std::fprintf(stderr, "rlhost training-server: %s, stopping\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+        rl_training_server_stop(server);
+    });
+    rl_training_server_wait(server);
+    if (waiter.joinable()) {
+        pthread_kill(waiter.native_handle(), SIGTERM);
+        waiter.join();
+    }
+    rl_training_server_destroy(server);
+    rl_model_destroy(model);
+    rl_runtime_destroy(runtime);
+    return 0;
+}
+
+} // namespace rlhost

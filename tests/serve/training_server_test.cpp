@@ -1,0 +1,853 @@
+// The training server (host/serve/training_server.hpp) in process on the tiny
+// model, driven over loopback HTTP with the server's own client as the Tinker
+// SDK drives it: sessions, futures, JSON and protobuf wires, the ordering of a
+// model's calls, isolation of sessions, and refusals that name the field.
+#include "serve/http.hpp"
+#include "serve/training_server.hpp"
+
+#include "rl/core/lora.hpp"
+#include "rl/core/policy.hpp"
+#include "rl/core/tiny.hpp"
+#include "rl/core/trainer.hpp"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using nlohmann::json;
+using rl::serve::http_request;
+using rl::serve::HttpResponse;
+namespace core = rl::core;
+namespace fs = std::filesystem;
+
+const std::string &tiny_dir() {
+    static const std::string dir = [] {
+        const auto d =
+            fs::temp_directory_path() / ("rl-training-server-test-" + std::to_string(::getpid()));
+        core::write_tiny_model(d.string(), 7);
+        static const std::string path = d.string();
+        std::atexit([] {
+            std::error_code ec;
+            fs::remove_all(path, ec);
+            fs::remove_all(path + "-ckpt", ec);
+        });
+        return d.string();
+    }();
+    return dir;
+}
+
+struct Srv {
+    std::shared_ptr<core::Policy> base;
+    std::unique_ptr<rl::serve::TrainingServer> server;
+    rl::serve::Headers auth;
+
+    explicit Srv(json options = json::object()) : base(core::Policy::load(tiny_dir())) {
+        options["port"] = 0;
+        options["model_path"] = tiny_dir();
+        options["base_model"] = "tiny";
+        options["poll_timeout_s"] = options.value("poll_timeout_s", 5.0);
+        if (!options.contains("checkpoint_dir"))
+            options["checkpoint_dir"] =
+                tiny_dir() + "-ckpt/" +
+                std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+        server = std::make_unique<rl::serve::TrainingServer>(
+            base, rl::serve::TrainingServerConfig::from_json(options.dump()));
+        server->start();
+    }
+    HttpResponse post(const std::string &path, const json &body) const {
+        return http_request(server->url(), "POST", path, body.dump(), auth, 120);
+    }
+    HttpResponse post_raw(const std::string &path, const std::string &body,
+                          const rl::serve::Headers &headers) const {
+        rl::serve::Headers h = auth;
+        h.insert(h.end(), headers.begin(), headers.end());
+        return http_request(server->url(), "POST", path, body, h, 120);
+    }
+    /// A submitted call's request id (the submit must succeed).
+    std::string submit(const std::string &path, const json &body) const {
+        const HttpResponse r = post(path, body);
+        EXPECT_EQ(r.status, 200) << path << ": " << r.body;
+        return json::parse(r.body).value("request_id", "");
+    }
+    /// Polls retrieve_future until the call ended; its JSON body.
+    json result(const std::string &request_id, const rl::serve::Headers &extra = {}) const {
+        for (int i = 0; i < 100; ++i) {
+            rl::serve::Headers h = auth;
+            h.insert(h.end(), extra.begin(), extra.end());
+            const HttpResponse r = http_request(server->url(), "POST", "/api/v1/retrieve_future",
+                                                json{{"request_id", request_id}}.dump(), h, 120);
+            EXPECT_EQ(r.status, 200) << r.body;
+            if (r.header("content-type") == "application/x-protobuf")
+                return json{{"proto", r.body}};
+            json j = json::parse(r.body);
+            if (j.value("type", "") != "try_again") return j;
+        }
+        ADD_FAILURE() << "no result for " << request_id;
+        return json();
+    }
+    json call(const std::string &path, const json &body) const {
+        return result(submit(path, body));
+    }
+
+    std::string session() const {
+        const HttpResponse r = post("/api/v1/create_session", {{"tags", json::array()},
+                                                               {"user_metadata", json::object()},
+                                                               {"sdk_version", "0.16.1"},
+                                                               {"project_id", nullptr}});
+        EXPECT_EQ(r.status, 200) << r.body;
+        return json::parse(r.body)["session_id"].get<std::string>();
+    }
+    std::string model(const std::string &session, int seq = 0) const {
+        const json r = call("/api/v1/create_model", {{"session_id", session},
+                                                     {"model_seq_id", seq},
+                                                     {"base_model", "tiny"},
+                                                     {"lora_config", nullptr},
+                                                     {"user_metadata", nullptr}});
+        EXPECT_TRUE(r.contains("model_id")) << r.dump();
+        return r.value("model_id", "");
+    }
+};
+
+/// A Tinker datum (0.16's JSON: a chunk without "type") for next-token
+/// prediction of `text` with unit weights.
+json sft_datum(const std::string &text) {
+    std::vector<int64_t> ids(text.begin(), text.end());
+    std::vector<int64_t> input(ids.begin(), ids.end() - 1), target(ids.begin() + 1, ids.end());
+    std::vector<double> w(target.size(), 1.0);
+    return {{"model_input", {{"chunks", {{{"tokens", input}}}}}},
+            {"loss_fn_inputs",
+             {{"target_tokens", {{"data", target}, {"dtype", "int64"}, {"shape", {target.size()}}}},
+              {"weights", {{"data", w}, {"dtype", "float32"}, {"shape", {w.size()}}}}}}};
+}
+
+json fb_body(const std::string &model, int64_t seq, const json &data,
+             const std::string &loss = "cross_entropy", const json &config = nullptr) {
+    return {{"model_id", model},
+            {"seq_id", seq},
+            {"forward_backward_input",
+             {{"data", data}, {"loss_fn", loss}, {"loss_fn_config", config}}}};
+}
+
+std::vector<double> logprobs_of(const json &fb_result, size_t datum) {
+    return fb_result["loss_fn_outputs"][datum]["logprobs"]["data"].get<std::vector<double>>();
+}
+
+/// Reference: the trainer's logprobs of `text` (token t from the tokens before it).
+std::vector<double> trainer_logprobs(core::Trainer &t, const std::string &text) {
+    std::vector<int64_t> ids(text.begin(), text.end());
+    core::TrainBatch b;
+    b.input_ids = at::tensor(ids, at::kLong);
+    b.cu_seqlens = {0, static_cast<int64_t>(ids.size())};
+    const at::Tensor lp = t.forward(b, nullptr).tensors.at("logprobs").to(at::kDouble);
+    return std::vector<double>(lp.data_ptr<double>() + 1, lp.data_ptr<double>() + lp.numel());
+}
+
+const char *kText = "Reverse: abcdef -> fedcba";
+
+TEST(TrainingServer, SftOverTheJsonWireLowersTheLoss) {
+    Srv s;
+    const std::string model = s.model(s.session());
+    const json data = json::array({sft_datum(kText), sft_datum("Reverse: xyz -> zyx")});
+    std::vector<double> losses;
+    int64_t seq = 1;
+    for (int step = 0; step < 6; ++step) {
+        const json fb = s.call("/api/v1/forward_backward", fb_body(model, seq++, data));
+        ASSERT_TRUE(fb.contains("metrics")) << fb.dump();
+        losses.push_back(fb["metrics"]["loss:sum"].get<double>());
+        // 0.16 sends only the fields the user set.
+        const json opt = s.call(
+            "/api/v1/optim_step",
+            {{"model_id", model}, {"seq_id", seq++}, {"adam_params", {{"learning_rate", 3e-3}}}});
+        ASSERT_TRUE(opt.contains("metrics")) << opt.dump();
+        EXPECT_GT(opt["metrics"]["grad_norm"].get<double>(), 0);
+    }
+    EXPECT_LT(losses.back(), losses.front() * 0.8) << json(losses).dump();
+}
+
+TEST(TrainingServer, LogprobsAreTheTrainersForTheShiftedTargets) {
+    Srv s;
+    const std::string model = s.model(s.session());
+    const json fwd =
+        s.call("/api/v1/forward",
+               {{"model_id", model},
+                {"seq_id", 1},
+                {"forward_input",
+                 {{"data", json::array({sft_datum(kText)})}, {"loss_fn", "cross_entropy"}}}});
+    ASSERT_TRUE(fwd.contains("loss_fn_outputs")) << fwd.dump();
+    const auto lp = logprobs_of(fwd, 0);
+    core::Trainer ref(core::Policy::load(tiny_dir()), core::TrainerConfig{});
+    const auto want = trainer_logprobs(ref, kText);
+    ASSERT_EQ(lp.size(), want.size());
+    double sum = 0;
+    for (size_t i = 0; i < lp.size(); ++i) {
+        EXPECT_NEAR(lp[i], want[i], 1e-5) << "token " << i;
+        sum -= want[i];
+    }
+    EXPECT_NEAR(fwd["metrics"]["loss:sum"].get<double>(), sum, 1e-3);
+    const auto el =
+        fwd["loss_fn_outputs"][0]["elementwise_loss"]["data"].get<std::vector<double>>();
+    EXPECT_NEAR(el[3], -want[3], 1e-5);
+}
+
+// ---- a small protobuf writer / reader (independent of the server's) --------------------
+
+std::string varint(uint64_t v) {
+    std::string s;
+    while (v >= 0x80) {
+        s.push_back(static_cast<char>((v & 0x7f) | 0x80));
+        v >>= 7;
+    }
+    s.push_back(static_cast<char>(v));
+    return s;
+}
+std::string field(uint32_t f, const std::string &bytes) {
+    return varint((f << 3) | 2) + varint(bytes.size()) + bytes;
+}
+std::string field_varint(uint32_t f, uint64_t v) {
+    return varint(f << 3) + varint(v);
+}
+template <typename T>
+std::string raw(const std::vector<T> &v) {
+    return std::string(reinterpret_cast<const char *>(v.data()), v.size() * sizeof(T));
+}
+
+std::string proto_datum(const std::string &text) {
+    std::vector<int32_t> input(text.begin(), text.end() - 1);
+    std::vector<int64_t> target(text.begin() + 1, text.end());
+    std::vector<float> w(target.size(), 1.0f);
+    const std::string chunk = field(1, field(1, raw(input)));
+    const std::string t1 =
+        field(1, raw(target)) + field_varint(3, 2) + field(4, varint(target.size()));
+    const std::string t2 = field(1, raw(w)) + field_varint(3, 1) + field(4, varint(w.size()));
+    return field(1, chunk) + field(2, field(1, "target_tokens") + field(2, t1)) +
+           field(2, field(1, "weights") + field(2, t2));
+}
+
+struct Reader {
+    const char *p, *end;
+    bool done() const { return p >= end; }
+    uint64_t v() {
+        uint64_t x = 0;
+        for (int s = 0;; s += 7) {
+            const uint8_t b = static_cast<uint8_t>(*p++);
+            x |= static_cast<uint64_t>(b & 0x7f) << s;
+            if (!(b & 0x80)) return x;
+        }
+    }
+    std::string bytes() {
+        const uint64_t n = v();
+        std::string s(p, n);
+        p += n;
+        return s;
+    }
+};
+
+/// ForwardBackwardOutput -> field name -> per-datum float vectors.
+std::map<std::string, std::vector<std::vector<float>>>
+decode_fb(const std::string &msg, std::map<std::string, double> &metrics) {
+    std::map<std::string, std::vector<std::vector<float>>> out;
+    Reader r{msg.data(), msg.data() + msg.size()};
+    while (!r.done()) {
+        const uint64_t tag = r.v();
+        if ((tag & 7) == 1) {
+            r.p += 8;
+            continue;
+        }
+        if ((tag & 7) == 0) {
+            r.v();
+            continue;
+        }
+        const std::string b = r.bytes();
+        if ((tag >> 3) == 2) { // ArrayRecord
+            Reader a{b.data(), b.data() + b.size()};
+            while (!a.done()) {
+                const uint64_t at = a.v();
+                if ((at & 7) == 0) {
+                    a.v();
+                    continue;
+                }
+                const std::string e = a.bytes();
+                if ((at >> 3) != 2) continue;
+                Reader en{e.data(), e.data() + e.size()};
+                std::string key, bt;
+                while (!en.done()) {
+                    const uint64_t et = en.v();
+                    (et >> 3) == 1 ? (void)(key = en.bytes()) : (void)(bt = en.bytes());
+                }
+                Reader t{bt.data(), bt.data() + bt.size()};
+                std::string data, offsets;
+                while (!t.done()) {
+                    const uint64_t tt = t.v();
+                    if ((tt & 7) == 0) {
+                        t.v();
+                        continue;
+                    }
+                    const std::string x = t.bytes();
+                    if ((tt >> 3) == 1) data = x;
+                    if ((tt >> 3) == 2) offsets = x;
+                }
+                std::vector<int64_t> off(offsets.size() / 8);
+                std::memcpy(off.data(), offsets.data(), offsets.size());
+                for (size_t i = 0; i + 1 < off.size(); ++i) {
+                    std::vector<float> f((off[i + 1] - off[i]) / 4);
+                    std::memcpy(f.data(), data.data() + off[i], f.size() * 4);
+                    out[key].push_back(f);
+                }
+            }
+        } else if ((tag >> 3) == 3) { // metrics entry
+            Reader en{b.data(), b.data() + b.size()};
+            std::string key;
+            double value = 0;
+            while (!en.done()) {
+                const uint64_t et = en.v();
+                if ((et >> 3) == 1)
+                    key = en.bytes();
+                else {
+                    std::memcpy(&value, en.p, 8);
+                    en.p += 8;
+                }
+            }
+            metrics[key] = value;
+        }
+    }
+    return out;
+}
+
+TEST(TrainingServer, ProtobufRequestsAndResultsMatchTheJsonWire) {
+    Srv s;
+    const std::string model = s.model(s.session());
+    // Forward only, as SDK 0.25+ sends it: forward_only in the protobuf request.
+    const std::string req = field(1, model) + field_varint(2, 1) + field(3, proto_datum(kText)) +
+                            field(4, "cross_entropy") + field_varint(6, 1);
+    const HttpResponse sub =
+        s.post_raw("/api/v1/forward_backward", req, {{"Content-Type", "application/x-protobuf"}});
+    ASSERT_EQ(sub.status, 200) << sub.body;
+    const std::string id = json::parse(sub.body)["request_id"];
+    const json got = s.result(id, {{"Accept", "application/x-protobuf"}});
+    ASSERT_TRUE(got.contains("proto")) << got.dump();
+    std::map<std::string, double> metrics;
+    auto fields = decode_fb(got["proto"].get<std::string>(), metrics);
+    ASSERT_EQ(fields["logprobs"].size(), 1u);
+    // The same call's JSON result (retrieved again without Accept: protobuf).
+    const json js = s.result(id);
+    const auto lp = logprobs_of(js, 0);
+    ASSERT_EQ(fields["logprobs"][0].size(), lp.size());
+    for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(fields["logprobs"][0][i], lp[i], 1e-6);
+    EXPECT_NEAR(metrics["loss:sum"], js["metrics"]["loss:sum"].get<double>(), 1e-9);
+    // A compressed body is refused: the server does not advertise it.
+    const HttpResponse z =
+        s.post_raw("/api/v1/forward_backward", req,
+                   {{"Content-Type", "application/x-protobuf"}, {"Content-Encoding", "zstd"}});
+    EXPECT_EQ(z.status, 415) << z.body;
+    // A truncated body is a 400.
+    const HttpResponse t = s.post_raw("/api/v1/forward_backward", req.substr(0, req.size() - 3),
+                                      {{"Content-Type", "application/x-protobuf"}});
+    EXPECT_EQ(t.status, 400) << t.body;
+}
+
+void expect_refused(const HttpResponse &r, int status, const std::string &param,
+                    const std::string &words) {
+    EXPECT_EQ(r.status, status) << r.body;
+    const json j = json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.body;
+    EXPECT_EQ(j["error"].value("param", ""), param) << r.body;
+    EXPECT_NE(j["error"].value("message", "").find(words), std::string::npos) << r.body;
+}
+
+TEST(TrainingServer, BadRequestsAreRefusedNamingTheField) {
+    Srv s;
+    const std::string model = s.model(s.session());
+    const json data = json::array({sft_datum(kText)});
+    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, data, "no_such_loss")), 400,
+                   "forward_backward_input.loss_fn", "no_such_loss");
+    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, data, "dro")), 400,
+                   "forward_backward_input.loss_fn", "not implemented");
+    json bad = data;
+    bad[0]["loss_fn_inputs"]["weights"] = {
+        {"data", {1.0, 1.0}}, {"dtype", "float32"}, {"shape", {2}}};
+    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, bad)), 400,
+                   "forward_backward_input.data[0].loss_fn_inputs.weights", "shape [2]");
+    json two_d = data;
+    two_d[0]["loss_fn_inputs"]["weights"]["shape"] = {2, 12};
+    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, two_d)), 400,
+                   "forward_backward_input.data[0].loss_fn_inputs.weights", "shape");
+    expect_refused(
+        s.post("/api/v1/forward_backward", fb_body(model, 1, data, "importance_sampling")), 400,
+        "forward_backward_input.data[0].loss_fn_inputs.logprobs", "required");
+    expect_refused(
+        s.post("/api/v1/forward_backward", fb_body(model, 1, data, "ppo", {{"clip_bogus", 1.0}})),
+        400, "loss_fn_config.clip_bogus", "not a parameter of ppo");
+    json extra = data;
+    extra[0]["loss_fn_inputs"]["mystery"] = {1, 2, 3};
+    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, extra)), 400,
+                   "forward_backward_input.data[0].loss_fn_inputs.mystery", "");
+    json oov = data;
+    oov[0]["model_input"]["chunks"][0]["tokens"][2] = 100000;
+    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, oov)), 400,
+                   "forward_backward_input.data[0].model_input", "vocabulary");
+    json image = data;
+    image[0]["model_input"]["chunks"][0]["type"] = "image";
+    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, image)), 400,
+                   "forward_backward_input.data[0].model_input.chunks[0].type", "text");
+    expect_refused(s.post("/api/v1/forward_backward", fb_body("nobody", 1, data)), 404, "model_id",
+                   "unknown model_id");
+    expect_refused(s.post("/api/v1/optim_step",
+                          {{"model_id", model}, {"adam_params", {{"learning_rate", "fast"}}}}),
+                   400, "adam_params.learning_rate", "number");
+    expect_refused(
+        s.post("/api/v1/create_model", {{"session_id", s.session()}, {"base_model", "gpt-9"}}), 400,
+        "base_model", "gpt-9");
+    expect_refused(s.post("/api/v1/retrieve_future", json::object()), 400, "request_id",
+                   "required");
+    expect_refused(s.post("/api/v1/retrieve_future", {{"request_id", "future-nope"}}), 410,
+                   "request_id", "unknown");
+    expect_refused(
+        s.post("/api/v1/load_weights", {{"model_id", model}, {"path", "tinker://a/b/c/d"}}), 400,
+        "path", "not a checkpoint path");
+    const HttpResponse notjson = s.post_raw("/api/v1/optim_step", "{nope", {});
+    EXPECT_EQ(notjson.status, 400) << notjson.body;
+    // An optimizer step with no gradients fails in its future, category user.
+    const json opt = s.call("/api/v1/optim_step", {{"model_id", model}, {"seq_id", 1}});
+    EXPECT_EQ(opt.value("category", ""), "user") << opt.dump();
+    EXPECT_FALSE(opt.value("error", "").empty());
+}
+
+TEST(TrainingServer, ExpiredSessionsAreRefusedWith410) {
+    Srv s(json{{"session_timeout_s", 0.5}});
+    const std::string session = s.session();
+    const std::string model = s.model(session);
+    // Heartbeats keep it alive.
+    for (int i = 0; i < 4; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        EXPECT_EQ(s.post("/api/v1/session_heartbeat", {{"session_id", session}}).status, 200);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    expect_refused(
+        s.post("/api/v1/forward_backward", fb_body(model, 1, json::array({sft_datum(kText)}))), 410,
+        "model_id", "expired");
+    expect_refused(s.post("/api/v1/session_heartbeat", {{"session_id", session}}), 410,
+                   "session_id", "expired");
+}
+
+TEST(TrainingServer, CallsOfOneModelRunInSeqIdOrder) {
+    Srv s(json{{"seq_gap_wait_s", 30}, {"workers", 2}});
+    const std::string model = s.model(s.session());
+    // optim_step (seq 2) arrives before the forward_backward (seq 1) it needs.
+    const std::string opt =
+        s.submit("/api/v1/optim_step",
+                 {{"model_id", model}, {"seq_id", 2}, {"adam_params", {{"learning_rate", 1e-3}}}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const std::string fb =
+        s.submit("/api/v1/forward_backward", fb_body(model, 1, json::array({sft_datum(kText)})));
+    const json o = s.result(opt);
+    EXPECT_TRUE(o.contains("metrics")) << o.dump();
+    EXPECT_TRUE(s.result(fb).contains("loss_fn_outputs"));
+}
+
+TEST(TrainingServer, TwoSessionsTrainConcurrentlyWithoutInterfering) {
+    Srv s(json{{"workers", 2}});
+    const std::string a = s.model(s.session()), b = s.model(s.session());
+    const std::string ta = "Reverse: abc -> cba", tb = "Reverse: hello -> olleh";
+    // Interleaved submissions; each model sees only its own data.
+    std::vector<std::string> ids;
+    int64_t seq = 1;
+    for (int step = 0; step < 3; ++step) {
+        ids.push_back(
+            s.submit("/api/v1/forward_backward", fb_body(a, seq, json::array({sft_datum(ta)}))));
+        ids.push_back(
+            s.submit("/api/v1/forward_backward", fb_body(b, seq, json::array({sft_datum(tb)}))));
+        ++seq;
+        for (const auto &m : {a, b})
+            ids.push_back(s.submit(
+                "/api/v1/optim_step",
+                {{"model_id", m}, {"seq_id", seq}, {"adam_params", {{"learning_rate", 1e-2}}}}));
+        ++seq;
+    }
+    for (const auto &id : ids) EXPECT_FALSE(s.result(id).contains("error"));
+    // References trained alone with the same steps.
+    auto reference = [&](const std::string &text) {
+        core::TrainerConfig c;
+        c.gradient_clip = 0;
+        core::Trainer t(core::Policy::load(tiny_dir()), c);
+        std::vector<int64_t> ids(text.begin(), text.end());
+        for (int step = 0; step < 3; ++step) {
+            core::TrainBatch bt;
+            bt.input_ids = at::tensor(ids, at::kLong);
+            bt.cu_seqlens = {0, static_cast<int64_t>(ids.size())};
+            core::LossFunction ce;
+            ce.name = "ce";
+            ce.signature.required = {"logprobs"};
+            ce.signature.differentiable = {"logprobs"};
+            ce.compute = [](const core::LossCall &call) {
+                core::LossResult r;
+                const at::Tensor lp = call.tensors[0].second;
+                r.loss = -lp.sum().item<double>();
+                r.grads["logprobs"] = -at::ones_like(lp);
+                return r;
+            };
+            t.forward_backward(bt, ce);
+            core::OptimOverrides o;
+            o.learning_rate = 1e-2;
+            o.beta1 = 0.9;
+            o.beta2 = 0.95;
+            o.eps = 1e-12;
+            o.weight_decay = 0;
+            o.gradient_clip = 0;
+            t.optim_step(o);
+        }
+        return trainer_logprobs(t, kText);
+    };
+    for (const auto &[model, text] : {std::pair{a, ta}, std::pair{b, tb}}) {
+        const json fwd =
+            s.call("/api/v1/forward",
+                   {{"model_id", model},
+                    {"seq_id", seq},
+                    {"forward_input",
+                     {{"data", json::array({sft_datum(kText)})}, {"loss_fn", "cross_entropy"}}}});
+        const auto got = logprobs_of(fwd, 0);
+        const auto want = reference(text);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i)
+            EXPECT_NEAR(got[i], want[i], 2e-4) << model << " token " << i;
+    }
+}
+
+TEST(TrainingServer, SamplingFromASnapshotGivesTokensAndPromptLogprobs) {
+    Srv s;
+    const std::string session = s.session();
+    const std::string model = s.model(session);
+    const json saved = s.call("/api/v1/save_weights_for_sampler",
+                              {{"model_id", model}, {"sampling_session_seq_id", 0}, {"seq_id", 1}});
+    ASSERT_TRUE(saved["path"].is_null()) << saved.dump();
+    const std::string sampler = saved["sampling_session_id"];
+    std::vector<int64_t> prompt(kText, kText + 10);
+    const json body = {{"sampling_session_id", sampler},
+                       {"seq_id", 0},
+                       {"num_samples", 3},
+                       {"prompt", {{"chunks", {{{"tokens", prompt}}}}}},
+                       {"sampling_params", {{"max_tokens", 5}, {"seed", 11}}},
+                       {"prompt_logprobs", true}};
+    const json out = s.call("/api/v1/asample", body);
+    ASSERT_EQ(out["sequences"].size(), 3u) << out.dump();
+    for (const auto &seq : out["sequences"]) {
+        EXPECT_LE(seq["tokens"].size(), 5u);
+        EXPECT_EQ(seq["logprobs"].size(), seq["tokens"].size());
+    }
+    EXPECT_EQ(s.call("/api/v1/asample", body)["sequences"], out["sequences"]) << "same seed";
+    ASSERT_EQ(out["prompt_logprobs"].size(), prompt.size());
+    EXPECT_TRUE(out["prompt_logprobs"][0].is_null());
+    core::Trainer ref(core::Policy::load(tiny_dir()), core::TrainerConfig{});
+    const auto want = trainer_logprobs(ref, std::string(kText, 10));
+    for (size_t i = 1; i < prompt.size(); ++i)
+        EXPECT_NEAR(out["prompt_logprobs"][i].get<double>(), want[i - 1], 1e-4);
+    // GET /api/v1/samplers/<id> names the base model.
+    const HttpResponse info = http_request(s.server->url(), "GET", "/api/v1/samplers/" + sampler);
+    EXPECT_EQ(json::parse(info.body).value("base_model", ""), "tiny") << info.body;
+    expect_refused(s.post("/api/v1/asample", {{"sampling_session_id", sampler},
+                                              {"prompt", {{"chunks", {{{"tokens", prompt}}}}}},
+                                              {"sampling_params", {{"max_tokens", 100000}}}}),
+                   400, "sampling_params.max_tokens", "");
+}
+
+TEST(TrainingServer, SaveStateAndLoadItBack) {
+    Srv s;
+    const std::string model = s.model(s.session());
+    const json data = json::array({sft_datum(kText)});
+    int64_t seq = 1;
+    s.call("/api/v1/forward_backward", fb_body(model, seq++, data));
+    s.call("/api/v1/optim_step",
+           {{"model_id", model}, {"seq_id", seq++}, {"adam_params", {{"learning_rate", 1e-2}}}});
+    const json saved =
+        s.call("/api/v1/save_weights", {{"model_id", model}, {"seq_id", seq++}, {"path", "ckpt1"}});
+    ASSERT_EQ(saved.value("path", ""), "tinker://" + model + "/weights/ckpt1") << saved.dump();
+    auto forward = [&] {
+        return logprobs_of(
+            s.call("/api/v1/forward",
+                   {{"model_id", model},
+                    {"seq_id", seq++},
+                    {"forward_input", {{"data", data}, {"loss_fn", "cross_entropy"}}}}),
+            0);
+    };
+    const auto at_save = forward();
+    s.call("/api/v1/forward_backward", fb_body(model, seq++, data));
+    s.call("/api/v1/optim_step",
+           {{"model_id", model}, {"seq_id", seq++}, {"adam_params", {{"learning_rate", 1e-2}}}});
+    EXPECT_NE(forward(), at_save);
+    const json again =
+        s.call("/api/v1/save_weights", {{"model_id", model}, {"seq_id", seq++}, {"path", "ckpt1"}});
+    EXPECT_EQ(again.value("category", ""), "user") << "a name is not overwritten silently";
+    const json loaded = s.call(
+        "/api/v1/load_weights",
+        {{"model_id", model}, {"seq_id", seq++}, {"path", saved["path"]}, {"optimizer", true}});
+    EXPECT_FALSE(loaded.contains("error")) << loaded.dump();
+    const auto after = forward();
+    for (size_t i = 0; i < after.size(); ++i) EXPECT_NEAR(after[i], at_save[i], 1e-6);
+    const HttpResponse info = s.post("/api/v1/weights_info", {{"tinker_path", saved["path"]}});
+    EXPECT_EQ(json::parse(info.body).value("base_model", ""), "tiny") << info.body;
+    // A named sampler checkpoint opens as a sampling session.
+    const json sw = s.call("/api/v1/save_weights_for_sampler",
+                           {{"model_id", model}, {"seq_id", seq++}, {"path", "s1"}});
+    const HttpResponse ss = s.post(
+        "/api/v1/create_sampling_session",
+        {{"session_id", s.session()}, {"sampling_session_seq_id", 0}, {"model_path", sw["path"]}});
+    EXPECT_EQ(ss.status, 200) << ss.body;
+}
+
+TEST(TrainingServer, BackPressureApiKeyAndDisconnects) {
+    Srv s(
+        json{{"max_queued", 2}, {"workers", 1}, {"api_key", "tml-secret"}, {"poll_timeout_s", 2}});
+    // No key: 401; the health check needs none.
+    EXPECT_EQ(s.post("/api/v1/create_session", json::object()).status, 401);
+    EXPECT_EQ(http_request(s.server->url(), "GET", "/api/v1/healthz").status, 200);
+    s.auth = {{"X-API-Key", "tml-secret"}};
+    const std::string model = s.model(s.session());
+    // A full queue answers 429 with Retry-After.
+    const json data = json::array();
+    json many = json::array();
+    for (int i = 0; i < 40; ++i) many.push_back(sft_datum(kText));
+    int refused = 0;
+    std::vector<std::string> ids;
+    for (int i = 0; i < 8; ++i) {
+        const HttpResponse r = s.post("/api/v1/forward_backward", fb_body(model, i + 1, many));
+        if (r.status == 429) {
+            ++refused;
+            EXPECT_EQ(r.header("retry-after"), "1");
+        } else {
+            EXPECT_EQ(r.status, 200) << r.body;
+            ids.push_back(json::parse(r.body)["request_id"]);
+        }
+    }
+    EXPECT_GT(refused, 0);
+    // A poller that hangs up loses nothing: the result is still there.
+    try {
+        http_request(s.server->url(), "POST", "/api/v1/retrieve_future",
+                     json{{"request_id", ids.back()}}.dump(), s.auth, 0.05);
+    } catch (const std::exception &) {
+    }
+    for (const auto &id : ids) EXPECT_TRUE(s.result(id).contains("loss_fn_outputs"));
+    // Bearer works too (xorl-client).
+    s.auth = {{"Authorization", "Bearer tml-secret"}};
+    EXPECT_EQ(s.post("/api/v1/get_info", {{"model_id", model}}).status, 200);
+}
+
+TEST(TrainingServer, LoraSessionsTrainTheirOwnAdaptersOverOneSharedBase) {
+    Srv s(json{{"workers", 2}});
+    const std::string sa = s.session(), sb = s.session();
+    auto lora_model = [&](const std::string &session, int rank, int seed) {
+        const json r = s.call("/api/v1/create_model", {{"session_id", session},
+                                                       {"model_seq_id", 0},
+                                                       {"base_model", "tiny"},
+                                                       {"lora_config",
+                                                        {{"rank", rank},
+                                                         {"seed", seed},
+                                                         {"train_unembed", true},
+                                                         {"train_mlp", true},
+                                                         {"train_attn", true}}}});
+        EXPECT_TRUE(r.contains("model_id")) << r.dump();
+        return r.value("model_id", "");
+    };
+    const std::string a = lora_model(sa, 4, 1), b = lora_model(sb, 8, 2);
+    const json info = json::parse(s.post("/api/v1/get_info", {{"model_id", b}}).body);
+    EXPECT_TRUE(info.value("is_lora", false)) << info.dump();
+    EXPECT_EQ(info.value("lora_rank", 0), 8);
+    const std::string ta = "Reverse: abc -> cba", tb = "Reverse: hello -> olleh";
+    std::vector<std::string> ids;
+    int64_t seq = 1;
+    for (int step = 0; step < 3; ++step, seq += 2) {
+        ids.push_back(
+            s.submit("/api/v1/forward_backward", fb_body(a, seq, json::array({sft_datum(ta)}))));
+        ids.push_back(
+            s.submit("/api/v1/forward_backward", fb_body(b, seq, json::array({sft_datum(tb)}))));
+        for (const auto &m : {a, b})
+            ids.push_back(
+                s.submit("/api/v1/optim_step", {{"model_id", m},
+                                                {"seq_id", seq + 1},
+                                                {"adam_params", {{"learning_rate", 1e-2}}}}));
+    }
+    for (const auto &id : ids) EXPECT_FALSE(s.result(id).contains("error"));
+
+    // The same adapters trained alone, locally.
+    auto reference = [&](const std::string &text, int rank, int seed) {
+        auto policy = core::Policy::load(tiny_dir());
+        const json cfg = {
+            {"rank", rank},
+            {"seed", seed},
+            {"target_modules",
+             {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}}};
+        auto adapter = policy->create_adapter("ref", core::LoraConfig::from_json(cfg.dump()));
+        core::TrainerConfig c;
+        c.gradient_clip = 0;
+        auto t = std::make_unique<core::Trainer>(policy, c, adapter);
+        std::vector<int64_t> tok(text.begin(), text.end());
+        for (int step = 0; step < 3; ++step) {
+            core::TrainBatch bt;
+            bt.input_ids = at::tensor(tok, at::kLong);
+            bt.cu_seqlens = {0, static_cast<int64_t>(tok.size())};
+            core::LossFunction ce;
+            ce.name = "ce";
+            ce.signature.required = {"logprobs"};
+            ce.signature.differentiable = {"logprobs"};
+            ce.compute = [](const core::LossCall &call) {
+                core::LossResult r;
+                const at::Tensor lp = call.tensors[0].second;
+                r.loss = -lp.sum().item<double>();
+                r.grads["logprobs"] = -at::ones_like(lp);
+                return r;
+            };
+            t->forward_backward(bt, ce);
+            core::OptimOverrides o;
+            o.learning_rate = 1e-2;
+            o.beta1 = 0.9;
+            o.beta2 = 0.95;
+            o.eps = 1e-12;
+            o.weight_decay = 0;
+            o.gradient_clip = 0;
+            t->optim_step(o);
+        }
+        return std::make_pair(policy, adapter);
+    };
+    for (const auto &[model, text, rank, seed] :
+         {std::tuple{a, ta, 4, 1}, std::tuple{b, tb, 8, 2}}) {
+        auto [policy, adapter] = reference(text, rank, seed);
+        // Parameters: the server's adapter (saved as a PEFT folder) equals the reference.
+        const json saved = s.call("/api/v1/save_weights_for_sampler",
+                                  {{"model_id", model}, {"seq_id", seq}, {"path", "peft"}});
+        ASSERT_TRUE(saved.contains("path")) << saved.dump();
+        const std::string dir =
+            s.server->config().checkpoint_dir + "/" + model + "/sampler_weights/peft";
+        ASSERT_TRUE(fs::exists(dir + "/adapter_config.json")) << dir;
+        auto loaded = core::load_adapter(policy->model(), dir, "loaded");
+        std::map<std::string, at::Tensor> want;
+        for (const auto &kv : adapter->named_parameters()) want[kv.first] = kv.second;
+        size_t n = 0;
+        for (const auto &kv : loaded->named_parameters()) {
+            ASSERT_TRUE(want.count(kv.first)) << kv.first;
+            EXPECT_TRUE(at::allclose(kv.second, want[kv.first], 1e-4, 1e-5))
+                << model << " " << kv.first;
+            ++n;
+        }
+        EXPECT_EQ(n, want.size());
+        EXPECT_GT(n, 0u);
+        // Logprobs through the server equal the reference's.
+        const json fwd =
+            s.call("/api/v1/forward",
+                   {{"model_id", model},
+                    {"seq_id", seq + 1},
+                    {"forward_input",
+                     {{"data", json::array({sft_datum(kText)})}, {"loss_fn", "cross_entropy"}}}});
+        const auto got = logprobs_of(fwd, 0);
+        core::TrainerConfig c;
+        core::Trainer scorer(policy, c, adapter);
+        const auto ref = trainer_logprobs(scorer, kText);
+        ASSERT_EQ(got.size(), ref.size());
+        for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], ref[i], 2e-4) << model;
+    }
+    seq += 2;
+    // The shared base is untouched: a base sampler scores as the fresh model does.
+    const HttpResponse base_sampler =
+        s.post("/api/v1/create_sampling_session",
+               {{"session_id", sa}, {"sampling_session_seq_id", 9}, {"base_model", "tiny"}});
+    ASSERT_EQ(base_sampler.status, 200) << base_sampler.body;
+    std::vector<int64_t> prompt(kText, kText + std::strlen(kText));
+    const json scored =
+        s.call("/api/v1/asample",
+               {{"sampling_session_id", json::parse(base_sampler.body)["sampling_session_id"]},
+                {"num_samples", 1},
+                {"prompt", {{"chunks", json::array({{{"tokens", prompt}}})}}},
+                {"sampling_params", {{"max_tokens", 1}}},
+                {"prompt_logprobs", true}});
+    core::Trainer fresh(core::Policy::load(tiny_dir()), core::TrainerConfig{});
+    const auto base_lp = trainer_logprobs(fresh, kText);
+    for (size_t i = 1; i < prompt.size(); ++i)
+        EXPECT_NEAR(scored["prompt_logprobs"][i].get<double>(), base_lp[i - 1], 1e-4);
+    // The engine samples with the adapter: a snapshot's sampled-token logprobs
+    // are the trainer's logprobs of those tokens under the adapter.
+    const json snap = s.call("/api/v1/save_weights_for_sampler",
+                             {{"model_id", a}, {"seq_id", seq}, {"sampling_session_seq_id", 0}});
+    const std::string sid = snap.value("sampling_session_id", "");
+    ASSERT_FALSE(sid.empty()) << snap.dump();
+    std::vector<int64_t> p10(kText, kText + 10);
+    const json out =
+        s.call("/api/v1/asample", {{"sampling_session_id", sid},
+                                   {"num_samples", 2},
+                                   {"prompt", {{"chunks", json::array({{{"tokens", p10}}})}}},
+                                   {"sampling_params", {{"max_tokens", 6}, {"seed", 5}}}});
+    ASSERT_EQ(out["sequences"].size(), 2u) << out.dump();
+    for (const auto &sq : out["sequences"]) {
+        std::vector<int64_t> full = p10;
+        for (const auto &t : sq["tokens"]) full.push_back(t.get<int64_t>());
+        if (full.size() == p10.size()) continue;
+        json d = {
+            {"model_input",
+             {{"chunks",
+               json::array({{{"tokens", std::vector<int64_t>(full.begin(), full.end() - 1)}}})}}},
+            {"loss_fn_inputs",
+             {{"target_tokens",
+               {{"data", std::vector<int64_t>(full.begin() + 1, full.end())},
+                {"dtype", "int64"}}}}}};
+        const json f =
+            s.call("/api/v1/forward",
+                   {{"model_id", a},
+                    {"seq_id", ++seq},
+                    {"forward_input", {{"data", json::array({d})}, {"loss_fn", "cross_entropy"}}}});
+        const auto lp = logprobs_of(f, 0);
+        const auto sampled = sq["logprobs"].get<std::vector<double>>();
+        for (size_t k = 0; k < sampled.size(); ++k)
+            EXPECT_NEAR(sampled[k], lp[p10.size() - 1 + k], 1e-4) << "token " << k;
+    }
+}
+
+TEST(TrainingServer, XorlDialectAliases) {
+    Srv s;
+    // xorl names its model and sends input_ids + labels (unshifted) and loss_fn_params.
+    const json created =
+        s.call("/api/v1/create_model", {{"model_id", "policy"}, {"base_model", "tiny"}});
+    ASSERT_EQ(created.value("model_id", ""), "policy") << created.dump();
+    std::vector<int64_t> ids(kText, kText + std::strlen(kText));
+    json xdatum = {{"model_input", {{"input_ids", ids}}}, {"loss_fn_inputs", {{"labels", ids}}}};
+    json xfwd = {{"model_id", "policy"},
+                 {"forward_input",
+                  {{"data", json::array({xdatum})},
+                   {"loss_fn", "cross_entropy"},
+                   {"loss_fn_params", nullptr}}}};
+    const json fwd = s.call("/api/v1/forward", xfwd);
+    ASSERT_TRUE(fwd.contains("loss_fn_outputs")) << fwd.dump();
+    const auto lp = logprobs_of(fwd, 0);
+    core::Trainer ref(core::Policy::load(tiny_dir()), core::TrainerConfig{});
+    const auto want = trainer_logprobs(ref, kText);
+    ASSERT_EQ(lp.size(), want.size() + 1); // the first token has no prediction (0)
+    for (size_t i = 1; i < lp.size(); ++i) EXPECT_NEAR(lp[i], want[i - 1], 1e-5);
+    json xbody = {{"model_id", "policy"},
+                  {"forward_backward_input", {{"data", json::array({xdatum})}}}};
+    const json opt_fb = s.call("/api/v1/forward_backward", xbody);
+    EXPECT_TRUE(opt_fb.contains("metrics")) << opt_fb.dump();
+    // Top-level learning_rate / gradient_clip.
+    const json opt =
+        s.call("/api/v1/optim_step",
+               {{"model_id", "policy"}, {"learning_rate", 1e-3}, {"gradient_clip", 1.0}});
+    EXPECT_NEAR(opt["metrics"]["learning_rate"].get<double>(), 1e-3, 1e-12) << opt.dump();
+    const HttpResponse h = http_request(s.server->url(), "GET", "/health");
+    EXPECT_EQ(json::parse(h.body).value("status", ""), "healthy");
+    const HttpResponse kill = s.post("/api/v1/kill_session", {{"model_id", "policy"}});
+    EXPECT_TRUE(json::parse(kill.body).value("success", false)) << kill.body;
+    expect_refused(s.post("/api/v1/get_info", {{"model_id", "policy"}}), 410, "model_id",
+                   "unloaded");
+}
+
+} // namespace
