@@ -156,16 +156,24 @@ function rl.load_model(cfg)
     return rl.model(path, { threads = m.threads, device = m.device, dtype = m.dtype })
 end
 
+-- A copy of a configuration section without the keys in `skip`, then each
+-- table of `...` over it, in order.
+local function section(values, skip, ...)
+    local t = {}
+    for k, v in pairs(values) do
+        if not (skip and skip[k]) then t[k] = v end
+    end
+    for i = 1, select("#", ...) do
+        for k, v in pairs(select(i, ...) or {}) do t[k] = v end
+    end
+    return t
+end
+
 --- rl.trainer_config(cfg [, extra]): the trainer section of the configuration
 --- plus total_steps (for schedules) and seed, as rl_trainer_create wants it.
 function rl.trainer_config(cfg, extra)
     cfg = cfg or rl.config()
-    local t = {}
-    for k, v in pairs(cfg.trainer) do t[k] = v end
-    t.total_steps = cfg.run.steps
-    t.seed = cfg.run.seed
-    for k, v in pairs(extra or {}) do t[k] = v end
-    return t
+    return section(cfg.trainer, nil, { total_steps = cfg.run.steps, seed = cfg.run.seed }, extra)
 end
 
 --- rl.buffer_config(cfg [, extra]): the buffer section of the configuration
@@ -173,23 +181,14 @@ end
 --- rl_buffer_create wants it.
 function rl.buffer_config(cfg, extra)
     cfg = cfg or rl.config()
-    local b = {}
-    for k, v in pairs(cfg.buffer) do
-        if k ~= "min_rollouts" then b[k] = v end
-    end
-    b.group_size = cfg.rollout.n
-    for k, v in pairs(extra or {}) do b[k] = v end
-    return b
+    return section(cfg.buffer, { min_rollouts = true }, { group_size = cfg.rollout.n }, extra)
 end
 
 --- rl.engine_config(cfg [, extra]): the engine section of the configuration,
 --- as rl_engine_create wants it.
 function rl.engine_config(cfg, extra)
     cfg = cfg or rl.config()
-    local e = {}
-    for k, v in pairs(cfg.engine) do e[k] = v end
-    for k, v in pairs(extra or {}) do e[k] = v end
-    return e
+    return section(cfg.engine, nil, extra)
 end
 
 --- rl.rollout_engine(model, cfg [, run]): what generates the rollouts. The
@@ -227,12 +226,10 @@ end
 function rl.generation_params(cfg, extra)
     cfg = cfg or rl.config()
     local r = cfg.rollout
-    local p = {
+    return section({
         n = r.n, temperature = r.temperature, top_p = r.top_p, top_k = r.top_k,
         max_tokens = r.max_tokens, stop = rl.array(r.stop or {}),
-    }
-    for k, v in pairs(extra or {}) do p[k] = v end
-    return p
+    }, nil, extra)
 end
 
 -- ---- engine results as samples -----------------------------------------------------------
