@@ -151,6 +151,9 @@ std::string to_json(lua_State *L, int idx, const std::string &what);
 // JSON text -> Lua value on the stack. null is rl.null; arrays carry the
 // array marker metatable so they stay arrays when written back.
 void push_json(lua_State *L, const std::string &text, const char *what);
+// Argument `arg` as JSON text: nil is "{}", a table is written as JSON, a
+// string is taken as it is; anything else raises naming `what`.
+std::string json_arg(lua_State *L, int arg, const char *what);
 void push_null(lua_State *L);
 bool is_null(lua_State *L, int idx);
 void set_array_mt(lua_State *L, int idx);

@@ -4,6 +4,7 @@
 // checkpoint, one metrics line per finished step, and a resume that continues
 // from there.
 #include "free_port.hpp"
+#include "temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -48,30 +49,8 @@ std::string read_file(const std::string &path) {
     return ss.str();
 }
 
-// Folders made by temp_dir(), removed at exit unless a test failed (then
-// they stay for a look).
-std::vector<std::string> &temp_dirs() {
-    static std::vector<std::string> dirs;
-    return dirs;
-}
-
-void remove_temp_dirs() {
-    if (::testing::UnitTest::GetInstance()->failed_test_count() > 0) return;
-    for (const auto &d : temp_dirs()) {
-        std::error_code ec;
-        std::filesystem::remove_all(d, ec);
-    }
-}
-
 std::string temp_dir() {
-    static const bool registered = (temp_dirs(), std::atexit(remove_temp_dirs) == 0);
-    (void)registered;
-    char tmpl[] = "/tmp/rl_rlhost_test_XXXXXX";
-    const char *d = mkdtemp(tmpl);
-    EXPECT_NE(d, nullptr);
-    if (!d) return "/tmp";
-    temp_dirs().push_back(d);
-    return d;
+    return rl_test::temp_dir("rl_rlhost_test_");
 }
 
 // Runs `rlhost --plugin-path <build plugins> run ARGS...` in `cwd`. `poll`
