@@ -1,5 +1,6 @@
 #include "rl/core/config.hpp"
 
+#include "json_object.hpp"
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/names.hpp"
@@ -155,13 +156,7 @@ const char *architecture_name(Architecture a) {
 }
 
 ModelConfig ModelConfig::parse(const std::string &json_text, const std::string &source) {
-    Json j;
-    try {
-        j = Json::parse(json_text);
-    } catch (const Json::exception &e) {
-        throw Error(source + ": invalid JSON: " + e.what());
-    }
-    if (!j.is_object()) throw Error(source + ": top level is not a JSON object");
+    const Json j = parse_json_object(json_text, source);
     Reader r(j, source);
     ModelConfig c;
     c.json = json_text;

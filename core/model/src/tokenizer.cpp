@@ -2,6 +2,7 @@
 
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/error.hpp"
+#include "json_object.hpp"
 #include "unicode.hpp"
 
 #include <nlohmann/json.hpp>
@@ -628,16 +629,10 @@ Tokenizer::~Tokenizer() = default;
 
 std::shared_ptr<Tokenizer> Tokenizer::from_json(const std::string &json_text,
                                                 const std::string &source) {
-    Json j;
-    try {
-        j = Json::parse(json_text);
-    } catch (const Json::exception &e) {
-        throw Error(source + ": invalid JSON: " + e.what());
-    }
+    Json j = parse_json_object(json_text, source);
     std::shared_ptr<Tokenizer> t(new Tokenizer());
     Impl &m = *t->impl_;
     m.source = source;
-    if (!j.is_object()) throw Error(source + ": top level is not a JSON object");
     if (j.contains("truncation") && !j["truncation"].is_null())
         m.fail("truncation", "is set: truncation inside tokenizer.json is not supported");
     m.init_byte_table();
@@ -671,13 +666,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_folder(const std::string &dir) {
     std::string chat_template;
     if (fs::exists(cfg_path)) {
         const std::string where = cfg_path.string();
-        Json cfg;
-        try {
-            cfg = Json::parse(read_file(where));
-        } catch (const Json::exception &e) {
-            throw Error(where + ": invalid JSON: " + e.what());
-        }
-        if (!cfg.is_object()) throw Error(where + ": top level is not a JSON object");
+        Json cfg = parse_json_object(read_file(where), where);
         auto token = [&](const char *key) -> std::optional<int32_t> {
             if (!cfg.contains(key) || cfg[key].is_null()) return std::nullopt;
             std::string content;
