@@ -166,6 +166,9 @@ void open_json(lua_State *L); // leaves the rl.json table on the stack
 // NULL-terminated list) are decoded from JSON. Destroys the result (also on
 // error).
 void push_result(lua_State *L, rl_result_t *result, const char *const *json_texts = nullptr);
+// Pushes the result (as push_result) and on top of it its text `name`,
+// decoded from JSON; returns 1 (the decoded value is the Lua call's result).
+int push_json_field(lua_State *L, rl_result_t *result, const char *name);
 
 // RAII for results while other Lua calls may raise.
 struct ResultGuard {

@@ -196,6 +196,13 @@ void push_result(lua_State *L, rl_result_t *result, const char *const *json_text
         }
 }
 
+int push_json_field(lua_State *L, rl_result_t *result, const char *name) {
+    const char *const texts[] = {name, nullptr};
+    push_result(L, result, texts);
+    lua_getfield(L, -1, name);
+    return 1;
+}
+
 // ---- option helpers -------------------------------------------------------------------
 
 namespace {

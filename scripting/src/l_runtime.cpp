@@ -145,10 +145,7 @@ int r_plugins(lua_State *L) {
     rl_runtime_t *rt = runtime_of(L, 1);
     rl_result_t *res = nullptr;
     check_status(L, rl_runtime_list_plugins(rt, &res), "runtime:plugins");
-    static const char *const texts[] = {"plugins", nullptr};
-    push_result(L, res, texts);
-    lua_getfield(L, -1, "plugins");
-    return 1;
+    return push_json_field(L, res, "plugins");
 }
 
 int make_instance(lua_State *L, const char *kind, const char *mt, int name_arg) {
@@ -234,10 +231,7 @@ int loss_signature(lua_State *L) {
     auto *inst = static_cast<rl_instance_t *>(check_handle(L, 1, kLossMT)->ptr);
     rl_result_t *res = nullptr;
     check_status(L, rl_loss_signature(inst, &res), "loss:signature");
-    static const char *const texts[] = {"signature", nullptr};
-    push_result(L, res, texts);
-    lua_getfield(L, -1, "signature");
-    return 1;
+    return push_json_field(L, res, "signature");
 }
 
 // ---- advantage ----------------------------------------------------------------------

@@ -71,10 +71,7 @@ int m_info(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     rl_result_t *res = nullptr;
     check_status(L, rl_model_info(m, &res), "model:info");
-    static const char *const texts[] = {"info", nullptr};
-    push_result(L, res, texts);
-    lua_getfield(L, -1, "info");
-    return 1;
+    return push_json_field(L, res, "info");
 }
 
 int m_save(lua_State *L) {
