@@ -389,7 +389,9 @@ std::string host_config(const std::vector<std::string> &sets) {
 }
 
 TEST(LuaConfig, HostConfigIsWhatScriptsSee) {
-    Lua lua(host_config({"run.name=from_host", "rollout.n=3", "env.params={max_len: 4}"}));
+    const std::string cfg =
+        host_config({"run.name=from_host", "rollout.n=3", "env.params={max_len: 4}"});
+    Lua lua(cfg);
     EXPECT_EQ(
         lua.eval_string("local rl = require('rl')\n"
                         "local c = rl.config()\n"

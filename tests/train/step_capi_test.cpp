@@ -33,7 +33,9 @@ BatchPtr pop_batch(rl_buffer_t *buf, uint64_t n, Result *info) {
     rl_train_batch_t *raw = nullptr;
     EXPECT_EQ(rl_buffer_pop_train_batch(buf, n, 0, &raw), RL_OK) << rl_last_error();
     BatchPtr batch(raw);
-    if (batch) EXPECT_EQ(rl_train_batch_info(batch.get(), info->out()), RL_OK) << rl_last_error();
+    if (batch) {
+        EXPECT_EQ(rl_train_batch_info(batch.get(), info->out()), RL_OK) << rl_last_error();
+    }
     return batch;
 }
 
