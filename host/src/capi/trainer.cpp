@@ -80,16 +80,8 @@ extern "C" {
 
 RL_API rl_status_t rl_trainer_create(rl_model_t *model, const char *config_json,
                                      rl_trainer_t **out_trainer) {
-    return train_boundary([&] {
-        require(model && out_trainer, "rl_trainer_create: model and out_trainer are required");
-        policy_of(model, "rl_trainer_create");
-        auto t = std::make_unique<rl_trainer>();
-        t->policy = model->policy;
-        t->impl = std::make_unique<core::Trainer>(
-            model->policy, core::TrainerConfig::from_json(config_json ? config_json : ""));
-        *out_trainer = t.release();
-        return RL_OK;
-    });
+    return create_over_policy<core::TrainerConfig>(model, config_json, out_trainer,
+                                                   "rl_trainer_create", "out_trainer");
 }
 
 RL_API void rl_trainer_destroy(rl_trainer_t *trainer) {
