@@ -2,6 +2,8 @@
 // everything through the C API of abi/rl/train.h, as an embedder would.
 #pragma once
 
+#include "plugin_runtime.hpp"
+
 #include <rl_api.h>
 
 #include <gtest/gtest.h>
@@ -243,12 +245,8 @@ inline EnginePtr make_engine(rl_model_t *m, const char *config = nullptr) {
 // A runtime with the build's plugins.
 inline rl_runtime_t *runtime() {
     static RuntimePtr rt = [] {
-        rl_runtime_desc_t d = RL_RUNTIME_DESC_INIT;
-        d.flags = RL_RUNTIME_NO_DEFAULT_PLUGINS;
-        d.plugin_path = RL_TEST_PLUGIN_DIR;
-        d.log_level = "warn";
-        rl_runtime_t *r = nullptr;
-        if (rl_runtime_create(&d, &r) != RL_OK) ADD_FAILURE() << "runtime: " << rl_last_error();
+        rl_runtime_t *r = plugin_runtime(RL_TEST_PLUGIN_DIR);
+        if (!r) ADD_FAILURE() << "runtime: " << rl_last_error();
         return RuntimePtr(r);
     }();
     return rt.get();
