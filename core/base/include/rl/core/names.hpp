@@ -13,7 +13,8 @@
 
 namespace rl::core {
 
-template <class E> struct Named {
+template <class E>
+struct Named {
     E value;
     const char *name;
 };
