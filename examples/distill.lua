@@ -10,12 +10,9 @@
 --   rlhost run examples/distill.lua --config examples/distill.yaml
 local rl = require("rl")
 
-local cfg = rl.config { -- this script's own settings, checked like the host's
-    { "sft.steps", "integer", 0, "Supervised warm-up steps on the env's reference answers before RL.", min = 0 },
-    { "sft.batch_size", "integer", 32, "Examples per warm-up step.", min = 1 },
-    { "sft.learning_rate", "number", 1e-3, "Warm-up learning rate.", min = 0 },
+local cfg = rl.config(rl.sft_keys { -- this script's own settings, checked like the host's
     { "distill.teacher_path", "string", "", "Teacher model folder (e.g. runs/sft/model, written by examples/sft.lua)." },
-}
+})
 if cfg.distill.teacher_path == "" then
     error("set distill.teacher_path to the teacher's model folder "
         .. "(runs/sft/model after examples/sft.lua)")
@@ -35,7 +32,6 @@ local trainer = student:trainer(rl.trainer_config(cfg))
 run:attach(trainer)
 local teacher_forward = teacher:trainer {} -- forward passes only; never stepped
 local engine = student:engine(rl.engine_config(cfg))
-local template = cfg.tokenizer.chat_template
 
 local env = rl.env(cfg.env.name, cfg.env.params)
 local loss = rl.loss(cfg.loss.name, cfg.loss.params)
@@ -44,24 +40,11 @@ local advantage = rl.advantage(cfg.advantage.name, cfg.advantage.params)
 -- Optional supervised warm-up of the student (sft.steps > 0), as in grpo.lua:
 -- a student that already answers in the right format gets a useful teacher
 -- signal on every token it samples.
-if cfg.sft.steps > 0 then
-    local ce = rl.loss("causallm_loss")
-    for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
-        local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
-        local out = trainer:forward_backward(rl.sft_batch(tok, tasks, info.eos_token_ids[1], template), ce)
-        trainer:optim_step { learning_rate = cfg.sft.learning_rate }
-        run:log { loss = out.loss, tokens = out.tokens }
-    end
-end
+rl.sft_warmup(cfg, run, trainer, tok, env)
 engine:sync_weights()
 
 for step in run:steps("rl", cfg.run.steps) do
-    local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
-    local rollouts = engine:rollouts(tasks, {
-        chat_template = template, group_offset = step * #tasks,
-        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
-    })
-    rollouts:score(env)
+    local rollouts = rl.scored_rollouts(engine, env, cfg, step)
     -- Every rollout trains here (the teacher signal needs no reward spread).
     local batch = rollouts:to_batch()
     batch:compute_advantages(advantage)

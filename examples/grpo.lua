@@ -11,18 +11,13 @@
 --    engine's weights.
 local rl = require("rl")
 
-local cfg = rl.config { -- this script's own settings, checked like the host's
-    { "sft.steps", "integer", 0, "Supervised warm-up steps on the env's reference answers before RL.", min = 0 },
-    { "sft.batch_size", "integer", 32, "Examples per warm-up step.", min = 1 },
-    { "sft.learning_rate", "number", 1e-3, "Warm-up learning rate.", min = 0 },
-}
+local cfg = rl.config(rl.sft_keys()) -- this script's own settings, checked like the host's
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
-local tok, info = model:tokenizer(), model:info()
+local tok = model:tokenizer()
 local trainer = model:trainer(rl.trainer_config(cfg))
 run:attach(trainer) -- restores the last checkpoint when run.resume is set
 local engine = rl.rollout_engine(model, cfg, run) -- co-located, or inference_server.url
-local template = cfg.tokenizer.chat_template
 
 local env = rl.env(cfg.env.name, cfg.env.params)
 local loss = rl.loss(cfg.loss.name, cfg.loss.params)
@@ -30,27 +25,13 @@ local advantage = rl.advantage(cfg.advantage.name, cfg.advantage.params)
 local filters = rl.filters(cfg.filters)
 local buffer = rl.buffer(rl.buffer_config(cfg))
 
--- 1. supervised warm-up ------------------------------------------------------------
-if cfg.sft.steps > 0 then
-    local ce = rl.loss("causallm_loss")
-    for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
-        local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
-        local batch = rl.sft_batch(tok, tasks, info.eos_token_ids[1], template)
-        local out = trainer:forward_backward(batch, ce)
-        local opt = trainer:optim_step { learning_rate = cfg.sft.learning_rate }
-        run:log { loss = out.loss, tokens = out.tokens, grad_norm = opt.grad_norm }
-    end
-end
+-- 1. supervised warm-up (sft.steps > 0) -----------------------------------------------
+rl.sft_warmup(cfg, run, trainer, tok, env)
 engine:sync_weights(buffer)
 
 -- 2. GRPO ----------------------------------------------------------------------------
 for step in run:steps("rl", cfg.run.steps) do
-    local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
-    local rollouts = engine:rollouts(tasks, {
-        chat_template = template, group_offset = step * #tasks,
-        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
-    })
-    rollouts:score(env)
+    local rollouts = rl.scored_rollouts(engine, env, cfg, step)
     local flagged = rollouts:filter(filters)
     buffer:push_rollouts(rollouts) -- the buffer drops groups without signal
 

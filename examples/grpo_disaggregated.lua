@@ -31,11 +31,7 @@
 --   worker. The run folder, metrics and checkpoints are the trainer's.
 local rl = require("rl")
 
-local cfg = rl.config {
-    { "sft.steps", "integer", 0, "Supervised warm-up steps on the env's reference answers before RL (trainer).", min = 0 },
-    { "sft.batch_size", "integer", 32, "Examples per warm-up step.", min = 1 },
-    { "sft.learning_rate", "number", 1e-3, "Warm-up learning rate.", min = 0 },
-}
+local cfg = rl.config(rl.sft_keys()) -- sft.*: the trainer's optional warm-up
 
 local role = cfg.role
 if role == "auto" then
@@ -59,7 +55,6 @@ local batch_dir = cfg.rollout_transport.dir ~= "" and cfg.rollout_transport.dir
     or (run_dir .. "/transport/" .. launch_id)
 local weight_dir = cfg.weight_broadcast.dir ~= "" and cfg.weight_broadcast.dir or batch_dir
 local ms = function(seconds) return math.floor(seconds * 1000) end
-local template = cfg.tokenizer.chat_template
 local max_gap = cfg.buffer.max_off_policy_steps -- nil: never drop
 if max_gap ~= nil and max_gap < cfg.max_async_level then
     error(("buffer.max_off_policy_steps (%d) is below max_async_level (%d): the trainer would "
@@ -157,12 +152,7 @@ local function rollout_worker()
             while take(0) do end -- adopt anything newer that is already there
             round = round + 1
             local seed_step = round * workers + worker_index
-            local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", seed_step))
-            local rollouts = engine:rollouts(tasks, {
-                chat_template = template, group_offset = seed_step * #tasks,
-                sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", seed_step) }),
-            })
-            rollouts:score(env)
+            local rollouts = rl.scored_rollouts(engine, env, cfg, seed_step)
             local flagged = rollouts:filter(filters)
             buffer:push_rollouts(rollouts)
             local r = rollouts:info()
@@ -221,15 +211,7 @@ local function trainer_role()
     end
 
     if cfg.sft.steps > 0 then
-        local env = rl.env(cfg.env.name, cfg.env.params)
-        local ce = rl.loss("causallm_loss")
-        for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
-            local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
-            local batch = rl.sft_batch(tok, tasks, info.eos_token_ids[1], template)
-            local out = trainer:forward_backward(batch, ce)
-            local opt = trainer:optim_step { learning_rate = cfg.sft.learning_rate }
-            run:log { loss = out.loss, tokens = out.tokens, grad_norm = opt.grad_norm }
-        end
+        rl.sft_warmup(cfg, run, trainer, tok, rl.env(cfg.env.name, cfg.env.params))
     end
     version = run.phases.rl or 0 -- a resumed run continues its versions
     broadcast()

@@ -15,15 +15,12 @@
 --   rlhost run examples/ppo.lua --config examples/ppo.yaml
 local rl = require("rl")
 
-local cfg = rl.config { -- this script's own settings, checked like the host's
-    { "sft.steps", "integer", 0, "Supervised warm-up steps on the env's reference answers before RL.", min = 0 },
-    { "sft.batch_size", "integer", 32, "Examples per warm-up step.", min = 1 },
-    { "sft.learning_rate", "number", 1e-3, "Warm-up learning rate.", min = 0 },
+local cfg = rl.config(rl.sft_keys { -- this script's own settings, checked like the host's
     { "ppo.epochs", "integer", 2, "Passes over each step's rollouts (one optimizer step per minibatch per pass).", min = 1 },
     { "ppo.minibatches", "integer", 1, "Minibatches per pass (whole groups each).", min = 1 },
     { "ppo.vf_coef", "number", 0.5, "Weight of the critic's value_loss (with model.value_head).", min = 0 },
     { "ppo.vf_clip", "number", 0, "value_loss vf_clip around the rollout's values (0: none).", min = 0 },
-}
+})
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
 local tok, info = model:tokenizer(), model:info()
@@ -31,7 +28,6 @@ local optimizer_steps = cfg.run.steps * cfg.ppo.epochs * cfg.ppo.minibatches
 local trainer = model:trainer(rl.trainer_config(cfg, { total_steps = optimizer_steps }))
 run:attach(trainer)
 local engine = model:engine(rl.engine_config(cfg))
-local template = cfg.tokenizer.chat_template
 
 local env = rl.env(cfg.env.name, cfg.env.params)
 local loss = rl.loss(cfg.loss.name, cfg.loss.params)
@@ -63,24 +59,11 @@ local function critic_part(mb)
 end
 local buffer = rl.buffer(rl.buffer_config(cfg))
 
-if cfg.sft.steps > 0 then -- optional supervised warm-up
-    local ce = rl.loss("causallm_loss")
-    for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
-        local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
-        local out = trainer:forward_backward(rl.sft_batch(tok, tasks, info.eos_token_ids[1], template), ce)
-        trainer:optim_step { learning_rate = cfg.sft.learning_rate }
-        run:log { loss = out.loss, tokens = out.tokens }
-    end
-end
+rl.sft_warmup(cfg, run, trainer, tok, env) -- optional (sft.steps > 0)
 engine:sync_weights(buffer)
 
 for step in run:steps("rl", cfg.run.steps) do
-    local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
-    local rollouts = engine:rollouts(tasks, {
-        chat_template = template, group_offset = step * #tasks,
-        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
-    })
-    rollouts:score(env)
+    local rollouts = rl.scored_rollouts(engine, env, cfg, step)
     local flagged = rollouts:filter(filters)
     buffer:push_rollouts(rollouts)
     local r = rollouts:info()

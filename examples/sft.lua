@@ -7,11 +7,7 @@
 --   rlhost run examples/sft.lua --config examples/sft.yaml
 local rl = require("rl")
 
-local cfg = rl.config { -- this script's own settings, checked like the host's
-    { "sft.steps", "integer", 0, "Supervised warm-up steps on the env's reference answers before RL.", min = 0 },
-    { "sft.batch_size", "integer", 32, "Examples per warm-up step.", min = 1 },
-    { "sft.learning_rate", "number", 1e-3, "Warm-up learning rate.", min = 0 },
-}
+local cfg = rl.config(rl.sft_keys()) -- this script's own settings, checked like the host's
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
 local tok, info = model:tokenizer(), model:info()

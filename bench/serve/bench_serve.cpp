@@ -79,6 +79,21 @@ std::string prompt_text(int client, int request) {
            ": tell me a story about the number " + std::to_string(client * 31 + request);
 }
 
+// load.clients threads, each making load.requests requests with
+// request(client, index, tally); the report's tokens per second.
+template <class F>
+double run_clients(const Load &load, const char *what, F request) {
+    Tally t;
+    const auto t0 = Clock::now();
+    std::vector<std::thread> threads;
+    for (int c = 0; c < load.clients; ++c)
+        threads.emplace_back([&, c] {
+            for (int r = 0; r < load.requests; ++r) request(c, r, t);
+        });
+    for (auto &th : threads) th.join();
+    return report(what, t, seconds(t0));
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -127,34 +142,25 @@ int main(int argc, char **argv) {
         cfg.scheduler.max_running = load.clients;
         rl::serve::Server server(policy, cfg);
         server.start();
-        Tally t;
-        const auto t0 = Clock::now();
-        std::vector<std::thread> threads;
-        for (int c = 0; c < load.clients; ++c)
-            threads.emplace_back([&, c] {
-                for (int r = 0; r < load.requests; ++r) {
-                    const json body = {{"prompt", prompt_text(c, r)},
-                                       {"max_tokens", load.max_tokens},
-                                       {"temperature", 1.0},
-                                       {"seed", c * 1000 + r}};
-                    const auto s0 = Clock::now();
-                    try {
-                        const auto resp = rl::serve::http_request(
-                            server.url(), "POST", "/v1/completions", body.dump(), {}, 600);
-                        if (resp.status != 200) {
-                            t.fail("HTTP " + std::to_string(resp.status) + ": " +
-                                   resp.body.substr(0, 200));
-                            continue;
-                        }
-                        const json j = json::parse(resp.body);
-                        t.add(seconds(s0), j.at("usage").at("completion_tokens").get<int64_t>());
-                    } catch (const std::exception &e) {
-                        t.fail(e.what());
-                    }
+        http_tps = run_clients(load, "rlhost serve (HTTP, loopback)", [&](int c, int r, Tally &t) {
+            const json body = {{"prompt", prompt_text(c, r)},
+                               {"max_tokens", load.max_tokens},
+                               {"temperature", 1.0},
+                               {"seed", c * 1000 + r}};
+            const auto s0 = Clock::now();
+            try {
+                const auto resp = rl::serve::http_request(server.url(), "POST", "/v1/completions",
+                                                          body.dump(), {}, 600);
+                if (resp.status != 200) {
+                    t.fail("HTTP " + std::to_string(resp.status) + ": " + resp.body.substr(0, 200));
+                    return;
                 }
-            });
-        for (auto &th : threads) th.join();
-        http_tps = report("rlhost serve (HTTP, loopback)", t, seconds(t0));
+                const json j = json::parse(resp.body);
+                t.add(seconds(s0), j.at("usage").at("completion_tokens").get<int64_t>());
+            } catch (const std::exception &e) {
+                t.fail(e.what());
+            }
+        });
         server.stop();
     }
 
@@ -165,36 +171,26 @@ int main(int argc, char **argv) {
         sc.max_running = load.clients;
         rl::core::Scheduler scheduler(policy, sc);
         const auto &tok = policy->require_tokenizer("bench_serve");
-        Tally t;
-        const auto t0 = Clock::now();
-        std::vector<std::thread> threads;
-        for (int c = 0; c < load.clients; ++c)
-            threads.emplace_back([&, c] {
-                for (int r = 0; r < load.requests; ++r) {
-                    rl::core::ServeRequest req;
-                    for (int32_t id : tok.encode(prompt_text(c, r))) req.prompt.push_back(id);
-                    req.params.max_tokens = load.max_tokens;
-                    req.params.seed = static_cast<uint64_t>(c * 1000 + r);
-                    std::promise<rl::core::RequestResult> done;
-                    auto fut = done.get_future();
-                    req.on_done = [&done](rl::core::RequestResult res) {
-                        done.set_value(std::move(res));
-                    };
-                    const auto s0 = Clock::now();
-                    try {
-                        scheduler.submit(std::move(req));
-                        const auto res = fut.get();
-                        if (res.end == rl::core::RequestEnd::Error)
-                            t.fail(res.error);
-                        else
-                            t.add(seconds(s0), static_cast<int64_t>(res.tokens.size()));
-                    } catch (const std::exception &e) {
-                        t.fail(e.what());
-                    }
-                }
-            });
-        for (auto &th : threads) th.join();
-        sched_tps = report("scheduler (in process)", t, seconds(t0));
+        sched_tps = run_clients(load, "scheduler (in process)", [&](int c, int r, Tally &t) {
+            rl::core::ServeRequest req;
+            for (int32_t id : tok.encode(prompt_text(c, r))) req.prompt.push_back(id);
+            req.params.max_tokens = load.max_tokens;
+            req.params.seed = static_cast<uint64_t>(c * 1000 + r);
+            std::promise<rl::core::RequestResult> done;
+            auto fut = done.get_future();
+            req.on_done = [&done](rl::core::RequestResult res) { done.set_value(std::move(res)); };
+            const auto s0 = Clock::now();
+            try {
+                scheduler.submit(std::move(req));
+                const auto res = fut.get();
+                if (res.end == rl::core::RequestEnd::Error)
+                    t.fail(res.error);
+                else
+                    t.add(seconds(s0), static_cast<int64_t>(res.tokens.size()));
+            } catch (const std::exception &e) {
+                t.fail(e.what());
+            }
+        });
     }
 
     // 3. Batched engine calls: C prompts per call, R calls.

@@ -1,6 +1,7 @@
 #include "api.hpp"
 
 #include "rl/core/error.hpp"
+#include "rl/core/names.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -81,22 +82,12 @@ json json_body(const Request &req, bool allow_empty) {
 namespace {
 
 const char *type_name(const json &v) {
-    switch (v.type()) {
-        case json::value_t::null:
-            return "null";
-        case json::value_t::boolean:
-            return "a boolean";
-        case json::value_t::string:
-            return "a string";
-        case json::value_t::array:
-            return "a list";
-        case json::value_t::object:
-            return "an object";
-        case json::value_t::number_float:
-            return "a number with a fraction";
-        default:
-            return "an integer";
-    }
+    using T = json::value_t;
+    static constexpr core::Named<T> names[] = {
+        {T::null, "null"},        {T::boolean, "a boolean"},
+        {T::string, "a string"},  {T::array, "a list"},
+        {T::object, "an object"}, {T::number_float, "a number with a fraction"}};
+    return core::name_in(names, v.type(), "an integer");
 }
 
 std::string num(double v) {

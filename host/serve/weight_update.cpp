@@ -1,6 +1,7 @@
 #include "weight_update.hpp"
 
 #include "rl/core/atomic_file.hpp"
+#include "rl/core/names.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
@@ -88,39 +89,32 @@ std::map<std::string, uint32_t> read_checksums_file(const std::string &path) {
 
 } // namespace
 
+namespace {
+
+// torch dtype names this server reads, each type's own name first (the one
+// written); "float" and "half" are aliases.
+constexpr core::Named<at::ScalarType> kDtypeNames[] = {
+    {at::kFloat, "float32"}, {at::kFloat, "float"}, {at::kBFloat16, "bfloat16"},
+    {at::kHalf, "float16"},  {at::kHalf, "half"},   {at::kDouble, "float64"},
+    {at::kLong, "int64"},    {at::kInt, "int32"},   {at::kShort, "int16"},
+    {at::kChar, "int8"},     {at::kByte, "uint8"},  {at::kBool, "bool"}};
+
+} // namespace
+
 at::ScalarType scalar_type_of(const std::string &name, const std::string &field) {
-    static const std::map<std::string, at::ScalarType> types = {
-        {"float32", at::kFloat}, {"float", at::kFloat}, {"bfloat16", at::kBFloat16},
-        {"float16", at::kHalf},  {"half", at::kHalf},   {"float64", at::kDouble},
-        {"int64", at::kLong},    {"int32", at::kInt},   {"int16", at::kShort},
-        {"int8", at::kChar},     {"uint8", at::kByte},  {"bool", at::kBool}};
-    std::string n = name.rfind("torch.", 0) == 0 ? name.substr(6) : name;
-    auto it = types.find(n);
-    if (it == types.end())
+    const std::string n = name.rfind("torch.", 0) == 0 ? name.substr(6) : name;
+    const auto t = core::value_in(kDtypeNames, n);
+    if (!t)
         refuse(field + ": '" + name +
                "' is not a dtype this server reads (float32, bfloat16, float16, float64, int64, "
                "int32, int16, int8, uint8, bool)");
-    return it->second;
+    return *t;
 }
 
 std::string torch_dtype_name(at::ScalarType t) {
     if (at::isFloatingType(t)) return core::dtype_string(t); // float32, bfloat16, ...
-    switch (t) {
-        case at::kLong:
-            return "int64";
-        case at::kInt:
-            return "int32";
-        case at::kShort:
-            return "int16";
-        case at::kChar:
-            return "int8";
-        case at::kByte:
-            return "uint8";
-        case at::kBool:
-            return "bool";
-        default:
-            return c10::toString(t);
-    }
+    if (const char *name = core::name_in(kDtypeNames, t, nullptr)) return name;
+    return c10::toString(t);
 }
 
 uint32_t tensor_crc32c(const at::Tensor &t) {

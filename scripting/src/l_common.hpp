@@ -151,6 +151,9 @@ std::string to_json(lua_State *L, int idx, const std::string &what);
 // JSON text -> Lua value on the stack. null is rl.null; arrays carry the
 // array marker metatable so they stay arrays when written back.
 void push_json(lua_State *L, const std::string &text, const char *what);
+// Argument `arg` as JSON text: nil is "{}", a table is written as JSON, a
+// string is taken as it is; anything else raises naming `what`.
+std::string json_arg(lua_State *L, int arg, const char *what);
 void push_null(lua_State *L);
 bool is_null(lua_State *L, int idx);
 void set_array_mt(lua_State *L, int idx);
@@ -163,6 +166,9 @@ void open_json(lua_State *L); // leaves the rl.json table on the stack
 // NULL-terminated list) are decoded from JSON. Destroys the result (also on
 // error).
 void push_result(lua_State *L, rl_result_t *result, const char *const *json_texts = nullptr);
+// Pushes the result (as push_result) and on top of it its text `name`,
+// decoded from JSON; returns 1 (the decoded value is the Lua call's result).
+int push_json_field(lua_State *L, rl_result_t *result, const char *name);
 
 // RAII for results while other Lua calls may raise.
 struct ResultGuard {

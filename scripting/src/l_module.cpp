@@ -32,6 +32,16 @@ void check_status(lua_State *L, rl_status_t st, const char *what) {
     throw std::logic_error("unreachable"); // luaL_argerror never returns
 }
 
+std::string json_arg(lua_State *L, int arg, const char *what) {
+    if (lua_isnoneornil(L, arg)) return "{}";
+    if (lua_type(L, arg) == LUA_TSTRING) return lua_tostring(L, arg);
+    if (!lua_istable(L, arg))
+        arg_error(L, arg,
+                  std::string(what) + " must be a table or a JSON string, got " +
+                      luaL_typename(L, arg));
+    return to_json(L, arg, what);
+}
+
 // ---- handles -----------------------------------------------------------------------
 
 void Handle::close() {
@@ -184,6 +194,13 @@ void push_result(lua_State *L, rl_result_t *result, const char *const *json_text
             push_tensor_copy(L, v, what.c_str());
             lua_setfield(L, out, it.key().c_str());
         }
+}
+
+int push_json_field(lua_State *L, rl_result_t *result, const char *name) {
+    const char *const texts[] = {name, nullptr};
+    push_result(L, result, texts);
+    lua_getfield(L, -1, name);
+    return 1;
 }
 
 // ---- option helpers -------------------------------------------------------------------

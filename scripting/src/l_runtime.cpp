@@ -31,17 +31,6 @@ void set_name(Handle *h, const std::string &name) {
     std::snprintf(h->name, sizeof(h->name), "%s", name.c_str());
 }
 
-// Parameters: nil (= {}), a table (written as JSON) or a JSON string.
-std::string params_arg(lua_State *L, int arg, const char *what) {
-    if (lua_isnoneornil(L, arg)) return "{}";
-    if (lua_type(L, arg) == LUA_TSTRING) return lua_tostring(L, arg);
-    if (!lua_istable(L, arg))
-        arg_error(L, arg,
-                  std::string(what) + " must be a table or a JSON string, got " +
-                      luaL_typename(L, arg));
-    return to_json(L, arg, what);
-}
-
 bool is_id_name(const std::string &n) {
     return n == "input_ids" || n == "labels" || n == "cu_seqlens" || n == "group_ids" ||
            n == "token_ids" || n == "prompt_index" || n == "position_ids";
@@ -156,16 +145,13 @@ int r_plugins(lua_State *L) {
     rl_runtime_t *rt = runtime_of(L, 1);
     rl_result_t *res = nullptr;
     check_status(L, rl_runtime_list_plugins(rt, &res), "runtime:plugins");
-    static const char *const texts[] = {"plugins", nullptr};
-    push_result(L, res, texts);
-    lua_getfield(L, -1, "plugins");
-    return 1;
+    return push_json_field(L, res, "plugins");
 }
 
 int make_instance(lua_State *L, const char *kind, const char *mt, int name_arg) {
     rl_runtime_t *rt = runtime_of(L, 1);
     const std::string name = luaL_checkstring(L, name_arg);
-    const std::string params = params_arg(L, name_arg + 1, "params");
+    const std::string params = json_arg(L, name_arg + 1, "params");
     Handle *h = push_handle(L, mt, nullptr, destroy_instance, 1);
     h->kind = kind;
     set_name(h, name);
@@ -245,10 +231,7 @@ int loss_signature(lua_State *L) {
     auto *inst = static_cast<rl_instance_t *>(check_handle(L, 1, kLossMT)->ptr);
     rl_result_t *res = nullptr;
     check_status(L, rl_loss_signature(inst, &res), "loss:signature");
-    static const char *const texts[] = {"signature", nullptr};
-    push_result(L, res, texts);
-    lua_getfield(L, -1, "signature");
-    return 1;
+    return push_json_field(L, res, "signature");
 }
 
 // ---- advantage ----------------------------------------------------------------------

@@ -32,16 +32,6 @@ void destroy_train_batch(void *p) {
 constexpr const char *kRolloutsMT = "rl.rollouts";
 constexpr const char *kTrainBatchMT = "rl.train_batch";
 
-std::string config_arg(lua_State *L, int arg, const char *what) {
-    if (lua_isnoneornil(L, arg)) return "{}";
-    if (lua_type(L, arg) == LUA_TSTRING) return lua_tostring(L, arg);
-    if (!lua_istable(L, arg))
-        arg_error(L, arg,
-                  std::string(what) + " must be a table or a JSON string, got " +
-                      luaL_typename(L, arg));
-    return to_json(L, arg, what);
-}
-
 // ---- models ---------------------------------------------------------------------------
 
 // rl.init_model(preset, dir [, seed])
@@ -58,7 +48,7 @@ int m_init_preset(lua_State *L) {
 // rl.model(path [, {threads = 0}])
 int m_load(lua_State *L) {
     const std::string path = luaL_checkstring(L, 1);
-    const std::string opts = config_arg(L, 2, "options");
+    const std::string opts = json_arg(L, 2, "options");
     Handle *h = push_handle(L, kModelMT, nullptr, destroy_model, 0);
     const size_t slash = path.find_last_of('/', path.size() > 1 ? path.size() - 2 : 0);
     std::snprintf(h->name, sizeof(h->name), "%s",
@@ -81,10 +71,7 @@ int m_info(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     rl_result_t *res = nullptr;
     check_status(L, rl_model_info(m, &res), "model:info");
-    static const char *const texts[] = {"info", nullptr};
-    push_result(L, res, texts);
-    lua_getfield(L, -1, "info");
-    return 1;
+    return push_json_field(L, res, "info");
 }
 
 int m_save(lua_State *L) {
@@ -153,7 +140,7 @@ int m_send_weights(lua_State *L) {
     if (!lua_isnil(L, 2))
         tx = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.transport")->ptr);
     const lua_Integer version = luaL_checkinteger(L, 3);
-    const std::string opts = config_arg(L, 4, "model:send_weights: options");
+    const std::string opts = json_arg(L, 4, "model:send_weights: options");
     rl_result_t *res = nullptr;
     check_status(L,
                  rl_weights_send(m, tx, static_cast<int64_t>(version),
@@ -169,7 +156,7 @@ int m_recv_weights(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     auto *tx = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.transport")->ptr);
     const lua_Integer timeout = luaL_optinteger(L, 3, -1);
-    const std::string opts = config_arg(L, 4, "model:recv_weights: options");
+    const std::string opts = json_arg(L, 4, "model:recv_weights: options");
     rl_result_t *res = nullptr;
     const rl_status_t st = rl_weights_recv(m, tx, static_cast<int64_t>(timeout),
                                            opts.empty() ? nullptr : opts.c_str(), &res);
@@ -223,7 +210,7 @@ int m_chat(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     const std::string messages = to_json(L, 2, "messages");
-    const std::string opts = config_arg(L, 3, "tokenizer:apply_chat_template: options");
+    const std::string opts = json_arg(L, 3, "tokenizer:apply_chat_template: options");
     rl_result_t *res = nullptr;
     check_status(L, rl_tokenizer_render_chat(m, messages.c_str(), opts.c_str(), &res),
                  "tokenizer:apply_chat_template");
@@ -324,7 +311,7 @@ std::string rank_share(lua_State *L, const std::string &tasks, std::string &opts
 
 // rl.dist_init([dist config [, device]]) -> {rank, world_size, ...}
 int d_init(lua_State *L) {
-    const std::string cfg = lua_isnoneornil(L, 1) ? "" : config_arg(L, 1, "rl.dist.init: config");
+    const std::string cfg = lua_isnoneornil(L, 1) ? "" : json_arg(L, 1, "rl.dist.init: config");
     const char *device = luaL_optstring(L, 2, nullptr);
     rl_result_t *res = nullptr;
     check_status(L, rl_dist_init(cfg.empty() ? nullptr : cfg.c_str(), device, &res),
@@ -387,9 +374,8 @@ int d_all_gather(lua_State *L) {
 // a distributed run)
 int m_sft_batch(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
-    std::string opts = config_arg(L, 3, "sft_batch: options");
-    const std::string tasks =
-        rank_share(L, config_arg(L, 2, "sft_batch: tasks"), opts, "sft_batch");
+    std::string opts = json_arg(L, 3, "sft_batch: options");
+    const std::string tasks = rank_share(L, json_arg(L, 2, "sft_batch: tasks"), opts, "sft_batch");
     Handle *h = push_handle(L, kTrainBatchMT, nullptr, destroy_train_batch, 0);
     rl_train_batch_t *b = nullptr;
     check_status(L, rl_train_batch_supervised(m, tasks.c_str(), opts.c_str(), &b), "sft_batch");
@@ -400,7 +386,7 @@ int m_sft_batch(lua_State *L) {
 // model:trainer([config]) -> rl.trainer
 int m_trainer(lua_State *L) {
     Handle *model = check_handle(L, 1, kModelMT);
-    const std::string cfg = config_arg(L, 2, "trainer config");
+    const std::string cfg = json_arg(L, 2, "trainer config");
     Handle *h = push_handle(L, kTrainerMT, nullptr, destroy_trainer, 1);
     rl_trainer_t *t = nullptr;
     check_status(L, rl_trainer_create(static_cast<rl_model_t *>(model->ptr), cfg.c_str(), &t),
@@ -412,7 +398,7 @@ int m_trainer(lua_State *L) {
 // model:engine([config]) -> rl.engine
 int m_engine(lua_State *L) {
     Handle *model = check_handle(L, 1, kModelMT);
-    const std::string cfg = config_arg(L, 2, "engine config");
+    const std::string cfg = json_arg(L, 2, "engine config");
     Handle *h = push_handle(L, kEngineMT, nullptr, destroy_engine, 1);
     rl_engine_t *e = nullptr;
     check_status(L, rl_engine_create(static_cast<rl_model_t *>(model->ptr), cfg.c_str(), &e),
@@ -492,7 +478,7 @@ int t_forward(lua_State *L) {
 // trainer:optim_step([{learning_rate = ..., gradient_clip = ...}])
 int t_optim_step(lua_State *L) {
     rl_trainer_t *t = trainer_of(L);
-    const std::string params = config_arg(L, 2, "optimizer parameters");
+    const std::string params = json_arg(L, 2, "optimizer parameters");
     rl_result_t *res = nullptr;
     check_status(L, rl_trainer_optim_step(t, params.c_str(), &res), "trainer:optim_step");
     push_result(L, res);
@@ -503,7 +489,7 @@ int t_optim_step(lua_State *L) {
 int t_save_checkpoint(lua_State *L) {
     rl_trainer_t *t = trainer_of(L);
     const char *dir = luaL_checkstring(L, 2);
-    const std::string state = config_arg(L, 3, "state");
+    const std::string state = json_arg(L, 3, "state");
     rl_result_t *res = nullptr;
     check_status(L, rl_trainer_save_checkpoint(t, dir, state.c_str(), &res),
                  "trainer:save_checkpoint");
@@ -539,7 +525,7 @@ rl_engine_t *engine_of(lua_State *L) {
 int e_generate(lua_State *L) {
     rl_engine_t *e = engine_of(L);
     luaL_checktype(L, 2, LUA_TTABLE);
-    const std::string params = config_arg(L, 3, "generation parameters");
+    const std::string params = json_arg(L, 3, "generation parameters");
     rl_tensor_view_t ids{}, cu{};
     lua_getfield(L, 2, "ids");
     const bool packed = !lua_isnil(L, -1);
@@ -593,9 +579,9 @@ int e_sync_weights(lua_State *L) {
 // engine:rollouts(tasks [, {chat_template, group_offset, sampling}]) -> rl.rollouts
 int e_rollouts(lua_State *L) {
     rl_engine_t *e = engine_of(L);
-    std::string opts = config_arg(L, 3, "engine:rollouts: options");
+    std::string opts = json_arg(L, 3, "engine:rollouts: options");
     const std::string tasks =
-        rank_share(L, config_arg(L, 2, "engine:rollouts: tasks"), opts, "engine:rollouts");
+        rank_share(L, json_arg(L, 2, "engine:rollouts: tasks"), opts, "engine:rollouts");
     Handle *h = push_handle(L, kRolloutsMT, nullptr, destroy_rollouts, 0);
     rl_rollouts_t *r = nullptr;
     check_status(L, rl_rollouts_generate(e, tasks.c_str(), opts.c_str(), &r), "engine:rollouts");
@@ -625,7 +611,7 @@ rl_buffer_t *buffer_of(lua_State *L) {
 
 // rl.buffer([config]) -> rl.buffer
 int b_new(lua_State *L) {
-    const std::string cfg = config_arg(L, 1, "buffer config");
+    const std::string cfg = json_arg(L, 1, "buffer config");
     Handle *h = push_handle(L, kBufferMT, nullptr, destroy_buffer, 0);
     rl_buffer_t *b = nullptr;
     check_status(L, rl_buffer_create(cfg.c_str(), &b), "rl.buffer");
@@ -890,7 +876,7 @@ rl_inference_client_t *inference_client_of(lua_State *L) {
 
 // rl.inference_client{url = "http://127.0.0.1:30000" [, api_key, timeout, protocol]}
 int ic_new(lua_State *L) {
-    const std::string opts = config_arg(L, 1, "rl.inference_client: options");
+    const std::string opts = json_arg(L, 1, "rl.inference_client: options");
     Handle *h = push_handle(L, kInferenceClientMT, nullptr, destroy_inference_client, 0);
     rl_inference_client_t *c = nullptr;
     check_status(L, rl_inference_client_create(opts.c_str(), &c), "rl.inference_client");
@@ -927,14 +913,14 @@ int ic_call(lua_State *L) {
     const char *method = luaL_checkstring(L, 2);
     const char *path = luaL_checkstring(L, 3);
     const std::string body =
-        lua_isnoneornil(L, 4) ? std::string() : config_arg(L, 4, "inference_client:call: body");
+        lua_isnoneornil(L, 4) ? std::string() : json_arg(L, 4, "inference_client:call: body");
     return push_call(L, c, method, path, body, "inference_client:call");
 }
 
 // client:generate(request) -> POST /generate (SGLang's request and reply)
 int ic_generate(lua_State *L) {
     rl_inference_client_t *c = inference_client_of(L);
-    const std::string body = config_arg(L, 2, "inference_client:generate: request");
+    const std::string body = json_arg(L, 2, "inference_client:generate: request");
     return push_call(L, c, "POST", "/generate", body, "inference_client:generate");
 }
 
@@ -943,8 +929,8 @@ int ic_generate(lua_State *L) {
 int ic_rollouts(lua_State *L) {
     rl_inference_client_t *c = inference_client_of(L);
     rl_model_t *m = model_of(L, 2);
-    const std::string tasks = config_arg(L, 3, "inference_client:rollouts: tasks");
-    const std::string opts = config_arg(L, 4, "inference_client:rollouts: options");
+    const std::string tasks = json_arg(L, 3, "inference_client:rollouts: tasks");
+    const std::string opts = json_arg(L, 4, "inference_client:rollouts: options");
     Handle *h = push_handle(L, kRolloutsMT, nullptr, destroy_rollouts, 0);
     rl_rollouts_t *r = nullptr;
     check_status(L, rl_inference_client_rollouts(c, m, tasks.c_str(), opts.c_str(), &r),
@@ -959,7 +945,7 @@ int ic_sync(lua_State *L) {
     rl_inference_client_t *c = inference_client_of(L);
     rl_model_t *m = static_cast<rl_model_t *>(check_handle(L, 2, kModelMT)->ptr);
     const lua_Integer version = luaL_checkinteger(L, 3);
-    const std::string opts = config_arg(L, 4, "inference_client:sync: options");
+    const std::string opts = json_arg(L, 4, "inference_client:sync: options");
     rl_result_t *res = nullptr;
     check_status(L,
                  rl_inference_client_sync(c, m, static_cast<int64_t>(version), opts.c_str(), &res),

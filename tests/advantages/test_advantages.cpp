@@ -87,11 +87,19 @@ TEST(AdvantageContract, InputErrorsDoNotRepeatTheHostsPrefix) {
                        "accepts: loss_mask");
 }
 
-TEST(AdvantageContract, NonBinaryLossMaskIsRefusedWithTheToken) {
-    auto inst = make("rloo");
-    Outputs o = inst->advantage({1.0, 0.0}, {0, 0}, {0, 1, 2}, {{"loss_mask", {1.0, 0.5}}});
+// Estimator `name` on one group of two sequences (rewards 1 and 0) with
+// `cu_seqlens` and `loss_mask` must refuse them: the error message.
+std::string refused(const std::string &name, std::vector<int64_t> cu_seqlens,
+                    std::vector<double> loss_mask) {
+    Outputs o = make(name)->advantage({1.0, 0.0}, {0, 0}, std::move(cu_seqlens),
+                                      {{"loss_mask", std::move(loss_mask)}});
     EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
-    EXPECT_NE(o.error.find("token 1"), std::string::npos) << o.error;
+    return o.error;
+}
+
+TEST(AdvantageContract, NonBinaryLossMaskIsRefusedWithTheToken) {
+    const std::string err = refused("rloo", {0, 1, 2}, {1.0, 0.5});
+    EXPECT_NE(err.find("token 1"), std::string::npos) << err;
 }
 
 TEST(AdvantageContract, NanRewardIsANumericError) {
@@ -101,17 +109,14 @@ TEST(AdvantageContract, NanRewardIsANumericError) {
 }
 
 TEST(AdvantageContract, CuSeqlensThatDisagreeWithTokenCountAreRefused) {
-    auto inst = make("grpo");
-    Outputs o = inst->advantage({1.0, 0.0}, {0, 0}, {0, 1, 3}, {{"loss_mask", {1, 1}}});
-    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
-    EXPECT_NE(o.error.find("cu_seqlens"), std::string::npos) << o.error;
+    const std::string err = refused("grpo", {0, 1, 3}, {1, 1});
+    EXPECT_NE(err.find("cu_seqlens"), std::string::npos) << err;
 }
 
 TEST(AdvantageContract, UnknownParameterIsRefusedAndValidOnesListed) {
-    Outputs o = Instance::create_status(rltest::load("advantage-grpo"), R"({"norm_by_sd": true})");
-    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
-    EXPECT_NE(o.error.find("norm_by_sd"), std::string::npos) << o.error;
-    EXPECT_NE(o.error.find("norm_by_std"), std::string::npos) << o.error;
+    const std::string err = rltest::refusal("advantage-grpo", R"({"norm_by_sd": true})");
+    EXPECT_NE(err.find("norm_by_sd"), std::string::npos) << err;
+    EXPECT_NE(err.find("norm_by_std"), std::string::npos) << err;
 }
 
 // ---- grpo -----------------------------------------------------------------------------
@@ -224,14 +229,20 @@ TEST(Rloo, LengthWeightedLeaveOneOutBaseline) {
 
 // ---- reinforce_pp ---------------------------------------------------------------------
 
+// reinforce_pp with `params` on two sequences: [prompt, completion] with
+// reward 1 and three completion tokens with reward 0.5, with token rewards.
+Outputs reinforce_pp_on_token_rewards(const char *params) {
+    auto inst = make("reinforce_pp", params);
+    return inst->advantage(
+        {1, 0.5}, {0, 1}, {0, 2, 5},
+        {{"loss_mask", {0, 1, 1, 1, 1}}, {"token_rewards", {5, -0.1, -0.2, 0.1, -0.3}}});
+}
+
 TEST(ReinforcePP, DiscountedReturnsOverCompletionTokensWithTokenRewards) {
     // seq 0: tokens [p, c] reward 1; seq 1: tokens [c, c, c] reward 0.5; gamma 0.5.
     // seq 0: G(c) = -0.1 + 1 = 0.9 (the prompt's token reward 5 is ignored).
     // seq 1: u = [-0.2, 0.1, -0.3 + 0.5]; G = [-0.2 + 0.5 * 0.2, 0.1 + 0.5 * 0.2, 0.2].
-    auto inst = make("reinforce_pp", R"({"gamma": 0.5, "whiten": false})");
-    Outputs o = inst->advantage(
-        {1, 0.5}, {0, 1}, {0, 2, 5},
-        {{"loss_mask", {0, 1, 1, 1, 1}}, {"token_rewards", {5, -0.1, -0.2, 0.1, -0.3}}});
+    Outputs o = reinforce_pp_on_token_rewards(R"({"gamma": 0.5, "whiten": false})");
     ASSERT_TRUE(o.ok()) << o.error;
     expect_near_all(o.tensors["returns"], {0, 0.9, -0.1, 0.2, 0.2});
     expect_near_all(adv(o), {0, 0.9, -0.1, 0.2, 0.2});
@@ -240,10 +251,7 @@ TEST(ReinforcePP, DiscountedReturnsOverCompletionTokensWithTokenRewards) {
 TEST(ReinforcePP, WhitensOverTheBatchsCompletionTokens) {
     // Same returns as above; masked values [0.9, -0.1, 0.2, 0.2]: mean 0.3,
     // population var 0.54 / 4.
-    auto inst = make("reinforce_pp", R"({"gamma": 0.5, "eps": 0})");
-    Outputs o = inst->advantage(
-        {1, 0.5}, {0, 1}, {0, 2, 5},
-        {{"loss_mask", {0, 1, 1, 1, 1}}, {"token_rewards", {5, -0.1, -0.2, 0.1, -0.3}}});
+    Outputs o = reinforce_pp_on_token_rewards(R"({"gamma": 0.5, "eps": 0})");
     ASSERT_TRUE(o.ok()) << o.error;
     const double sd = std::sqrt(0.135);
     expect_near_all(adv(o), {0, 0.6 / sd, -0.4 / sd, -0.1 / sd, -0.1 / sd});
@@ -266,10 +274,9 @@ TEST(ReinforcePP, ConstantReturnsWhitenToExactlyZero) {
 }
 
 TEST(ReinforcePP, LengthWeightingWithoutGroupBaselineIsRefused) {
-    Outputs o = Instance::create_status(rltest::load("advantage-reinforce_pp"),
-                                        R"({"length_weighted_mean": true})");
-    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG);
-    EXPECT_NE(o.error.find("group_baseline"), std::string::npos) << o.error;
+    const std::string err =
+        rltest::refusal("advantage-reinforce_pp", R"({"length_weighted_mean": true})");
+    EXPECT_NE(err.find("group_baseline"), std::string::npos) << err;
 }
 
 // ---- gae ------------------------------------------------------------------------------

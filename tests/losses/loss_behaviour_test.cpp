@@ -14,15 +14,7 @@ namespace {
 
 template <class L>
 T::LossRun run(const std::string &params, const Batch &b, bool want_grads = true) {
-    T::Host host;
-    T::Instance<L> inst(host, params);
-    if (!inst.ok()) {
-        T::LossRun r;
-        r.status = inst.status();
-        r.error = inst.error();
-        return r;
-    }
-    return T::run_loss(inst, b.inputs(), want_grads);
+    return run_once<L>(params, b.inputs(), want_grads);
 }
 
 Batch make(std::vector<int64_t> cu, std::map<std::string, std::vector<double>> f) {

@@ -19,15 +19,7 @@ using ::testing::HasSubstr;
 
 template <class L>
 T::LossRun run(const std::string &params, const T::LossInputs &in) {
-    T::Host host;
-    T::Instance<L> inst(host, params);
-    if (!inst.ok()) {
-        T::LossRun r;
-        r.status = inst.status();
-        r.error = inst.error();
-        return r;
-    }
-    return T::run_loss(inst, in);
+    return run_once<L>(params, in);
 }
 
 T::LossInputs ppo_inputs() {

@@ -32,15 +32,7 @@ protected:
 
 template <class L>
 T::LossRun run(const std::string &params, const Batch &b) {
-    T::Host host;
-    T::Instance<L> inst(host, params);
-    if (!inst.ok()) {
-        T::LossRun r;
-        r.status = inst.status();
-        r.error = inst.error();
-        return r;
-    }
-    return T::run_loss(inst, b.inputs());
+    return run_once<L>(params, b.inputs());
 }
 
 // The standard random batch restricted to what `params` makes the loss accept.

@@ -5,6 +5,8 @@
 #include <rl/lua.hpp>
 #include <rl_api.h>
 
+#include "temp_dir.hpp"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -58,36 +60,19 @@ public:
         EXPECT_EQ(err, "");
         return lua_tonumber(L_, -1);
     }
+    // Sets global `name` to the string `value` (e.g. DIR, a test's folder).
+    void set_global(const char *name, const std::string &value) {
+        lua_pushstring(L_, value.c_str());
+        lua_setglobal(L_, name);
+    }
     lua_State *state() { return L_; }
 
 private:
     lua_State *L_ = nullptr;
 };
 
-// Folders made by temp_dir(), removed at exit unless a test failed (then
-// they stay for a look).
-std::vector<std::string> &temp_dirs() {
-    static std::vector<std::string> dirs;
-    return dirs;
-}
-
-void remove_temp_dirs() {
-    if (::testing::UnitTest::GetInstance()->failed_test_count() > 0) return;
-    for (const auto &d : temp_dirs()) {
-        std::error_code ec;
-        std::filesystem::remove_all(d, ec);
-    }
-}
-
 std::string temp_dir() {
-    static const bool registered = (temp_dirs(), std::atexit(remove_temp_dirs) == 0);
-    (void)registered;
-    char tmpl[] = "/tmp/rl_lua_test_XXXXXX";
-    const char *d = mkdtemp(tmpl);
-    EXPECT_NE(d, nullptr);
-    if (!d) return "/tmp";
-    temp_dirs().push_back(d);
-    return d;
+    return rl_test::temp_dir("rl_lua_test_");
 }
 
 std::string write_file(const std::string &dir, const std::string &name, const std::string &text) {
@@ -98,37 +83,40 @@ std::string write_file(const std::string &dir, const std::string &name, const st
 
 // ---- script errors ------------------------------------------------------------------
 
-TEST(LuaScript, RuntimeErrorReportsFileAndLine) {
-    const std::string dir = temp_dir();
-    const std::string path = write_file(dir, "broken.lua",
-                                        "local rl = require('rl')\n"
-                                        "local x = 1\n"
-                                        "error('something went wrong')\n");
+// Writes script `name` with `text` into a fresh folder (its path in *path) and
+// runs it, which must fail: the error message.
+std::string script_error(const std::string &name, const std::string &text, std::string *path) {
+    *path = write_file(temp_dir(), name, text);
     Lua lua;
     std::string err;
-    EXPECT_FALSE(rl::lua::run_file(lua.state(), path, {}, &err));
+    EXPECT_FALSE(rl::lua::run_file(lua.state(), *path, {}, &err));
+    return err;
+}
+
+TEST(LuaScript, RuntimeErrorReportsFileAndLine) {
+    std::string path;
+    const std::string err = script_error("broken.lua",
+                                         "local rl = require('rl')\n"
+                                         "local x = 1\n"
+                                         "error('something went wrong')\n",
+                                         &path);
     EXPECT_EQ(err.rfind(path + ":3: something went wrong", 0), 0u) << err;
     EXPECT_NE(err.find("stack traceback"), std::string::npos) << err;
 }
 
 TEST(LuaScript, SyntaxErrorReportsFileAndLine) {
-    const std::string dir = temp_dir();
-    const std::string path = write_file(dir, "syntax.lua", "local a = 1\nlocal b = = 2\n");
-    Lua lua;
-    std::string err;
-    EXPECT_FALSE(rl::lua::run_file(lua.state(), path, {}, &err));
+    std::string path;
+    const std::string err = script_error("syntax.lua", "local a = 1\nlocal b = = 2\n", &path);
     EXPECT_EQ(err.rfind(path + ":2:", 0), 0u) << err;
 }
 
 TEST(LuaScript, ErrorFromAModuleCallNamesTheScriptLine) {
-    const std::string dir = temp_dir();
-    const std::string path = write_file(dir, "calls.lua",
-                                        "local rl = require('rl')\n"
-                                        "\n"
-                                        "local env = rl.env('reverse_text', {max_len = 0})\n");
-    Lua lua;
-    std::string err;
-    EXPECT_FALSE(rl::lua::run_file(lua.state(), path, {}, &err));
+    std::string path;
+    const std::string err = script_error("calls.lua",
+                                         "local rl = require('rl')\n"
+                                         "\n"
+                                         "local env = rl.env('reverse_text', {max_len = 0})\n",
+                                         &path);
     EXPECT_EQ(err.rfind(path + ":3: ", 0), 0u) << err;
     EXPECT_NE(err.find("parameter 'max_len'"), std::string::npos) << err;
 }
@@ -386,15 +374,23 @@ TEST(LuaConfig, DefaultsWithoutAHostConfig) {
               "run 8 reverse_text");
 }
 
-TEST(LuaConfig, HostConfigIsWhatScriptsSee) {
+// The host's configuration (its defaults with the `sets` overrides) as JSON text.
+std::string host_config(const std::vector<std::string> &sets) {
+    std::vector<const char *> overrides;
+    for (const auto &x : sets) overrides.push_back(x.c_str());
     rl_result_t *res = nullptr;
-    const char *sets[] = {"run.name=from_host", "rollout.n=3", "env.params={max_len: 4}"};
-    ASSERT_EQ(rl_config_load(nullptr, sets, 3, &res), RL_OK) << rl_last_error();
+    EXPECT_EQ(rl_config_load(nullptr, overrides.data(), overrides.size(), &res), RL_OK)
+        << rl_last_error();
     rl_string_view_t text{};
-    ASSERT_EQ(rl_result_text(res, "config", &text), RL_OK);
+    EXPECT_EQ(rl_result_text(res, "config", &text), RL_OK);
     const std::string cfg(text.data, text.length);
     rl_result_destroy(res);
+    return cfg;
+}
 
+TEST(LuaConfig, HostConfigIsWhatScriptsSee) {
+    const std::string cfg =
+        host_config({"run.name=from_host", "rollout.n=3", "env.params={max_len: 4}"});
     Lua lua(cfg);
     EXPECT_EQ(
         lua.eval_string("local rl = require('rl')\n"
@@ -468,6 +464,16 @@ rl_tensor_view_t view(std::vector<int64_t> &v, int64_t *shape) {
                             0};
 }
 
+// The values of float64 tensor `name` of a result.
+std::vector<double> result_doubles(rl_result_t *res, const char *name) {
+    rl_tensor_view_t t{};
+    EXPECT_EQ(rl_result_tensor(res, name, &t), RL_OK) << name;
+    const auto *p = static_cast<const double *>(t.data);
+    int64_t n = 1;
+    for (int32_t d = 0; d < t.ndim; ++d) n *= t.shape[d];
+    return p ? std::vector<double>(p, p + n) : std::vector<double>{};
+}
+
 TEST_F(LuaMatchesCApi, EnvSampleAndScore) {
     rl_instance_t *env = make("env", "reverse_text", "{\"max_len\": 6}");
     rl_result_t *res = nullptr;
@@ -531,10 +537,7 @@ TEST_F(LuaMatchesCApi, LossValueGradientsAndMetrics) {
     double value = 0, clipfrac = 0;
     ASSERT_EQ(rl_result_scalar(res, "loss", &value), RL_OK);
     ASSERT_EQ(rl_result_metric(res, "pg_clipfrac", &clipfrac), RL_OK);
-    rl_tensor_view_t grad{};
-    ASSERT_EQ(rl_result_tensor(res, "grad.logprobs", &grad), RL_OK);
-    std::vector<double> g(static_cast<const double *>(grad.data),
-                          static_cast<const double *>(grad.data) + 6);
+    const std::vector<double> g = result_doubles(res, "grad.logprobs");
     rl_result_destroy(res);
     rl_instance_destroy(loss);
 
@@ -579,10 +582,7 @@ TEST_F(LuaMatchesCApi, AdvantagesAndFilterVerdicts) {
     in.tensors = {targs, 1};
     rl_result_t *res = nullptr;
     ASSERT_EQ(rl_advantage_compute(adv, &in, &res), RL_OK) << rl_last_error();
-    rl_tensor_view_t a{};
-    ASSERT_EQ(rl_result_tensor(res, "advantages", &a), RL_OK);
-    std::vector<double> want(static_cast<const double *>(a.data),
-                             static_cast<const double *>(a.data) + 8);
+    const std::vector<double> want = result_doubles(res, "advantages");
     rl_result_destroy(res);
     rl_instance_destroy(adv);
 
@@ -637,8 +637,7 @@ TEST(LuaHelpers, SeedsAreStableAndSpread) {
 TEST(LuaTraining, TrainerAndEngineWorkThroughTheModule) {
     const std::string dir = temp_dir();
     Lua lua;
-    lua_pushstring(lua.state(), dir.c_str());
-    lua_setglobal(lua.state(), "DIR");
+    lua.set_global("DIR", dir);
     EXPECT_EQ(lua.eval_string(R"(
         local rl = require('rl')
         rl.init_model('tiny', DIR .. '/tiny', 7)
@@ -733,8 +732,7 @@ TEST(LuaTraining, TrainerAndEngineWorkThroughTheModule) {
 TEST(LuaTraining, TokenizerFlagsTokenizerWithoutModelAndBatchTemperature) {
     const std::string dir = temp_dir();
     Lua lua;
-    lua_pushstring(lua.state(), dir.c_str());
-    lua_setglobal(lua.state(), "DIR");
+    lua.set_global("DIR", dir);
     EXPECT_EQ(lua.eval_string(R"(
         local rl = require('rl')
         rl.init_model('tiny', DIR .. '/tiny', 7)
@@ -767,16 +765,7 @@ TEST(LuaTraining, TokenizerFlagsTokenizerWithoutModelAndBatchTemperature) {
 
 TEST(LuaRun, WritesConfigAndOneMetricsLinePerStep) {
     const std::string dir = temp_dir();
-    rl_result_t *res = nullptr;
-    const std::string set_dir = "run.dir=" + dir;
-    const char *sets[] = {set_dir.c_str(), "run.name=unit", "run.steps=4", "run.progress=lines"};
-    ASSERT_EQ(rl_config_load(nullptr, sets, 4, &res), RL_OK) << rl_last_error();
-    rl_string_view_t text{};
-    ASSERT_EQ(rl_result_text(res, "config", &text), RL_OK);
-    const std::string cfg(text.data, text.length);
-    rl_result_destroy(res);
-
-    Lua lua(cfg);
+    Lua lua(host_config({"run.dir=" + dir, "run.name=unit", "run.steps=4", "run.progress=lines"}));
     ASSERT_EQ(lua.run(R"(
         local rl = require('rl')
         local run = rl.run(rl.config())

@@ -4,6 +4,7 @@
 // checkpoint, one metrics line per finished step, and a resume that continues
 // from there.
 #include "free_port.hpp"
+#include "temp_dir.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -49,30 +50,8 @@ std::string read_file(const std::string &path) {
     return ss.str();
 }
 
-// Folders made by temp_dir(), removed at exit unless a test failed (then
-// they stay for a look).
-std::vector<std::string> &temp_dirs() {
-    static std::vector<std::string> dirs;
-    return dirs;
-}
-
-void remove_temp_dirs() {
-    if (::testing::UnitTest::GetInstance()->failed_test_count() > 0) return;
-    for (const auto &d : temp_dirs()) {
-        std::error_code ec;
-        std::filesystem::remove_all(d, ec);
-    }
-}
-
 std::string temp_dir() {
-    static const bool registered = (temp_dirs(), std::atexit(remove_temp_dirs) == 0);
-    (void)registered;
-    char tmpl[] = "/tmp/rl_rlhost_test_XXXXXX";
-    const char *d = mkdtemp(tmpl);
-    EXPECT_NE(d, nullptr);
-    if (!d) return "/tmp";
-    temp_dirs().push_back(d);
-    return d;
+    return rl_test::temp_dir("rl_rlhost_test_");
 }
 
 // Runs `rlhost --plugin-path <build plugins> run ARGS...` in `cwd`. `poll`
@@ -155,6 +134,27 @@ void expect_reward_rises(const std::vector<json> &rl, const std::string &out) {
                                   << out;
 }
 
+// The metrics lines of the grpo_test run in `dir` (config.json's sft.steps
+// warm-up lines, then run.steps RL lines, checked); *sft_steps gets the number
+// of warm-up lines.
+std::vector<json> grpo_test_lines(const std::string &dir, const std::string &out,
+                                  int64_t *sft_steps) {
+    const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
+    const auto lines = metrics_lines(dir + "/runs/grpo_test/metrics.jsonl");
+    *sft_steps = cfg["sft"]["steps"].get<int64_t>();
+    const int64_t rl_steps = cfg["run"]["steps"];
+    EXPECT_EQ(static_cast<int64_t>(lines.size()), *sft_steps + rl_steps) << out;
+    return lines;
+}
+
+// The RL lines of the grpo_test run in `dir`.
+std::vector<json> grpo_test_rl_lines(const std::string &dir, const std::string &out) {
+    int64_t sft_steps = 0;
+    const auto lines = grpo_test_lines(dir, out, &sft_steps);
+    if (static_cast<int64_t>(lines.size()) <= sft_steps) return {};
+    return std::vector<json>(lines.begin() + sft_steps, lines.end());
+}
+
 bool exists(const std::string &path) {
     struct stat st {};
     return stat(path.c_str(), &st) == 0;
@@ -225,10 +225,8 @@ TEST(RlhostRun, GrpoOnTheTinyModelImprovesReward) {
     const Proc p =
         rlhost({kExamples + "/grpo.lua", "--config", kScripts + "/grpo_test.yaml"}, dir, 600);
     ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
-    const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
-    const auto lines = metrics_lines(dir + "/runs/grpo_test/metrics.jsonl");
-    const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
-    ASSERT_EQ(static_cast<int64_t>(lines.size()), sft_steps + rl_steps) << p.out;
+    int64_t sft_steps = 0;
+    const auto lines = grpo_test_lines(dir, p.out, &sft_steps);
     std::vector<json> rl;
     for (size_t i = 0; i < lines.size(); ++i) {
         const bool sft = static_cast<int64_t>(i) < sft_steps;
@@ -283,11 +281,8 @@ TEST_P(LaunchTwoRanks, GrpoOnTheTinyModelImprovesRewardLikeOneProcess) {
                            "--set", "trainer.parallel=" + GetParam()},
                           dir, 900, nullptr, {"launch", "--nproc-per-node", "2", "--", "run"});
     ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
-    const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
-    const auto lines = metrics_lines(dir + "/runs/grpo_test/metrics.jsonl");
-    const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
-    ASSERT_EQ(static_cast<int64_t>(lines.size()), sft_steps + rl_steps) << p.out;
-    std::vector<json> rl(lines.begin() + sft_steps, lines.end());
+    const std::vector<json> rl = grpo_test_rl_lines(dir, p.out);
+    ASSERT_FALSE(rl.empty()) << p.out;
     expect_reward_rises(rl, p.out);
     EXPECT_NE(p.out.find("[rank 0] finished 'grpo_test'"), std::string::npos) << p.out;
     EXPECT_EQ(p.out.find("[rank 1] finished"), std::string::npos) << p.out;
@@ -330,11 +325,8 @@ TEST_P(Disaggregated, GrpoLearnsWithRolloutsInAnotherProcess) {
                            "loss.params={}"},
                           dir, 900, nullptr, {"launch", "--roles", "trainer,rollout", "--", "run"});
     ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
-    const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
-    const auto lines = metrics_lines(dir + "/runs/grpo_test/metrics.jsonl");
-    const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
-    ASSERT_EQ(static_cast<int64_t>(lines.size()), sft_steps + rl_steps) << p.out;
-    std::vector<json> rl(lines.begin() + sft_steps, lines.end());
+    const std::vector<json> rl = grpo_test_rl_lines(dir, p.out);
+    ASSERT_FALSE(rl.empty()) << p.out;
     int64_t max_gap = 0;
     for (const auto &l : rl) {
         max_gap = std::max<int64_t>(max_gap, l.at("off_policy_gap").get<int64_t>());
@@ -344,7 +336,7 @@ TEST_P(Disaggregated, GrpoLearnsWithRolloutsInAnotherProcess) {
     if (level > 0) {
         EXPECT_GE(max_gap, 1) << "the worker never ran ahead: no overlap";
     }
-    EXPECT_EQ(rl.back().at("sync/version").get<int64_t>(), rl_steps);
+    EXPECT_EQ(rl.back().at("sync/version").get<int64_t>(), static_cast<int64_t>(rl.size()));
     expect_reward_rises(rl, p.out);
     EXPECT_NE(p.out.find("[trainer] finished 'grpo_test'"), std::string::npos) << p.out;
     EXPECT_NE(p.out.find("[rollout] [rollout 0/1] done"), std::string::npos) << p.out;

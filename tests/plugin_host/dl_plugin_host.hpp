@@ -8,6 +8,7 @@
 #include <rl_api.h>
 
 #include <dlfcn.h>
+#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -314,6 +315,14 @@ inline std::shared_ptr<Library> load(const std::string &target) {
     auto lib = std::make_shared<Library>(std::string(RL_TEST_PLUGIN_DIR) + "/rl-" + target + ".so");
     cache[target] = lib;
     return lib;
+}
+
+// Creating plugin `target` with `params` must be refused as an invalid
+// argument: the error message.
+inline std::string refusal(const std::string &target, const std::string &params) {
+    const Outputs o = Instance::create_status(load(target), params);
+    EXPECT_EQ(o.status, RL_ERR_INVALID_ARG) << target << " " << params;
+    return o.error;
 }
 
 } // namespace rltest

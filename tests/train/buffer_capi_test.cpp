@@ -9,11 +9,6 @@ using nlohmann::json;
 
 namespace {
 
-struct BufferDeleter {
-    void operator()(rl_buffer_t *b) const { rl_buffer_destroy(b); }
-};
-using BufferPtr = std::unique_ptr<rl_buffer_t, BufferDeleter>;
-
 BufferPtr make_buffer(const char *config) {
     rl_buffer_t *b = nullptr;
     if (rl_buffer_create(config, &b) != RL_OK) ADD_FAILURE() << rl_last_error();

@@ -55,14 +55,24 @@ void steps(rl_trainer_t *t, rl_instance_t *loss, int n, Batch data = sft_batch()
 
 const char *kConfig = R"({"learning_rate": 1e-3})";
 
+// The causallm loss, the tiny model and its trainer after `n` SFT steps.
+struct Trained {
+    InstancePtr ce;
+    ModelPtr m;
+    TrainerPtr t;
+};
+Trained trained(int n) {
+    Trained x{make_loss("causallm_loss"), load_model(), nullptr};
+    x.t = make_trainer(x.m.get(), kConfig);
+    steps(x.t.get(), x.ce.get(), n);
+    return x;
+}
+
 } // namespace
 
 TEST(Checkpoint, SaveModifyLoadRestoresParametersOptimizerStepAndState) {
     TempDir dir("ckpt");
-    InstancePtr ce = make_loss("causallm_loss");
-    ModelPtr m = load_model();
-    TrainerPtr t = make_trainer(m.get(), kConfig);
-    steps(t.get(), ce.get(), 2);
+    auto [ce, m, t] = trained(2);
     Result saved;
     RL_ASSERT_OK(rl_trainer_save_checkpoint(t.get(), dir.path().c_str(), R"({"data_position": 17})",
                                             saved.out()));
@@ -117,10 +127,7 @@ TEST(Checkpoint, LoadWithoutACompleteCheckpointIsNotFound) {
 
 TEST(Checkpoint, PartialFoldersAreIgnoredAndStaleTempFoldersCleaned) {
     TempDir dir("partial");
-    InstancePtr ce = make_loss("causallm_loss");
-    ModelPtr m = load_model();
-    TrainerPtr t = make_trainer(m.get(), kConfig);
-    steps(t.get(), ce.get(), 1);
+    auto [ce, m, t] = trained(1);
     Result r;
     RL_ASSERT_OK(rl_trainer_save_checkpoint(t.get(), dir.path().c_str(), nullptr, r.out()));
     const std::vector<float> at_save = probe(t.get());

@@ -5,6 +5,8 @@
 // checkpoint.
 //
 // usage: train_checkpoint_writer MODEL_DIR CHECKPOINT_DIR PLUGIN_DIR MAX_STEPS
+#include "plugin_runtime.hpp"
+
 #include <rl_api.h>
 
 #include <cstdio>
@@ -28,15 +30,11 @@ int main(int argc, char **argv) {
     }
     const std::string model_dir = argv[1], dir = argv[2];
     const long max_steps = std::strtol(argv[4], nullptr, 10);
-    rl_runtime_desc_t d = RL_RUNTIME_DESC_INIT;
-    d.flags = RL_RUNTIME_NO_DEFAULT_PLUGINS;
-    d.plugin_path = argv[3];
-    d.log_level = "warn";
-    rl_runtime_t *rt = nullptr;
+    rl_runtime_t *rt = rl_train_test::plugin_runtime(argv[3]);
+    if (!rt) return fail("runtime");
     rl_model_t *model = nullptr;
     rl_trainer_t *trainer = nullptr;
     rl_instance_t *loss = nullptr;
-    if (rl_runtime_create(&d, &rt) != RL_OK) return fail("runtime");
     if (rl_model_load(model_dir.c_str(), "{\"threads\": 1}", &model) != RL_OK) return fail("model");
     if (rl_trainer_create(model, "{\"learning_rate\": 1e-3}", &trainer) != RL_OK)
         return fail("trainer");

@@ -62,6 +62,18 @@ Gen generate(rl_engine_t *e, const Prompts &p, const std::string &params) {
     return g;
 }
 
+// One training sequence per sample: its prompt, then its completion.
+Batch prompts_and_samples(const Prompts &p, const Gen &g) {
+    Batch b;
+    for (size_t s = 0; s < g.samples(); ++s) {
+        std::vector<int64_t> seq = p[g.prompt_index[s]];
+        const auto c = g.sample(s);
+        seq.insert(seq.end(), c.begin(), c.end());
+        b.add(seq);
+    }
+    return b;
+}
+
 std::string decode(rl_model_t *m, const std::vector<int64_t> &ids) {
     Result r;
     if (rl_tokenizer_decode(m, ids.data(), ids.size(), r.out()) != RL_OK) {
@@ -208,13 +220,7 @@ TEST_F(EngineTest, StopStringIsCutFromTheTextAndEndsTheSample) {
 TEST_F(EngineTest, LogprobsMatchTheTrainersRecomputation) {
     TrainerPtr t = make_trainer(model.get(), "{}");
     const Gen g = generate(engine.get(), *prompts, R"({"n": 3, "seed": 9, "max_tokens": 10})");
-    Batch b;
-    for (size_t s = 0; s < g.samples(); ++s) {
-        std::vector<int64_t> seq = (*prompts)[g.prompt_index[s]];
-        const auto c = g.sample(s);
-        seq.insert(seq.end(), c.begin(), c.end());
-        b.add(seq);
-    }
+    Batch b = prompts_and_samples(*prompts, g);
     Result r;
     RL_ASSERT_OK(rl_trainer_forward(t.get(), b.view(), nullptr, r.out()));
     const auto lp = r.tensor<float>("logprobs");
@@ -229,13 +235,7 @@ TEST_F(EngineTest, LogprobsMatchTheTrainersRecomputation) {
     // reported logprob is at least the full-distribution one.
     const Gen k = generate(engine.get(), *prompts,
                            R"({"n": 3, "seed": 9, "max_tokens": 10, "top_k": 20, "top_p": 0.9})");
-    Batch kb;
-    for (size_t s = 0; s < k.samples(); ++s) {
-        std::vector<int64_t> seq = (*prompts)[k.prompt_index[s]];
-        const auto c = k.sample(s);
-        seq.insert(seq.end(), c.begin(), c.end());
-        kb.add(seq);
-    }
+    Batch kb = prompts_and_samples(*prompts, k);
     Result kr;
     RL_ASSERT_OK(rl_trainer_forward(t.get(), kb.view(), nullptr, kr.out()));
     const auto klp = kr.tensor<float>("logprobs");
@@ -259,13 +259,7 @@ TEST_F(EngineTest, TrainerLogprobsAgreeWithTheEngineAtTheSamplingTemperature) {
     TrainerPtr t = make_trainer(model.get(), "{}");
     const Gen g = generate(engine.get(), *prompts,
                            R"({"n": 3, "seed": 9, "max_tokens": 10, "temperature": 0.7})");
-    Batch b;
-    for (size_t s = 0; s < g.samples(); ++s) {
-        std::vector<int64_t> seq = (*prompts)[g.prompt_index[s]];
-        const auto c = g.sample(s);
-        seq.insert(seq.end(), c.begin(), c.end());
-        b.add(seq);
-    }
+    Batch b = prompts_and_samples(*prompts, g);
     auto completion_logprobs = [&](const std::vector<float> &lp) {
         std::vector<float> out;
         for (size_t s = 0; s < g.samples(); ++s) {

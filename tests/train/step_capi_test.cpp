@@ -14,19 +14,6 @@ namespace {
 using namespace rl_train_test;
 using nlohmann::json;
 
-struct RolloutsDeleter {
-    void operator()(rl_rollouts_t *r) const { rl_rollouts_destroy(r); }
-};
-struct BatchDeleter {
-    void operator()(rl_train_batch_t *b) const { rl_train_batch_destroy(b); }
-};
-struct BufferDeleter {
-    void operator()(rl_buffer_t *b) const { rl_buffer_destroy(b); }
-};
-using RolloutsPtr = std::unique_ptr<rl_rollouts_t, RolloutsDeleter>;
-using BatchPtr = std::unique_ptr<rl_train_batch_t, BatchDeleter>;
-using BufferPtr = std::unique_ptr<rl_buffer_t, BufferDeleter>;
-
 InstancePtr make(const char *kind, const char *name, const char *params = "{}") {
     rl_instance_t *i = nullptr;
     if (rl_instance_create(runtime(), kind, name, params, &i) != RL_OK)
@@ -38,6 +25,18 @@ BufferPtr make_buffer(const char *config) {
     rl_buffer_t *b = nullptr;
     if (rl_buffer_create(config, &b) != RL_OK) ADD_FAILURE() << rl_last_error();
     return BufferPtr(b);
+}
+
+// A training batch of `n` rollouts popped from `buf` (null when none is
+// ready), with its info in *info.
+BatchPtr pop_batch(rl_buffer_t *buf, uint64_t n, Result *info) {
+    rl_train_batch_t *raw = nullptr;
+    EXPECT_EQ(rl_buffer_pop_train_batch(buf, n, 0, &raw), RL_OK) << rl_last_error();
+    BatchPtr batch(raw);
+    if (batch) {
+        EXPECT_EQ(rl_train_batch_info(batch.get(), info->out()), RL_OK) << rl_last_error();
+    }
+    return batch;
 }
 
 const char *kTasks = R"([{"prompt": "Reverse: abc\n", "answer": "cba"},
@@ -155,11 +154,9 @@ TEST(Step, TheBatchFollowsTheBatchConventionAndTheBufferFiltersOnce) {
     rl_train_batch_t *raw = nullptr;
     RL_ASSERT_OK(rl_buffer_pop_train_batch(buf.get(), 7, 0, &raw));
     EXPECT_EQ(raw, nullptr); // only 6 ready: nothing taken
-    RL_ASSERT_OK(rl_buffer_pop_train_batch(buf.get(), 6, 0, &raw));
-    BatchPtr batch(raw);
-    ASSERT_NE(batch, nullptr);
     Result bi;
-    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
+    BatchPtr batch = pop_batch(buf.get(), 6, &bi);
+    ASSERT_NE(batch, nullptr);
     EXPECT_EQ(bi.scalar("groups"), 2);
     EXPECT_EQ(bi.scalar("rollouts"), 6);
 
@@ -237,12 +234,9 @@ TEST(Step, TheBatchCarriesTheSamplingTemperatureAndTheTrainerScoresAtIt) {
     BufferPtr buf = make_buffer(R"({"group_size": 3, "drop_zero_variance": false})");
     Result pushed;
     RL_ASSERT_OK(rl_buffer_push_rollouts(buf.get(), r.get(), pushed.out()));
-    rl_train_batch_t *raw = nullptr;
-    RL_ASSERT_OK(rl_buffer_pop_train_batch(buf.get(), 6, 0, &raw));
-    BatchPtr batch(raw);
-    ASSERT_NE(batch, nullptr);
     Result bi;
-    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
+    BatchPtr batch = pop_batch(buf.get(), 6, &bi);
+    ASSERT_NE(batch, nullptr);
     EXPECT_DOUBLE_EQ(bi.scalar("sampling_temperature"), 0.7);
 
     rl_batch_t view{};

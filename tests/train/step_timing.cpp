@@ -4,6 +4,8 @@
 // tool for docs/trainer.md.
 //
 // usage: train_step_timing PLUGIN_DIR [STEPS] [THREADS]
+#include "plugin_runtime.hpp"
+
 #include <rl_api.h>
 
 #include <chrono>
@@ -47,16 +49,12 @@ int main(int argc, char **argv) {
     const std::string dir =
         (std::filesystem::temp_directory_path() / "rl-step-timing-model").string();
     if (rl_model_init_preset("tiny", dir.c_str(), 1) != RL_OK) die("init");
-    rl_runtime_desc_t d = RL_RUNTIME_DESC_INIT;
-    d.flags = RL_RUNTIME_NO_DEFAULT_PLUGINS;
-    d.plugin_path = argv[1];
-    d.log_level = "warn";
-    rl_runtime_t *rt = nullptr;
+    rl_runtime_t *rt = rl_train_test::plugin_runtime(argv[1]);
+    if (!rt) die("runtime");
     rl_model_t *model = nullptr;
     rl_trainer_t *trainer = nullptr;
     rl_engine_t *engine = nullptr;
     rl_instance_t *loss = nullptr;
-    if (rl_runtime_create(&d, &rt) != RL_OK) die("runtime");
     const std::string opts = "{\"threads\": " + threads + "}";
     if (rl_model_load(dir.c_str(), opts.c_str(), &model) != RL_OK) die("load");
     if (rl_trainer_create(model, "{\"learning_rate\": 1e-4}", &trainer) != RL_OK) die("trainer");

@@ -2,6 +2,8 @@
 // everything through the C API of abi/rl/train.h, as an embedder would.
 #pragma once
 
+#include "plugin_runtime.hpp"
+
 #include <rl_api.h>
 
 #include <gtest/gtest.h>
@@ -199,26 +201,25 @@ inline const std::string &tiny_model_dir() {
     return path;
 }
 
-struct ModelDeleter {
-    void operator()(rl_model_t *m) const { rl_model_destroy(m); }
+// Owning pointers of the C API's objects: Owned<T, rl_T_destroy>.
+template <auto Destroy>
+struct Destroyer {
+    template <class T>
+    void operator()(T *p) const {
+        Destroy(p);
+    }
 };
-struct TrainerDeleter {
-    void operator()(rl_trainer_t *t) const { rl_trainer_destroy(t); }
-};
-struct EngineDeleter {
-    void operator()(rl_engine_t *e) const { rl_engine_destroy(e); }
-};
-struct RuntimeDeleter {
-    void operator()(rl_runtime_t *r) const { rl_runtime_destroy(r); }
-};
-struct InstanceDeleter {
-    void operator()(rl_instance_t *i) const { rl_instance_destroy(i); }
-};
-using ModelPtr = std::unique_ptr<rl_model_t, ModelDeleter>;
-using TrainerPtr = std::unique_ptr<rl_trainer_t, TrainerDeleter>;
-using EnginePtr = std::unique_ptr<rl_engine_t, EngineDeleter>;
-using RuntimePtr = std::unique_ptr<rl_runtime_t, RuntimeDeleter>;
-using InstancePtr = std::unique_ptr<rl_instance_t, InstanceDeleter>;
+template <class T, auto Destroy>
+using Owned = std::unique_ptr<T, Destroyer<Destroy>>;
+
+using ModelPtr = Owned<rl_model_t, rl_model_destroy>;
+using TrainerPtr = Owned<rl_trainer_t, rl_trainer_destroy>;
+using EnginePtr = Owned<rl_engine_t, rl_engine_destroy>;
+using RuntimePtr = Owned<rl_runtime_t, rl_runtime_destroy>;
+using InstancePtr = Owned<rl_instance_t, rl_instance_destroy>;
+using RolloutsPtr = Owned<rl_rollouts_t, rl_rollouts_destroy>;
+using BatchPtr = Owned<rl_train_batch_t, rl_train_batch_destroy>;
+using BufferPtr = Owned<rl_buffer_t, rl_buffer_destroy>;
 
 inline ModelPtr load_model(const std::string &dir = tiny_model_dir()) {
     rl_model_t *m = nullptr;
@@ -244,12 +245,8 @@ inline EnginePtr make_engine(rl_model_t *m, const char *config = nullptr) {
 // A runtime with the build's plugins.
 inline rl_runtime_t *runtime() {
     static RuntimePtr rt = [] {
-        rl_runtime_desc_t d = RL_RUNTIME_DESC_INIT;
-        d.flags = RL_RUNTIME_NO_DEFAULT_PLUGINS;
-        d.plugin_path = RL_TEST_PLUGIN_DIR;
-        d.log_level = "warn";
-        rl_runtime_t *r = nullptr;
-        if (rl_runtime_create(&d, &r) != RL_OK) ADD_FAILURE() << "runtime: " << rl_last_error();
+        rl_runtime_t *r = plugin_runtime(RL_TEST_PLUGIN_DIR);
+        if (!r) ADD_FAILURE() << "runtime: " << rl_last_error();
         return RuntimePtr(r);
     }();
     return rt.get();

@@ -436,59 +436,59 @@ TEST(Learning, SftOnAFixedDatasetLowersTheLossClearly) {
 
 // -- bad input ----------------------------------------------------------------------------
 
-TEST(BadInput, MissingRequiredLossInputIsNamed) {
-    InstancePtr loss = make_loss("policy_loss");
+// A trainer on the tiny model, and what it refuses.
+class BadInput : public ::testing::Test {
+protected:
     ModelPtr m = load_model();
     TrainerPtr t = make_trainer(m.get(), cfg(""));
+
+    // forward_backward of `b` with `loss` (forward without one) must be
+    // refused as an invalid argument: the error message.
+    std::string refused(Batch &b, rl_instance_t *loss = nullptr) {
+        Result r;
+        const rl_status_t st = loss ? rl_trainer_forward_backward(t.get(), b.view(), loss, r.out())
+                                    : rl_trainer_forward(t.get(), b.view(), nullptr, r.out());
+        EXPECT_EQ(st, RL_ERR_INVALID_ARG);
+        return rl_last_error();
+    }
+};
+
+TEST_F(BadInput, MissingRequiredLossInputIsNamed) {
+    InstancePtr loss = make_loss("policy_loss");
     Batch b;
     b.add({65, 66, 67}, {{"advantages", {1, 1, 1}}});
-    Result r;
-    EXPECT_EQ(rl_trainer_forward_backward(t.get(), b.view(), loss.get(), r.out()),
-              RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("'old_logprobs'"), std::string::npos)
-        << rl_last_error();
+    const std::string err = refused(b, loss.get());
+    EXPECT_NE(err.find("'old_logprobs'"), std::string::npos) << err;
 }
 
-TEST(BadInput, TensorsTheLossDoesNotReadOrOfTheWrongLengthAreNamed) {
+TEST_F(BadInput, TensorsTheLossDoesNotReadOrOfTheWrongLengthAreNamed) {
     InstancePtr ce = make_loss("causallm_loss");
-    ModelPtr m = load_model();
-    TrainerPtr t = make_trainer(m.get(), cfg(""));
     Batch b;
     b.add({65, 66, 67}, {{"advantages", {1, 1, 1}}});
-    Result r;
-    EXPECT_EQ(rl_trainer_forward_backward(t.get(), b.view(), ce.get(), r.out()),
-              RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("'advantages'"), std::string::npos);
+    EXPECT_NE(refused(b, ce.get()).find("'advantages'"), std::string::npos);
 
     Batch c;
     c.add({65, 66, 67}, {{"loss_mask", {0, 1, 1}}});
     c.floats["loss_mask"].push_back(1); // 4 values for 3 tokens
-    EXPECT_EQ(rl_trainer_forward_backward(t.get(), c.view(), ce.get(), r.out()),
-              RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("'loss_mask'"), std::string::npos);
+    EXPECT_NE(refused(c, ce.get()).find("'loss_mask'"), std::string::npos);
 
     Batch d;
     d.add({65, 66, 300});
-    EXPECT_EQ(rl_trainer_forward(t.get(), d.view(), nullptr, r.out()), RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("input_ids[2] = 300"), std::string::npos)
-        << rl_last_error();
+    std::string err = refused(d);
+    EXPECT_NE(err.find("input_ids[2] = 300"), std::string::npos) << err;
 
     Batch e;
     e.add({65, 66, 67}, {{"logprobs", {0, 0, 0}}});
-    EXPECT_EQ(rl_trainer_forward(t.get(), e.view(), nullptr, r.out()), RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("computed by the trainer"), std::string::npos);
+    EXPECT_NE(refused(e).find("computed by the trainer"), std::string::npos);
 
     Batch f;
     f.add({65, 66, 67});
     f.cu = {0, 2, 2, 3};
-    EXPECT_EQ(rl_trainer_forward(t.get(), f.view(), nullptr, r.out()), RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("sequence 1 is empty"), std::string::npos)
-        << rl_last_error();
+    err = refused(f);
+    EXPECT_NE(err.find("sequence 1 is empty"), std::string::npos) << err;
 }
 
-TEST(BadInput, LabelsAreAlignedWithTokensAndIgnoredWhereMinus100) {
-    ModelPtr m = load_model();
-    TrainerPtr t = make_trainer(m.get(), cfg(""));
+TEST_F(BadInput, LabelsAreAlignedWithTokensAndIgnoredWhereMinus100) {
     Batch b;
     b.add({72, 101, 108, 108, 111});
     const auto plain = forward_logprobs(t.get(), b);
@@ -498,8 +498,6 @@ TEST(BadInput, LabelsAreAlignedWithTokensAndIgnoredWhereMinus100) {
     EXPECT_EQ(masked[1], plain[1]);
     EXPECT_EQ(masked[4], plain[4]);
     b.labels = {72, 101, 259, 108, 111};
-    Result r;
-    EXPECT_EQ(rl_trainer_forward(t.get(), b.view(), nullptr, r.out()), RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("labels[2] = 259"), std::string::npos)
-        << rl_last_error();
+    const std::string err = refused(b);
+    EXPECT_NE(err.find("labels[2] = 259"), std::string::npos) << err;
 }

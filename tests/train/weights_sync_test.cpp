@@ -127,16 +127,25 @@ TEST_P(WeightSync, VersionsNotNewerThanTheOneInUseAreSkipped) {
     EXPECT_EQ(logprobs_of(worker.get()), before);
 }
 
+// Sends `header` (with `tensors`) through `e`; the worker's recv of it must be
+// refused as an invalid argument: the error message.
+std::string refused_recv(rl_model_t *worker, Ends &e, const std::string &header,
+                         const rl_tensor_list_t *tensors) {
+    EXPECT_EQ(
+        rl_transport_send(e.tx.get(), rl_string_view_t{header.data(), header.size()}, tensors),
+        RL_OK)
+        << rl_last_error();
+    Result r;
+    EXPECT_EQ(rl_weights_recv(worker, e.rx.get(), 20000, nullptr, r.out()), RL_ERR_INVALID_ARG);
+    return rl_last_error();
+}
+
 TEST_P(WeightSync, AMessageThatIsNotAWeightSetIsRefusedNamingIt) {
     ModelPtr worker = load_model();
     Ends e = ends();
-    const std::string h = R"({"kind": "batch", "step": 0})";
-    RL_ASSERT_OK(rl_transport_send(e.tx.get(), rl_string_view_t{h.data(), h.size()}, nullptr));
-    Result r;
-    EXPECT_EQ(rl_weights_recv(worker.get(), e.rx.get(), 20000, nullptr, r.out()),
-              RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("not a weight set"), std::string::npos)
-        << rl_last_error();
+    const std::string err =
+        refused_recv(worker.get(), e, R"({"kind": "batch", "step": 0})", nullptr);
+    EXPECT_NE(err.find("not a weight set"), std::string::npos) << err;
     EXPECT_EQ(policy_version(worker.get()), 0);
 }
 
@@ -151,13 +160,9 @@ TEST_P(WeightSync, WeightsOfAnotherModelAreRefusedAndNothingChanges) {
     arg.view = view_of(w.data(), shape, rl_dtype_t{RL_DTYPE_FLOAT, 32, 1});
     arg.view.ndim = 2;
     const rl_tensor_list_t list{&arg, 1};
-    const std::string h = R"({"kind": "rl.weights", "version": 5, "step": 5})";
-    RL_ASSERT_OK(rl_transport_send(e.tx.get(), rl_string_view_t{h.data(), h.size()}, &list));
-    Result r;
-    EXPECT_EQ(rl_weights_recv(worker.get(), e.rx.get(), 20000, nullptr, r.out()),
-              RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("have 1 tensors"), std::string::npos)
-        << rl_last_error();
+    const std::string err =
+        refused_recv(worker.get(), e, R"({"kind": "rl.weights", "version": 5, "step": 5})", &list);
+    EXPECT_NE(err.find("have 1 tensors"), std::string::npos) << err;
     EXPECT_EQ(policy_version(worker.get()), 0);
     EXPECT_EQ(logprobs_of(worker.get()), before);
 }

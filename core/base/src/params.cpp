@@ -1,6 +1,7 @@
 #include "rl/core/params.hpp"
 
 #include "rl/core/error.hpp"
+#include "rl/core/names.hpp"
 
 #include <cmath>
 #include <sstream>
@@ -22,26 +23,18 @@ std::string joined(const std::vector<std::string> &xs, const char *sep = ", ") {
     return s;
 }
 
+constexpr Named<ParamType> kParamTypeNames[] = {{ParamType::String, "a string"},
+                                                {ParamType::Integer, "an integer"},
+                                                {ParamType::Number, "a number"},
+                                                {ParamType::Boolean, "true or false"},
+                                                {ParamType::StringList, "a list of strings"},
+                                                {ParamType::Object, "a mapping"},
+                                                {ParamType::ObjectList, "a list of mappings"}};
+
 } // namespace
 
 const char *param_type_name(ParamType t) {
-    switch (t) {
-        case ParamType::String:
-            return "a string";
-        case ParamType::Integer:
-            return "an integer";
-        case ParamType::Number:
-            return "a number";
-        case ParamType::Boolean:
-            return "true or false";
-        case ParamType::StringList:
-            return "a list of strings";
-        case ParamType::Object:
-            return "a mapping";
-        case ParamType::ObjectList:
-            return "a list of mappings";
-    }
-    return "?";
+    return name_in(kParamTypeNames, t);
 }
 
 bool Range::contains(double x) const {
@@ -137,19 +130,18 @@ json check_param(const ParamSpec &spec, const json &v, const std::string &name) 
         case ParamType::Boolean:
             if (!v.is_boolean()) bad(expect + ", got " + v.dump());
             return v;
-        case ParamType::StringList:
-            if (!v.is_array()) bad(expect + ", got " + v.dump());
-            for (const auto &x : v)
-                if (!x.is_string()) bad(expect + "; an item is " + x.dump());
-            return v;
         case ParamType::Object:
             if (!v.is_object()) bad(expect + ", got " + v.dump());
             return v;
-        case ParamType::ObjectList:
+        case ParamType::StringList:
+        case ParamType::ObjectList: {
             if (!v.is_array()) bad(expect + ", got " + v.dump());
+            const bool of_objects = spec.type == ParamType::ObjectList;
             for (const auto &x : v)
-                if (!x.is_object()) bad(expect + "; an item is " + x.dump());
+                if (of_objects ? !x.is_object() : !x.is_string())
+                    bad(expect + "; an item is " + x.dump());
             return v;
+        }
     }
     return v;
 }

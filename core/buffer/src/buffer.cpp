@@ -2,6 +2,7 @@
 #include "rl/core/buffer.hpp"
 
 #include "rl/core/error.hpp"
+#include "rl/core/names.hpp"
 #include "rl/core/params.hpp"
 
 #include <algorithm>
@@ -38,22 +39,16 @@ int64_t min_version_of(const std::vector<Rollout> &rs) {
     return rs.empty() ? 0 : v;
 }
 
+constexpr Named<DropReason> kDropReasons[] = {{DropReason::Stale, "stale"},
+                                              {DropReason::TooSmall, "too_small"},
+                                              {DropReason::TooEasy, "too_easy"},
+                                              {DropReason::TooHard, "too_hard"},
+                                              {DropReason::ZeroVariance, "zero_variance"}};
+
 } // namespace
 
 const char *drop_reason_name(DropReason reason) {
-    switch (reason) {
-        case DropReason::Stale:
-            return "stale";
-        case DropReason::TooSmall:
-            return "too_small";
-        case DropReason::TooEasy:
-            return "too_easy";
-        case DropReason::TooHard:
-            return "too_hard";
-        case DropReason::ZeroVariance:
-            return "zero_variance";
-    }
-    return "unknown";
+    return name_in(kDropReasons, reason, "unknown");
 }
 
 double Group::mean_reward() const {

@@ -5,6 +5,7 @@
 #include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/kv_cache.hpp"
+#include "rl/core/names.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -42,22 +43,16 @@ std::string mib(int64_t b) {
     return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB";
 }
 
+constexpr Named<RequestEnd> kRequestEnds[] = {{RequestEnd::Stop, "stop"},
+                                              {RequestEnd::Length, "length"},
+                                              {RequestEnd::Cancelled, "cancelled"},
+                                              {RequestEnd::Timeout, "timeout"},
+                                              {RequestEnd::Error, "error"}};
+
 } // namespace
 
 const char *request_end_name(RequestEnd e) {
-    switch (e) {
-        case RequestEnd::Stop:
-            return "stop";
-        case RequestEnd::Length:
-            return "length";
-        case RequestEnd::Cancelled:
-            return "cancelled";
-        case RequestEnd::Timeout:
-            return "timeout";
-        case RequestEnd::Error:
-            return "error";
-    }
-    return "error";
+    return name_in(kRequestEnds, e, "error");
 }
 
 struct Scheduler::Impl {

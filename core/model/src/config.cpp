@@ -1,7 +1,9 @@
 #include "rl/core/config.hpp"
 
+#include "json_object.hpp"
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/names.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,16 @@ namespace rl::core {
 namespace {
 
 using Json = nlohmann::json;
+
+// The architectures read, by their transformers class name and model_type.
+struct ArchitectureRow {
+    Architecture value;
+    const char *name;
+    const char *model_type;
+};
+constexpr ArchitectureRow kArchitectures[] = {{Architecture::Llama, "LlamaForCausalLM", "llama"},
+                                              {Architecture::Qwen2, "Qwen2ForCausalLM", "qwen2"},
+                                              {Architecture::Qwen3, "Qwen3ForCausalLM", "qwen3"}};
 
 class Reader {
 public:
@@ -140,25 +152,11 @@ void parse_token_ids(const Reader &r, ModelConfig *c) {
 } // namespace
 
 const char *architecture_name(Architecture a) {
-    switch (a) {
-        case Architecture::Llama:
-            return "LlamaForCausalLM";
-        case Architecture::Qwen2:
-            return "Qwen2ForCausalLM";
-        case Architecture::Qwen3:
-            return "Qwen3ForCausalLM";
-    }
-    return "?";
+    return name_in(kArchitectures, a);
 }
 
 ModelConfig ModelConfig::parse(const std::string &json_text, const std::string &source) {
-    Json j;
-    try {
-        j = Json::parse(json_text);
-    } catch (const Json::exception &e) {
-        throw Error(source + ": invalid JSON: " + e.what());
-    }
-    if (!j.is_object()) throw Error(source + ": top level is not a JSON object");
+    const Json j = parse_json_object(json_text, source);
     Reader r(j, source);
     ModelConfig c;
     c.json = json_text;
@@ -172,31 +170,18 @@ ModelConfig ModelConfig::parse(const std::string &json_text, const std::string &
     }
     const std::string model_type = r.string("model_type", "");
     if (arch_name.empty()) {
-        if (model_type == "llama")
-            arch_name = "LlamaForCausalLM";
-        else if (model_type == "qwen2")
-            arch_name = "Qwen2ForCausalLM";
-        else if (model_type == "qwen3")
-            arch_name = "Qwen3ForCausalLM";
-        else
+        for (const auto &a : kArchitectures)
+            if (model_type == a.model_type) arch_name = a.name;
+        if (arch_name.empty())
             throw Error(source + ": neither 'architectures' nor a supported 'model_type' "
                                  "(llama, qwen2, qwen3) is given");
     }
-    std::string expected_type;
-    if (arch_name == "LlamaForCausalLM") {
-        c.architecture = Architecture::Llama;
-        expected_type = "llama";
-    } else if (arch_name == "Qwen2ForCausalLM") {
-        c.architecture = Architecture::Qwen2;
-        expected_type = "qwen2";
-    } else if (arch_name == "Qwen3ForCausalLM") {
-        c.architecture = Architecture::Qwen3;
-        expected_type = "qwen3";
-    } else {
+    const ArchitectureRow *arch = row_named(kArchitectures, arch_name);
+    if (arch == nullptr)
         throw Error(source + ": 'architectures' = '" + arch_name +
-                    "' is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-                    "Qwen3ForCausalLM)");
-    }
+                    "' is not supported (supported: " + names_in(kArchitectures) + ")");
+    c.architecture = arch->value;
+    const std::string expected_type = arch->model_type;
     if (!model_type.empty() && model_type != expected_type)
         r.fail("model_type", "is '" + model_type + "' but architectures says " + arch_name +
                                  " (model_type '" + expected_type + "')");

@@ -2,6 +2,7 @@
 
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/names.hpp"
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
 
@@ -64,18 +65,12 @@ const std::vector<std::string> &aux_file_names() {
 }
 
 std::string dtype_string(at::ScalarType t) {
-    switch (t) {
-        case at::kFloat:
-            return "float32";
-        case at::kBFloat16:
-            return "bfloat16";
-        case at::kHalf:
-            return "float16";
-        case at::kDouble:
-            return "float64";
-        default:
-            throw Error("no transformers dtype name for " + std::string(c10::toString(t)));
-    }
+    static constexpr Named<at::ScalarType> names[] = {{at::kFloat, "float32"},
+                                                      {at::kBFloat16, "bfloat16"},
+                                                      {at::kHalf, "float16"},
+                                                      {at::kDouble, "float64"}};
+    if (const char *name = name_in(names, t, nullptr)) return name;
+    throw Error("no transformers dtype name for " + std::string(c10::toString(t)));
 }
 
 std::shared_ptr<CausalLM> load_pretrained(const std::string &dir, const LoadOptions &options) {

@@ -1,5 +1,6 @@
 #include "rl/core/safetensors.hpp"
 
+#include "json_object.hpp"
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/error.hpp"
 
@@ -324,14 +325,7 @@ void write_safetensors(const std::string &path, std::vector<TensorBytes> tensors
 // ---------------------------------------------------------------------------
 
 SafetensorsIndex read_safetensors_index(const std::string &path) {
-    const std::string text = read_file(path);
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::exception &e) {
-        throw Error(path + ": invalid JSON: " + e.what());
-    }
-    if (!j.is_object()) throw Error(path + ": top level is not a JSON object");
+    const json j = parse_json_object(read_file(path), path);
     auto wm = j.find("weight_map");
     if (wm == j.end() || !wm->is_object()) throw Error(path + ": missing object 'weight_map'");
     SafetensorsIndex idx;

@@ -9,67 +9,40 @@
 
 namespace rl::core {
 
+namespace {
+
+// The safetensors dtypes with a tensor type in every libtorch, both ways.
+struct DTypeRow {
+    DType dtype;
+    at::ScalarType torch;
+};
+constexpr DTypeRow kDTypeRows[] = {{DType::BOOL, at::kBool},  {DType::U8, at::kByte},
+                                   {DType::I8, at::kChar},    {DType::I16, at::kShort},
+                                   {DType::F16, at::kHalf},   {DType::BF16, at::kBFloat16},
+                                   {DType::I32, at::kInt},    {DType::F32, at::kFloat},
+                                   {DType::F64, at::kDouble}, {DType::I64, at::kLong}};
+
+// U16, U32 and U64 have one only in newer libtorch (compat::wide_unsigned_type).
+constexpr DType kWideUnsigned[] = {DType::U16, DType::U32, DType::U64};
+
+} // namespace
+
 at::ScalarType to_scalar_type(DType d, const std::string &what) {
-    switch (d) {
-        case DType::BOOL:
-            return at::kBool;
-        case DType::U8:
-            return at::kByte;
-        case DType::I8:
-            return at::kChar;
-        case DType::I16:
-            return at::kShort;
-        case DType::F16:
-            return at::kHalf;
-        case DType::BF16:
-            return at::kBFloat16;
-        case DType::I32:
-            return at::kInt;
-        case DType::F32:
-            return at::kFloat;
-        case DType::F64:
-            return at::kDouble;
-        case DType::I64:
-            return at::kLong;
-        case DType::U16:
-        case DType::U32:
-        case DType::U64: {
-            const int bits = static_cast<int>(dtype_size(d) * 8);
-            if (auto t = compat::wide_unsigned_type(bits)) return *t;
-            break;
-        }
+    for (const auto &row : kDTypeRows)
+        if (row.dtype == d) return row.torch;
+    for (DType u : kWideUnsigned) {
+        if (u != d) continue;
+        if (auto t = compat::wide_unsigned_type(static_cast<int>(dtype_size(d) * 8))) return *t;
     }
     throw Error(what + ": dtype " + dtype_name(d) + " has no tensor type in this libtorch");
 }
 
 DType to_dtype(at::ScalarType t, const std::string &what) {
-    switch (t) {
-        case at::kBool:
-            return DType::BOOL;
-        case at::kByte:
-            return DType::U8;
-        case at::kChar:
-            return DType::I8;
-        case at::kShort:
-            return DType::I16;
-        case at::kHalf:
-            return DType::F16;
-        case at::kBFloat16:
-            return DType::BF16;
-        case at::kInt:
-            return DType::I32;
-        case at::kFloat:
-            return DType::F32;
-        case at::kDouble:
-            return DType::F64;
-        case at::kLong:
-            return DType::I64;
-        default:
-            break;
-    }
-    for (int bits : {16, 32, 64}) {
-        auto u = compat::wide_unsigned_type(bits);
-        if (u && *u == t) return bits == 16 ? DType::U16 : bits == 32 ? DType::U32 : DType::U64;
+    for (const auto &row : kDTypeRows)
+        if (row.torch == t) return row.dtype;
+    for (DType u : kWideUnsigned) {
+        auto w = compat::wide_unsigned_type(static_cast<int>(dtype_size(u) * 8));
+        if (w && *w == t) return u;
     }
     throw Error(what + ": tensor type " + std::string(c10::toString(t)) +
                 " cannot be stored in safetensors");

@@ -2,6 +2,8 @@
 
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/names.hpp"
+#include "json_object.hpp"
 #include "unicode.hpp"
 
 #include <nlohmann/json.hpp>
@@ -25,6 +27,11 @@ constexpr const char *kGpt2Pattern =
 constexpr size_t kCacheLimit = 1 << 16;
 
 enum class Behavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
+constexpr Named<Behavior> kBehaviors[] = {{Behavior::Removed, "Removed"},
+                                          {Behavior::Isolated, "Isolated"},
+                                          {Behavior::MergedWithPrevious, "MergedWithPrevious"},
+                                          {Behavior::MergedWithNext, "MergedWithNext"},
+                                          {Behavior::Contiguous, "Contiguous"}};
 
 struct PreTokenizer {
     enum class Kind { Split, ByteLevel, Digits } kind = Kind::Split;
@@ -174,10 +181,24 @@ struct Tokenizer::Impl {
             fail(key + ".type", "'" + type + "' is not supported (NFC, NFD, NFKC, NFKD, Sequence)");
     }
 
-    void parse_pretokenizer(const Json &p, const std::string &key) {
+    // The "type" of the component object `p` at `key`.
+    std::string type_of(const Json &p, const std::string &key) const {
         if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
             fail(key, "must be an object with a string 'type'");
-        const std::string type = p["type"].get<std::string>();
+        return p["type"].get<std::string>();
+    }
+
+    // parse(item, its key) for each item of the list p[list] (a Sequence's parts).
+    template <class F>
+    void each_part(const Json &p, const char *list, const std::string &key, F parse) {
+        const std::string at = key + "." + list;
+        if (!p.contains(list) || !p[list].is_array()) fail(at, "must be a list");
+        for (size_t i = 0; i < p[list].size(); ++i)
+            parse(p[list][i], at + "[" + std::to_string(i) + "]");
+    }
+
+    void parse_pretokenizer(const Json &p, const std::string &key) {
+        const std::string type = type_of(p, key);
         auto flag = [&](const char *name, bool def) {
             if (!p.contains(name) || p[name].is_null()) return def;
             if (!p[name].is_boolean()) fail(key + "." + name, "must be true or false");
@@ -185,11 +206,8 @@ struct Tokenizer::Impl {
         };
         PreTokenizer t;
         if (type == "Sequence") {
-            if (!p.contains("pretokenizers") || !p["pretokenizers"].is_array())
-                fail(key + ".pretokenizers", "must be a list");
-            for (size_t i = 0; i < p["pretokenizers"].size(); ++i)
-                parse_pretokenizer(p["pretokenizers"][i],
-                                   key + ".pretokenizers[" + std::to_string(i) + "]");
+            each_part(p, "pretokenizers", key,
+                      [&](const Json &x, const std::string &k) { parse_pretokenizer(x, k); });
             return;
         } else if (type == "Split") {
             t.kind = PreTokenizer::Kind::Split;
@@ -209,18 +227,9 @@ struct Tokenizer::Impl {
                 fail(key + ".pattern", e.what());
             }
             const std::string b = p.value("behavior", std::string("Isolated"));
-            if (b == "Removed")
-                t.behavior = Behavior::Removed;
-            else if (b == "Isolated")
-                t.behavior = Behavior::Isolated;
-            else if (b == "MergedWithPrevious")
-                t.behavior = Behavior::MergedWithPrevious;
-            else if (b == "MergedWithNext")
-                t.behavior = Behavior::MergedWithNext;
-            else if (b == "Contiguous")
-                t.behavior = Behavior::Contiguous;
-            else
-                fail(key + ".behavior", "'" + b + "' is not a split behavior");
+            const auto behavior = value_in(kBehaviors, b);
+            if (!behavior) fail(key + ".behavior", "'" + b + "' is not a split behavior");
+            t.behavior = *behavior;
             t.invert = flag("invert", false);
         } else if (type == "ByteLevel") {
             t.kind = PreTokenizer::Kind::ByteLevel;
@@ -241,9 +250,7 @@ struct Tokenizer::Impl {
 
     void parse_decoder(const Json &d, const std::string &key) {
         if (d.is_null()) return;
-        if (!d.is_object() || !d.contains("type") || !d["type"].is_string())
-            fail(key, "must be an object with a string 'type'");
-        const std::string type = d["type"].get<std::string>();
+        const std::string type = type_of(d, key);
         if (type == "ByteLevel") return;
         if (type == "Sequence" && d.contains("decoders") && d["decoders"].is_array()) {
             for (size_t i = 0; i < d["decoders"].size(); ++i)
@@ -255,16 +262,11 @@ struct Tokenizer::Impl {
 
     void parse_post_processor(const Json &p, const std::string &key) {
         if (p.is_null()) return;
-        if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
-            fail(key, "must be an object with a string 'type'");
-        const std::string type = p["type"].get<std::string>();
+        const std::string type = type_of(p, key);
         if (type == "ByteLevel") return;
         if (type == "Sequence") {
-            if (!p.contains("processors") || !p["processors"].is_array())
-                fail(key + ".processors", "must be a list");
-            for (size_t i = 0; i < p["processors"].size(); ++i)
-                parse_post_processor(p["processors"][i],
-                                     key + ".processors[" + std::to_string(i) + "]");
+            each_part(p, "processors", key,
+                      [&](const Json &x, const std::string &k) { parse_post_processor(x, k); });
             return;
         }
         if (type != "TemplateProcessing")
@@ -655,16 +657,10 @@ Tokenizer::~Tokenizer() = default;
 
 std::shared_ptr<Tokenizer> Tokenizer::from_json(const std::string &json_text,
                                                 const std::string &source) {
-    Json j;
-    try {
-        j = Json::parse(json_text);
-    } catch (const Json::exception &e) {
-        throw Error(source + ": invalid JSON: " + e.what());
-    }
+    Json j = parse_json_object(json_text, source);
     std::shared_ptr<Tokenizer> t(new Tokenizer());
     Impl &m = *t->impl_;
     m.source = source;
-    if (!j.is_object()) throw Error(source + ": top level is not a JSON object");
     if (j.contains("truncation") && !j["truncation"].is_null())
         m.fail("truncation", "is set: truncation inside tokenizer.json is not supported");
     m.init_byte_table();
@@ -699,13 +695,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_folder(const std::string &dir) {
     std::string chat_template;
     if (fs::exists(cfg_path)) {
         const std::string where = cfg_path.string();
-        Json cfg;
-        try {
-            cfg = Json::parse(read_file(where));
-        } catch (const Json::exception &e) {
-            throw Error(where + ": invalid JSON: " + e.what());
-        }
-        if (!cfg.is_object()) throw Error(where + ": top level is not a JSON object");
+        Json cfg = parse_json_object(read_file(where), where);
         auto token = [&](const char *key) -> std::optional<int32_t> {
             if (!cfg.contains(key) || cfg[key].is_null()) return std::nullopt;
             std::string content;

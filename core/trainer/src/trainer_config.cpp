@@ -1,6 +1,7 @@
 #include "rl/core/trainer_config.hpp"
 
 #include "rl/core/error.hpp"
+#include "rl/core/names.hpp"
 #include "rl/core/params.hpp"
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,10 @@ namespace rl::core {
 namespace {
 
 using nlohmann::json;
+
+constexpr Named<LrSchedule> kLrSchedules[] = {{LrSchedule::Constant, "constant"},
+                                              {LrSchedule::LinearWarmup, "linear_warmup"},
+                                              {LrSchedule::Cosine, "cosine"}};
 
 [[noreturn]] void bad(const std::string &msg) {
     throw Error(ErrorKind::InvalidArgument, msg);
@@ -30,15 +35,7 @@ json parse_object(const std::string &text, const std::string &what) {
 } // namespace
 
 const char *lr_schedule_name(LrSchedule s) {
-    switch (s) {
-        case LrSchedule::Constant:
-            return "constant";
-        case LrSchedule::LinearWarmup:
-            return "linear_warmup";
-        case LrSchedule::Cosine:
-            return "cosine";
-    }
-    return "?";
+    return name_in(kLrSchedules, s);
 }
 
 TrainerConfig TrainerConfig::from_json(const std::string &text) {
@@ -51,9 +48,7 @@ TrainerConfig TrainerConfig::from_json(const std::string &text) {
     c.weight_decay = j["weight_decay"].get<double>();
     c.gradient_clip = j["gradient_clip"].get<double>();
     const std::string schedule = j["lr_schedule"].get<std::string>();
-    c.lr_schedule = schedule == "cosine"          ? LrSchedule::Cosine
-                    : schedule == "linear_warmup" ? LrSchedule::LinearWarmup
-                                                  : LrSchedule::Constant;
+    c.lr_schedule = value_in(kLrSchedules, schedule).value_or(LrSchedule::Constant);
     c.warmup_steps = j["warmup_steps"].get<int64_t>();
     c.min_lr_ratio = j["min_lr_ratio"].get<double>();
     c.total_steps = j["total_steps"].get<int64_t>();

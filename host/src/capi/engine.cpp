@@ -7,16 +7,8 @@ extern "C" {
 
 RL_API rl_status_t rl_engine_create(rl_model_t *model, const char *config_json,
                                     rl_engine_t **out_engine) {
-    return train_boundary([&] {
-        require(model && out_engine, "rl_engine_create: model and out_engine are required");
-        policy_of(model, "rl_engine_create");
-        auto e = std::make_unique<rl_engine>();
-        e->policy = model->policy;
-        e->impl = std::make_unique<core::Engine>(
-            model->policy, core::EngineConfig::from_json(config_json ? config_json : ""));
-        *out_engine = e.release();
-        return RL_OK;
-    });
+    return create_over_policy<core::EngineConfig>(model, config_json, out_engine,
+                                                  "rl_engine_create", "out_engine");
 }
 
 RL_API void rl_engine_destroy(rl_engine_t *engine) {

@@ -4,6 +4,7 @@
 #include "../bridge/loss_call.hpp"
 #include "rl/host/config.hpp"
 #include "rl/host/runtime.hpp"
+#include "rl/sdk/error.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -42,38 +43,7 @@ void spdlog_level(const char *level) {
 extern "C" {
 
 RL_API const char *rl_status_name(rl_status_t status) {
-    switch (status) {
-        case RL_OK:
-            return "RL_OK";
-        case RL_ERR_UNKNOWN:
-            return "RL_ERR_UNKNOWN";
-        case RL_ERR_INVALID_ARG:
-            return "RL_ERR_INVALID_ARG";
-        case RL_ERR_OUT_OF_MEMORY:
-            return "RL_ERR_OUT_OF_MEMORY";
-        case RL_ERR_UNSUPPORTED:
-            return "RL_ERR_UNSUPPORTED";
-        case RL_ERR_INCOMPATIBLE:
-            return "RL_ERR_INCOMPATIBLE";
-        case RL_ERR_NOT_FOUND:
-            return "RL_ERR_NOT_FOUND";
-        case RL_ERR_BAD_STATE:
-            return "RL_ERR_BAD_STATE";
-        case RL_ERR_DEVICE:
-            return "RL_ERR_DEVICE";
-        case RL_ERR_IO:
-            return "RL_ERR_IO";
-        case RL_ERR_ABORTED:
-            return "RL_ERR_ABORTED";
-        case RL_ERR_INTERNAL:
-            return "RL_ERR_INTERNAL";
-        case RL_ERR_TIMEOUT:
-            return "RL_ERR_TIMEOUT";
-        case RL_ERR_NUMERIC:
-            return "RL_ERR_NUMERIC";
-        default:
-            return "RL_ERR_<unlisted>";
-    }
+    return rl::sdk::status_name(status);
 }
 
 RL_API const char *rl_last_error(void) {

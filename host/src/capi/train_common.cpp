@@ -72,62 +72,34 @@ json parse_json(const char *text, const std::string &what) {
 
 // ---- tensors ----------------------------------------------------------------
 
+namespace {
+
+// The ABI dtypes that have a torch scalar type (lanes 1), both ways.
+struct DtypeRow {
+    at::ScalarType torch;
+    rl_dtype_t abi;
+};
+const DtypeRow kDtypes[] = {
+    {at::kFloat, {RL_DTYPE_FLOAT, 32, 1}}, {at::kDouble, {RL_DTYPE_FLOAT, 64, 1}},
+    {at::kHalf, {RL_DTYPE_FLOAT, 16, 1}},  {at::kBFloat16, {RL_DTYPE_BFLOAT, 16, 1}},
+    {at::kLong, {RL_DTYPE_INT, 64, 1}},    {at::kInt, {RL_DTYPE_INT, 32, 1}},
+    {at::kShort, {RL_DTYPE_INT, 16, 1}},   {at::kChar, {RL_DTYPE_INT, 8, 1}},
+    {at::kByte, {RL_DTYPE_UINT, 8, 1}},    {at::kBool, {RL_DTYPE_BOOL, 8, 1}}};
+
+} // namespace
+
 at::ScalarType scalar_type_of(rl_dtype_t d, const std::string &what) {
-    if (d.lanes == 1) {
-        switch (d.code) {
-            case RL_DTYPE_FLOAT:
-                if (d.bits == 32) return at::kFloat;
-                if (d.bits == 64) return at::kDouble;
-                if (d.bits == 16) return at::kHalf;
-                break;
-            case RL_DTYPE_BFLOAT:
-                if (d.bits == 16) return at::kBFloat16;
-                break;
-            case RL_DTYPE_INT:
-                if (d.bits == 64) return at::kLong;
-                if (d.bits == 32) return at::kInt;
-                if (d.bits == 16) return at::kShort;
-                if (d.bits == 8) return at::kChar;
-                break;
-            case RL_DTYPE_UINT:
-                if (d.bits == 8) return at::kByte;
-                break;
-            case RL_DTYPE_BOOL:
-                if (d.bits == 8) return at::kBool;
-                break;
-            default:
-                break;
-        }
-    }
+    for (const auto &row : kDtypes)
+        if (row.abi.code == d.code && row.abi.bits == d.bits && row.abi.lanes == d.lanes)
+            return row.torch;
     throw HostError{RL_ERR_UNSUPPORTED,
                     what + ": dtype " + rl::host::dtype_string(d) + " is not supported"};
 }
 
 rl_dtype_t dtype_of(at::ScalarType t) {
-    switch (t) {
-        case at::kFloat:
-            return {RL_DTYPE_FLOAT, 32, 1};
-        case at::kDouble:
-            return {RL_DTYPE_FLOAT, 64, 1};
-        case at::kHalf:
-            return {RL_DTYPE_FLOAT, 16, 1};
-        case at::kBFloat16:
-            return {RL_DTYPE_BFLOAT, 16, 1};
-        case at::kLong:
-            return {RL_DTYPE_INT, 64, 1};
-        case at::kInt:
-            return {RL_DTYPE_INT, 32, 1};
-        case at::kShort:
-            return {RL_DTYPE_INT, 16, 1};
-        case at::kChar:
-            return {RL_DTYPE_INT, 8, 1};
-        case at::kByte:
-            return {RL_DTYPE_UINT, 8, 1};
-        case at::kBool:
-            return {RL_DTYPE_BOOL, 8, 1};
-        default:
-            throw HostError{RL_ERR_INTERNAL, std::string("no ABI dtype for ") + c10::toString(t)};
-    }
+    for (const auto &row : kDtypes)
+        if (row.torch == t) return row.abi;
+    throw HostError{RL_ERR_INTERNAL, std::string("no ABI dtype for ") + c10::toString(t)};
 }
 
 at::Tensor tensor_from_owned(const OwnedTensor &o, const std::string &what) {

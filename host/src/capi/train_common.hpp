@@ -71,6 +71,26 @@ rl::core::Policy &policy_of(const rl_model_t *model, const char *fn);
 // model folder had none.
 const rl::core::Tokenizer &tokenizer_of(const rl_model_t *model, const char *fn);
 
+// The body of rl_engine_create and rl_trainer_create: a new handle H over
+// `model`'s policy whose core object is built from `config_json`
+// (Config::from_json; NULL reads as ""); `fn` and `out_name` name the call
+// and its out argument in errors.
+template <class Config, class H>
+rl_status_t create_over_policy(rl_model_t *model, const char *config_json, H **out, const char *fn,
+                               const char *out_name) {
+    return train_boundary([&] {
+        require(model && out, std::string(fn) + ": model and " + out_name + " are required");
+        policy_of(model, fn);
+        auto h = std::make_unique<H>();
+        h->policy = model->policy;
+        using Impl = typename decltype(h->impl)::element_type;
+        h->impl = std::make_unique<Impl>(model->policy,
+                                         Config::from_json(config_json ? config_json : ""));
+        *out = h.release();
+        return RL_OK;
+    });
+}
+
 // Text -> ids where the text is `prefix + content + suffix` of a rendered chat
 // template and only the template's own special tokens count: special-token
 // text inside the contents is plain text (docs/model.md, "Special tokens in

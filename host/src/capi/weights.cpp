@@ -36,53 +36,34 @@ double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-struct SendOptions {
-    int64_t retries = 2;
-    std::string dtype = "native"; // or float32, bfloat16
+struct WeightOptions {
+    int64_t retries = 2;               // recv: refused messages tolerated before giving up
+    std::string dtype = "native";      // send only: or float32, bfloat16
+    std::optional<int64_t> newer_than; // recv only: the handshake's floor (default: in use)
 };
 
-SendOptions send_options(const char *text) {
-    const json j = parse_json(text, "rl_weights_send: options_json");
-    SendOptions o;
+// The options_json of rl_weights_send (retries, dtype) or, with `send` false,
+// of rl_weights_recv (retries, newer_than).
+WeightOptions weight_options(const char *text, const std::string &fn, bool send) {
+    const json j = parse_json(text, fn + ": options_json");
+    WeightOptions o;
     if (j.is_null()) return o;
     if (!j.is_object())
-        throw HostError{RL_ERR_INVALID_ARG, "rl_weights_send: options_json must be an object"};
+        throw HostError{RL_ERR_INVALID_ARG, fn + ": options_json must be an object"};
     for (const auto &[k, v] : j.items()) {
         if (k == "retries" && v.is_number_integer() && v.get<int64_t>() >= 0)
             o.retries = v.get<int64_t>();
-        else if (k == "dtype" && v.is_string() &&
+        else if (send && k == "dtype" && v.is_string() &&
                  (v == "native" || v == "float32" || v == "bfloat16"))
             o.dtype = v.get<std::string>();
-        else
-            throw HostError{RL_ERR_INVALID_ARG,
-                            "rl_weights_send: options_json key '" + k +
-                                "' is unknown or has a bad value (retries: integer >= 0, dtype: "
-                                "native | float32 | bfloat16)"};
-    }
-    return o;
-}
-
-struct RecvOptions {
-    int64_t retries = 2;               // refused messages tolerated before giving up
-    std::optional<int64_t> newer_than; // the handshake's floor (default: the version in use)
-};
-
-RecvOptions recv_options(const char *text) {
-    const json j = parse_json(text, "rl_weights_recv: options_json");
-    RecvOptions o;
-    if (j.is_null()) return o;
-    if (!j.is_object())
-        throw HostError{RL_ERR_INVALID_ARG, "rl_weights_recv: options_json must be an object"};
-    for (const auto &[k, v] : j.items()) {
-        if (k == "retries" && v.is_number_integer() && v.get<int64_t>() >= 0)
-            o.retries = v.get<int64_t>();
-        else if (k == "newer_than" && v.is_number_integer() && v.get<int64_t>() >= -1)
+        else if (!send && k == "newer_than" && v.is_number_integer() && v.get<int64_t>() >= -1)
             o.newer_than = v.get<int64_t>();
         else
             throw HostError{RL_ERR_INVALID_ARG,
-                            "rl_weights_recv: options_json key '" + k +
-                                "' is unknown or has a bad value (retries: integer >= 0, "
-                                "newer_than: integer >= -1)"};
+                            fn + ": options_json key '" + k +
+                                "' is unknown or has a bad value (retries: integer >= 0" +
+                                (send ? ", dtype: native | float32 | bfloat16)"
+                                      : ", newer_than: integer >= -1)")};
     }
     return o;
 }
@@ -115,7 +96,7 @@ RL_API rl_status_t rl_weights_send(rl_model_t *model, rl_instance_t *transport, 
         const char *fn = "rl_weights_send";
         require(model != nullptr, fn_msg(fn, "model is NULL"));
         require(version >= 0, fn_msg(fn, "version must be >= 0, got " + std::to_string(version)));
-        const SendOptions opt = send_options(options_json);
+        const WeightOptions opt = weight_options(options_json, "rl_weights_send", true);
         if (out_result) *out_result = nullptr;
         const auto t0 = Clock::now();
         auto &lm = policy_of(model, fn).model();
@@ -182,7 +163,7 @@ RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, 
         require(model && transport && out_result,
                 fn_msg(fn, "model, transport and out_result are required"));
         *out_result = nullptr;
-        const RecvOptions opt = recv_options(options_json);
+        const WeightOptions opt = weight_options(options_json, "rl_weights_recv", false);
         rl::core::Policy &policy = policy_of(model, fn);
         auto &lm = policy.model();
         if (lm.weight_hooks() != nullptr)

@@ -1,6 +1,7 @@
 // Run configuration: YAML -> checked JSON with defaults filled in.
 #include "rl/host/config.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/names.hpp"
 #include "rl/host/runtime.hpp"
 
 #include <yaml-cpp/yaml.h>
@@ -135,6 +136,14 @@ json filter_list(const ConfigKey &k, const YAML::Node &v, const std::string &whe
     return a;
 }
 
+// A scalar YAML value read as T; anything else fails with `expect`.
+template <class T>
+T scalar_as(const YAML::Node &v, const std::string &where, const std::string &expect) {
+    T x{};
+    if (!v.IsScalar() || !YAML::convert<T>::decode(v, x)) bad(where, expect + ", got " + shown(v));
+    return x;
+}
+
 // The YAML value of key `k` as JSON of the key's type, then checked against its
 // declaration (choices, range); errors name `where` (file:line:column or the
 // --set override) and the key.
@@ -151,27 +160,15 @@ json convert(const ConfigKey &k, const YAML::Node &v, const std::string &where) 
                 if (!v.IsScalar()) bad(where, expect + ", got " + shown(v));
                 value = v.Scalar();
                 break;
-            case ConfigType::Integer: {
-                long long i;
-                if (!v.IsScalar() || !YAML::convert<long long>::decode(v, i))
-                    bad(where, expect + ", got " + shown(v));
-                value = i;
+            case ConfigType::Integer:
+                value = scalar_as<long long>(v, where, expect);
                 break;
-            }
-            case ConfigType::Number: {
-                double d;
-                if (!v.IsScalar() || !YAML::convert<double>::decode(v, d))
-                    bad(where, expect + ", got " + shown(v));
-                value = d;
+            case ConfigType::Number:
+                value = scalar_as<double>(v, where, expect);
                 break;
-            }
-            case ConfigType::Boolean: {
-                bool b;
-                if (!v.IsScalar() || !YAML::convert<bool>::decode(v, b))
-                    bad(where, expect + ", got " + shown(v));
-                value = b;
+            case ConfigType::Boolean:
+                value = scalar_as<bool>(v, where, expect);
                 break;
-            }
             case ConfigType::StringList: {
                 if (!v.IsSequence()) bad(where, expect + ", got " + shown(v));
                 value = json::array();
@@ -294,38 +291,20 @@ struct Loader {
     }
 };
 
-// A "type" name of a declaration.
+// The "type" names of a declaration.
+constexpr rl::core::Named<ConfigType> kTypeWords[] = {
+    {ConfigType::String, "string"},      {ConfigType::Integer, "integer"},
+    {ConfigType::Number, "number"},      {ConfigType::Boolean, "boolean"},
+    {ConfigType::StringList, "strings"}, {ConfigType::Object, "mapping"},
+    {ConfigType::ObjectList, "mappings"}};
+
 ConfigType type_named(const std::string &name, const std::string &where) {
-    static const std::pair<const char *, ConfigType> names[] = {
-        {"string", ConfigType::String},      {"integer", ConfigType::Integer},
-        {"number", ConfigType::Number},      {"boolean", ConfigType::Boolean},
-        {"strings", ConfigType::StringList}, {"mapping", ConfigType::Object},
-        {"mappings", ConfigType::ObjectList}};
-    for (const auto &n : names)
-        if (name == n.first) return n.second;
-    bad(where, "type '" + name +
-                   "' is unknown; valid: string, integer, number, boolean, strings, mapping, "
-                   "mappings");
+    if (auto t = rl::core::value_in(kTypeWords, name)) return *t;
+    bad(where, "type '" + name + "' is unknown; valid: " + rl::core::names_in(kTypeWords));
 }
 
 const char *type_word(ConfigType t) {
-    switch (t) {
-        case ConfigType::String:
-            return "string";
-        case ConfigType::Integer:
-            return "integer";
-        case ConfigType::Number:
-            return "number";
-        case ConfigType::Boolean:
-            return "boolean";
-        case ConfigType::StringList:
-            return "strings";
-        case ConfigType::Object:
-            return "mapping";
-        case ConfigType::ObjectList:
-            return "mappings";
-    }
-    return "?";
+    return rl::core::name_in(kTypeWords, t);
 }
 
 std::string shown_default(const ConfigKey &k) {

@@ -47,23 +47,15 @@ const void *RL_ABI api_get_extension(const rl_host_api_t *, const char *id) {
 
 void RL_ABI api_log(const rl_host_api_t *, rl_log_level_t level, const char *msg) {
     if (!msg) return;
-    switch (level) {
-        case RL_LOG_TRACE:
-            spdlog::trace("[plugin] {}", msg);
-            break;
-        case RL_LOG_DEBUG:
-            spdlog::debug("[plugin] {}", msg);
-            break;
-        case RL_LOG_INFO:
-            spdlog::info("[plugin] {}", msg);
-            break;
-        case RL_LOG_WARN:
-            spdlog::warn("[plugin] {}", msg);
-            break;
-        default:
-            g_last_plugin_log = msg;
-            spdlog::error("[plugin] {}", msg);
-            break;
+    // RL_LOG_TRACE .. RL_LOG_WARN; RL_LOG_ERROR and unknown levels are errors,
+    // kept as the last plugin error.
+    static constexpr spdlog::level::level_enum below_error[] = {
+        spdlog::level::trace, spdlog::level::debug, spdlog::level::info, spdlog::level::warn};
+    if (level >= RL_LOG_TRACE && level < RL_LOG_ERROR) {
+        spdlog::log(below_error[level], "[plugin] {}", msg);
+    } else {
+        g_last_plugin_log = msg;
+        spdlog::error("[plugin] {}", msg);
     }
 }
 

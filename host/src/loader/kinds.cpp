@@ -2,52 +2,51 @@
 #include "kinds.hpp"
 
 #include <algorithm>
+#include <initializer_list>
 
 namespace rl::host {
 namespace {
 
-// Appends `name` to `out` when `slot` is NULL.
-void need(std::string &out, const void *slot, const char *name) {
-    if (slot) return;
-    out += (out.empty() ? "" : ", ") + std::string(name);
+// A required function of an interface table, by name.
+struct Slot {
+    const void *fn;
+    const char *name;
+};
+
+template <class F>
+Slot slot(F fn, const char *name) {
+    return {reinterpret_cast<const void *>(fn), name};
+}
+
+// The names of the NULL slots, comma-separated ("" when none is).
+std::string missing(std::initializer_list<Slot> slots) {
+    std::string out;
+    for (const Slot &s : slots)
+        if (!s.fn) out += (out.empty() ? "" : ", ") + std::string(s.name);
+    return out;
 }
 
 std::string loss_missing(const void *p) {
     auto *t = static_cast<const rl_loss_iface_t *>(p);
-    std::string out;
-    need(out, reinterpret_cast<const void *>(t->get_signature), "get_signature");
-    need(out, reinterpret_cast<const void *>(t->compute), "compute");
-    return out;
+    return missing({slot(t->get_signature, "get_signature"), slot(t->compute, "compute")});
 }
 
 std::string advantage_missing(const void *p) {
-    auto *t = static_cast<const rl_advantage_iface_t *>(p);
-    std::string out;
-    need(out, reinterpret_cast<const void *>(t->compute), "compute");
-    return out;
+    return missing({slot(static_cast<const rl_advantage_iface_t *>(p)->compute, "compute")});
 }
 
 std::string filter_missing(const void *p) {
-    auto *t = static_cast<const rl_filter_iface_t *>(p);
-    std::string out;
-    need(out, reinterpret_cast<const void *>(t->check), "check");
-    return out;
+    return missing({slot(static_cast<const rl_filter_iface_t *>(p)->check, "check")});
 }
 
 std::string env_missing(const void *p) {
     auto *t = static_cast<const rl_env_iface_t *>(p); // step is optional
-    std::string out;
-    need(out, reinterpret_cast<const void *>(t->sample), "sample");
-    need(out, reinterpret_cast<const void *>(t->score), "score");
-    return out;
+    return missing({slot(t->sample, "sample"), slot(t->score, "score")});
 }
 
 std::string transport_missing(const void *p) {
     auto *t = static_cast<const rl_transport_iface_t *>(p); // broadcast is optional
-    std::string out;
-    need(out, reinterpret_cast<const void *>(t->send), "send");
-    need(out, reinterpret_cast<const void *>(t->recv), "recv");
-    return out;
+    return missing({slot(t->send, "send"), slot(t->recv, "recv")});
 }
 
 } // namespace

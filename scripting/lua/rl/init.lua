@@ -161,14 +161,24 @@ function rl.load_model(cfg)
     return rl.model(path, opts)
 end
 
+-- A copy of a configuration section without the keys in `skip`, then each
+-- table of `...` over it, in order.
+local function section(values, skip, ...)
+    local t = {}
+    for k, v in pairs(values) do
+        if not (skip and skip[k]) then t[k] = v end
+    end
+    for i = 1, select("#", ...) do
+        for k, v in pairs(select(i, ...) or {}) do t[k] = v end
+    end
+    return t
+end
+
 --- rl.trainer_config(cfg [, extra]): the trainer section of the configuration
 --- plus total_steps (for schedules) and seed, as rl_trainer_create wants it.
 function rl.trainer_config(cfg, extra)
     cfg = cfg or rl.config()
-    local t = {}
-    for k, v in pairs(cfg.trainer) do t[k] = v end
-    t.total_steps = cfg.run.steps
-    t.seed = cfg.run.seed
+    local t = section(cfg.trainer, nil, { total_steps = cfg.run.steps, seed = cfg.run.seed })
     -- lora.rank > 0: train adapter "default" (created here) instead of the weights.
     if cfg.lora and (cfg.lora.rank or 0) > 0 then
         t.lora = {
@@ -187,21 +197,14 @@ end
 --- rl_buffer_create wants it.
 function rl.buffer_config(cfg, extra)
     cfg = cfg or rl.config()
-    local b = {}
-    for k, v in pairs(cfg.buffer) do
-        if k ~= "min_rollouts" then b[k] = v end
-    end
-    b.group_size = cfg.rollout.n
-    for k, v in pairs(extra or {}) do b[k] = v end
-    return b
+    return section(cfg.buffer, { min_rollouts = true }, { group_size = cfg.rollout.n }, extra)
 end
 
 --- rl.engine_config(cfg [, extra]): the engine section of the configuration,
 --- as rl_engine_create wants it.
 function rl.engine_config(cfg, extra)
     cfg = cfg or rl.config()
-    local e = {}
-    for k, v in pairs(cfg.engine) do e[k] = v end
+    local e = section(cfg.engine, nil)
     -- lora.rank > 0: sample with the adapter the trainer trains.
     if cfg.lora and (cfg.lora.rank or 0) > 0 then e.adapter = "default" end
     for k, v in pairs(extra or {}) do e[k] = v end
@@ -247,12 +250,10 @@ end
 function rl.generation_params(cfg, extra)
     cfg = cfg or rl.config()
     local r = cfg.rollout
-    local p = {
+    return section({
         n = r.n, temperature = r.temperature, top_p = r.top_p, top_k = r.top_k,
         max_tokens = r.max_tokens, stop = rl.array(r.stop or {}),
-    }
-    for k, v in pairs(extra or {}) do p[k] = v end
-    return p
+    }, nil, extra)
 end
 
 -- ---- engine results as samples -----------------------------------------------------------

@@ -3,8 +3,8 @@
 -- filter / info / to_batch, buffer:push_rollouts / pop_train_batch,
 -- batch:compute_advantages / split / set, engine:sync_weights(buffer); no
 -- per-token work of the RL step is done in Lua. What stays here: prompt
--- encoding, the supervised batch of the warm-up (a call into librl), and
--- reading loss metrics.
+-- encoding, the supervised warm-up (its batch is a call into librl), the
+-- step's scored rollouts, and reading loss metrics.
 local rl = require("rl")
 
 local M = {}
@@ -46,6 +46,54 @@ function M.sft_batch(tok, tasks, eos_id, chat_template)
     check_table(tasks, "tasks", 2)
     if math.type(eos_id) ~= "integer" then error("rl.sft_batch: eos_id must be an integer", 2) end
     return tok:sft_batch(tasks, { eos_token_id = eos_id, chat_template = chat_template or "none" })
+end
+
+--- rl.sft_keys([keys]) -> the declarations of the supervised warm-up's
+--- settings (sft.steps, sft.batch_size, sft.learning_rate) followed by the
+--- script's own `keys`, for rl.config:
+---
+---   local cfg = rl.config(rl.sft_keys { { "ppo.epochs", "integer", 2, "...", min = 1 } })
+function M.sft_keys(keys)
+    local out = {
+        { "sft.steps", "integer", 0, "Supervised warm-up steps on the env's reference answers before RL.", min = 0 },
+        { "sft.batch_size", "integer", 32, "Examples per warm-up step.", min = 1 },
+        { "sft.learning_rate", "number", 1e-3, "Warm-up learning rate.", min = 0 },
+    }
+    for _, k in ipairs(keys or {}) do out[#out + 1] = k end
+    return out
+end
+
+--- rl.sft_warmup(cfg, run, trainer, tokenizer, env): the supervised warm-up
+--- on the env's reference answers before RL (cfg.sft.steps steps of
+--- cfg.sft.batch_size tasks, causallm_loss, learning rate
+--- cfg.sft.learning_rate, phase "sft" of the run, no checkpoints), so the
+--- policy starts with some reward to improve on. Nothing when sft.steps is 0.
+function M.sft_warmup(cfg, run, trainer, tok, env)
+    if cfg.sft.steps <= 0 then return end
+    local ce = rl.loss("causallm_loss")
+    local eos_id = tok:info().eos_token_ids[1]
+    for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
+        local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
+        local batch = M.sft_batch(tok, tasks, eos_id, cfg.tokenizer.chat_template)
+        local out = trainer:forward_backward(batch, ce)
+        local opt = trainer:optim_step { learning_rate = cfg.sft.learning_rate }
+        run:log { loss = out.loss, tokens = out.tokens, grad_norm = opt.grad_norm }
+    end
+end
+
+--- rl.scored_rollouts(engine, env, cfg, step) -> rl.rollouts: the RL step's
+--- rollouts: rollout.prompts_per_step tasks of the env (seeded by run.seed
+--- and `step`), rollout.n completions each from the engine (chat template
+--- tokenizer.chat_template, sampling of the rollout section seeded by
+--- `step`, groups numbered from step * #tasks), scored by the env.
+function M.scored_rollouts(engine, env, cfg, step)
+    local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
+    local rollouts = engine:rollouts(tasks, {
+        chat_template = cfg.tokenizer.chat_template, group_offset = step * #tasks,
+        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
+    })
+    rollouts:score(env)
+    return rollouts
 end
 
 --- rl.loss_stats(result) -> {loss, kl, clip_frac, mask_frac} read from a

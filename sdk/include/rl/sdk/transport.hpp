@@ -103,41 +103,31 @@ inline uint32_t crc32c(const void *data, size_t n, uint32_t crc = 0) {
 
 // ---- dtypes --------------------------------------------------------------------
 
+namespace detail {
+
+// The wire names of the tensor dtypes, both ways.
+struct WireDtype {
+    const char *name;
+    rl_dtype_t d;
+};
+inline constexpr WireDtype kWireDtypes[] = {
+    {"float16", {RL_DTYPE_FLOAT, 16, 1}}, {"float32", {RL_DTYPE_FLOAT, 32, 1}},
+    {"float64", {RL_DTYPE_FLOAT, 64, 1}}, {"bfloat16", {RL_DTYPE_BFLOAT, 16, 1}},
+    {"int8", {RL_DTYPE_INT, 8, 1}},       {"int16", {RL_DTYPE_INT, 16, 1}},
+    {"int32", {RL_DTYPE_INT, 32, 1}},     {"int64", {RL_DTYPE_INT, 64, 1}},
+    {"uint8", {RL_DTYPE_UINT, 8, 1}},     {"bool", {RL_DTYPE_BOOL, 8, 1}}};
+
+} // namespace detail
+
+/// "float32", "bfloat16", "int64", ...; "" for a dtype without a wire name.
 inline std::string dtype_name(rl_dtype_t d) {
-    if (d.lanes != 1) return "";
-    switch (d.code) {
-        case RL_DTYPE_FLOAT:
-            return d.bits == 16   ? "float16"
-                   : d.bits == 32 ? "float32"
-                   : d.bits == 64 ? "float64"
-                                  : "";
-        case RL_DTYPE_BFLOAT:
-            return d.bits == 16 ? "bfloat16" : "";
-        case RL_DTYPE_INT:
-            return d.bits == 8    ? "int8"
-                   : d.bits == 16 ? "int16"
-                   : d.bits == 32 ? "int32"
-                   : d.bits == 64 ? "int64"
-                                  : "";
-        case RL_DTYPE_UINT:
-            return d.bits == 8 ? "uint8" : "";
-        case RL_DTYPE_BOOL:
-            return d.bits == 8 ? "bool" : "";
-        default:
-            return "";
-    }
+    for (const auto &e : detail::kWireDtypes)
+        if (e.d.code == d.code && e.d.bits == d.bits && e.d.lanes == d.lanes) return e.name;
+    return "";
 }
 
 inline bool dtype_from_name(const std::string &s, rl_dtype_t *out) {
-    static const struct {
-        const char *name;
-        rl_dtype_t d;
-    } kAll[] = {{"float16", {RL_DTYPE_FLOAT, 16, 1}}, {"float32", {RL_DTYPE_FLOAT, 32, 1}},
-                {"float64", {RL_DTYPE_FLOAT, 64, 1}}, {"bfloat16", {RL_DTYPE_BFLOAT, 16, 1}},
-                {"int8", {RL_DTYPE_INT, 8, 1}},       {"int16", {RL_DTYPE_INT, 16, 1}},
-                {"int32", {RL_DTYPE_INT, 32, 1}},     {"int64", {RL_DTYPE_INT, 64, 1}},
-                {"uint8", {RL_DTYPE_UINT, 8, 1}},     {"bool", {RL_DTYPE_BOOL, 8, 1}}};
-    for (const auto &e : kAll)
+    for (const auto &e : detail::kWireDtypes)
         if (s == e.name) {
             *out = e.d;
             return true;
