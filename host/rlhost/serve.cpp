@@ -2,6 +2,8 @@
 
 #include <rl_api.h>
 
+#include "server_args.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <pthread.h>
@@ -48,74 +50,27 @@ int usage_error(const std::string &what) {
 } // namespace
 
 int cmd_serve(const std::vector<std::string> &args) {
-    std::string model_dir;
-    nlohmann::json load = nlohmann::json::object();
-    nlohmann::json options = nlohmann::json::object();
-    // --flag -> (options key, kind): s string, i integer, f number.
-    struct Flag {
-        const char *flag, *key;
-        char kind;
-    };
-    const Flag flags[] = {{"--host", "host", 's'},
-                          {"--port", "port", 'i'},
-                          {"--api-key", "api_key", 's'},
-                          {"--max-running", "max_running", 'i'},
-                          {"--max-queued", "max_queued", 'i'},
-                          {"--max-context", "max_context", 'i'},
-                          {"--kv-cache-fraction", "kv_cache_fraction", 'f'},
-                          {"--max-tokens-limit", "max_tokens_limit", 'i'},
-                          {"--max-connections", "max_connections", 'i'},
-                          {"--request-timeout", "request_timeout_s", 'f'},
-                          {"--served-model-name", "served_model_name", 's'}};
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string &a = args[i];
-        if (a == "--help" || a == "-h") {
-            std::fputs(kServeUsage, stdout);
-            return 0;
-        }
-        if (i + 1 >= args.size()) return usage_error(a + " needs a value");
-        const std::string v = args[++i];
-        if (a == "--model") {
-            model_dir = v;
-            continue;
-        }
-        if (a == "--device" || a == "--dtype") {
-            load[a.substr(2)] = v;
-            continue;
-        }
-        if (a == "--threads") {
-            try {
-                load["threads"] = std::stoi(v);
-            } catch (const std::exception &) {
-                return usage_error("--threads needs an integer, not '" + v + "'");
-            }
-            continue;
-        }
-        bool known = false;
-        for (const Flag &f : flags) {
-            if (a != f.flag) continue;
-            known = true;
-            try {
-                size_t used = 0;
-                if (f.kind == 's') {
-                    options[f.key] = v;
-                    used = v.size();
-                } else if (f.kind == 'i') {
-                    options[f.key] = std::stoll(v, &used);
-                } else {
-                    options[f.key] = std::stod(v, &used);
-                }
-                if (used != v.size()) throw std::invalid_argument(v);
-            } catch (const std::exception &) {
-                return usage_error(a + " needs a number, not '" + v + "'");
-            }
-        }
-        if (!known) return usage_error("unknown option '" + a + "'");
+    const std::vector<rlhost::ServerFlag> flags = {
+        {"--host", "host", 's'},
+        {"--port", "port", 'i'},
+        {"--api-key", "api_key", 's'},
+        {"--max-running", "max_running", 'i'},
+        {"--max-queued", "max_queued", 'i'},
+        {"--max-context", "max_context", 'i'},
+        {"--kv-cache-fraction", "kv_cache_fraction", 'f'},
+        {"--max-tokens-limit", "max_tokens_limit", 'i'},
+        {"--max-connections", "max_connections", 'i'},
+        {"--request-timeout", "request_timeout_s", 'f'},
+        {"--served-model-name", "served_model_name", 's'}};
+    rlhost::ServerArgs parsed = rlhost::parse_server_args(args, flags, "RL_SERVE_API_KEY");
+    if (parsed.help) {
+        std::fputs(kServeUsage, stdout);
+        return 0;
     }
-    if (model_dir.empty()) return usage_error("--model DIR is required");
-    if (!options.contains("api_key"))
-        if (const char *k = std::getenv("RL_SERVE_API_KEY"); k && *k) options["api_key"] = k;
-    options["model_path"] = model_dir;
+    if (!parsed.error.empty()) return usage_error(parsed.error);
+    const std::string model_dir = parsed.model_dir;
+    const nlohmann::json load = parsed.load;
+    nlohmann::json options = parsed.options;
 
     // SIGINT / SIGTERM go to a thread that waits for them (blocked everywhere
     // else, including the server's threads, which inherit the mask).

@@ -3,6 +3,8 @@
 #include <rl_api.h>
 #include <rl/training_server.h>
 
+#include "server_args.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <pthread.h>
@@ -55,73 +57,26 @@ int usage_error(const std::string &what) {
 
 int cmd_training_server(const std::vector<std::string> &args, const std::string &plugin_path,
                         const std::string &log_level) {
-    std::string model_dir;
-    nlohmann::json load = nlohmann::json::object();
-    nlohmann::json options = nlohmann::json::object();
-    struct Flag {
-        const char *flag, *key;
-        char kind;
-    };
-    const Flag flags[] = {{"--host", "host", 's'},
-                          {"--port", "port", 'i'},
-                          {"--api-key", "api_key", 's'},
-                          {"--checkpoint-dir", "checkpoint_dir", 's'},
-                          {"--base-model", "base_model", 's'},
-                          {"--workers", "workers", 'i'},
-                          {"--max-queued", "max_queued", 'i'},
-                          {"--max-models", "max_models", 'i'},
-                          {"--session-timeout", "session_timeout_s", 'f'},
-                          {"--max-body-bytes", "max_body_bytes", 'i'}};
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string &a = args[i];
-        if (a == "--help" || a == "-h") {
-            std::fputs(kUsage, stdout);
-            return 0;
-        }
-        if (i + 1 >= args.size()) return usage_error(a + " needs a value");
-        const std::string v = args[++i];
-        if (a == "--model") {
-            model_dir = v;
-            continue;
-        }
-        if (a == "--device" || a == "--dtype") {
-            load[a.substr(2)] = v;
-            continue;
-        }
-        if (a == "--threads") {
-            try {
-                load["threads"] = std::stoi(v);
-            } catch (const std::exception &) {
-                return usage_error("--threads needs an integer, not '" + v + "'");
-            }
-            continue;
-        }
-        bool known = false;
-        for (const Flag &f : flags) {
-            if (a != f.flag) continue;
-            known = true;
-            try {
-                size_t used = 0;
-                if (f.kind == 's') {
-                    options[f.key] = v;
-                    used = v.size();
-                } else if (f.kind == 'i') {
-                    options[f.key] = std::stoll(v, &used);
-                } else {
-                    options[f.key] = std::stod(v, &used);
-                }
-                if (used != v.size()) throw std::invalid_argument(v);
-            } catch (const std::exception &) {
-                return usage_error(a + " needs a number, not '" + v + "'");
-            }
-        }
-        if (!known) return usage_error("unknown option '" + a + "'");
+    const std::vector<rlhost::ServerFlag> flags = {{"--host", "host", 's'},
+                                                   {"--port", "port", 'i'},
+                                                   {"--api-key", "api_key", 's'},
+                                                   {"--checkpoint-dir", "checkpoint_dir", 's'},
+                                                   {"--base-model", "base_model", 's'},
+                                                   {"--workers", "workers", 'i'},
+                                                   {"--max-queued", "max_queued", 'i'},
+                                                   {"--max-models", "max_models", 'i'},
+                                                   {"--session-timeout", "session_timeout_s", 'f'},
+                                                   {"--max-body-bytes", "max_body_bytes", 'i'}};
+    rlhost::ServerArgs parsed =
+        rlhost::parse_server_args(args, flags, "RL_TRAINING_SERVER_API_KEY");
+    if (parsed.help) {
+        std::fputs(kUsage, stdout);
+        return 0;
     }
-    if (model_dir.empty()) return usage_error("--model DIR is required");
-    if (!options.contains("api_key"))
-        if (const char *k = std::getenv("RL_TRAINING_SERVER_API_KEY"); k && *k)
-            options["api_key"] = k;
-    options["model_path"] = model_dir;
+    if (!parsed.error.empty()) return usage_error(parsed.error);
+    const std::string model_dir = parsed.model_dir;
+    const nlohmann::json load = parsed.load;
+    nlohmann::json options = parsed.options;
     if (!options.contains("checkpoint_dir")) {
         std::error_code ec;
         std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);

@@ -672,13 +672,7 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
         sq = sq.defined() ? sq + s.to(sq.device()) : s;
     }
     const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
-    if (!std::isfinite(norm)) {
-        zero_grad();
-        throw Error(ErrorKind::Numeric,
-                    std::string("optim_step: the gradient norm is ") +
-                        (std::isnan(norm) ? "NaN" : "infinite") +
-                        "; the step was skipped and the gradients were cleared");
-    }
+    refuse_non_finite(norm);
     const double clip = ov.gradient_clip.value_or(config_.gradient_clip);
     if (clip > 0 && norm > clip) {
         const double scale = clip / (norm + 1e-6);
@@ -696,6 +690,15 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     r.step = step_;
     r.policy_version = adapter_ ? adapter_->bump_version() : policy_->bump_version();
     return r;
+}
+
+// A gradient norm that is NaN or infinite skips the step and clears the gradients.
+void Trainer::refuse_non_finite(double norm) {
+    if (std::isfinite(norm)) return;
+    zero_grad();
+    throw Error(ErrorKind::Numeric, std::string("optim_step: the gradient norm is ") +
+                                        (std::isnan(norm) ? "NaN" : "infinite") +
+                                        "; the step was skipped and the gradients were cleared");
 }
 
 // Sets this step's rate (scheduled, or the override) and AdamW settings.
@@ -764,13 +767,7 @@ OptimResult Trainer::fsdp_step(const OptimOverrides &ov) {
         if (u.grad.defined()) sq += u.grad.to(at::kDouble).pow(2).sum();
     group_->all_reduce_sum(sq);
     const double norm = std::sqrt(sq.item<double>());
-    if (!std::isfinite(norm)) {
-        zero_grad();
-        throw Error(ErrorKind::Numeric,
-                    std::string("optim_step: the gradient norm is ") +
-                        (std::isnan(norm) ? "NaN" : "infinite") +
-                        "; the step was skipped and the gradients were cleared");
-    }
+    refuse_non_finite(norm);
     const double clip = ov.gradient_clip.value_or(config_.gradient_clip);
     const double scale = clip > 0 && norm > clip ? clip / (norm + 1e-6) : 1.0;
     for (auto &u : units)

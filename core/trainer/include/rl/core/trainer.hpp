@@ -197,6 +197,7 @@ private:
     std::vector<at::Tensor> all_reduce_gradients();
     OptimResult fsdp_step(const OptimOverrides &overrides);
     double apply_optimizer_options(const OptimOverrides &overrides);
+    void refuse_non_finite(double grad_norm);
     /// The full optimizer state by parameter name (fsdp: gathered; a collective).
     void collect_state(std::vector<std::pair<std::string, at::Tensor>> &optimizer,
                        std::vector<std::pair<std::string, at::Tensor>> &masters);

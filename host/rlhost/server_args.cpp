@@ -1,0 +1,67 @@
+#include "server_args.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace rlhost {
+
+ServerArgs parse_server_args(const std::vector<std::string> &args,
+                             const std::vector<ServerFlag> &flags, const char *key_env) {
+    ServerArgs out;
+    auto fail = [&](const std::string &why) {
+        out.error = why;
+        return out;
+    };
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string &a = args[i];
+        if (a == "--help" || a == "-h") {
+            out.help = true;
+            return out;
+        }
+        if (i + 1 >= args.size()) return fail(a + " needs a value");
+        const std::string v = args[++i];
+        if (a == "--model") {
+            out.model_dir = v;
+            continue;
+        }
+        if (a == "--device" || a == "--dtype") {
+            out.load[a.substr(2)] = v;
+            continue;
+        }
+        if (a == "--threads") {
+            try {
+                out.load["threads"] = std::stoi(v);
+            } catch (const std::exception &) {
+                return fail("--threads needs an integer, not '" + v + "'");
+            }
+            continue;
+        }
+        bool known = false;
+        for (const ServerFlag &f : flags) {
+            if (a != f.flag) continue;
+            known = true;
+            try {
+                size_t used = 0;
+                if (f.kind == 's') {
+                    out.options[f.key] = v;
+                    used = v.size();
+                } else if (f.kind == 'i') {
+                    out.options[f.key] = std::stoll(v, &used);
+                } else {
+                    out.options[f.key] = std::stod(v, &used);
+                }
+                if (used != v.size()) throw std::invalid_argument(v);
+            } catch (const std::exception &) {
+                return fail(a + " needs a number, not '" + v + "'");
+            }
+        }
+        if (!known) return fail("unknown option '" + a + "'");
+    }
+    if (out.model_dir.empty()) return fail("--model DIR is required");
+    if (!out.options.contains("api_key"))
+        if (const char *k = std::getenv(key_env); k && *k) out.options["api_key"] = k;
+    out.options["model_path"] = out.model_dir;
+    return out;
+}
+
+} // namespace rlhost
