@@ -85,7 +85,7 @@ int m_save(lua_State *L) {
 int m_create_adapter(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     const char *name = luaL_checkstring(L, 2);
-    const std::string cfg = config_arg(L, 3, "model:create_adapter: lora config");
+    const std::string cfg = json_arg(L, 3, "model:create_adapter: lora config");
     check_status(L, rl_adapter_create(m, name, cfg.c_str()), "model:create_adapter");
     return 0;
 }
