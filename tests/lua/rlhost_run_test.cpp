@@ -249,7 +249,8 @@ TEST(RlhostRun, PpoWithAValueHeadTrainsTheCritic) {
     const Proc p = rlhost({kExamples + "/ppo.lua", "--config", kExamples + "/ppo.yaml", "--set",
                            "run.steps=6", "--set", "sft.steps=2", "--set", "run.checkpoint_every=3",
                            "--set", "run.progress=lines", "--set", "rollout.prompts_per_step=4",
-                           "--set", "buffer.min_rollouts=16"},
+                           "--set", "buffer.min_rollouts=16", "--set",
+                           "buffer.drop_zero_variance=false"}, // every step trains
                           dir, 600);
     ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
     const auto lines = metrics_lines(dir + "/runs/ppo/metrics.jsonl");
