@@ -93,9 +93,10 @@ end
 
 -- ---- rollout worker -----------------------------------------------------------------
 
-local function rollout_worker()
-    local path = cfg.model.path
-    if path == "" then -- the trainer creates the built-in model: wait for it
+-- A rollout worker's model and engine (the trainer creates the built-in model:
+-- wait for it).
+local function worker_model()
+    if cfg.model.path == "" then
         local deadline = rl.clock() + cfg.weight_broadcast.timeout
         while not rl.exists(cfg.model.init_dir .. "/config.json") do
             if rl.clock() > deadline then error("rollout: no model appeared in " .. cfg.model.init_dir, 0) end
@@ -104,7 +105,11 @@ local function rollout_worker()
     end
     local model = rl.load_model(cfg)
     model_device = model:info().device
-    local engine = model:engine(rl.engine_config(cfg))
+    return model, model:engine(rl.engine_config(cfg))
+end
+
+local function rollout_worker()
+    local model, engine = worker_model()
     local env = rl.env(cfg.env.name, cfg.env.params)
     local advantage = rl.advantage(cfg.advantage.name, cfg.advantage.params)
     local filters = rl.filters(cfg.filters)
@@ -324,17 +329,7 @@ local function checkpoint_floor(version)
 end
 
 local function orchestrated_worker()
-    local path = cfg.model.path
-    if path == "" then -- the trainer creates the built-in model: wait for it
-        local deadline = rl.clock() + cfg.weight_broadcast.timeout
-        while not rl.exists(cfg.model.init_dir .. "/config.json") do
-            if rl.clock() > deadline then error("rollout: no model appeared in " .. cfg.model.init_dir, 0) end
-            rl.sleep(0.05)
-        end
-    end
-    local model = rl.load_model(cfg)
-    model_device = model:info().device
-    local engine = model:engine(rl.engine_config(cfg))
+    local model, engine = worker_model()
     local env = rl.env(cfg.env.name, cfg.env.params)
     local filters = rl.filters(cfg.filters)
     local tag = ("[rollout %d/%d]"):format(worker_index, workers)
