@@ -292,6 +292,50 @@ TEST_P(LaunchTwoRanks, GrpoOnTheTinyModelImprovesRewardLikeOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, LaunchTwoRanks, ::testing::Values("dp", "fsdp"));
 
+// examples/grpo.yaml as shipped (its warm-up, learning rates and seed), cut to
+// 25 GRPO steps, on one process and on two ranks: the warm-up leaves its loss
+// plateau on both and the two runs follow the same curve (the ranks' summed
+// gradients equal one process's up to rounding, which a fragile warm-up would
+// amplify into a different run).
+TEST(LaunchTwoRanksShipped, TheGrpoExampleLearnsLikeOneProcess) {
+    const std::vector<std::string> args = {
+        kExamples + "/grpo.lua", "--config", kExamples + "/grpo.yaml", "--set",
+        "run.steps=25",          "--set",    "run.checkpoint_every=0", "--set",
+        "run.progress=lines"};
+    const std::string one = temp_dir(), two = temp_dir();
+    const Proc p1 = rlhost(args, one, 900);
+    ASSERT_EQ(p1.exit_code, 0) << p1.out << "\n" << p1.err;
+    const Proc p2 =
+        rlhost(args, two, 900, nullptr, {"launch", "--nproc-per-node", "2", "--", "run"});
+    ASSERT_EQ(p2.exit_code, 0) << p2.out << "\n" << p2.err;
+
+    // phase lines: the mean of `key` over the last `n` lines of `phase`
+    const auto tail_mean = [](const std::vector<json> &lines, const std::string &phase,
+                              const std::string &key, size_t n) {
+        std::vector<double> v;
+        for (const auto &l : lines)
+            if (l["phase"] == phase && l.contains(key)) v.push_back(l[key].get<double>());
+        EXPECT_GE(v.size(), n) << phase << "/" << key;
+        if (v.size() < n) return 0.0;
+        double s = 0;
+        for (size_t i = v.size() - n; i < v.size(); ++i) s += v[i];
+        return s / static_cast<double>(n);
+    };
+    const auto l1 = metrics_lines(one + "/runs/grpo/metrics.jsonl");
+    const auto l2 = metrics_lines(two + "/runs/grpo/metrics.jsonl");
+    const double sft1 = tail_mean(l1, "sft", "loss", 10), sft2 = tail_mean(l2, "sft", "loss", 10);
+    const double rl1 = tail_mean(l1, "rl", "reward", 25), rl2 = tail_mean(l2, "rl", "reward", 25);
+    const std::string figures = "warm-up loss (last 10 steps): one process " +
+                                std::to_string(sft1) + ", two ranks " + std::to_string(sft2) +
+                                "; GRPO reward (25 steps): " + std::to_string(rl1) + ", " +
+                                std::to_string(rl2);
+    EXPECT_LT(sft1, 1.7) << "one process is still on the warm-up plateau: " << figures;
+    EXPECT_LT(sft2, 1.7) << "two ranks are still on the warm-up plateau: " << figures;
+    EXPECT_NEAR(sft1, sft2, 0.1) << figures;
+    EXPECT_GT(rl1, 0.3) << figures;
+    EXPECT_NEAR(rl1, rl2, 0.08) << figures;
+}
+
 // The disaggregated mode (examples/grpo_disaggregated.lua): trainer and rollout
 // worker as two processes started by `rlhost launch --roles`, batches and
 // weights over filesystem or ZeroMQ, the worker up to max_async_level steps
