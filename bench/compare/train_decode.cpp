@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -42,6 +43,14 @@ void synchronize(const at::Device &d) {
 #else
     (void)d;
 #endif
+}
+
+// CPU time of the whole process (every thread), for comparisons on a loaded
+// machine where wall time mostly measures the other processes.
+double process_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -165,17 +174,22 @@ int main(int argc, char **argv) {
             b.input_ids = at::tensor(ids, at::kLong);
             for (int64_t s = 0; s <= seqs; ++s) b.cu_seqlens.push_back(s * len);
             const LossFunction loss = mean_nll();
-            double t = 0;
+            double t = 0, cpu = 0;
             for (int64_t i = 0; i < warmup + steps; ++i) {
                 synchronize(device);
                 op_recording = profile && i >= warmup;
                 const auto t0 = std::chrono::steady_clock::now();
+                const double c0 = process_cpu_seconds();
                 trainer.forward_backward(b, loss);
                 trainer.optim_step();
                 synchronize(device);
-                if (i >= warmup) t += seconds_since(t0);
+                if (i >= warmup) {
+                    t += seconds_since(t0);
+                    cpu += process_cpu_seconds() - c0;
+                }
                 op_recording = false;
             }
+            out["train_cpu_s"] = cpu / static_cast<double>(steps);
             if (profile) out["train_profile"] = op_report(t);
             out["train_step_s"] = t / static_cast<double>(steps);
             out["train_tokens_per_s"] = static_cast<double>(seqs * len * steps) / t;
@@ -195,15 +209,19 @@ int main(int argc, char **argv) {
             for (auto &p : prompts)
                 for (int64_t i = 0; i < prompt; ++i)
                     p.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(c.vocab_size)));
-            double t = 0;
+            double t = 0, cpu = 0;
             const int64_t reps = get("decode_reps", int64_t{2});
             for (int64_t i = 0; i <= reps; ++i) {
                 synchronize(device);
                 op_recording = profile && i > 0;
                 const auto t0 = std::chrono::steady_clock::now();
+                const double c0 = process_cpu_seconds();
                 const Generation g = engine.generate(prompts, sp);
                 synchronize(device);
-                if (i > 0) t += seconds_since(t0);
+                if (i > 0) {
+                    t += seconds_since(t0);
+                    cpu += process_cpu_seconds() - c0;
+                }
                 op_recording = false;
                 // FNV-1a of the sampled tokens: a change that must keep the
                 // samples of a seed can be checked against the figure before it.
@@ -214,6 +232,7 @@ int main(int argc, char **argv) {
             }
             if (profile) out["decode_profile"] = op_report(t);
             out["decode_s"] = t / static_cast<double>(reps);
+            out["decode_cpu_s"] = cpu / static_cast<double>(reps);
             out["decode_tokens_per_s"] = static_cast<double>(batch * new_tokens * reps) / t;
         }
         std::cout << out.dump() << std::endl;
