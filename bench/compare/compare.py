@@ -12,6 +12,11 @@ Usage: compare.py BENCH_BINARY [--device cpu|cuda] [--shapes tiny,30m | 0.6b] [-
 with the most self time (ATen operators through RecordFunction on both sides,
 so the two lists are counted alike; the profiling slows both a little, so the
 tokens/s of a --profile run are not the benchmark's figures).
+
+On the CPU a second line per shape gives the process CPU time (all threads) of
+one training step and of one generate call on each side and their ratio
+(transformers / ours): on a machine shared with other work, wall time also
+counts the other processes, CPU time mostly the work itself.
 Run through scripts/run-bench-compare.sh, which makes the venv with transformers.
 """
 import argparse
@@ -76,13 +81,13 @@ class OpProfile:
 def hf_train(model, args, device, prof):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, model.config.vocab_size, (args.seqs, args.seq_len), device=device)
-    total = 0.0
+    total = cpu = 0.0
     for i in range(args.warmup + args.steps):
         if i == args.warmup:
             ctx = prof.measured()
             ctx.__enter__()
         sync(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         opt.step()
@@ -90,31 +95,33 @@ def hf_train(model, args, device, prof):
         sync(device)
         if i >= args.warmup:
             total += time.perf_counter() - t0
+            cpu += time.process_time() - c0
     if args.steps > 0:
         ctx.__exit__(None, None, None)
     prof.wall = total
-    return args.seqs * args.seq_len * args.steps / total
+    return args.seqs * args.seq_len * args.steps / total, cpu / args.steps
 
 
 @torch.inference_mode()
 def hf_decode(model, args, device, prof):
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_len), device=device)
-    total = 0.0
+    total = cpu = 0.0
     for i in range(args.decode_reps + 1):
         if i == 1:
             ctx = prof.measured()
             ctx.__enter__()
         sync(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         model.generate(ids, do_sample=True, max_new_tokens=args.new_tokens,
                        min_new_tokens=args.new_tokens, pad_token_id=0)
         sync(device)
         if i > 0:
             total += time.perf_counter() - t0
+            cpu += time.process_time() - c0
     if args.decode_reps > 0:
         ctx.__exit__(None, None, None)
     prof.wall = total
-    return args.batch * args.new_tokens * args.decode_reps / total
+    return args.batch * args.new_tokens * args.decode_reps / total, cpu / args.decode_reps
 
 
 def print_profile(title, ours, theirs):
@@ -190,9 +197,9 @@ def main():
                                          capture_output=True, text=True).stdout)
         model = hf_model(shape, args.device, dtype)
         hf_tp, hf_dp = OpProfile(args.profile), OpProfile(args.profile)
-        hf_t = hf_train(model, args, args.device, hf_tp)
+        hf_t, hf_t_cpu = hf_train(model, args, args.device, hf_tp)
         model.eval()
-        hf_d = hf_decode(model, args, args.device, hf_dp)
+        hf_d, hf_d_cpu = hf_decode(model, args, args.device, hf_dp)
         del model
         params = ours["params"]
         mfu = ""
@@ -203,6 +210,13 @@ def main():
               f"{ours['train_tokens_per_s'] / hf_t:>5.2f}x{mfu:>9} | "
               f"{ours['decode_tokens_per_s']:>17.0f} {hf_d:>12.0f} "
               f"{ours['decode_tokens_per_s'] / hf_d:>5.2f}x", flush=True)
+        if not gpu:
+            # On a shared machine wall time also counts the other processes;
+            # process CPU time per step (all threads) counts only the work.
+            print(f"{'':<6} {'cpu time':>9} | {1e3 * ours['train_cpu_s']:>13.0f} ms "
+                  f"{1e3 * hf_t_cpu:>9.0f} ms {hf_t_cpu / ours['train_cpu_s']:>5.2f}x{'':>9} | "
+                  f"{1e3 * ours['decode_cpu_s']:>14.0f} ms {1e3 * hf_d_cpu:>9.0f} ms "
+                  f"{hf_d_cpu / ours['decode_cpu_s']:>5.2f}x", flush=True)
         print_profile("train", ours.get("train_profile"), hf_tp.report())
         print_profile("decode", ours.get("decode_profile"), hf_dp.report())
 
