@@ -6,10 +6,21 @@ loss, backward, AdamW) and for decoding, the ratio ours / transformers, and on
 CUDA the MFU of the training step (6 N tokens + attention FLOPs over the GPU's
 bf16 peak).
 
-Usage: compare.py BENCH_BINARY [--device cpu|cuda] [--shapes tiny,30m | 0.6b]
+Usage: compare.py BENCH_BINARY [--device cpu|cuda] [--shapes tiny,30m | 0.6b] [--profile]
+
+--profile adds, under the table, where each side's time goes: the operators
+with the most self time (ATen operators through RecordFunction on both sides,
+so the two lists are counted alike; the profiling slows both a little, so the
+tokens/s of a --profile run are not the benchmark's figures).
+
+On the CPU a second line per shape gives the process CPU time (all threads) of
+one training step and of one generate call on each side and their ratio
+(transformers / ours): on a machine shared with other work, wall time also
+counts the other processes, CPU time mostly the work itself.
 Run through scripts/run-bench-compare.sh, which makes the venv with transformers.
 """
 import argparse
+import contextlib
 import json
 import subprocess
 import time
@@ -44,13 +55,39 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def hf_train(model, args, device):
+class OpProfile:
+    """Self time by operator over the measured iterations (torch.profiler),
+    or nothing when profiling is off."""
+
+    def __init__(self, on):
+        self.on, self.prof, self.wall = on, None, 0.0
+
+    def measured(self):
+        if not self.on:
+            return contextlib.nullcontext()
+        self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        return self.prof
+
+    def report(self):
+        if self.prof is None:
+            return None
+        rows = [(e.key, e.self_cpu_time_total / 1e3, e.count)
+                for e in self.prof.key_averages() if e.key.startswith("aten::")]
+        rows.sort(key=lambda r: -r[1])
+        return {"wall_ms": 1e3 * self.wall, "ops_ms": sum(r[1] for r in rows),
+                "top": [{"op": k, "ms": ms, "calls": n} for k, ms, n in rows[:25]]}
+
+
+def hf_train(model, args, device, prof):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     ids = torch.randint(0, model.config.vocab_size, (args.seqs, args.seq_len), device=device)
-    total = 0.0
+    total = cpu = 0.0
     for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            ctx = prof.measured()
+            ctx.__enter__()
         sync(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         opt.step()
@@ -58,22 +95,47 @@ def hf_train(model, args, device):
         sync(device)
         if i >= args.warmup:
             total += time.perf_counter() - t0
-    return args.seqs * args.seq_len * args.steps / total
+            cpu += time.process_time() - c0
+    if args.steps > 0:
+        ctx.__exit__(None, None, None)
+    prof.wall = total
+    return args.seqs * args.seq_len * args.steps / total, cpu / args.steps
 
 
 @torch.inference_mode()
-def hf_decode(model, args, device):
+def hf_decode(model, args, device, prof):
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_len), device=device)
-    total = 0.0
+    total = cpu = 0.0
     for i in range(args.decode_reps + 1):
+        if i == 1:
+            ctx = prof.measured()
+            ctx.__enter__()
         sync(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         model.generate(ids, do_sample=True, max_new_tokens=args.new_tokens,
                        min_new_tokens=args.new_tokens, pad_token_id=0)
         sync(device)
         if i > 0:
             total += time.perf_counter() - t0
-    return args.batch * args.new_tokens * args.decode_reps / total
+            cpu += time.process_time() - c0
+    if args.decode_reps > 0:
+        ctx.__exit__(None, None, None)
+    prof.wall = total
+    return args.batch * args.new_tokens * args.decode_reps / total, cpu / args.decode_reps
+
+
+def print_profile(title, ours, theirs):
+    """Two operator lists side by side: ours (bench_train_decode) and transformers."""
+    if ours is None or theirs is None:
+        return
+    print(f"  {title}: wall ours {ours['wall_ms']:.0f} ms, transformers {theirs['wall_ms']:.0f} ms"
+          " (measured repetitions, profiled)")
+    for side, p in (("ours", ours), ("transformers", theirs)):
+        wall = p["wall_ms"]
+        tops = ", ".join(f"{o['op'][6:]} {100 * o['ms'] / wall:.0f}%" for o in p["top"][:8])
+        mm = sum(o["ms"] for o in p["top"] if o["op"] in ("aten::mm", "aten::addmm", "aten::bmm"))
+        print(f"    {side:<12} mm+addmm+bmm {mm:.0f} ms ({100 * mm / wall:.0f}% of wall), all ops "
+              f"{100 * p['ops_ms'] / wall:.0f}%: {tops}")
 
 
 def train_flops_per_token(shape, params, seq_len):
@@ -98,6 +160,7 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--decode-reps", type=int, default=2)
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     gpu = args.device == "cuda"
     shapes = (args.shapes or ("0.6b" if gpu else "tiny,30m")).split(",")
@@ -129,13 +192,14 @@ def main():
         cfg = dict(shape, device=args.device, dtype=dtype_name, threads=threads,
                    seqs=args.seqs, seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
                    batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                   decode_reps=args.decode_reps)
+                   decode_reps=args.decode_reps, profile=args.profile)
         ours = json.loads(subprocess.run([args.binary, json.dumps(cfg)], check=True,
                                          capture_output=True, text=True).stdout)
         model = hf_model(shape, args.device, dtype)
-        hf_t = hf_train(model, args, args.device)
+        hf_tp, hf_dp = OpProfile(args.profile), OpProfile(args.profile)
+        hf_t, hf_t_cpu = hf_train(model, args, args.device, hf_tp)
         model.eval()
-        hf_d = hf_decode(model, args, args.device)
+        hf_d, hf_d_cpu = hf_decode(model, args, args.device, hf_dp)
         del model
         params = ours["params"]
         mfu = ""
@@ -146,6 +210,15 @@ def main():
               f"{ours['train_tokens_per_s'] / hf_t:>5.2f}x{mfu:>9} | "
               f"{ours['decode_tokens_per_s']:>17.0f} {hf_d:>12.0f} "
               f"{ours['decode_tokens_per_s'] / hf_d:>5.2f}x", flush=True)
+        if not gpu:
+            # On a shared machine wall time also counts the other processes;
+            # process CPU time per step (all threads) counts only the work.
+            print(f"{'':<6} {'cpu time':>9} | {1e3 * ours['train_cpu_s']:>13.0f} ms "
+                  f"{1e3 * hf_t_cpu:>9.0f} ms {hf_t_cpu / ours['train_cpu_s']:>5.2f}x{'':>9} | "
+                  f"{1e3 * ours['decode_cpu_s']:>14.0f} ms {1e3 * hf_d_cpu:>9.0f} ms "
+                  f"{hf_d_cpu / ours['decode_cpu_s']:>5.2f}x", flush=True)
+        print_profile("train", ours.get("train_profile"), hf_tp.report())
+        print_profile("decode", ours.get("decode_profile"), hf_dp.report())
 
 
 if __name__ == "__main__":

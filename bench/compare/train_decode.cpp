@@ -13,6 +13,7 @@
 #include "rl/core/trainer.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #ifdef RL_TORCH_HAS_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -20,10 +21,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <random>
+#include <string>
+#include <vector>
 
 using nlohmann::json;
 using namespace rl::core;
@@ -38,8 +45,65 @@ void synchronize(const at::Device &d) {
 #endif
 }
 
+// CPU time of the whole process (every thread), for comparisons on a loaded
+// machine where wall time mostly measures the other processes.
+double process_cpu_seconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Op profile ("profile": true): self time of every ATen operator (its time
+// less that of the operators it calls), summed by name over the measured
+// repetitions, from RecordFunction callbacks on this process's threads.
+struct OpClock {
+    std::chrono::steady_clock::time_point start;
+    double children = 0;
+};
+thread_local std::vector<OpClock> op_stack;
+std::mutex op_mu;
+std::map<std::string, std::pair<double, int64_t>> op_self; // name -> (seconds, calls)
+bool op_recording = false;
+
+std::unique_ptr<at::ObserverContext> op_start(const at::RecordFunction &) {
+    op_stack.push_back({std::chrono::steady_clock::now(), 0});
+    return nullptr;
+}
+
+void op_end(const at::RecordFunction &fn, at::ObserverContext *) {
+    if (op_stack.empty()) return;
+    const OpClock c = op_stack.back();
+    op_stack.pop_back();
+    const double total =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count();
+    if (!op_stack.empty()) op_stack.back().children += total;
+    if (!op_recording) return;
+    std::lock_guard<std::mutex> lk(op_mu);
+    auto &e = op_self[fn.name()];
+    e.first += total - c.children;
+    e.second += 1;
+}
+
+// The operators by self time, largest first, with the phase's wall time.
+json op_report(double wall) {
+    std::vector<std::pair<std::string, std::pair<double, int64_t>>> v(op_self.begin(),
+                                                                      op_self.end());
+    std::sort(v.begin(), v.end(),
+              [](const auto &a, const auto &b) { return a.second.first > b.second.first; });
+    json ops = json::array();
+    double in_ops = 0;
+    for (const auto &[name, e] : v) in_ops += e.first;
+    for (size_t i = 0; i < v.size() && i < 25; ++i)
+        ops.push_back({{"op", v[i].first},
+                       {"ms", 1e3 * v[i].second.first},
+                       {"calls", v[i].second.second},
+                       {"share", v[i].second.first / wall}});
+    op_self.clear();
+    return {{"wall_ms", 1e3 * wall}, {"ops_ms", 1e3 * in_ops}, {"top", ops}};
 }
 
 LossFunction mean_nll() {
@@ -80,6 +144,11 @@ int main(int argc, char **argv) {
         const at::Device device = resolve_device(get("device", std::string("cpu")), "device");
         const at::ScalarType dtype = parse_dtype(get("dtype", std::string("float32")), "dtype");
         set_num_threads(static_cast<int>(get("threads", int64_t{0})));
+        const bool profile = get("profile", false);
+        if (profile)
+            at::addGlobalCallback(at::RecordFunctionCallback(&op_start, &op_end)
+                                      .needsInputs(false)
+                                      .scopes({at::RecordScope::FUNCTION}));
 
         auto model = std::make_shared<CausalLM>(c, ModelOptions{dtype, device});
         model->init_weights(1);
@@ -105,15 +174,23 @@ int main(int argc, char **argv) {
             b.input_ids = at::tensor(ids, at::kLong);
             for (int64_t s = 0; s <= seqs; ++s) b.cu_seqlens.push_back(s * len);
             const LossFunction loss = mean_nll();
-            double t = 0;
+            double t = 0, cpu = 0;
             for (int64_t i = 0; i < warmup + steps; ++i) {
                 synchronize(device);
+                op_recording = profile && i >= warmup;
                 const auto t0 = std::chrono::steady_clock::now();
+                const double c0 = process_cpu_seconds();
                 trainer.forward_backward(b, loss);
                 trainer.optim_step();
                 synchronize(device);
-                if (i >= warmup) t += seconds_since(t0);
+                if (i >= warmup) {
+                    t += seconds_since(t0);
+                    cpu += process_cpu_seconds() - c0;
+                }
+                op_recording = false;
             }
+            out["train_cpu_s"] = cpu / static_cast<double>(steps);
+            if (profile) out["train_profile"] = op_report(t);
             out["train_step_s"] = t / static_cast<double>(steps);
             out["train_tokens_per_s"] = static_cast<double>(seqs * len * steps) / t;
         }
@@ -132,16 +209,30 @@ int main(int argc, char **argv) {
             for (auto &p : prompts)
                 for (int64_t i = 0; i < prompt; ++i)
                     p.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(c.vocab_size)));
-            double t = 0;
+            double t = 0, cpu = 0;
             const int64_t reps = get("decode_reps", int64_t{2});
             for (int64_t i = 0; i <= reps; ++i) {
                 synchronize(device);
+                op_recording = profile && i > 0;
                 const auto t0 = std::chrono::steady_clock::now();
-                engine.generate(prompts, sp);
+                const double c0 = process_cpu_seconds();
+                const Generation g = engine.generate(prompts, sp);
                 synchronize(device);
-                if (i > 0) t += seconds_since(t0);
+                if (i > 0) {
+                    t += seconds_since(t0);
+                    cpu += process_cpu_seconds() - c0;
+                }
+                op_recording = false;
+                // FNV-1a of the sampled tokens: a change that must keep the
+                // samples of a seed can be checked against the figure before it.
+                uint64_t h = 1469598103934665603ULL;
+                for (int64_t tok : g.token_ids)
+                    h = (h ^ static_cast<uint64_t>(tok)) * 1099511628211ULL;
+                out["decode_tokens_fnv"] = std::to_string(h);
             }
+            if (profile) out["decode_profile"] = op_report(t);
             out["decode_s"] = t / static_cast<double>(reps);
+            out["decode_cpu_s"] = cpu / static_cast<double>(reps);
             out["decode_tokens_per_s"] = static_cast<double>(batch * new_tokens * reps) / t;
         }
         std::cout << out.dump() << std::endl;

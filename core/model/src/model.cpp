@@ -47,6 +47,24 @@ at::Tensor as_float(const at::Tensor &t) {
     return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
 }
 
+// Logits of a few decoding rows h [M, hidden] against the output embedding
+// w [vocab, hidden]. On the CPU a large vocabulary goes through the product in
+// column blocks written in place: the block of w that the matrix product packs
+// stays in cache, where one product over the whole vocabulary streams it
+// twice. Each logit is the same dot product either way (same values).
+at::Tensor decode_logits(const at::Tensor &h, const at::Tensor &w) {
+    constexpr int64_t kBlock = 1024;
+    const int64_t vocab = w.size(0);
+    if (!h.is_cpu() || h.size(0) > 64 || vocab <= 2 * kBlock) return at::matmul(h, w.t());
+    at::Tensor out = at::empty({h.size(0), vocab}, h.options());
+    for (int64_t c = 0; c < vocab; c += kBlock) {
+        const int64_t n = std::min(kBlock, vocab - c);
+        at::Tensor block = out.narrow(1, c, n);
+        at::mm_out(block, h, w.narrow(0, c, n).t());
+    }
+    return out;
+}
+
 // Activation checkpointing of one decoder layer: the forward runs without
 // recording a graph and keeps only the layer's input; the backward runs the
 // layer again with autograd on and back-propagates through that fresh graph
@@ -471,7 +489,7 @@ at::Tensor CausalLM::extend(KVCache &cache, const std::vector<int64_t> &slots,
         for (size_t i = 1; i < cu.size(); ++i) last.push_back(cu[i] - 1);
         h = h.index_select(0, long_tensor(last, options_.device));
     }
-    return at::matmul(as_float(h), as_float(lm_head_weight()).t());
+    return decode_logits(as_float(h), as_float(lm_head_weight()));
 }
 
 at::Tensor CausalLM::prefill(KVCache &cache, const std::vector<int64_t> &slots,
