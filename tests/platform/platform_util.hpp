@@ -49,11 +49,32 @@ inline TrainBatch random_batch(int64_t seqs, int64_t len, uint64_t seed) {
     return b;
 }
 
-/// Mean negative log-likelihood of the masked tokens.
+/// Every sample of `g` as prompt + completion in one batch; `start` gets the
+/// position of each sample's first completion token.
+inline TrainBatch generation_batch(const std::vector<std::vector<int64_t>> &prompts,
+                                   const Generation &g, std::vector<int64_t> &start) {
+    TrainBatch b;
+    std::vector<int64_t> ids;
+    b.cu_seqlens.push_back(0);
+    for (int64_t s = 0; s < g.samples(); ++s) {
+        const auto &p = prompts[static_cast<size_t>(g.prompt_index[static_cast<size_t>(s)])];
+        ids.insert(ids.end(), p.begin(), p.end());
+        start.push_back(static_cast<int64_t>(ids.size()));
+        ids.insert(ids.end(), g.token_ids.begin() + g.cu_seqlens[s],
+                   g.token_ids.begin() + g.cu_seqlens[s + 1]);
+        b.cu_seqlens.push_back(static_cast<int64_t>(ids.size()));
+    }
+    b.input_ids = at::tensor(ids, at::kLong);
+    return b;
+}
+
+/// Mean negative log-likelihood of the masked tokens (every token without a
+/// loss_mask).
 inline LossFunction nll_loss() {
     LossFunction f;
     f.name = "loss 'nll'";
-    f.signature.required = {"logprobs", "loss_mask"};
+    f.signature.required = {"logprobs"};
+    f.signature.optional = {"loss_mask"};
     f.signature.differentiable = {"logprobs"};
     f.compute = [](const LossCall &call) {
         at::Tensor lp, mask;
@@ -61,12 +82,26 @@ inline LossFunction nll_loss() {
             if (kv.first == "logprobs") lp = kv.second;
             if (kv.first == "loss_mask") mask = kv.second;
         }
+        if (!mask.defined()) mask = at::ones_like(lp);
         LossResult r;
         r.loss = -(lp * mask).sum().item<double>() / call.global_tokens;
-        r.grads["logprobs"] = -mask / call.global_tokens;
+        if (call.want_grads) r.grads["logprobs"] = -mask / call.global_tokens;
         return r;
     };
     return f;
+}
+
+/// A small tiny-architecture model (hidden 64, 4 heads of 16, 2 KV heads) of
+/// `layers` layers.
+inline TinyModelSpec small_tiny_spec(int64_t layers) {
+    TinyModelSpec s;
+    s.hidden_size = 64;
+    s.intermediate_size = 128;
+    s.num_hidden_layers = layers;
+    s.num_attention_heads = 4;
+    s.num_key_value_heads = 2;
+    s.head_dim = 16;
+    return s;
 }
 
 /// Parameters by name, as float64 host copies.
