@@ -2,7 +2,7 @@
 // global batch per step that each rank takes an uneven share of.
 #pragma once
 
-#include "../platform/platform_util.hpp"
+#include "../core/small_tiny_spec.hpp"
 
 #include "rl/core/model.hpp"
 #include "rl/core/policy.hpp"

@@ -2,6 +2,7 @@
 // batch, and a plain cross-entropy loss, all through the C++ core (no plugins).
 #pragma once
 
+#include "../core/small_tiny_spec.hpp"
 #include "../core/test_util.hpp"
 
 #include "rl/core/engine.hpp"
@@ -89,19 +90,6 @@ inline LossFunction nll_loss() {
         return r;
     };
     return f;
-}
-
-/// A small tiny-architecture model (hidden 64, 4 heads of 16, 2 KV heads) of
-/// `layers` layers.
-inline TinyModelSpec small_tiny_spec(int64_t layers) {
-    TinyModelSpec s;
-    s.hidden_size = 64;
-    s.intermediate_size = 128;
-    s.num_hidden_layers = layers;
-    s.num_attention_heads = 4;
-    s.num_key_value_heads = 2;
-    s.head_dim = 16;
-    return s;
 }
 
 /// Parameters by name, as float64 host copies.
