@@ -181,14 +181,57 @@ end
 
 -- ---- trainer --------------------------------------------------------------------------
 
-local function trainer_role()
+-- The trainer side of both modes: the run, the model, its tokenizer, the
+-- trainer (attached to the run: with run.resume, its last checkpoint) and the
+-- loss.
+local function load_trainer()
     local run = rl.run(cfg)
     local model = rl.load_model(cfg)
-    local tok, info = model:tokenizer(), model:info()
-    model_device = info.device
+    model_device = model:info().device
     local trainer = model:trainer(rl.trainer_config(cfg))
-    run:attach(trainer) -- with run.resume: the last checkpoint, re-broadcast below
-    local loss = rl.loss(cfg.loss.name, cfg.loss.params)
+    run:attach(trainer)
+    return run, model, model:tokenizer(), trainer, rl.loss(cfg.loss.name, cfg.loss.params)
+end
+
+-- broadcast(version) -> the last send's metrics: the model's weights to the
+-- rollout workers (zmq: point to point, one sender per worker; else one for all).
+local function weight_broadcaster(model)
+    local outbox = {}
+    if cfg.weight_broadcast.type == "zmq" then
+        for k = 0, workers - 1 do outbox[#outbox + 1] = weight_transport(k, true) end
+    else
+        outbox[1] = weight_transport(0, true)
+    end
+    return function(version)
+        local sent
+        for _, t in ipairs(outbox) do sent = model:send_weights(t, version) end
+        return sent.metrics
+    end
+end
+
+-- One trainer step on a received batch message (waited for `wait` seconds),
+-- then the weights of `version` broadcast: the batch's header and the step's
+-- record (loss stats, tokens, grad norm, lr, sync metrics and what both modes
+-- log of the header).
+local function train_on(trainer, loss, msg, broadcast, version, wait)
+    local h = msg.header
+    msg.header, msg.metrics = nil, nil
+    local out = trainer:forward_backward(msg, loss)
+    local opt = trainer:optim_step()
+    local sync = broadcast(version)
+    local record = {
+        reward = h.reward, groups = h.groups, batch_step = h.step, wait_s = wait,
+        off_policy_gap = version - 1 - h.policy_version,
+        ["sync/bytes"] = sync["sync/bytes"], ["sync/seconds"] = sync["sync/seconds"],
+        ["sync/version"] = sync["sync/version"],
+    }
+    for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
+    record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
+    return h, record
+end
+
+local function trainer_role()
+    local run, model, tok, trainer, loss = load_trainer() -- resumed: re-broadcast below
     -- Nothing of an earlier run in the shared folders (start the trainer first
     -- when the roles are started by hand with the same folder).
     local ours = { weight_dir .. "/broadcasts" }
@@ -202,24 +245,14 @@ local function trainer_role()
     else
         for k = 0, workers - 1 do inbox[#inbox + 1] = batch_transport(k, false) end
     end
-    local outbox = {}
-    if cfg.weight_broadcast.type == "zmq" then -- point to point: one per worker
-        for k = 0, workers - 1 do outbox[#outbox + 1] = weight_transport(k, true) end
-    else
-        outbox[1] = weight_transport(0, true)
-    end
+    local broadcast = weight_broadcaster(model)
     local version = 0
-    local function broadcast()
-        local sent
-        for _, t in ipairs(outbox) do sent = model:send_weights(t, version) end
-        return sent.metrics
-    end
 
     if cfg.sft.steps > 0 then
         rl.sft_warmup(cfg, run, trainer, tok, rl.env(cfg.env.name, cfg.env.params))
     end
     version = run.phases.rl or 0 -- a resumed run continues its versions
-    broadcast()
+    broadcast(version)
 
     -- The next batch from any worker; nil after rollout_transport.timeout.
     local function next_batch()
@@ -247,23 +280,11 @@ local function trainer_role()
             if max_gap == nil or gap <= max_gap then break end
             dropped = dropped + 1 -- too far off-policy: counted, never trained on
         end
-        local wait = rl.clock() - t0
-        local h = msg.header
-        msg.header, msg.metrics = nil, nil
-        local out = trainer:forward_backward(msg, loss)
-        local opt = trainer:optim_step()
         version = version + 1
-        local sync = broadcast()
-        local record = {
-            reward = h.reward, reward_std = h.reward_std, exact = h.exact,
-            flagged = h.flagged, masked = h.masked, groups = h.groups,
-            off_policy_gap = version - 1 - h.policy_version, dropped_batches = dropped,
-            batch_step = h.step, worker = h.worker, worker_run = h.worker_run, wait_s = wait,
-            ["sync/bytes"] = sync["sync/bytes"], ["sync/seconds"] = sync["sync/seconds"],
-            ["sync/version"] = sync["sync/version"],
-        }
-        for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
-        record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
+        local h, record = train_on(trainer, loss, msg, broadcast, version, rl.clock() - t0)
+        record.reward_std, record.exact, record.flagged, record.masked =
+            h.reward_std, h.exact, h.flagged, h.masked
+        record.dropped_batches, record.worker, record.worker_run = dropped, h.worker, h.worker_run
         run:log(record)
     end
     run:finish()
@@ -593,36 +614,21 @@ local function orchestrator_role()
 end
 
 local function orchestrated_trainer()
-    local run = rl.run(cfg)
-    local model = rl.load_model(cfg)
-    local tok, info = model:tokenizer(), model:info()
-    model_device = info.device
-    local trainer = model:trainer(rl.trainer_config(cfg))
-    run:attach(trainer)
-    local loss = rl.loss(cfg.loss.name, cfg.loss.params)
+    local run, model, tok, trainer, loss = load_trainer()
     local trainer_run = tostring(math.floor(rl.time() * 1000))
     if rl.exists(weight_dir .. "/broadcasts") == "dir" then rl.remove_tree(weight_dir .. "/broadcasts") end
     if fs then clear({ "batches" }) end
     local inbox = to_trainer(true)
     local acks = to_orchestrator("trainer", false)
-    local outbox = {}
-    if cfg.weight_broadcast.type == "zmq" then
-        for k = 0, workers - 1 do outbox[#outbox + 1] = weight_transport(k, true) end
-    else
-        outbox[1] = weight_transport(0, true)
-    end
+    local broadcast = weight_broadcaster(model)
     local version = 0
-    local function broadcast()
-        local sent
-        for _, t in ipairs(outbox) do sent = model:send_weights(t, version) end
-        return sent.metrics
-    end
     if cfg.sft.steps > 0 then
         local env = rl.env(cfg.env.name, cfg.env.params)
         local ce = rl.loss("causallm_loss")
+        local eos_id = tok:info().eos_token_ids[1]
         for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
             local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
-            local batch = rl.sft_batch(tok, tasks, info.eos_token_ids[1], template)
+            local batch = rl.sft_batch(tok, tasks, eos_id, template)
             local out = trainer:forward_backward(batch, ce)
             local opt = trainer:optim_step { learning_rate = cfg.sft.learning_rate }
             run:log { loss = out.loss, tokens = out.tokens, grad_norm = opt.grad_norm }
@@ -631,7 +637,7 @@ local function orchestrated_trainer()
     version = run.phases.rl or 0
     acks:send({ kind = "rl.trainer", trainer_run = trainer_run, version = version, hello = true,
         checkpoint = version, done = false })
-    broadcast()
+    broadcast(version)
 
     local waiting, duplicates = {}, 0 -- batches for later steps; batches for past steps skipped
     for step in run:steps("rl", cfg.run.steps) do
@@ -649,25 +655,13 @@ local function orchestrated_trainer()
                     .. "(%gs); is it running?"):format(version, cfg.rollout_transport.timeout), 0)
             end
         end
-        local wait = rl.clock() - t0
-        local h = msg.header
-        msg.header, msg.metrics = nil, nil
-        local out = trainer:forward_backward(msg, loss)
-        local opt = trainer:optim_step()
         version = version + 1
-        local sync = broadcast()
+        local h, record = train_on(trainer, loss, msg, broadcast, version, rl.clock() - t0)
         acks:send({ kind = "rl.trainer", trainer_run = trainer_run, version = version,
             checkpoint = checkpoint_floor(version), hello = false, done = version >= cfg.run.steps })
-        local record = {
-            reward = h.reward, groups = h.groups, rollouts = h.rollouts,
-            off_policy_gap = version - 1 - h.policy_version, batch_step = h.step, wait_s = wait,
-            duplicate_batches = duplicates, chunks = h.chunks, lost_chunks = h.lost_chunks,
-            worker_restarts = h.worker_restarts, trainer_restarts = h.trainer_restarts,
-            ["sync/bytes"] = sync["sync/bytes"], ["sync/seconds"] = sync["sync/seconds"],
-            ["sync/version"] = sync["sync/version"],
-        }
-        for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
-        record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
+        record.rollouts, record.duplicate_batches, record.chunks, record.lost_chunks =
+            h.rollouts, duplicates, h.chunks, h.lost_chunks
+        record.worker_restarts, record.trainer_restarts = h.worker_restarts, h.trainer_restarts
         run:log(record)
     end
     run:finish()

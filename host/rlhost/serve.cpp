@@ -6,13 +6,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include <pthread.h>
 #include <signal.h>
 
 #include <cstdio>
 #include <iostream>
 #include <string>
-#include <thread>
 
 namespace rlhost {
 
@@ -74,11 +72,7 @@ int cmd_serve(const std::vector<std::string> &args) {
 
     // SIGINT / SIGTERM go to a thread that waits for them (blocked everywhere
     // else, including the server's threads, which inherit the mask).
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    const sigset_t stop_signals = block_stop_signals();
 
     rl_model_t *model = nullptr;
     if (rl_model_load(model_dir.c_str(), load.dump().c_str(), &model) != RL_OK) {
@@ -91,24 +85,9 @@ int cmd_serve(const std::vector<std::string> &args) {
         rl_model_destroy(model);
         return 1;
     }
-    const std::string host = options.value("host", std::string("127.0.0.1"));
-    const bool v6 = host.find(':') != std::string::npos;
-    std::printf("rlhost serve: listening on http://%s:%d\n", (v6 ? "[" + host + "]" : host).c_str(),
-                static_cast<int>(rl_server_port(server)));
-    std::fflush(stdout);
-
-    std::thread waiter([&] {
-        int sig = 0;
-        sigwait(&stop_signals, &sig);
-        std::fprintf(stderr, "rlhost serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-        rl_server_stop(server);
-    });
-    rl_server_wait(server);
-    // The waiter is still in sigwait when the server stopped for another reason.
-    if (waiter.joinable()) {
-        pthread_kill(waiter.native_handle(), SIGTERM);
-        waiter.join();
-    }
+    serve_until_stopped(
+        "serve", options, rl_server_port(server), "", stop_signals,
+        [server] { rl_server_stop(server); }, [server] { rl_server_wait(server); });
     rl_server_destroy(server);
     rl_model_destroy(model);
     return 0;

@@ -1,7 +1,11 @@
 #include "server_args.hpp"
 
+#include <pthread.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 
 namespace rlhost {
 
@@ -62,6 +66,38 @@ ServerArgs parse_server_args(const std::vector<std::string> &args,
         if (const char *k = std::getenv(key_env); k && *k) out.options["api_key"] = k;
     out.options["model_path"] = out.model_dir;
     return out;
+}
+
+sigset_t block_stop_signals() {
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    return signals;
+}
+
+void serve_until_stopped(const char *command, const nlohmann::json &options, int port,
+                         const std::string &suffix, const sigset_t &signals,
+                         const std::function<void()> &stop, const std::function<void()> &wait) {
+    const std::string host = options.value("host", std::string("127.0.0.1"));
+    const bool v6 = host.find(':') != std::string::npos;
+    std::printf("rlhost %s: listening on http://%s:%d%s\n", command,
+                (v6 ? "[" + host + "]" : host).c_str(), port, suffix.c_str());
+    std::fflush(stdout);
+    std::thread waiter([&] {
+        int sig = 0;
+        sigwait(&signals, &sig);
+        std::fprintf(stderr, "rlhost %s: %s, stopping\n", command,
+                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+        stop();
+    });
+    wait();
+    // The waiter is still in sigwait when the server stopped for another reason.
+    if (waiter.joinable()) {
+        pthread_kill(waiter.native_handle(), SIGTERM);
+        waiter.join();
+    }
 }
 
 } // namespace rlhost

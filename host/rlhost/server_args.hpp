@@ -1,8 +1,12 @@
-// Command-line options shared by `rlhost serve` and `rlhost training-server`.
+// Command-line options and the run loop shared by `rlhost serve` and
+// `rlhost training-server`.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,5 +30,16 @@ struct ServerArgs {
 /// required. An api_key not given takes the environment variable `key_env`.
 ServerArgs parse_server_args(const std::vector<std::string> &args,
                              const std::vector<ServerFlag> &flags, const char *key_env);
+
+/// SIGINT and SIGTERM blocked in this thread and in the threads it starts
+/// later (a server's threads inherit the mask); the set for serve_until_stopped.
+sigset_t block_stop_signals();
+
+/// Prints "rlhost <command>: listening on http://<host>:<port><suffix>" (host
+/// from options["host"]), then runs wait() until the server ends; SIGINT or
+/// SIGTERM (in `signals`) calls stop() first.
+void serve_until_stopped(const char *command, const nlohmann::json &options, int port,
+                         const std::string &suffix, const sigset_t &signals,
+                         const std::function<void()> &stop, const std::function<void()> &wait);
 
 } // namespace rlhost

@@ -7,7 +7,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,7 +15,6 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
-#include <thread>
 
 namespace rlhost {
 
@@ -85,11 +83,7 @@ int cmd_training_server(const std::vector<std::string> &args, const std::string 
             (tmp / ("rlhost-training-server-" + std::to_string(::getpid()))).string();
     }
 
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    const sigset_t stop_signals = block_stop_signals();
 
     rl_runtime_desc_t desc = RL_RUNTIME_DESC_INIT;
     desc.plugin_path = plugin_path.empty() ? nullptr : plugin_path.c_str();
@@ -113,26 +107,11 @@ int cmd_training_server(const std::vector<std::string> &args, const std::string 
         rl_runtime_destroy(runtime);
         return 1;
     }
-    const std::string host = options.value("host", std::string("127.0.0.1"));
-    const bool v6 = host.find(':') != std::string::npos;
-    std::printf("rlhost training-server: listening on http://%s:%d (checkpoints in %s)\n",
-                (v6 ? "[" + host + "]" : host).c_str(),
-                static_cast<int>(rl_training_server_port(server)),
-                options["checkpoint_dir"].get<std::string>().c_str());
-    std::fflush(stdout);
-
-    std::thread waiter([&] {
-        int sig = 0;
-        sigwait(&stop_signals, &sig);
-        std::fprintf(stderr, "rlhost training-server: %s, stopping\n",
-                     sig == SIGINT ? "SIGINT" : "SIGTERM");
-        rl_training_server_stop(server);
-    });
-    rl_training_server_wait(server);
-    if (waiter.joinable()) {
-        pthread_kill(waiter.native_handle(), SIGTERM);
-        waiter.join();
-    }
+    serve_until_stopped(
+        "training-server", options, rl_training_server_port(server),
+        " (checkpoints in " + options["checkpoint_dir"].get<std::string>() + ")", stop_signals,
+        [server] { rl_training_server_stop(server); },
+        [server] { rl_training_server_wait(server); });
     rl_training_server_destroy(server);
     rl_model_destroy(model);
     rl_runtime_destroy(runtime);

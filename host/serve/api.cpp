@@ -98,11 +98,33 @@ std::string num(double v) {
 
 Fields::Fields(const json &object, std::string prefix) : o_(object), prefix_(std::move(prefix)) {}
 
-void Fields::only(std::initializer_list<std::string_view> known) const {
+void Fields::only(const std::vector<std::string_view> &known) const {
     for (const auto &item : o_.items()) {
         if (std::find(known.begin(), known.end(), item.key()) == known.end())
             refuse(prefix_ + item.key(), "unknown field '" + prefix_ + item.key() + "'");
     }
+}
+
+void read_options(const std::string &text, const std::string &what,
+                  const std::function<void(const Fields &)> &read) {
+    if (text.empty()) return;
+    const json j = json::parse(text, nullptr, false);
+    if (j.is_discarded()) throw core::Error(what + ": not valid JSON");
+    if (j.is_null()) return;
+    if (!j.is_object()) throw core::Error(what + ": a JSON object is expected");
+    try {
+        read(Fields(j, what + ": "));
+    } catch (const ApiError &e) {
+        throw core::Error(e.what());
+    }
+}
+
+std::vector<std::string_view> http_options_and(std::initializer_list<std::string_view> own) {
+    std::vector<std::string_view> known = {"host",          "port",           "api_key",
+                                           "model_path",    "max_body_bytes", "max_connections",
+                                           "idle_timeout_s"};
+    known.insert(known.end(), own);
+    return known;
 }
 
 const json *Fields::get(const char *key) const {

@@ -60,7 +60,7 @@ class Fields {
 public:
     explicit Fields(const json &object, std::string prefix = "");
     /// Refuses the first key not in `known` ("unknown field 'x'").
-    void only(std::initializer_list<std::string_view> known) const;
+    void only(const std::vector<std::string_view> &known) const;
     const json *get(const char *key) const; ///< null when absent or null
     bool has(const char *key) const { return get(key) != nullptr; }
     std::string name(const char *key) const { return prefix_ + key; }
@@ -98,7 +98,36 @@ struct SampleSpec {
 struct SampleOutput {
     core::RequestResult result;
     std::vector<core::TokenEvent> events; ///< every sampled token, in order
+
+    /// A streamed token added to a partial output: its event, id and logprob.
+    void add_token(const core::TokenEvent &e) {
+        events.push_back(e);
+        result.tokens.push_back(e.token);
+        result.logprobs.push_back(e.logprob);
+    }
 };
+
+/// Reads a server's options: `text` is a JSON object (empty or null: none),
+/// handed to read() as Fields; errors are core::Error starting "<what>: ".
+void read_options(const std::string &text, const std::string &what,
+                  const std::function<void(const Fields &)> &read);
+
+/// The options of the HTTP side every server has, followed by `own`.
+std::vector<std::string_view> http_options_and(std::initializer_list<std::string_view> own);
+
+/// Reads the HTTP-side options (host, port, api_key, model_path,
+/// max_body_bytes, max_connections, idle_timeout_s) into a server config.
+template <class Config>
+void read_http_options(const Fields &f, Config &c) {
+    if (auto v = f.string("host")) c.host = *v;
+    if (auto v = f.integer("port", 0, 65535)) c.port = static_cast<int>(*v);
+    if (auto v = f.string("api_key")) c.api_key = *v;
+    if (auto v = f.string("model_path")) c.model_path = *v;
+    if (auto v = f.integer("max_body_bytes", 1024, int64_t{1} << 40))
+        c.max_body_bytes = static_cast<size_t>(*v);
+    if (auto v = f.integer("max_connections", 1, 1 << 20)) c.max_connections = static_cast<int>(*v);
+    if (auto v = f.number("idle_timeout_s", 0.001, 1e9)) c.idle_timeout_s = *v;
+}
 
 /// The samples of one HTTP request on the scheduler: submitted together,
 /// registered with the server under a request id (abort_request,

@@ -458,18 +458,17 @@ private:
     // it) and ends the connection.
     bool refuse(const error_code &ec) {
         keep_alive_ = false;
+        auto too_large = [&](int status, const std::string &what, size_t limit,
+                             const char *setting) {
+            send_error(*this, status,
+                       what + " exceeds the limit of " + std::to_string(limit) + " bytes" + setting,
+                       "", "invalid_request_error");
+            linger();
+        };
         if (ec == http::error::body_limit) {
-            send_error(*this, 413,
-                       "request body exceeds the limit of " +
-                           std::to_string(config_.max_body_bytes) + " bytes (max_body_bytes)",
-                       "", "invalid_request_error");
-            linger();
+            too_large(413, "request body", config_.max_body_bytes, " (max_body_bytes)");
         } else if (ec == http::error::header_limit) {
-            send_error(*this, 431,
-                       "request header exceeds the limit of " +
-                           std::to_string(config_.max_header_bytes) + " bytes",
-                       "", "invalid_request_error");
-            linger();
+            too_large(431, "request header", config_.max_header_bytes, "");
         } else if (ec == beast::error::timeout) {
             send_error(*this, 408,
                        "the request did not arrive within " +

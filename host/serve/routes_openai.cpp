@@ -76,6 +76,33 @@ void read_common(const Server &server, const Fields &f, Common &c) {
         refuse("best_of", "best_of other than 1 or n is not supported");
 }
 
+// The fields read_common reads, and after them a route's own.
+std::vector<std::string_view> common_and(std::initializer_list<std::string_view> own) {
+    std::vector<std::string_view> known = {"model",
+                                           "temperature",
+                                           "top_p",
+                                           "top_k",
+                                           "n",
+                                           "stop",
+                                           "stop_token_ids",
+                                           "seed",
+                                           "stream",
+                                           "stream_options",
+                                           "return_token_ids",
+                                           "return_tokens_as_token_ids",
+                                           "ignore_eos",
+                                           "user",
+                                           "frequency_penalty",
+                                           "presence_penalty",
+                                           "repetition_penalty",
+                                           "min_p",
+                                           "min_tokens",
+                                           "logit_bias",
+                                           "best_of"};
+    known.insert(known.end(), own);
+    return known;
+}
+
 // One scheduler request per sample: prompt-major, one seed per prompt.
 std::vector<SampleSpec> make_specs(Server &server, Common &c) {
     c.params.n = 1;
@@ -121,6 +148,27 @@ json usage_of(const Common &c, const std::vector<SampleOutput> &outs) {
     return {{"prompt_tokens", prompt},
             {"completion_tokens", completion},
             {"total_tokens", prompt + completion}};
+}
+
+// The answer without streaming: waits for every sample, then sends `object`
+// with one choice per sample (choice(i, output)), the usage and the fields of
+// `extra`.
+template <class Choice>
+void answer(Server &server, Responder &r, SampleGroup &group, const Common &c,
+            const std::string &id, const char *object, const json &extra, Choice choice) {
+    if (!group.wait(r)) return;
+    const auto &outs = group.outputs();
+    check_no_error(outs);
+    json choices = json::array();
+    for (size_t i = 0; i < outs.size(); ++i) choices.push_back(choice(i, outs[i]));
+    json out = {{"id", id},
+                {"object", object},
+                {"created", static_cast<int64_t>(std::time(nullptr))},
+                {"model", server.model_name()},
+                {"choices", choices},
+                {"usage", usage_of(c, outs)}};
+    out.update(extra);
+    send_json(r, out);
 }
 
 std::string token_label(const Server &server, const Common &c, int64_t id) {
@@ -222,9 +270,7 @@ void run_stream(Server &server, Responder &r, SampleGroup &group, const Common &
         r,
         [&](size_t i, const core::TokenEvent &e) {
             SampleOutput &p = partial[i];
-            p.events.push_back(e);
-            p.result.tokens.push_back(e.token);
-            p.result.logprobs.push_back(e.logprob);
+            p.add_token(e);
             if (e.text.empty() && !c.logprobs && !c.return_token_ids) return true;
             const size_t k = p.result.tokens.size();
             return emit(i, e.text, k - 1, k);
@@ -302,32 +348,7 @@ void read_prompt(Server &server, const json &p, Common &c) {
 void completions(Server &server, const Request &req, Responder &r) {
     const json body = json_body(req);
     Fields f(body);
-    f.only({"model",
-            "prompt",
-            "max_tokens",
-            "temperature",
-            "top_p",
-            "top_k",
-            "n",
-            "stop",
-            "stop_token_ids",
-            "seed",
-            "logprobs",
-            "echo",
-            "stream",
-            "stream_options",
-            "return_token_ids",
-            "return_tokens_as_token_ids",
-            "ignore_eos",
-            "user",
-            "frequency_penalty",
-            "presence_penalty",
-            "repetition_penalty",
-            "min_p",
-            "min_tokens",
-            "logit_bias",
-            "best_of",
-            "suffix"});
+    f.only(common_and({"prompt", "max_tokens", "logprobs", "echo", "suffix"}));
     Common c;
     read_common(server, f, c);
     f.must_be_false("echo", "the prompt is not repeated in the output");
@@ -377,30 +398,20 @@ void completions(Server &server, const Request &req, Responder &r) {
             [] {});
         return;
     }
-    if (!group.wait(r)) return;
-    const auto &outs = group.outputs();
-    check_no_error(outs);
-    json choices = json::array();
-    for (size_t i = 0; i < outs.size(); ++i) {
-        const auto &o = outs[i];
-        json ch = choice_base(i);
-        ch["text"] = o.result.text;
-        ch["finish_reason"] = finish_reason(o.result);
-        ch["stop_reason"] = matched_stop(server, specs[i], o.result);
-        if (c.logprobs)
-            ch["logprobs"] = completion_logprobs(server, c, o, 0, o.result.tokens.size(), 0);
-        if (c.return_token_ids) {
-            ch["token_ids"] = o.result.tokens;
-            ch["prompt_token_ids"] = specs[i].prompt;
-        }
-        choices.push_back(std::move(ch));
-    }
-    send_json(r, {{"id", id},
-                  {"object", "text_completion"},
-                  {"created", static_cast<int64_t>(std::time(nullptr))},
-                  {"model", server.model_name()},
-                  {"choices", choices},
-                  {"usage", usage_of(c, outs)}});
+    answer(server, r, group, c, id, "text_completion", json::object(),
+           [&](size_t i, const SampleOutput &o) {
+               json ch = choice_base(i);
+               ch["text"] = o.result.text;
+               ch["finish_reason"] = finish_reason(o.result);
+               ch["stop_reason"] = matched_stop(server, specs[i], o.result);
+               if (c.logprobs)
+                   ch["logprobs"] = completion_logprobs(server, c, o, 0, o.result.tokens.size(), 0);
+               if (c.return_token_ids) {
+                   ch["token_ids"] = o.result.tokens;
+                   ch["prompt_token_ids"] = specs[i].prompt;
+               }
+               return ch;
+           });
 }
 
 // ---- /v1/chat/completions -----------------------------------------------------------------
@@ -517,38 +528,9 @@ std::vector<int64_t> encode_chat(Server &server, const json &messages,
 void chat_completions(Server &server, const Request &req, Responder &r) {
     const json body = json_body(req);
     Fields f(body);
-    f.only({"model",
-            "messages",
-            "max_tokens",
-            "max_completion_tokens",
-            "temperature",
-            "top_p",
-            "top_k",
-            "n",
-            "stop",
-            "stop_token_ids",
-            "seed",
-            "logprobs",
-            "top_logprobs",
-            "stream",
-            "stream_options",
-            "return_token_ids",
-            "return_tokens_as_token_ids",
-            "ignore_eos",
-            "user",
-            "frequency_penalty",
-            "presence_penalty",
-            "repetition_penalty",
-            "min_p",
-            "min_tokens",
-            "logit_bias",
-            "best_of",
-            "chat_template_kwargs",
-            "add_generation_prompt",
-            "tools",
-            "tool_choice",
-            "parallel_tool_calls",
-            "response_format"});
+    f.only(common_and({"messages", "max_tokens", "max_completion_tokens", "logprobs",
+                       "top_logprobs", "chat_template_kwargs", "add_generation_prompt", "tools",
+                       "tool_choice", "parallel_tool_calls", "response_format"}));
     Common c;
     read_common(server, f, c);
     c.logprobs = f.boolean("logprobs").value_or(false);
@@ -637,12 +619,9 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
             });
         return;
     }
-    if (!group.wait(r)) return;
-    const auto &outs = group.outputs();
-    check_no_error(outs);
-    json choices = json::array();
-    for (size_t i = 0; i < outs.size(); ++i) {
-        const auto &o = outs[i];
+    const json extra =
+        c.return_token_ids ? json{{"prompt_token_ids", c.prompts[0]}} : json::object();
+    answer(server, r, group, c, id, "chat.completion", extra, [&](size_t i, const SampleOutput &o) {
         json ch = {{"index", i},
                    {"message", {{"role", "assistant"}, {"content", o.result.text}}},
                    {"logprobs", nullptr},
@@ -650,16 +629,8 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
                    {"stop_reason", matched_stop(server, specs[i], o.result)}};
         if (c.logprobs) ch["logprobs"] = chat_logprobs(server, c, o, 0, o.result.tokens.size());
         if (c.return_token_ids) ch["token_ids"] = o.result.tokens;
-        choices.push_back(std::move(ch));
-    }
-    json out = {{"id", id},
-                {"object", "chat.completion"},
-                {"created", static_cast<int64_t>(std::time(nullptr))},
-                {"model", server.model_name()},
-                {"choices", choices},
-                {"usage", usage_of(c, outs)}};
-    if (c.return_token_ids) out["prompt_token_ids"] = c.prompts[0];
-    send_json(r, out);
+        return ch;
+    });
 }
 
 } // namespace

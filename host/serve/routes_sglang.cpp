@@ -344,9 +344,7 @@ void generate(Server &server, const Request &req, Responder &r) {
             r,
             [&](size_t g, const core::TokenEvent &e) {
                 SampleOutput &p = partial[g];
-                p.events.push_back(e);
-                p.result.tokens.push_back(e.token);
-                p.result.logprobs.push_back(e.logprob);
+                p.add_token(e);
                 return chunk(g, false, p);
             },
             [&](size_t g, const SampleOutput &o) { return chunk(g, true, o); });

@@ -19,35 +19,18 @@ namespace rl::serve {
 
 ServerConfig ServerConfig::from_json(const std::string &text) {
     ServerConfig c;
-    if (text.empty()) return c;
-    json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) throw core::Error("server options: not valid JSON");
-    if (j.is_null()) return c;
-    if (!j.is_object()) throw core::Error("server options: a JSON object is expected");
-    Fields f(j, "server options: ");
-    try {
-        f.only({"host", "port", "api_key", "served_model_name", "model_path", "max_tokens_limit",
-                "max_body_bytes", "max_connections", "request_timeout_s", "idle_timeout_s",
-                "max_running", "max_queued", "max_context", "kv_cache_fraction"});
-        if (auto v = f.string("host")) c.host = *v;
-        if (auto v = f.integer("port", 0, 65535)) c.port = static_cast<int>(*v);
-        if (auto v = f.string("api_key")) c.api_key = *v;
+    read_options(text, "server options", [&](const Fields &f) {
+        f.only(http_options_and({"served_model_name", "max_tokens_limit", "request_timeout_s",
+                                 "max_running", "max_queued", "max_context", "kv_cache_fraction"}));
+        read_http_options(f, c);
         if (auto v = f.string("served_model_name")) c.served_model_name = *v;
-        if (auto v = f.string("model_path")) c.model_path = *v;
         if (auto v = f.integer("max_tokens_limit", 1, int64_t{1} << 40)) c.max_tokens_limit = *v;
-        if (auto v = f.integer("max_body_bytes", 1024, int64_t{1} << 40))
-            c.max_body_bytes = static_cast<size_t>(*v);
-        if (auto v = f.integer("max_connections", 1, 1 << 20))
-            c.max_connections = static_cast<int>(*v);
         if (auto v = f.number("request_timeout_s", 0.001, 1e9)) c.request_timeout_s = *v;
-        if (auto v = f.number("idle_timeout_s", 0.001, 1e9)) c.idle_timeout_s = *v;
         if (auto v = f.integer("max_running", 1, 1 << 20)) c.scheduler.max_running = *v;
         if (auto v = f.integer("max_queued", 0, 1 << 30)) c.scheduler.max_queued = *v;
         if (auto v = f.integer("max_context", 0, int64_t{1} << 40)) c.scheduler.max_context = *v;
         if (auto v = f.number("kv_cache_fraction", 1e-6, 1.0)) c.scheduler.kv_cache_fraction = *v;
-    } catch (const ApiError &e) {
-        throw core::Error(e.what());
-    }
+    });
     return c;
 }
 

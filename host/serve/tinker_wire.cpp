@@ -253,10 +253,8 @@ public:
         return s;
     }
     double f64() {
-        if (end_ - p_ < 8) fail("truncated fixed64");
         double d;
-        std::memcpy(&d, p_, 8);
-        p_ += 8;
+        std::memcpy(&d, fixed(8, "fixed64"), 8);
         return d;
     }
     void skip(uint32_t wire) {
@@ -265,19 +263,41 @@ public:
                 varint();
                 return;
             case kFixed64:
-                if (end_ - p_ < 8) fail("truncated fixed64");
-                p_ += 8;
+                fixed(8, "fixed64");
                 return;
             case kLen:
                 bytes();
                 return;
             case kFixed32:
-                if (end_ - p_ < 4) fail("truncated fixed32");
-                p_ += 4;
+                fixed(4, "fixed32");
                 return;
             default:
                 fail("unknown wire type " + std::to_string(wire));
         }
+    }
+    /// The next `n` bytes (a fixed-size field, `what`), stepped over.
+    const uint8_t *fixed(int64_t n, const char *what) {
+        if (end_ - p_ < n) fail(std::string("truncated ") + what);
+        const uint8_t *at = p_;
+        p_ += n;
+        return at;
+    }
+    /// A map entry: its key (field 1, a string), returned, and its value
+    /// (field 2 of wire type `wire`), read by read(*this); other fields skipped.
+    template <class Read>
+    std::string map_entry(uint32_t wire, Read read) {
+        std::string key;
+        while (!done()) {
+            uint32_t f, w;
+            tag(f, w);
+            if (f == 1 && w == kLen)
+                key = std::string(bytes());
+            else if (f == 2 && w == wire)
+                read(*this);
+            else
+                skip(w);
+        }
+        return key;
     }
     void expect(uint32_t wire, uint32_t want, const char *field) const {
         if (wire != want)
@@ -422,18 +442,8 @@ Datum datum_from_proto(std::string_view b, const std::string &name) {
             }
         } else if (f == 2 && w == kLen) { // map<string, Tensor> entry
             Reader e(r.bytes(), name + ".loss_fn_inputs");
-            std::string key;
             std::string_view value;
-            while (!e.done()) {
-                uint32_t ef, ew;
-                e.tag(ef, ew);
-                if (ef == 1 && ew == kLen)
-                    key = std::string(e.bytes());
-                else if (ef == 2 && ew == kLen)
-                    value = e.bytes();
-                else
-                    e.skip(ew);
-            }
+            const std::string key = e.map_entry(kLen, [&](Reader &x) { value = x.bytes(); });
             d.inputs.emplace_back(key, tensor_from_proto(value, name + ".loss_fn_inputs." + key));
         } else {
             r.skip(w);
@@ -472,18 +482,8 @@ ForwardBackwardRequest forward_backward_from_proto(std::string_view bytes) {
             case 5: { // map<string, double>
                 r.expect(w, kLen, "loss_fn_config");
                 Reader e(r.bytes(), "loss_fn_config");
-                std::string key;
                 double value = 0;
-                while (!e.done()) {
-                    uint32_t ef, ew;
-                    e.tag(ef, ew);
-                    if (ef == 1 && ew == kLen)
-                        key = std::string(e.bytes());
-                    else if (ef == 2 && ew == kFixed64)
-                        value = e.f64();
-                    else
-                        e.skip(ew);
-                }
+                const std::string key = e.map_entry(kFixed64, [&](Reader &x) { value = x.f64(); });
                 out.loss_fn_config[key] = value;
                 break;
             }
@@ -494,29 +494,20 @@ ForwardBackwardRequest forward_backward_from_proto(std::string_view bytes) {
             case 7: { // map<string, LossConfigValue{number | text}>
                 r.expect(w, kLen, "loss_fn_config_v2");
                 Reader e(r.bytes(), "loss_fn_config_v2");
-                std::string key;
                 json value;
-                while (!e.done()) {
-                    uint32_t ef, ew;
-                    e.tag(ef, ew);
-                    if (ef == 1 && ew == kLen) {
-                        key = std::string(e.bytes());
-                    } else if (ef == 2 && ew == kLen) {
-                        Reader v(e.bytes(), "LossConfigValue");
-                        while (!v.done()) {
-                            uint32_t vf, vw;
-                            v.tag(vf, vw);
-                            if (vf == 1 && vw == kFixed64)
-                                value = v.f64();
-                            else if (vf == 2 && vw == kLen)
-                                value = std::string(v.bytes());
-                            else
-                                v.skip(vw);
-                        }
-                    } else {
-                        e.skip(ew);
+                const std::string key = e.map_entry(kLen, [&](Reader &x) {
+                    Reader v(x.bytes(), "LossConfigValue");
+                    while (!v.done()) {
+                        uint32_t vf, vw;
+                        v.tag(vf, vw);
+                        if (vf == 1 && vw == kFixed64)
+                            value = v.f64();
+                        else if (vf == 2 && vw == kLen)
+                            value = std::string(v.bytes());
+                        else
+                            v.skip(vw);
                     }
-                }
+                });
                 v2[key] = value;
                 break;
             }

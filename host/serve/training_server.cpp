@@ -43,28 +43,14 @@ TrainingServerConfig TrainingServerConfig::from_json(const std::string &text) {
     TrainingServerConfig c;
     c.trainer.learning_rate = 1e-4;
     c.trainer.gradient_clip = 0.0;
-    if (text.empty()) return c;
-    json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) throw core::Error("training server options: not valid JSON");
-    if (j.is_null()) return c;
-    if (!j.is_object()) throw core::Error("training server options: a JSON object is expected");
-    Fields f(j, "training server options: ");
-    try {
-        f.only({"host", "port", "api_key", "model_path", "base_model", "checkpoint_dir",
-                "max_body_bytes", "max_connections", "idle_timeout_s", "session_timeout_s",
-                "poll_timeout_s", "future_ttl_s", "max_queued", "workers", "max_models",
-                "max_sample_tokens", "seq_gap_wait_s", "kv_cache_fraction", "trainer"});
-        if (auto v = f.string("host")) c.host = *v;
-        if (auto v = f.integer("port", 0, 65535)) c.port = static_cast<int>(*v);
-        if (auto v = f.string("api_key")) c.api_key = *v;
-        if (auto v = f.string("model_path")) c.model_path = *v;
+    read_options(text, "training server options", [&](const Fields &f) {
+        f.only(http_options_and({"base_model", "checkpoint_dir", "session_timeout_s",
+                                 "poll_timeout_s", "future_ttl_s", "max_queued", "workers",
+                                 "max_models", "max_sample_tokens", "seq_gap_wait_s",
+                                 "kv_cache_fraction", "trainer"}));
+        read_http_options(f, c);
         if (auto v = f.string("base_model")) c.base_model = *v;
         if (auto v = f.string("checkpoint_dir")) c.checkpoint_dir = *v;
-        if (auto v = f.integer("max_body_bytes", 1024, int64_t{1} << 40))
-            c.max_body_bytes = static_cast<size_t>(*v);
-        if (auto v = f.integer("max_connections", 1, 1 << 20))
-            c.max_connections = static_cast<int>(*v);
-        if (auto v = f.number("idle_timeout_s", 0.001, 1e9)) c.idle_timeout_s = *v;
         if (auto v = f.number("session_timeout_s", 0.001, 1e9)) c.session_timeout_s = *v;
         if (auto v = f.number("poll_timeout_s", 0.0, 40)) c.poll_timeout_s = *v;
         if (auto v = f.number("future_ttl_s", 1, 1e9)) c.future_ttl_s = *v;
@@ -81,10 +67,19 @@ TrainingServerConfig TrainingServerConfig::from_json(const std::string &text) {
             for (const auto &item : t->items()) merged[item.key()] = item.value();
             c.trainer = core::TrainerConfig::from_json(merged.dump());
         }
-    } catch (const ApiError &e) {
-        throw core::Error(e.what());
-    }
+    });
     return c;
+}
+
+core::OptimOverrides tinker_adam_defaults() {
+    core::OptimOverrides o;
+    o.learning_rate = 1e-4;
+    o.beta1 = 0.9;
+    o.beta2 = 0.95;
+    o.eps = 1e-12;
+    o.weight_decay = 0.0;
+    o.gradient_clip = 0.0;
+    return o;
 }
 
 // ---- state ------------------------------------------------------------------------------
@@ -316,41 +311,41 @@ struct TrainingServer::Impl {
 
     // -- sessions (mu held) ------------------------------------------------------------------
 
-    std::shared_ptr<Session> session_locked(const std::string &id, const std::string &field) {
-        auto it = sessions.find(id);
-        if (it != sessions.end()) {
-            it->second->last_seen = Clock::now();
+    // The live entry `id` of `live` (its session seen now), else 410 naming
+    // `what` and why it is gone, else 404 with `unknown`.
+    template <class T>
+    std::shared_ptr<T> live_locked(std::map<std::string, std::shared_ptr<T>> &live,
+                                   const std::map<std::string, std::string> &gone,
+                                   const std::string &id, const std::string &field,
+                                   const std::string &what, const std::string &unknown) {
+        if (auto it = live.find(id); it != live.end()) {
+            touch_session_locked(*it->second);
             return it->second;
         }
-        if (auto g = gone_sessions.find(id); g != gone_sessions.end())
-            throw ApiError(410, "session '" + id + "' " + g->second, field);
-        throw ApiError(404, "unknown session '" + id + "' (create one with /api/v1/create_session)",
-                       field);
+        if (auto g = gone.find(id); g != gone.end())
+            throw ApiError(410, what + " '" + id + "' " + g->second, field);
+        throw ApiError(404, unknown, field);
+    }
+    void touch_session_locked(Session &s) { s.last_seen = Clock::now(); }
+    template <class T>
+    void touch_session_locked(const T &owned) {
+        if (auto s = sessions.find(owned.session_id); s != sessions.end())
+            s->second->last_seen = Clock::now();
+    }
+
+    std::shared_ptr<Session> session_locked(const std::string &id, const std::string &field) {
+        return live_locked(sessions, gone_sessions, id, field, "session",
+                           "unknown session '" + id + "' (create one with /api/v1/create_session)");
     }
 
     std::shared_ptr<Model> model_locked(const std::string &id, const std::string &field) {
-        auto it = models.find(id);
-        if (it != models.end()) {
-            if (auto s = sessions.find(it->second->session_id); s != sessions.end())
-                s->second->last_seen = Clock::now();
-            return it->second;
-        }
-        if (auto g = gone_models.find(id); g != gone_models.end())
-            throw ApiError(410, "model '" + id + "' " + g->second, field);
-        throw ApiError(404, "unknown model_id '" + id + "' (create it with /api/v1/create_model)",
-                       field);
+        return live_locked(models, gone_models, id, field, "model",
+                           "unknown model_id '" + id + "' (create it with /api/v1/create_model)");
     }
 
     std::shared_ptr<Sampler> sampler_locked(const std::string &id, const std::string &field) {
-        auto it = samplers.find(id);
-        if (it != samplers.end()) {
-            if (auto s = sessions.find(it->second->session_id); s != sessions.end())
-                s->second->last_seen = Clock::now();
-            return it->second;
-        }
-        if (auto g = gone_samplers.find(id); g != gone_samplers.end())
-            throw ApiError(410, "sampling session '" + id + "' " + g->second, field);
-        throw ApiError(404, "unknown sampling_session_id '" + id + "'", field);
+        return live_locked(samplers, gone_samplers, id, field, "sampling session",
+                           "unknown sampling_session_id '" + id + "'");
     }
 
     /// xorl's implicit session for models created without a Tinker session.
@@ -365,24 +360,26 @@ struct TrainingServer::Impl {
         return s;
     }
 
-    void drop_model_locked(const std::string &id, const std::string &why) {
-        auto it = models.find(id);
-        if (it == models.end()) return;
+    // Releases the entry `id` of `live` (its adapter, its place in its
+    // session's `owned` set), remembered in `gone` with why.
+    template <class T>
+    void drop_locked(std::map<std::string, std::shared_ptr<T>> &live,
+                     std::map<std::string, std::string> &gone,
+                     std::set<std::string> Session::*owned, const std::string &id,
+                     const std::string &why) {
+        auto it = live.find(id);
+        if (it == live.end()) return;
         if (it->second->adapter) base->remove_adapter(it->second->adapter->name());
         if (auto s = sessions.find(it->second->session_id); s != sessions.end())
-            s->second->models.erase(id);
-        models.erase(it);
-        gone_models[id] = why;
+            (s->second.get()->*owned).erase(id);
+        live.erase(it);
+        gone[id] = why;
     }
-
+    void drop_model_locked(const std::string &id, const std::string &why) {
+        drop_locked(models, gone_models, &Session::models, id, why);
+    }
     void drop_sampler_locked(const std::string &id, const std::string &why) {
-        auto it = samplers.find(id);
-        if (it == samplers.end()) return;
-        if (it->second->adapter) base->remove_adapter(it->second->adapter->name());
-        if (auto s = sessions.find(it->second->session_id); s != sessions.end())
-            s->second->samplers.erase(id);
-        samplers.erase(it);
-        gone_samplers[id] = why;
+        drop_locked(samplers, gone_samplers, &Session::samplers, id, why);
     }
 
     void expire_locked(const std::string &id, const std::string &why) {
@@ -627,6 +624,11 @@ std::string model_id_of(const Fields &f) {
     if (auto v = f.string("model_id")) return *v;
     if (auto v = f.string("session_id")) return *v; // xorl maps session_id to model_id
     throw ApiError(400, "model_id is required", "model_id");
+}
+
+// The call's place in its model's order (absent: runs when submitted).
+std::optional<int64_t> seq_id_of(const Fields &f) {
+    return f.integer("seq_id", 0, std::numeric_limits<int64_t>::max());
 }
 
 void submitted(Responder &r, const std::string &request_id, const std::string &model_id) {
@@ -1180,15 +1182,9 @@ void TrainingServer::Impl::optim_step(const Request &req, Responder &r) {
     json body = json_body(req);
     Fields f(body);
     const std::string model_id = model_id_of(f);
-    const auto seq = f.integer("seq_id", 0, std::numeric_limits<int64_t>::max());
-    core::OptimOverrides o;
+    const auto seq = seq_id_of(f);
     // Tinker's AdamParams defaults fill what a 0.16 client leaves out.
-    o.learning_rate = 1e-4;
-    o.beta1 = 0.9;
-    o.beta2 = 0.95;
-    o.eps = 1e-12;
-    o.weight_decay = 0.0;
-    o.gradient_clip = 0.0;
+    core::OptimOverrides o = tinker_adam_defaults();
     const json *ap = f.get("adam_params");
     if (const json *op = f.get("optimizer_params")) {
         Fields p(*op, "optimizer_params.");
@@ -1238,7 +1234,7 @@ void TrainingServer::Impl::save_weights(const Request &req, Responder &r) {
     json body = json_body(req);
     Fields f(body);
     const std::string model_id = model_id_of(f);
-    const auto seq = f.integer("seq_id", 0, std::numeric_limits<int64_t>::max());
+    const auto seq = seq_id_of(f);
     std::string name = f.string("path").value_or("");
     if (name.empty()) name = "checkpoint-" + std::to_string(std::time(nullptr));
     if (!valid_name(name))
@@ -1304,7 +1300,7 @@ void TrainingServer::Impl::load_weights(const Request &req, Responder &r) {
     } else {
         model_id = model_id_of(f);
     }
-    const auto seq = f.integer("seq_id", 0, std::numeric_limits<int64_t>::max());
+    const auto seq = seq_id_of(f);
     const auto path = f.string("path");
     if (!path) throw ApiError(400, "path is required (a tinker://.../weights/<name> path)", "path");
     const bool with_optimizer = f.boolean("optimizer").value_or(false);
@@ -1383,7 +1379,7 @@ void TrainingServer::Impl::save_weights_for_sampler(const Request &req, Responde
     json body = json_body(req);
     Fields f(body);
     const std::string model_id = model_id_of(f);
-    const auto seq = f.integer("seq_id", 0, std::numeric_limits<int64_t>::max());
+    const auto seq = seq_id_of(f);
     std::optional<std::string> name = f.string("path");
     if (!name) name = f.string("name"); // xorl
     const auto sampling_seq = f.integer("sampling_session_seq_id", 0, 1 << 30);

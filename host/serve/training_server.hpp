@@ -72,6 +72,11 @@ struct TrainingServerConfig {
     static TrainingServerConfig from_json(const std::string &json_text);
 };
 
+/// Tinker's AdamParams defaults (learning rate 1e-4, betas 0.9 / 0.95, eps
+/// 1e-12, no weight decay, no clipping): what optim_step fills in for the
+/// fields a client leaves out.
+core::OptimOverrides tinker_adam_defaults();
+
 /// Makes the loss plugin `name` with parameters `params_json`; throws
 /// rl::core::Error (NotFound when no plugin has that name).
 using LossFactory =

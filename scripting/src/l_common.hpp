@@ -17,6 +17,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rl::lua {
@@ -169,6 +170,20 @@ void push_result(lua_State *L, rl_result_t *result, const char *const *json_text
 // Pushes the result (as push_result) and on top of it its text `name`,
 // decoded from JSON; returns 1 (the decoded value is the Lua call's result).
 int push_json_field(lua_State *L, rl_result_t *result, const char *name);
+// Runs one C call that writes a result (call(&result) -> rl_status_t), raises
+// naming `what` when it fails, else pushes the result (as push_result, with
+// json_texts). Returns 1.
+template <class Call>
+int call_and_push(lua_State *L, const char *what, const char *const *json_texts, Call &&call) {
+    rl_result_t *res = nullptr;
+    check_status(L, call(&res), what);
+    push_result(L, res, json_texts);
+    return 1;
+}
+template <class Call>
+int call_and_push(lua_State *L, const char *what, Call &&call) {
+    return call_and_push(L, what, nullptr, std::forward<Call>(call));
+}
 
 // RAII for results while other Lua calls may raise.
 struct ResultGuard {

@@ -221,10 +221,9 @@ int loss_compute(lua_State *L) {
     in.tensors = tt.list();
     in.global_tokens = global_tokens;
     in.global_seqs = global_seqs;
-    rl_result_t *res = nullptr;
-    check_status(L, rl_loss_compute(inst, &in, want_grads ? 1u : 0u, &res), "loss:compute");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "loss:compute", [&](rl_result_t **res) {
+        return rl_loss_compute(inst, &in, want_grads ? 1u : 0u, res);
+    });
 }
 
 int loss_signature(lua_State *L) {
@@ -249,10 +248,8 @@ int adv_compute(lua_State *L) {
     TensorTable tt;
     read_tensor_table(L, 2, what, {"rewards", "group_ids", "cu_seqlens"}, &tt);
     in.tensors = tt.list();
-    rl_result_t *res = nullptr;
-    check_status(L, rl_advantage_compute(inst, &in, &res), "advantage:compute");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "advantage:compute",
+                         [&](rl_result_t **res) { return rl_advantage_compute(inst, &in, res); });
 }
 
 // ---- filter ----------------------------------------------------------------------------
@@ -266,9 +263,8 @@ int filter_check(lua_State *L) {
     r.token_ids = to_view(L, 2, kInt64, DtypeRule::Exact, "filter:check: token_ids");
     r.logprobs = to_view(L, 3, kFloat64, DtypeRule::AnyFloat, "filter:check: logprobs");
     r.vocab_size = static_cast<int64_t>(vocab);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_filter_check(inst, &r, &res), "filter:check");
-    push_result(L, res);
+    call_and_push(L, "filter:check",
+                  [&](rl_result_t **res) { return rl_filter_check(inst, &r, res); });
     for (const char *f : {"flagged", "enforce"}) {
         lua_getfield(L, -1, f);
         const bool b = lua_tonumber(L, -1) != 0;
@@ -345,12 +341,10 @@ int env_score(lua_State *L) {
     }
     size_t clen = 0;
     const char *completion = luaL_checklstring(L, 3, &clen);
-    rl_result_t *res = nullptr;
-    check_status(L,
-                 rl_env_score(inst, rl_string_view_t{task.data(), task.size()},
-                              rl_string_view_t{completion, clen}, &res),
-                 "env:score");
-    push_result(L, res);
+    call_and_push(L, "env:score", [&](rl_result_t **res) {
+        return rl_env_score(inst, rl_string_view_t{task.data(), task.size()},
+                            rl_string_view_t{completion, clen}, res);
+    });
     lua_getfield(L, -1, "reward");
     lua_getfield(L, -2, "metrics");
     return 2;

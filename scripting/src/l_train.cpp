@@ -125,10 +125,9 @@ int m_remove_adapter(lua_State *L) {
 int m_adapter_info(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     const char *name = luaL_optstring(L, 2, nullptr);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_adapter_info(m, name, &res), "model:adapter_info");
     static const char *const texts[] = {"info", "adapters", nullptr};
-    push_result(L, res, texts);
+    call_and_push(L, "model:adapter_info", texts,
+                  [&](rl_result_t **res) { return rl_adapter_info(m, name, res); });
     lua_getfield(L, -1, name ? "info" : "adapters");
     return 1;
 }
@@ -141,13 +140,10 @@ int m_send_weights(lua_State *L) {
         tx = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.transport")->ptr);
     const lua_Integer version = luaL_checkinteger(L, 3);
     const std::string opts = json_arg(L, 4, "model:send_weights: options");
-    rl_result_t *res = nullptr;
-    check_status(L,
-                 rl_weights_send(m, tx, static_cast<int64_t>(version),
-                                 opts.empty() ? nullptr : opts.c_str(), &res),
-                 "model:send_weights");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "model:send_weights", [&](rl_result_t **res) {
+        return rl_weights_send(m, tx, static_cast<int64_t>(version),
+                               opts.empty() ? nullptr : opts.c_str(), res);
+    });
 }
 
 // model:recv_weights(transport [, timeout_ms [, {retries, newer_than}]]) -> {version, metrics},
@@ -180,10 +176,9 @@ int m_encode(lua_State *L) {
     const bool plain = opt_bool_field(L, 3, "plain_text", false);
     const uint32_t flags = (special ? static_cast<uint32_t>(RL_ENCODE_ADD_SPECIAL) : 0u) |
                            (plain ? static_cast<uint32_t>(RL_ENCODE_PLAIN_TEXT) : 0u);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_tokenizer_encode(m, rl_string_view_t{text, len}, flags, &res),
-                 "tokenizer:encode");
-    push_result(L, res);
+    call_and_push(L, "tokenizer:encode", [&](rl_result_t **res) {
+        return rl_tokenizer_encode(m, rl_string_view_t{text, len}, flags, res);
+    });
     lua_getfield(L, -1, "ids");
     return 1;
 }
@@ -193,13 +188,11 @@ int m_decode(lua_State *L) {
     rl_model_t *m = model_of(L, 1);
     const rl_tensor_view_t v = to_view(L, 2, kInt64, DtypeRule::Exact, "tokenizer:decode: ids");
     const bool skip = opt_bool_field(L, 3, "skip_special_tokens", false);
-    rl_result_t *res = nullptr;
-    check_status(L,
-                 rl_tokenizer_decode_v2(
-                     m, static_cast<const int64_t *>(v.data), static_cast<uint64_t>(v.shape[0]),
-                     skip ? static_cast<uint32_t>(RL_DECODE_SKIP_SPECIAL) : 0u, &res),
-                 "tokenizer:decode");
-    push_result(L, res);
+    call_and_push(L, "tokenizer:decode", [&](rl_result_t **res) {
+        return rl_tokenizer_decode_v2(
+            m, static_cast<const int64_t *>(v.data), static_cast<uint64_t>(v.shape[0]),
+            skip ? static_cast<uint32_t>(RL_DECODE_SKIP_SPECIAL) : 0u, res);
+    });
     lua_getfield(L, -1, "text");
     return 1;
 }
@@ -211,10 +204,9 @@ int m_chat(lua_State *L) {
     luaL_checktype(L, 2, LUA_TTABLE);
     const std::string messages = to_json(L, 2, "messages");
     const std::string opts = json_arg(L, 3, "tokenizer:apply_chat_template: options");
-    rl_result_t *res = nullptr;
-    check_status(L, rl_tokenizer_render_chat(m, messages.c_str(), opts.c_str(), &res),
-                 "tokenizer:apply_chat_template");
-    push_result(L, res);
+    call_and_push(L, "tokenizer:apply_chat_template", [&](rl_result_t **res) {
+        return rl_tokenizer_render_chat(m, messages.c_str(), opts.c_str(), res);
+    });
     lua_getfield(L, -1, "prompt");
     return 1;
 }
@@ -229,13 +221,11 @@ int m_encode_chat(lua_State *L) {
     const std::string tmpl = opt_string_field(L, 3, "template", "");
     const bool gen = opt_bool_field(L, 3, "add_generation_prompt", true);
     const bool plain = opt_bool_field(L, 3, "plain_text", true);
-    rl_result_t *res = nullptr;
-    check_status(L,
-                 rl_tokenizer_encode_chat(
-                     m, messages.c_str(), tmpl.empty() ? nullptr : tmpl.c_str(), gen ? 1u : 0u,
-                     plain ? static_cast<uint32_t>(RL_ENCODE_PLAIN_TEXT) : 0u, &res),
-                 "tokenizer:encode_chat");
-    push_result(L, res);
+    call_and_push(L, "tokenizer:encode_chat", [&](rl_result_t **res) {
+        return rl_tokenizer_encode_chat(
+            m, messages.c_str(), tmpl.empty() ? nullptr : tmpl.c_str(), gen ? 1u : 0u,
+            plain ? static_cast<uint32_t>(RL_ENCODE_PLAIN_TEXT) : 0u, res);
+    });
     lua_getfield(L, -1, "ids");
     lua_getfield(L, -2, "prompt");
     return 2;
@@ -313,18 +303,13 @@ std::string rank_share(lua_State *L, const std::string &tasks, std::string &opts
 int d_init(lua_State *L) {
     const std::string cfg = lua_isnoneornil(L, 1) ? "" : json_arg(L, 1, "rl.dist.init: config");
     const char *device = luaL_optstring(L, 2, nullptr);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_dist_init(cfg.empty() ? nullptr : cfg.c_str(), device, &res),
-                 "rl.dist.init");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "rl.dist.init", [&](rl_result_t **res) {
+        return rl_dist_init(cfg.empty() ? nullptr : cfg.c_str(), device, res);
+    });
 }
 
 int d_info(lua_State *L) {
-    rl_result_t *res = nullptr;
-    check_status(L, rl_dist_info(&res), "rl.dist.info");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "rl.dist.info", [&](rl_result_t **res) { return rl_dist_info(res); });
 }
 
 int d_barrier(lua_State *L) {
@@ -456,10 +441,9 @@ int t_forward_backward(lua_State *L) {
     rl_batch_t b;
     TensorTable tt;
     read_batch(L, 2, "trainer:forward_backward: batch", &b, &tt);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_trainer_forward_backward(t, &b, loss, &res), "trainer:forward_backward");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "trainer:forward_backward", [&](rl_result_t **res) {
+        return rl_trainer_forward_backward(t, &b, loss, res);
+    });
 }
 
 // trainer:forward(batch [, loss]) -> {logprobs, entropy, ...}
@@ -469,20 +453,17 @@ int t_forward(lua_State *L) {
     rl_batch_t b;
     TensorTable tt;
     read_batch(L, 2, "trainer:forward: batch", &b, &tt);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_trainer_forward(t, &b, loss, &res), "trainer:forward");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "trainer:forward",
+                         [&](rl_result_t **res) { return rl_trainer_forward(t, &b, loss, res); });
 }
 
 // trainer:optim_step([{learning_rate = ..., gradient_clip = ...}])
 int t_optim_step(lua_State *L) {
     rl_trainer_t *t = trainer_of(L);
     const std::string params = json_arg(L, 2, "optimizer parameters");
-    rl_result_t *res = nullptr;
-    check_status(L, rl_trainer_optim_step(t, params.c_str(), &res), "trainer:optim_step");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "trainer:optim_step", [&](rl_result_t **res) {
+        return rl_trainer_optim_step(t, params.c_str(), res);
+    });
 }
 
 // trainer:save_checkpoint(dir [, state]) -> path
@@ -490,10 +471,9 @@ int t_save_checkpoint(lua_State *L) {
     rl_trainer_t *t = trainer_of(L);
     const char *dir = luaL_checkstring(L, 2);
     const std::string state = json_arg(L, 3, "state");
-    rl_result_t *res = nullptr;
-    check_status(L, rl_trainer_save_checkpoint(t, dir, state.c_str(), &res),
-                 "trainer:save_checkpoint");
-    push_result(L, res);
+    call_and_push(L, "trainer:save_checkpoint", [&](rl_result_t **res) {
+        return rl_trainer_save_checkpoint(t, dir, state.c_str(), res);
+    });
     lua_getfield(L, -1, "path");
     return 1;
 }
@@ -555,11 +535,10 @@ int e_generate(lua_State *L) {
         ids = tensor_view(all);
         cu = tensor_view(offsets);
     }
-    rl_result_t *res = nullptr;
-    check_status(L, rl_engine_generate(e, &ids, &cu, params.c_str(), &res), "engine:generate");
     static const char *const texts[] = {"completions", "finish_reasons", nullptr};
-    push_result(L, res, texts);
-    return 1;
+    return call_and_push(L, "engine:generate", texts, [&](rl_result_t **res) {
+        return rl_engine_generate(e, &ids, &cu, params.c_str(), res);
+    });
 }
 
 // engine:sync_weights([buffer]) -> policy version; the buffer (when given)
@@ -569,9 +548,8 @@ int e_sync_weights(lua_State *L) {
     rl_buffer_t *b = nullptr;
     if (!lua_isnoneornil(L, 2))
         b = static_cast<rl_buffer_t *>(check_handle(L, 2, "rl.buffer")->ptr);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_sync_weights(e, b, &res), "engine:sync_weights");
-    push_result(L, res);
+    call_and_push(L, "engine:sync_weights",
+                  [&](rl_result_t **res) { return rl_sync_weights(e, b, res); });
     lua_getfield(L, -1, "policy_version");
     return 1;
 }
@@ -677,12 +655,11 @@ int b_pop_batch(lua_State *L) {
     luaL_argcheck(L, n >= 0, 2, "min_rollouts must be >= 0");
     const lua_Integer timeout = luaL_optinteger(L, 3, 0);
     luaL_argcheck(L, timeout >= 0, 3, "timeout_ms must be >= 0");
-    rl_result_t *res = nullptr;
-    check_status(
-        L, rl_buffer_pop_batch(b, static_cast<uint64_t>(n), static_cast<uint64_t>(timeout), &res),
-        "buffer:pop_batch");
     static const char *const texts[] = {"tasks", "completions", nullptr};
-    push_result(L, res, texts);
+    call_and_push(L, "buffer:pop_batch", texts, [&](rl_result_t **res) {
+        return rl_buffer_pop_batch(b, static_cast<uint64_t>(n), static_cast<uint64_t>(timeout),
+                                   res);
+    });
     lua_getfield(L, -1, "rollouts");
     const bool empty = lua_tonumber(L, -1) == 0;
     lua_pop(L, 1);
@@ -694,20 +671,18 @@ int b_pop_batch(lua_State *L) {
 int b_stats(lua_State *L) {
     rl_buffer_t *b = buffer_of(L);
     const bool take = lua_toboolean(L, 2) != 0;
-    rl_result_t *res = nullptr;
-    check_status(L, rl_buffer_stats(b, take ? 1u : 0u, &res), "buffer:stats");
     static const char *const texts[] = {"drop_log", nullptr};
-    push_result(L, res, texts);
-    return 1;
+    return call_and_push(L, "buffer:stats", texts, [&](rl_result_t **res) {
+        return rl_buffer_stats(b, take ? 1u : 0u, res);
+    });
 }
 
 // buffer:push_rollouts(rollouts) -> number pushed
 int b_push_rollouts(lua_State *L) {
     rl_buffer_t *b = buffer_of(L);
     auto *r = static_cast<rl_rollouts_t *>(check_handle(L, 2, kRolloutsMT)->ptr);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_buffer_push_rollouts(b, r, &res), "buffer:push_rollouts");
-    push_result(L, res);
+    call_and_push(L, "buffer:push_rollouts",
+                  [&](rl_result_t **res) { return rl_buffer_push_rollouts(b, r, res); });
     lua_getfield(L, -1, "pushed");
     return 1;
 }
@@ -762,20 +737,17 @@ int ro_filter(lua_State *L) {
             lua_pop(L, 1);
         }
     }
-    rl_result_t *res = nullptr;
-    check_status(L, rl_rollouts_filter(r, filters.data(), filters.size(), &res), "rollouts:filter");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "rollouts:filter", [&](rl_result_t **res) {
+        return rl_rollouts_filter(r, filters.data(), filters.size(), res);
+    });
 }
 
 // rollouts:info() -> {rollouts, groups, reward_mean, ..., rewards, completions, ...}
 int ro_info(lua_State *L) {
     rl_rollouts_t *r = rollouts_of(L);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_rollouts_info(r, &res), "rollouts:info");
     static const char *const texts[] = {"completions", "finish_reasons", "tasks", "flags", nullptr};
-    push_result(L, res, texts);
-    return 1;
+    return call_and_push(L, "rollouts:info", texts,
+                         [&](rl_result_t **res) { return rl_rollouts_info(r, res); });
 }
 
 // rollouts:to_batch() -> rl.train_batch of every rollout (no buffer)
@@ -796,11 +768,9 @@ rl_train_batch_t *train_batch_of(lua_State *L) {
 int tb_compute_advantages(lua_State *L) {
     rl_train_batch_t *b = train_batch_of(L);
     auto *adv = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.advantage")->ptr);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_train_batch_compute_advantages(b, adv, &res),
-                 "train_batch:compute_advantages");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "train_batch:compute_advantages", [&](rl_result_t **res) {
+        return rl_train_batch_compute_advantages(b, adv, res);
+    });
 }
 
 // batch:set(name, tensor): a per-token tensor ("teacher_logprobs", ...)
@@ -855,11 +825,9 @@ int tb_tensors(lua_State *L) {
 // batch:info() -> {groups, rollouts, tokens, loss_tokens, rewards, group_ids, ...}
 int tb_info(lua_State *L) {
     rl_train_batch_t *b = train_batch_of(L);
-    rl_result_t *res = nullptr;
-    check_status(L, rl_train_batch_info(b, &res), "train_batch:info");
     static const char *const texts[] = {"tasks", "completions", nullptr};
-    push_result(L, res, texts);
-    return 1;
+    return call_and_push(L, "train_batch:info", texts,
+                         [&](rl_result_t **res) { return rl_train_batch_info(b, res); });
 }
 
 // ---- inference servers (abi/rl/inference.h) --------------------------------------
@@ -946,12 +914,9 @@ int ic_sync(lua_State *L) {
     rl_model_t *m = static_cast<rl_model_t *>(check_handle(L, 2, kModelMT)->ptr);
     const lua_Integer version = luaL_checkinteger(L, 3);
     const std::string opts = json_arg(L, 4, "inference_client:sync: options");
-    rl_result_t *res = nullptr;
-    check_status(L,
-                 rl_inference_client_sync(c, m, static_cast<int64_t>(version), opts.c_str(), &res),
-                 "inference_client:sync");
-    push_result(L, res);
-    return 1;
+    return call_and_push(L, "inference_client:sync", [&](rl_result_t **res) {
+        return rl_inference_client_sync(c, m, static_cast<int64_t>(version), opts.c_str(), res);
+    });
 }
 
 } // namespace

@@ -7,14 +7,42 @@
 
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <string>
 
 #include <cstddef>
 
-#define EXPECT_LAYOUT(type, size) EXPECT_EQ(sizeof(type), size_t{size}) << #type
-#define EXPECT_OFFSET(type, field, off)                                                            \
-    EXPECT_EQ(offsetof(type, field), size_t{off}) << #type "." #field
+namespace {
+
+// One row a struct: GOLDEN(type, size, facts...), each fact a field's offset
+// (AT) or the size of the struct's first published layout, through that field
+// (FIRST: the minimum size the host accepts; newer fields sit behind
+// RL_HAS_FIELD).
+struct Fact {
+    const char *what;
+    size_t actual;
+    size_t golden;
+};
+
+template <class... Facts>
+void expect_golden(const char *type, size_t size, size_t golden, const Facts &...facts) {
+    EXPECT_EQ(size, golden) << "sizeof " << type;
+    for (const Fact &f : std::initializer_list<Fact>{facts...})
+        EXPECT_EQ(f.actual, f.golden) << type << " " << f.what;
+}
+
+} // namespace
+
+#define GOLDEN(type, ...)                                                                          \
+    do {                                                                                           \
+        using T = type;                                                                            \
+        expect_golden(#type, sizeof(T), __VA_ARGS__);                                              \
+    } while (0)
+// clang-format off
+#define AT(field, off) Fact{"offset of " #field, offsetof(T, field), off}
+#define FIRST(field, size) Fact{"first layout through " #field, RL_SIZE_THROUGH(T, field), size}
+// clang-format on
 
 extern "C" int rl_abi_compile_c_check(void);
 int rl_abi_compile_cxx_check();
@@ -24,27 +52,18 @@ TEST(AbiLayout, HeaderCompilesInEveryLanguageMode) {
 }
 
 TEST(AbiLayout, BasicTypesHaveGoldenLayout) {
-    EXPECT_LAYOUT(rl_status_t, 4);
-    EXPECT_LAYOUT(rl_string_view_t, 16);
-    EXPECT_OFFSET(rl_string_view_t, length, 8);
-    EXPECT_LAYOUT(rl_chain_t, 16);
-    EXPECT_OFFSET(rl_chain_t, stype, 8);
-    EXPECT_OFFSET(rl_chain_t, struct_size, 12);
+    GOLDEN(rl_status_t, 4);
+    GOLDEN(rl_string_view_t, 16, AT(length, 8));
+    GOLDEN(rl_chain_t, 16, AT(stype, 8), AT(struct_size, 12));
 }
 
 TEST(AbiLayout, TensorTypesHaveGoldenLayout) {
-    EXPECT_LAYOUT(rl_dtype_t, 4);
-    EXPECT_LAYOUT(rl_device_t, 8);
-    EXPECT_LAYOUT(rl_tensor_view_t, 48);
-    EXPECT_OFFSET(rl_tensor_view_t, device, 8);
-    EXPECT_OFFSET(rl_tensor_view_t, ndim, 16);
-    EXPECT_OFFSET(rl_tensor_view_t, dtype, 20);
-    EXPECT_OFFSET(rl_tensor_view_t, shape, 24);
-    EXPECT_OFFSET(rl_tensor_view_t, strides, 32);
-    EXPECT_OFFSET(rl_tensor_view_t, byte_offset, 40);
-    EXPECT_LAYOUT(rl_tensor_arg_t, 56);
-    EXPECT_OFFSET(rl_tensor_arg_t, view, 8);
-    EXPECT_LAYOUT(rl_tensor_list_t, 16);
+    GOLDEN(rl_dtype_t, 4);
+    GOLDEN(rl_device_t, 8);
+    GOLDEN(rl_tensor_view_t, 48, AT(device, 8), AT(ndim, 16), AT(dtype, 20), AT(shape, 24),
+           AT(strides, 32), AT(byte_offset, 40));
+    GOLDEN(rl_tensor_arg_t, 56, AT(view, 8));
+    GOLDEN(rl_tensor_list_t, 16);
 }
 
 TEST(AbiLayout, TensorViewIsDLTensorFieldForField) {
@@ -78,44 +97,20 @@ TEST(AbiLayout, TensorViewIsDLTensorFieldForField) {
 }
 
 TEST(AbiLayout, HostAndCallContextHaveGoldenLayout) {
-    EXPECT_LAYOUT(rl_call_ctx_t, 40);
-    EXPECT_OFFSET(rl_call_ctx_t, host, 8);
-    EXPECT_OFFSET(rl_call_ctx_t, stream, 16);
-    EXPECT_OFFSET(rl_call_ctx_t, abort_flag, 24);
-    EXPECT_OFFSET(rl_call_ctx_t, host_data, 32);
-    EXPECT_LAYOUT(rl_host_api_t, 96);
-    EXPECT_OFFSET(rl_host_api_t, abi_version, 4);
-    EXPECT_OFFSET(rl_host_api_t, host_data, 8);
-    EXPECT_OFFSET(rl_host_api_t, name, 16);
-    EXPECT_OFFSET(rl_host_api_t, version, 24);
-    EXPECT_OFFSET(rl_host_api_t, get_extension, 32);
-    EXPECT_OFFSET(rl_host_api_t, log, 40);
-    EXPECT_OFFSET(rl_host_api_t, fail, 48);
-    EXPECT_OFFSET(rl_host_api_t, mem_alloc, 56);
-    EXPECT_OFFSET(rl_host_api_t, mem_free, 64);
-    EXPECT_OFFSET(rl_host_api_t, emit_metric, 72);
-    EXPECT_OFFSET(rl_host_api_t, emit_tensor, 80);
-    EXPECT_OFFSET(rl_host_api_t, emit_text, 88);
-    EXPECT_LAYOUT(rl_host_thread_check_t, 16); // extension "rl.host.thread-check/1", ABI 0.2
-    EXPECT_OFFSET(rl_host_thread_check_t, is_control_thread, 8);
-    EXPECT_LAYOUT(rl_host_collective_t, 64); // extension "rl.host.collective/1", ABI 0.5
-    EXPECT_OFFSET(rl_host_collective_t, store_open, 8);
-    EXPECT_OFFSET(rl_host_collective_t, broadcast, 48);
-    EXPECT_OFFSET(rl_host_collective_t, last_error, 56);
+    GOLDEN(rl_call_ctx_t, 40, AT(host, 8), AT(stream, 16), AT(abort_flag, 24), AT(host_data, 32));
+    GOLDEN(rl_host_api_t, 96, AT(abi_version, 4), AT(host_data, 8), AT(name, 16), AT(version, 24),
+           AT(get_extension, 32), AT(log, 40), AT(fail, 48), AT(mem_alloc, 56), AT(mem_free, 64),
+           AT(emit_metric, 72), AT(emit_tensor, 80), AT(emit_text, 88));
+    // extension "rl.host.thread-check/1", ABI 0.2
+    GOLDEN(rl_host_thread_check_t, 16, AT(is_control_thread, 8));
+    // extension "rl.host.collective/1", ABI 0.5
+    GOLDEN(rl_host_collective_t, 64, AT(store_open, 8), AT(broadcast, 48), AT(last_error, 56));
 }
 
-// The first published (0.1) layout of every struct a plugin provides is its
-// minimum accepted size; the host reads newer fields behind RL_HAS_FIELD.
-TEST(AbiLayout, FirstPublishedLayoutsArePrefixesOfToday) {
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_entry_t, get_factory), size_t{32});
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_factory_t, create), size_t{32});
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_desc_t, features), size_t{56});
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_t, get_interface), size_t{40});
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_loss_iface_t, compute), size_t{24});
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_advantage_iface_t, compute), size_t{16});
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_filter_iface_t, check), size_t{16});
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_env_iface_t, step), size_t{32});
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_transport_iface_t, broadcast), size_t{32});
+// The first published (0.1) layout of every struct a plugin provides (FIRST in
+// its row) is its minimum accepted size; the host reads newer fields behind
+// RL_HAS_FIELD.
+TEST(AbiLayout, FieldsPastAnOlderStructSizeAreAbsent) {
     rl_plugin_t old{};
     old.struct_size = 40;
     EXPECT_TRUE(RL_HAS_FIELD(&old, rl_plugin_t, get_interface));
@@ -125,89 +120,44 @@ TEST(AbiLayout, FirstPublishedLayoutsArePrefixesOfToday) {
 }
 
 TEST(AbiLayout, EntryFactoryAndPluginHaveGoldenLayout) {
-    EXPECT_LAYOUT(rl_plugin_entry_t, 32);
-    EXPECT_OFFSET(rl_plugin_entry_t, init, 8);
-    EXPECT_OFFSET(rl_plugin_entry_t, deinit, 16);
-    EXPECT_OFFSET(rl_plugin_entry_t, get_factory, 24);
-    EXPECT_LAYOUT(rl_plugin_desc_t, 56);
-    EXPECT_OFFSET(rl_plugin_desc_t, id, 8);
-    EXPECT_OFFSET(rl_plugin_desc_t, kind, 16);
-    EXPECT_OFFSET(rl_plugin_desc_t, name, 24);
-    EXPECT_OFFSET(rl_plugin_desc_t, version, 32);
-    EXPECT_OFFSET(rl_plugin_desc_t, description, 40);
-    EXPECT_OFFSET(rl_plugin_desc_t, features, 48);
-    EXPECT_LAYOUT(rl_plugin_create_desc_t, 32);
-    EXPECT_OFFSET(rl_plugin_create_desc_t, next_in_chain, 8);
-    EXPECT_OFFSET(rl_plugin_create_desc_t, params, 16);
-    EXPECT_LAYOUT(rl_plugin_t, 48); // 40 in ABI 0.1
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_plugin_t, get_interface), size_t{40}) << "0.1 layout";
-    EXPECT_OFFSET(rl_plugin_t, get_params, 40); // ABI 0.2
-    EXPECT_OFFSET(rl_plugin_t, desc, 8);
-    EXPECT_OFFSET(rl_plugin_t, plugin_data, 16);
-    EXPECT_OFFSET(rl_plugin_t, destroy, 24);
-    EXPECT_OFFSET(rl_plugin_t, get_interface, 32);
-    EXPECT_LAYOUT(rl_plugin_factory_t, 32);
-    EXPECT_OFFSET(rl_plugin_factory_t, count, 8);
-    EXPECT_OFFSET(rl_plugin_factory_t, get_desc, 16);
-    EXPECT_OFFSET(rl_plugin_factory_t, create, 24);
+    GOLDEN(rl_plugin_entry_t, 32, AT(init, 8), AT(deinit, 16), AT(get_factory, 24),
+           FIRST(get_factory, 32));
+    GOLDEN(rl_plugin_desc_t, 56, AT(id, 8), AT(kind, 16), AT(name, 24), AT(version, 32),
+           AT(description, 40), AT(features, 48), FIRST(features, 56));
+    GOLDEN(rl_plugin_create_desc_t, 32, AT(next_in_chain, 8), AT(params, 16));
+    // 40 in ABI 0.1; get_params came in ABI 0.2.
+    GOLDEN(rl_plugin_t, 48, AT(desc, 8), AT(plugin_data, 16), AT(destroy, 24),
+           AT(get_interface, 32), FIRST(get_interface, 40), AT(get_params, 40));
+    GOLDEN(rl_plugin_factory_t, 32, AT(count, 8), AT(get_desc, 16), AT(create, 24),
+           FIRST(create, 32));
 }
 
 TEST(AbiLayout, KindInterfacesHaveGoldenLayout) {
-    EXPECT_LAYOUT(rl_loss_signature_t, 32);
-    EXPECT_OFFSET(rl_loss_signature_t, required, 8);
-    EXPECT_OFFSET(rl_loss_signature_t, optional, 16);
-    EXPECT_OFFSET(rl_loss_signature_t, differentiable, 24);
-    EXPECT_LAYOUT(rl_loss_inputs_t, 88);
-    EXPECT_OFFSET(rl_loss_inputs_t, tensors, 8);
-    EXPECT_OFFSET(rl_loss_inputs_t, cu_seqlens, 24);
-    EXPECT_OFFSET(rl_loss_inputs_t, global_tokens, 72);
-    EXPECT_OFFSET(rl_loss_inputs_t, global_seqs, 80);
-    EXPECT_LAYOUT(rl_loss_outputs_t, 32);
-    EXPECT_OFFSET(rl_loss_outputs_t, loss, 8);
-    EXPECT_OFFSET(rl_loss_outputs_t, grads, 16);
-    EXPECT_LAYOUT(rl_loss_iface_t, 24);
-    EXPECT_LAYOUT(rl_advantage_inputs_t, 168);
-    EXPECT_OFFSET(rl_advantage_inputs_t, rewards, 8);
-    EXPECT_OFFSET(rl_advantage_inputs_t, group_ids, 56);
-    EXPECT_OFFSET(rl_advantage_inputs_t, cu_seqlens, 104);
-    EXPECT_OFFSET(rl_advantage_inputs_t, tensors, 152);
-    EXPECT_LAYOUT(rl_advantage_iface_t, 16);
-    EXPECT_LAYOUT(rl_rollout_view_t, 112);
-    EXPECT_OFFSET(rl_rollout_view_t, token_ids, 8);
-    EXPECT_OFFSET(rl_rollout_view_t, logprobs, 56);
-    EXPECT_OFFSET(rl_rollout_view_t, vocab_size, 104);
-    EXPECT_LAYOUT(rl_filter_verdict_t, 72);
-    EXPECT_OFFSET(rl_filter_verdict_t, flagged, 4);
-    EXPECT_OFFSET(rl_filter_verdict_t, reason, 8);
-    EXPECT_LAYOUT(rl_filter_iface_t, 16);
-    EXPECT_LAYOUT(rl_env_iface_t, 32);
-    EXPECT_OFFSET(rl_env_iface_t, sample, 8);
-    EXPECT_OFFSET(rl_env_iface_t, score, 16);
-    EXPECT_OFFSET(rl_env_iface_t, step, 24);
-    EXPECT_LAYOUT(rl_message_view_t, 40);
-    EXPECT_OFFSET(rl_message_view_t, header, 8);
-    EXPECT_OFFSET(rl_message_view_t, tensors, 24);
-    EXPECT_LAYOUT(rl_transport_iface_t, 32);
+    GOLDEN(rl_loss_signature_t, 32, AT(required, 8), AT(optional, 16), AT(differentiable, 24));
+    GOLDEN(rl_loss_inputs_t, 88, AT(tensors, 8), AT(cu_seqlens, 24), AT(global_tokens, 72),
+           AT(global_seqs, 80));
+    GOLDEN(rl_loss_outputs_t, 32, AT(loss, 8), AT(grads, 16));
+    GOLDEN(rl_loss_iface_t, 24, FIRST(compute, 24));
+    GOLDEN(rl_advantage_inputs_t, 168, AT(rewards, 8), AT(group_ids, 56), AT(cu_seqlens, 104),
+           AT(tensors, 152));
+    GOLDEN(rl_advantage_iface_t, 16, FIRST(compute, 16));
+    GOLDEN(rl_rollout_view_t, 112, AT(token_ids, 8), AT(logprobs, 56), AT(vocab_size, 104));
+    GOLDEN(rl_filter_verdict_t, 72, AT(flagged, 4), AT(reason, 8));
+    GOLDEN(rl_filter_iface_t, 16, FIRST(check, 16));
+    GOLDEN(rl_env_iface_t, 32, AT(sample, 8), AT(score, 16), AT(step, 24), FIRST(step, 32));
+    GOLDEN(rl_message_view_t, 40, AT(header, 8), AT(tensors, 24));
+    GOLDEN(rl_transport_iface_t, 32, FIRST(broadcast, 32));
 }
 
 TEST(AbiLayout, RuntimeDescriptorHasGoldenLayout) {
-    EXPECT_LAYOUT(rl_runtime_desc_t, 32);
-    EXPECT_OFFSET(rl_runtime_desc_t, flags, 4);
-    EXPECT_OFFSET(rl_runtime_desc_t, next_in_chain, 8);
-    EXPECT_OFFSET(rl_runtime_desc_t, plugin_path, 16);
-    EXPECT_OFFSET(rl_runtime_desc_t, log_level, 24);
+    GOLDEN(rl_runtime_desc_t, 32, AT(flags, 4), AT(next_in_chain, 8), AT(plugin_path, 16),
+           AT(log_level, 24));
 }
 
 TEST(AbiLayout, TrainBatchHasGoldenLayout) {
-    EXPECT_LAYOUT(rl_batch_t, 136);
-    EXPECT_OFFSET(rl_batch_t, input_ids, 8);
-    EXPECT_OFFSET(rl_batch_t, cu_seqlens, 56);
-    EXPECT_OFFSET(rl_batch_t, tensors, 104);
-    // ABI 0.3 fields after the 0.1 layout, which stays the minimum size.
-    EXPECT_EQ(RL_SIZE_THROUGH(rl_batch_t, tensors), 120u);
-    EXPECT_OFFSET(rl_batch_t, flags, 120);
-    EXPECT_OFFSET(rl_batch_t, reserved1, 124);
-    EXPECT_OFFSET(rl_batch_t, sampling_temperature, 128);
+    // ABI 0.3 fields (flags on) after the 0.1 layout, which stays the minimum size.
+    GOLDEN(rl_batch_t, 136, AT(input_ids, 8), AT(cu_seqlens, 56), AT(tensors, 104),
+           FIRST(tensors, 120), AT(flags, 120), AT(reserved1, 124), AT(sampling_temperature, 128));
 }
 
 TEST(AbiLayout, VersionMacrosRoundTrip) {

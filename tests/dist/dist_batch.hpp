@@ -2,6 +2,8 @@
 // global batch per step that each rank takes an uneven share of.
 #pragma once
 
+#include "../core/small_tiny_spec.hpp"
+
 #include "rl/core/model.hpp"
 #include "rl/core/policy.hpp"
 #include "rl/core/tiny.hpp"
@@ -16,13 +18,7 @@
 namespace rl_dist_test {
 
 inline std::shared_ptr<rl::core::Policy> tiny_policy() {
-    rl::core::TinyModelSpec spec;
-    spec.hidden_size = 64;
-    spec.intermediate_size = 128;
-    spec.num_hidden_layers = 3;
-    spec.num_attention_heads = 4;
-    spec.num_key_value_heads = 2;
-    spec.head_dim = 16;
+    const rl::core::TinyModelSpec spec = rl::core::test::small_tiny_spec(3);
     auto model = std::make_shared<rl::core::CausalLM>(
         rl::core::ModelConfig::parse(rl::core::tiny_config_json(spec)));
     model->init_weights(7);

@@ -1,5 +1,7 @@
 // LoRA adapters in the model core, the trainer and the engine (docs/lora.md),
 // on a small tiny-architecture model.
+#include "../platform/platform_util.hpp"
+
 #include "rl/core/engine.hpp"
 #include "rl/core/lora.hpp"
 #include "rl/core/policy.hpp"
@@ -9,8 +11,6 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -22,33 +22,11 @@ using namespace rl::core;
 
 namespace {
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() /
-               ("rl_lora_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    static int &counter() {
-        static int c = 0;
-        return c;
-    }
-    std::string operator/(const std::string &name) const { return (path / name).string(); }
-};
+using test::nll_loss;
+using test::TempDir;
 
 TinyModelSpec small_spec() {
-    TinyModelSpec s;
-    s.hidden_size = 64;
-    s.intermediate_size = 128;
-    s.num_hidden_layers = 2;
-    s.num_attention_heads = 4;
-    s.num_key_value_heads = 2;
-    s.head_dim = 16;
+    TinyModelSpec s = test::small_tiny_spec(2);
     s.max_position_embeddings = 256;
     return s;
 }
@@ -58,28 +36,6 @@ std::shared_ptr<Policy> make_policy(const TempDir &tmp) {
     const std::string dir = tmp / "base";
     if (!fs::exists(fs::path(dir) / "config.json")) write_tiny_model(dir, 7, small_spec());
     return Policy::load(dir);
-}
-
-// Mean negative log-likelihood over loss tokens (what SFT trains).
-LossFunction cross_entropy() {
-    LossFunction f;
-    f.name = "test cross_entropy";
-    f.signature.required = {"logprobs"};
-    f.signature.optional = {"loss_mask"};
-    f.signature.differentiable = {"logprobs"};
-    f.compute = [](const LossCall &call) {
-        at::Tensor lp, mask;
-        for (const auto &kv : call.tensors) {
-            if (kv.first == "logprobs") lp = kv.second;
-            if (kv.first == "loss_mask") mask = kv.second;
-        }
-        if (!mask.defined()) mask = at::ones_like(lp);
-        LossResult r;
-        r.loss = -(lp * mask).sum().item<double>() / call.global_tokens;
-        if (call.want_grads) r.grads["logprobs"] = -mask / call.global_tokens;
-        return r;
-    };
-    return f;
 }
 
 TrainBatch text_batch(const std::vector<std::string> &texts) {
@@ -116,7 +72,7 @@ bool all_equal(const std::map<std::string, at::Tensor> &a,
 }
 
 void train_steps(Trainer &t, int steps, const std::vector<std::string> &texts) {
-    const LossFunction ce = cross_entropy();
+    const LossFunction ce = nll_loss();
     for (int i = 0; i < steps; ++i) {
         t.forward_backward(text_batch(texts), ce);
         t.optim_step();
@@ -136,6 +92,19 @@ LoraConfig small_lora(uint64_t seed = 1) {
     c.seed = seed;
     return c;
 }
+
+// A policy over the small model, its adapter "a" (small_lora()) and a trainer
+// of it, trained `steps` steps on `texts`.
+struct TrainedAdapter {
+    std::shared_ptr<Policy> p;
+    std::shared_ptr<LoraAdapter> a;
+    Trainer t;
+    TrainedAdapter(const TempDir &tmp, int steps, const std::vector<std::string> &texts)
+        : p(make_policy(tmp)), a(p->create_adapter("a", small_lora())),
+          t(p, lora_trainer_config(), a) {
+        train_steps(t, steps, texts);
+    }
+};
 
 } // namespace
 
@@ -189,7 +158,7 @@ TEST(Lora, TrainingChangesOnlyTheAdapter) {
     auto a = p->create_adapter("a", small_lora());
     const auto adapter_before = snapshot(a->named_parameters());
     Trainer t(p, lora_trainer_config(), a);
-    const LossFunction ce = cross_entropy();
+    const LossFunction ce = nll_loss();
     const double first = t.forward_backward(text_batch({"abcabcabc", "hello hello"}), ce).loss;
     const OptimResult r = t.optim_step();
     EXPECT_EQ(r.policy_version, 1);
@@ -232,10 +201,8 @@ TEST(Lora, TwoAdaptersTrainedInTurnDoNotInterfere) {
 
 TEST(Lora, SaveLoadRoundTripInPeftLayout) {
     TempDir tmp;
-    auto p = make_policy(tmp);
-    auto a = p->create_adapter("a", small_lora());
-    Trainer t(p, lora_trainer_config(), a);
-    train_steps(t, 2, {"round trip"});
+    TrainedAdapter trained(tmp, 2, {"round trip"});
+    auto &[p, a, t] = trained;
     save_adapter(*a, tmp / "adapter");
     const auto cfg = nlohmann::json::parse(std::ifstream(tmp / "adapter/adapter_config.json"));
     EXPECT_EQ(cfg["peft_type"], "LORA");
@@ -264,10 +231,8 @@ TEST(Lora, SaveLoadRoundTripInPeftLayout) {
 
 TEST(Lora, MergedExportLoadsWithTheAdaptersLogits) {
     TempDir tmp;
-    auto p = make_policy(tmp);
-    auto a = p->create_adapter("a", small_lora());
-    Trainer t(p, lora_trainer_config(), a);
-    train_steps(t, 3, {"merge me", "and me too"});
+    TrainedAdapter trained(tmp, 3, {"merge me", "and me too"});
+    auto &[p, a, t] = trained;
     const auto base_before = snapshot(p->model().named_weights());
     save_merged(p->model(), *a, tmp / "merged");
     EXPECT_TRUE(all_equal(base_before, p->model().named_weights()));
@@ -280,10 +245,8 @@ TEST(Lora, MergedExportLoadsWithTheAdaptersLogits) {
 
 TEST(Lora, EngineLogprobsWithAdapterEqualTrainerLogprobs) {
     TempDir tmp;
-    auto p = make_policy(tmp);
-    auto a = p->create_adapter("a", small_lora());
-    Trainer t(p, lora_trainer_config(), a);
-    train_steps(t, 3, {"the cat sat on the mat"});
+    TrainedAdapter trained(tmp, 3, {"the cat sat on the mat"});
+    auto &[p, a, t] = trained;
     Engine e(p);
     SamplingParams sp;
     sp.adapter = "a";
@@ -319,10 +282,8 @@ TEST(Lora, EngineLogprobsWithAdapterEqualTrainerLogprobs) {
 
 TEST(Lora, TrainerCheckpointHoldsTheAdapterAlone) {
     TempDir tmp;
-    auto p = make_policy(tmp);
-    auto a = p->create_adapter("a", small_lora());
-    Trainer t(p, lora_trainer_config(), a);
-    train_steps(t, 2, {"checkpoint"});
+    TrainedAdapter trained(tmp, 2, {"checkpoint"});
+    auto &[p, a, t] = trained;
     const auto saved = snapshot(a->named_parameters());
     const std::string path = t.save_checkpoint(tmp / "ckpt", "{}");
     EXPECT_TRUE(fs::exists(fs::path(path) / "adapter/adapter_model.safetensors"));
@@ -360,7 +321,7 @@ TEST(Lora, DropoutTrainsWithActivationCheckpointingLikeWithout) {
         TrainerConfig tc = lora_trainer_config();
         tc.activation_checkpointing = ckpt;
         Trainer t(p, tc, a);
-        t.forward_backward(text_batch({"dropout dropout"}), cross_entropy());
+        t.forward_backward(text_batch({"dropout dropout"}), nll_loss());
         std::map<std::string, at::Tensor> g;
         for (const auto &kv : a->named_parameters()) g[kv.first] = kv.second.grad().clone();
         results.push_back(g);

@@ -634,13 +634,18 @@ TEST(LuaHelpers, SeedsAreStableAndSpread) {
 
 // ---- model, trainer, engine ------------------------------------------------------------------
 
-TEST(LuaTraining, TrainerAndEngineWorkThroughTheModule) {
-    const std::string dir = temp_dir();
+// Runs `script` with `rl` required and the tiny model (seed 7) written to
+// DIR .. '/tiny', DIR a fresh folder; the script's result.
+std::string eval_with_tiny_model(const std::string &script) {
     Lua lua;
-    lua.set_global("DIR", dir);
-    EXPECT_EQ(lua.eval_string(R"(
-        local rl = require('rl')
-        rl.init_model('tiny', DIR .. '/tiny', 7)
+    lua.set_global("DIR", temp_dir());
+    return lua.eval_string("local rl = require('rl')\n"
+                           "rl.init_model('tiny', DIR .. '/tiny', 7)\n" +
+                           script);
+}
+
+TEST(LuaTraining, TrainerAndEngineWorkThroughTheModule) {
+    EXPECT_EQ(eval_with_tiny_model(R"(
         local model = rl.model(DIR .. '/tiny', {threads = 1})
         local info = model:info()
         assert(info.vocab_size == 259 and info.eos_token_ids[1] == 258, rl.json.encode(info))
@@ -730,12 +735,7 @@ TEST(LuaTraining, TrainerAndEngineWorkThroughTheModule) {
 }
 
 TEST(LuaTraining, TokenizerFlagsTokenizerWithoutModelAndBatchTemperature) {
-    const std::string dir = temp_dir();
-    Lua lua;
-    lua.set_global("DIR", dir);
-    EXPECT_EQ(lua.eval_string(R"(
-        local rl = require('rl')
-        rl.init_model('tiny', DIR .. '/tiny', 7)
+    EXPECT_EQ(eval_with_tiny_model(R"(
         local tok = rl.tokenizer(DIR .. '/tiny')
         assert(tok:info().has_model == false)
         local text = 'a<|im_end|>b'

@@ -336,6 +336,45 @@ TEST(LaunchTwoRanksShipped, TheGrpoExampleLearnsLikeOneProcess) {
     EXPECT_NEAR(rl1, rl2, 0.08) << figures;
 }
 
+// Waits for a hand-started role to end (up to `seconds`; then it is killed):
+// its exit code, -1 when it was killed or did not exit.
+int wait_role(pid_t pid, int seconds = 60) {
+    int status = -1;
+    for (int i = 0; i < seconds * 10 && waitpid(pid, &status, WNOHANG) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return -1;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The settings every disaggregated test shares: grpo_disaggregated.lua on the
+// test config, the transports, free ports and short timeouts.
+std::vector<std::string> disaggregated_args(const std::string &batches, const std::string &weights,
+                                            int timeout_s) {
+    return {kExamples + "/grpo_disaggregated.lua",
+            "--config",
+            kScripts + "/grpo_test.yaml",
+            "--set",
+            "rollout_transport.type=" + batches,
+            "--set",
+            "weight_broadcast.type=" + weights,
+            "--set",
+            "rollout_transport.port=" + std::to_string(rltest::free_tcp_port()),
+            "--set",
+            "weight_broadcast.port=" + std::to_string(rltest::free_tcp_port()),
+            "--set",
+            "rollout_transport.timeout=" + std::to_string(timeout_s),
+            "--set",
+            "weight_broadcast.timeout=" + std::to_string(timeout_s),
+            "--set",
+            "loss.name=policy_loss",
+            "--set",
+            "loss.params={}"};
+}
+
 // The disaggregated mode (examples/grpo_disaggregated.lua): trainer and rollout
 // worker as two processes started by `rlhost launch --roles`, batches and
 // weights over filesystem or ZeroMQ, the worker up to max_async_level steps
@@ -347,28 +386,10 @@ class Disaggregated : public ::testing::TestWithParam<std::tuple<std::string, in
 TEST_P(Disaggregated, GrpoLearnsWithRolloutsInAnotherProcess) {
     const auto &[transport, level] = GetParam();
     const std::string dir = temp_dir();
-    const Proc p = rlhost({kExamples + "/grpo_disaggregated.lua",
-                           "--config",
-                           kScripts + "/grpo_test.yaml",
-                           "--set",
-                           "rollout_transport.type=" + transport,
-                           "--set",
-                           "weight_broadcast.type=" + transport,
-                           "--set",
-                           "rollout_transport.port=" + std::to_string(rltest::free_tcp_port()),
-                           "--set",
-                           "weight_broadcast.port=" + std::to_string(rltest::free_tcp_port()),
-                           "--set",
-                           "max_async_level=" + std::to_string(level),
-                           "--set",
-                           "rollout_transport.timeout=120",
-                           "--set",
-                           "weight_broadcast.timeout=120",
-                           "--set",
-                           "loss.name=policy_loss",
-                           "--set",
-                           "loss.params={}"},
-                          dir, 900, nullptr, {"launch", "--roles", "trainer,rollout", "--", "run"});
+    std::vector<std::string> args = disaggregated_args(transport, transport, 120);
+    args.insert(args.end(), {"--set", "max_async_level=" + std::to_string(level)});
+    const Proc p =
+        rlhost(args, dir, 900, nullptr, {"launch", "--roles", "trainer,rollout", "--", "run"});
     ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
     const std::vector<json> rl = grpo_test_rl_lines(dir, p.out);
     ASSERT_FALSE(rl.empty()) << p.out;
@@ -462,17 +483,10 @@ TEST(DisaggregatedFaults, AWorkerKilledAndRestartedMidRunLosesNoStepAndRepeatsNo
                                   dir + "/worker2.log");
         }
     });
-    int status = -1;
-    for (int i = 0; i < 1200 && waitpid(worker, &status, WNOHANG) == 0; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (status == -1) {
-        kill(worker, SIGKILL);
-        waitpid(worker, &status, 0);
-    }
+    const int worker_exit = wait_role(worker, 120);
     ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err << "\n" << read_file(dir + "/worker2.log");
     ASSERT_TRUE(killed) << "the run ended before the worker could be killed";
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "restarted worker: " << read_file(dir + "/worker2.log");
+    EXPECT_EQ(worker_exit, 0) << "restarted worker: " << read_file(dir + "/worker2.log");
     const json cfg = json::parse(read_file(dir + "/runs/grpo_test/config.json"));
     const auto lines = metrics_lines(metrics);
     const int64_t sft_steps = cfg["sft"]["steps"], rl_steps = cfg["run"]["steps"];
@@ -489,30 +503,6 @@ TEST(DisaggregatedFaults, AWorkerKilledAndRestartedMidRunLosesNoStepAndRepeatsNo
 }
 
 // ---- three roles: rollout workers -> orchestrator -> trainer ---------------------------
-
-// The settings every three-role test shares: ports and short timeouts.
-std::vector<std::string> three_role_args(const std::string &batches, const std::string &weights,
-                                         int timeout_s) {
-    return {kExamples + "/grpo_disaggregated.lua",
-            "--config",
-            kScripts + "/grpo_test.yaml",
-            "--set",
-            "rollout_transport.type=" + batches,
-            "--set",
-            "weight_broadcast.type=" + weights,
-            "--set",
-            "rollout_transport.port=" + std::to_string(rltest::free_tcp_port()),
-            "--set",
-            "weight_broadcast.port=" + std::to_string(rltest::free_tcp_port()),
-            "--set",
-            "rollout_transport.timeout=" + std::to_string(timeout_s),
-            "--set",
-            "weight_broadcast.timeout=" + std::to_string(timeout_s),
-            "--set",
-            "loss.name=policy_loss",
-            "--set",
-            "loss.params={}"};
-}
 
 // The RL lines of a finished three-role run: one per step, each batch
 // numbered with its step, in order (none lost, none trained twice).
@@ -538,7 +528,7 @@ class ThreeRoles : public ::testing::TestWithParam<std::tuple<std::string, std::
 TEST_P(ThreeRoles, GrpoLearnsWithAnOrchestratorBetweenRolloutsAndTrainer) {
     const auto &[batches, weights] = GetParam();
     const std::string dir = temp_dir();
-    const Proc p = rlhost(three_role_args(batches, weights, 120), dir, 900, nullptr,
+    const Proc p = rlhost(disaggregated_args(batches, weights, 120), dir, 900, nullptr,
                           {"launch", "--roles", "trainer,orchestrator,rollout", "--", "run"});
     ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
     const auto rl = expect_every_step_once(dir, p.out);
@@ -564,19 +554,6 @@ INSTANTIATE_TEST_SUITE_P(Transports, ThreeRoles,
                                     std::get<1>(info.param) + "_weights";
                          });
 
-// Waits for a hand-started role to end (up to 60 s), then reports how.
-int wait_role(pid_t pid) {
-    int status = -1;
-    for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (status == -1) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        return -1;
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 std::vector<std::string> with_role(std::vector<std::string> a, const std::string &role) {
     a.insert(a.end(), {"--set", "orchestrator=true", "--set", "role=" + role});
     return a;
@@ -588,7 +565,7 @@ std::vector<std::string> with_role(std::vector<std::string> a, const std::string
 // every step once.
 TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
     const std::string dir = temp_dir();
-    auto args = three_role_args("zmq", "zmq", 60);
+    auto args = disaggregated_args("zmq", "zmq", 60);
     args.insert(args.end(), {"--set", "run.steps=14"});
     const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
     const pid_t orch = spawn_rlhost({"run"}, with_role(args, "orchestrator"), dir,
@@ -627,7 +604,7 @@ TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
 // checkpoint again, and every step ends up trained once.
 TEST(ThreeRoleFaults, ATrainerKilledAndRestartedResumesFromItsCheckpoint) {
     const std::string dir = temp_dir();
-    auto args = three_role_args("filesystem", "filesystem", 60);
+    auto args = disaggregated_args("filesystem", "filesystem", 60);
     args.insert(args.end(), {"--set", "run.checkpoint_every=4", "--set", "run.steps=14"});
     const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
     const pid_t orch = spawn_rlhost({"run"}, with_role(args, "orchestrator"), dir,
@@ -671,7 +648,7 @@ TEST(ThreeRoleFaults, ATrainerKilledAndRestartedResumesFromItsCheckpoint) {
 // message naming what it waited for; it never hangs.
 TEST(ThreeRoleFaults, APeerThatNeverAnswersIsNamedAfterTheTimeout) {
     const std::string dir = temp_dir();
-    const auto args = three_role_args("zmq", "zmq", 3);
+    const auto args = disaggregated_args("zmq", "zmq", 3);
     Proc p = rlhost(with_role(args, "trainer"), dir, 120);
     EXPECT_EQ(p.exit_code, 1) << p.out << p.err;
     EXPECT_NE(p.err.find("no batch for step 0 from the orchestrator within "

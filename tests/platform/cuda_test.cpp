@@ -62,18 +62,8 @@ TEST_F(Cuda, EngineLogprobsEqualTheTrainersForTheSampledTokens) {
     sp.seed = 9;
     const std::vector<std::vector<int64_t>> prompts{{104, 105, 10}, {97, 98, 99, 100, 10}};
     const Generation g = engine.generate(prompts, sp);
-    TrainBatch b;
-    std::vector<int64_t> ids, start;
-    b.cu_seqlens.push_back(0);
-    for (int64_t s = 0; s < g.samples(); ++s) {
-        const auto &p = prompts[static_cast<size_t>(g.prompt_index[static_cast<size_t>(s)])];
-        ids.insert(ids.end(), p.begin(), p.end());
-        start.push_back(static_cast<int64_t>(ids.size()));
-        ids.insert(ids.end(), g.token_ids.begin() + g.cu_seqlens[s],
-                   g.token_ids.begin() + g.cu_seqlens[s + 1]);
-        b.cu_seqlens.push_back(static_cast<int64_t>(ids.size()));
-    }
-    b.input_ids = at::tensor(ids, at::kLong);
+    std::vector<int64_t> start;
+    const TrainBatch b = generation_batch(prompts, g, start);
     const at::Tensor lp = trainer.forward(b, nullptr).tensors.at("logprobs");
     for (int64_t s = 0; s < g.samples(); ++s)
         for (int64_t k = g.cu_seqlens[s]; k < g.cu_seqlens[s + 1]; ++k)

@@ -2,6 +2,7 @@
 // batch, and a plain cross-entropy loss, all through the C++ core (no plugins).
 #pragma once
 
+#include "../core/small_tiny_spec.hpp"
 #include "../core/test_util.hpp"
 
 #include "rl/core/engine.hpp"
@@ -49,11 +50,32 @@ inline TrainBatch random_batch(int64_t seqs, int64_t len, uint64_t seed) {
     return b;
 }
 
-/// Mean negative log-likelihood of the masked tokens.
+/// Every sample of `g` as prompt + completion in one batch; `start` gets the
+/// position of each sample's first completion token.
+inline TrainBatch generation_batch(const std::vector<std::vector<int64_t>> &prompts,
+                                   const Generation &g, std::vector<int64_t> &start) {
+    TrainBatch b;
+    std::vector<int64_t> ids;
+    b.cu_seqlens.push_back(0);
+    for (int64_t s = 0; s < g.samples(); ++s) {
+        const auto &p = prompts[static_cast<size_t>(g.prompt_index[static_cast<size_t>(s)])];
+        ids.insert(ids.end(), p.begin(), p.end());
+        start.push_back(static_cast<int64_t>(ids.size()));
+        ids.insert(ids.end(), g.token_ids.begin() + g.cu_seqlens[s],
+                   g.token_ids.begin() + g.cu_seqlens[s + 1]);
+        b.cu_seqlens.push_back(static_cast<int64_t>(ids.size()));
+    }
+    b.input_ids = at::tensor(ids, at::kLong);
+    return b;
+}
+
+/// Mean negative log-likelihood of the masked tokens (every token without a
+/// loss_mask).
 inline LossFunction nll_loss() {
     LossFunction f;
     f.name = "loss 'nll'";
-    f.signature.required = {"logprobs", "loss_mask"};
+    f.signature.required = {"logprobs"};
+    f.signature.optional = {"loss_mask"};
     f.signature.differentiable = {"logprobs"};
     f.compute = [](const LossCall &call) {
         at::Tensor lp, mask;
@@ -61,9 +83,10 @@ inline LossFunction nll_loss() {
             if (kv.first == "logprobs") lp = kv.second;
             if (kv.first == "loss_mask") mask = kv.second;
         }
+        if (!mask.defined()) mask = at::ones_like(lp);
         LossResult r;
         r.loss = -(lp * mask).sum().item<double>() / call.global_tokens;
-        r.grads["logprobs"] = -mask / call.global_tokens;
+        if (call.want_grads) r.grads["logprobs"] = -mask / call.global_tokens;
         return r;
     };
     return f;

@@ -96,6 +96,14 @@ struct Running {
         }
         return false;
     }
+    /// A /generate of 1500 tokens (ignore_eos; `extra` fields added) on a
+    /// thread, its answer into `out`.
+    std::thread long_generate(HttpResponse &out, const json &extra = json::object()) const {
+        json body = {{"text", "abc"},
+                     {"sampling_params", {{"max_new_tokens", 1500}, {"ignore_eos", true}}}};
+        body.update(extra);
+        return std::thread([this, &out, body] { out = post("/generate", body); });
+    }
 };
 
 /// One server for the tests that need nothing special of it.
@@ -485,11 +493,7 @@ TEST(ServeSGLang, ControlRoutesPauseFlushReleaseAndReport) {
 TEST(ServeSGLang, PauseWithAbortEndsRunningRequestsAsAborted) {
     Running s;
     HttpResponse r;
-    std::thread t([&] {
-        r = s.post("/generate",
-                   {{"text", "abc"},
-                    {"sampling_params", {{"max_new_tokens", 1500}, {"ignore_eos", true}}}});
-    });
+    std::thread t = s.long_generate(r);
     ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.running == 1; }));
     EXPECT_EQ(s.post("/pause_generation", {{"mode", "abort"}}).status, 200);
     t.join();
@@ -501,12 +505,7 @@ TEST(ServeSGLang, PauseWithAbortEndsRunningRequestsAsAborted) {
 TEST(ServeSGLang, AbortRequestByRidCancelsIt) {
     Running s;
     HttpResponse r;
-    std::thread t([&] {
-        r = s.post("/generate",
-                   {{"text", "abc"},
-                    {"rid", "mine"},
-                    {"sampling_params", {{"max_new_tokens", 1500}, {"ignore_eos", true}}}});
-    });
+    std::thread t = s.long_generate(r, {{"rid", "mine"}});
     ASSERT_TRUE(s.wait_stats([](const auto &st) { return st.running == 1; }));
     const json a = s.post_ok("/abort_request", {{"rid", "mine"}});
     EXPECT_EQ(a["aborted"], 1);

@@ -3,12 +3,7 @@ the tiny model: completions and chat completions with logprobs, streamed and not
 logprobs equal the trainer's logprobs of the same tokens (the rl Python SDK scores them
 in this process from the same model folder)."""
 
-import os
-import re
-import signal
-import subprocess
 import sys
-import tempfile
 import unittest
 
 try:
@@ -18,27 +13,17 @@ except ImportError:
     sys.exit(77)
 
 import rl
+from rlhost_server import RlhostServer
 
-RLHOST = os.environ["RL_TEST_RLHOST"]
 TOL = 1e-5
 
 
 class OpenAIClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.dir = os.path.join(cls.tmp.name, "tiny")
-        rl.init_model("tiny", cls.dir, 7)
-        cls.proc = subprocess.Popen(
-            [RLHOST, "serve", "--model", cls.dir, "--port", "0", "--api-key", "test-key",
-             "--threads", "1"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = cls.proc.stdout.readline()
-        match = re.search(r"listening on (http://\S+)", line)
-        if not match:
-            cls.proc.kill()
-            raise RuntimeError("rlhost serve did not start: %r %s" % (line, cls.proc.stderr.read()))
-        cls.url = match.group(1)
+        cls.server = RlhostServer("serve", "--api-key", "test-key")
+        cls.url = cls.server.url
+        cls.dir = cls.server.dir
         cls.client = openai.OpenAI(base_url=cls.url + "/v1", api_key="test-key", max_retries=0,
                                    timeout=120)
         cls.model = rl.Model(cls.dir)
@@ -48,11 +33,7 @@ class OpenAIClientTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.trainer.close()
         cls.model.close()
-        cls.proc.send_signal(signal.SIGINT)
-        code = cls.proc.wait(timeout=60)
-        cls.tmp.cleanup()
-        assert code == 0, "rlhost serve exited with %d after SIGINT: %s" % (
-            code, cls.proc.stderr.read())
+        cls.server.stop()
 
     def trainer_logprobs(self, prompt, completion):
         ids = list(prompt) + list(completion)

@@ -6,11 +6,7 @@ group-normalized advantages computed here) raises the reward on reverse_text. Th
 through the Tinker SDK. Runs under the current SDK (protobuf wire) and under 0.16 (JSON)."""
 
 import os
-import re
-import signal
-import subprocess
 import sys
-import tempfile
 import unittest
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
@@ -23,8 +19,8 @@ except ImportError:
     sys.exit(77)
 
 import rl
+from rlhost_server import RlhostServer
 
-RLHOST = os.environ["RL_TEST_RLHOST"]
 API_KEY = "tml-rl-test-key"
 
 
@@ -56,29 +52,13 @@ def encode(text):
 class TinkerSdkTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.dir = os.path.join(cls.tmp.name, "tiny")
-        rl.init_model("tiny", cls.dir, 7)
-        cls.proc = subprocess.Popen(
-            [RLHOST, "training-server", "--model", cls.dir, "--port", "0", "--api-key", API_KEY,
-             "--threads", "1", "--checkpoint-dir", os.path.join(cls.tmp.name, "ckpt")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = cls.proc.stdout.readline()
-        match = re.search(r"listening on (http://\S+)", line)
-        if not match:
-            cls.proc.kill()
-            raise RuntimeError("rlhost training-server did not start: %r %s" %
-                               (line, cls.proc.stderr.read()))
-        cls.url = match.group(1)
+        cls.server = RlhostServer("training-server", "--api-key", API_KEY, checkpoint_dir=True)
+        cls.url = cls.server.url
         cls.service = tinker.ServiceClient(base_url=cls.url, api_key=API_KEY)
 
     @classmethod
     def tearDownClass(cls):
-        cls.proc.send_signal(signal.SIGINT)
-        code = cls.proc.wait(timeout=60)
-        cls.tmp.cleanup()
-        assert code == 0, "rlhost training-server exited with %d after SIGINT: %s" % (
-            code, cls.proc.stderr.read())
+        cls.server.stop()
 
     def test_lora_sft_then_sampling(self):
         caps = self.service.get_server_capabilities()

@@ -148,6 +148,33 @@ std::vector<double> logprobs_of(const json &fb_result, size_t datum) {
     return fb_result["loss_fn_outputs"][datum]["logprobs"]["data"].get<std::vector<double>>();
 }
 
+/// Reference training, alone: `steps` steps of summed cross-entropy on `text`
+/// with Adam at learning rate 1e-2 (Tinker's other AdamParams defaults, as the
+/// server's optim_step fills them), no clipping.
+void train_ce_locally(core::Trainer &t, const std::string &text, int steps) {
+    std::vector<int64_t> ids(text.begin(), text.end());
+    core::LossFunction ce;
+    ce.name = "ce";
+    ce.signature.required = {"logprobs"};
+    ce.signature.differentiable = {"logprobs"};
+    ce.compute = [](const core::LossCall &call) {
+        core::LossResult r;
+        const at::Tensor lp = call.tensors[0].second;
+        r.loss = -lp.sum().item<double>();
+        r.grads["logprobs"] = -at::ones_like(lp);
+        return r;
+    };
+    core::OptimOverrides o = rl::serve::tinker_adam_defaults();
+    o.learning_rate = 1e-2;
+    for (int step = 0; step < steps; ++step) {
+        core::TrainBatch bt;
+        bt.input_ids = at::tensor(ids, at::kLong);
+        bt.cu_seqlens = {0, static_cast<int64_t>(ids.size())};
+        t.forward_backward(bt, ce);
+        t.optim_step(o);
+    }
+}
+
 /// Reference: the trainer's logprobs of `text` (token t from the tokens before it).
 std::vector<double> trainer_logprobs(core::Trainer &t, const std::string &text) {
     std::vector<int64_t> ids(text.begin(), text.end());
@@ -256,6 +283,23 @@ struct Reader {
         p += n;
         return s;
     }
+    /// The next length-delimited field (its number and bytes), skipping
+    /// varint and 64-bit fields; false at the end.
+    bool next(uint64_t &number, std::string &out) {
+        while (!done()) {
+            const uint64_t tag = v();
+            if ((tag & 7) == 0) {
+                v();
+            } else if ((tag & 7) == 1) {
+                p += 8;
+            } else {
+                number = tag >> 3;
+                out = bytes();
+                return true;
+            }
+        }
+        return false;
+    }
 };
 
 /// ForwardBackwardOutput -> field name -> per-datum float vectors.
@@ -263,44 +307,24 @@ std::map<std::string, std::vector<std::vector<float>>>
 decode_fb(const std::string &msg, std::map<std::string, double> &metrics) {
     std::map<std::string, std::vector<std::vector<float>>> out;
     Reader r{msg.data(), msg.data() + msg.size()};
-    while (!r.done()) {
-        const uint64_t tag = r.v();
-        if ((tag & 7) == 1) {
-            r.p += 8;
-            continue;
-        }
-        if ((tag & 7) == 0) {
-            r.v();
-            continue;
-        }
-        const std::string b = r.bytes();
-        if ((tag >> 3) == 2) { // ArrayRecord
+    uint64_t n = 0;
+    std::string b;
+    while (r.next(n, b)) {
+        if (n == 2) { // ArrayRecord
             Reader a{b.data(), b.data() + b.size()};
-            while (!a.done()) {
-                const uint64_t at = a.v();
-                if ((at & 7) == 0) {
-                    a.v();
-                    continue;
-                }
-                const std::string e = a.bytes();
-                if ((at >> 3) != 2) continue;
+            uint64_t an = 0;
+            std::string e;
+            while (a.next(an, e)) {
+                if (an != 2) continue;
                 Reader en{e.data(), e.data() + e.size()};
-                std::string key, bt;
-                while (!en.done()) {
-                    const uint64_t et = en.v();
-                    (et >> 3) == 1 ? (void)(key = en.bytes()) : (void)(bt = en.bytes());
-                }
+                uint64_t k = 0;
+                std::string key, bt, x;
+                while (en.next(k, x)) (k == 1 ? key : bt) = x;
                 Reader t{bt.data(), bt.data() + bt.size()};
                 std::string data, offsets;
-                while (!t.done()) {
-                    const uint64_t tt = t.v();
-                    if ((tt & 7) == 0) {
-                        t.v();
-                        continue;
-                    }
-                    const std::string x = t.bytes();
-                    if ((tt >> 3) == 1) data = x;
-                    if ((tt >> 3) == 2) offsets = x;
+                while (t.next(k, x)) {
+                    if (k == 1) data = x;
+                    if (k == 2) offsets = x;
                 }
                 std::vector<int64_t> off(offsets.size() / 8);
                 std::memcpy(off.data(), offsets.data(), offsets.size());
@@ -310,7 +334,7 @@ decode_fb(const std::string &msg, std::map<std::string, double> &metrics) {
                     out[key].push_back(f);
                 }
             }
-        } else if ((tag >> 3) == 3) { // metrics entry
+        } else if (n == 3) { // metrics entry
             Reader en{b.data(), b.data() + b.size()};
             std::string key;
             double value = 0;
@@ -485,32 +509,7 @@ TEST(TrainingServer, TwoSessionsTrainConcurrentlyWithoutInterfering) {
         core::TrainerConfig c;
         c.gradient_clip = 0;
         core::Trainer t(core::Policy::load(tiny_dir()), c);
-        std::vector<int64_t> ids(text.begin(), text.end());
-        for (int step = 0; step < 3; ++step) {
-            core::TrainBatch bt;
-            bt.input_ids = at::tensor(ids, at::kLong);
-            bt.cu_seqlens = {0, static_cast<int64_t>(ids.size())};
-            core::LossFunction ce;
-            ce.name = "ce";
-            ce.signature.required = {"logprobs"};
-            ce.signature.differentiable = {"logprobs"};
-            ce.compute = [](const core::LossCall &call) {
-                core::LossResult r;
-                const at::Tensor lp = call.tensors[0].second;
-                r.loss = -lp.sum().item<double>();
-                r.grads["logprobs"] = -at::ones_like(lp);
-                return r;
-            };
-            t.forward_backward(bt, ce);
-            core::OptimOverrides o;
-            o.learning_rate = 1e-2;
-            o.beta1 = 0.9;
-            o.beta2 = 0.95;
-            o.eps = 1e-12;
-            o.weight_decay = 0;
-            o.gradient_clip = 0;
-            t.optim_step(o);
-        }
+        train_ce_locally(t, text, 3);
         return trainer_logprobs(t, kText);
     };
     for (const auto &[model, text] : {std::pair{a, ta}, std::pair{b, tb}}) {
@@ -694,32 +693,7 @@ TEST(TrainingServer, LoraSessionsTrainTheirOwnAdaptersOverOneSharedBase) {
         core::TrainerConfig c;
         c.gradient_clip = 0;
         auto t = std::make_unique<core::Trainer>(policy, c, adapter);
-        std::vector<int64_t> tok(text.begin(), text.end());
-        for (int step = 0; step < 3; ++step) {
-            core::TrainBatch bt;
-            bt.input_ids = at::tensor(tok, at::kLong);
-            bt.cu_seqlens = {0, static_cast<int64_t>(tok.size())};
-            core::LossFunction ce;
-            ce.name = "ce";
-            ce.signature.required = {"logprobs"};
-            ce.signature.differentiable = {"logprobs"};
-            ce.compute = [](const core::LossCall &call) {
-                core::LossResult r;
-                const at::Tensor lp = call.tensors[0].second;
-                r.loss = -lp.sum().item<double>();
-                r.grads["logprobs"] = -at::ones_like(lp);
-                return r;
-            };
-            t->forward_backward(bt, ce);
-            core::OptimOverrides o;
-            o.learning_rate = 1e-2;
-            o.beta1 = 0.9;
-            o.beta2 = 0.95;
-            o.eps = 1e-12;
-            o.weight_decay = 0;
-            o.gradient_clip = 0;
-            t->optim_step(o);
-        }
+        train_ce_locally(*t, text, 3);
         return std::make_pair(policy, adapter);
     };
     for (const auto &[model, text, rank, seed] :

@@ -683,13 +683,9 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     for (size_t i = 0; i < params_.size(); ++i)
         if (masters_[i].defined()) params_[i].second.copy_(masters_[i]);
     zero_grad();
-    ++step_;
-    OptimResult r;
-    r.grad_norm = norm;
-    r.learning_rate = lr;
-    r.step = step_;
-    r.policy_version = adapter_ ? adapter_->bump_version() : policy_->bump_version();
-    return r;
+    // The step counts this one; the weights get a new version.
+    return OptimResult{norm, lr, ++step_,
+                       adapter_ ? adapter_->bump_version() : policy_->bump_version()};
 }
 
 // A gradient norm that is NaN or infinite skips the step and clears the gradients.
@@ -776,13 +772,9 @@ OptimResult Trainer::fsdp_step(const OptimOverrides &ov) {
     optimizer_->step();
     zero_grad();
     fsdp_->invalidate(); // full weights are gathered again when next needed
-    ++step_;
-    OptimResult r;
-    r.grad_norm = norm;
-    r.learning_rate = lr;
-    r.step = step_;
-    r.policy_version = adapter_ ? adapter_->bump_version() : policy_->bump_version();
-    return r;
+    // The step counts this one; the weights get a new version.
+    return OptimResult{norm, lr, ++step_,
+                       adapter_ ? adapter_->bump_version() : policy_->bump_version()};
 }
 
 // -- checkpoints ----------------------------------------------------------------

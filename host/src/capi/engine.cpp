@@ -1,5 +1,5 @@
 // abi/rl/train.h: the co-located rollout engine.
-#include "train_common.hpp"
+#include "handle_verbs.hpp"
 
 extern "C" {
 
@@ -73,19 +73,12 @@ RL_API rl_status_t rl_engine_sync_weights(rl_engine_t *engine, rl_result_t **out
 }
 
 RL_API rl_status_t rl_engine_sleep(rl_engine_t *engine) {
-    return train_boundary([&] {
-        require(engine != nullptr, "rl_engine_sleep: engine is NULL");
-        engine->impl->sleep();
-        return RL_OK;
-    });
+    return on_handle("rl_engine_sleep", "engine", engine, [](rl_engine &e) { e.impl->sleep(); });
 }
 
 RL_API rl_status_t rl_engine_wake_up(rl_engine_t *engine) {
-    return train_boundary([&] {
-        require(engine != nullptr, "rl_engine_wake_up: engine is NULL");
-        engine->impl->wake_up();
-        return RL_OK;
-    });
+    return on_handle("rl_engine_wake_up", "engine", engine,
+                     [](rl_engine &e) { e.impl->wake_up(); });
 }
 
 } // extern "C"

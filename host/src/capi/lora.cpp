@@ -25,6 +25,23 @@ auto named(const char *fn, F &&f) {
     }
 }
 
+// An adapter verb over a folder: checks the model, the adapter name and the
+// folder, then runs op(policy, name, dir) with errors named after `fn`.
+template <class Op>
+rl_status_t adapter_folder_verb(const char *fn, rl_model_t *model, const char *name,
+                                const char *dir, Op op) {
+    return train_boundary([&] {
+        require(model != nullptr, fn_msg(fn, "model is NULL"));
+        core::Policy &policy = policy_of(model, fn);
+        const std::string n = name_arg(name, fn), d = dir_arg(dir, fn);
+        named(fn, [&] {
+            op(policy, n, d);
+            return 0;
+        });
+        return RL_OK;
+    });
+}
+
 } // namespace
 
 extern "C" {
@@ -44,45 +61,27 @@ RL_API rl_status_t rl_adapter_create(rl_model_t *model, const char *name, const 
 }
 
 RL_API rl_status_t rl_adapter_load(rl_model_t *model, const char *name, const char *dir) {
-    return train_boundary([&] {
-        const char *fn = "rl_adapter_load";
-        require(model != nullptr, fn_msg(fn, "model is NULL"));
-        core::Policy &policy = policy_of(model, fn);
-        const std::string n = name_arg(name, fn), d = dir_arg(dir, fn);
-        named(fn, [&] {
+    return adapter_folder_verb(
+        "rl_adapter_load", model, name, dir,
+        [](core::Policy &policy, const std::string &n, const std::string &d) {
             policy.add_adapter(core::load_adapter(policy.model(), d, n), /*replace=*/true);
-            return 0;
         });
-        return RL_OK;
-    });
 }
 
 RL_API rl_status_t rl_adapter_save(rl_model_t *model, const char *name, const char *dir) {
-    return train_boundary([&] {
-        const char *fn = "rl_adapter_save";
-        require(model != nullptr, fn_msg(fn, "model is NULL"));
-        core::Policy &policy = policy_of(model, fn);
-        const std::string n = name_arg(name, fn), d = dir_arg(dir, fn);
-        named(fn, [&] {
+    return adapter_folder_verb(
+        "rl_adapter_save", model, name, dir,
+        [](core::Policy &policy, const std::string &n, const std::string &d) {
             core::save_adapter(*policy.adapter(n), d);
-            return 0;
         });
-        return RL_OK;
-    });
 }
 
 RL_API rl_status_t rl_adapter_export_merged(rl_model_t *model, const char *name, const char *dir) {
-    return train_boundary([&] {
-        const char *fn = "rl_adapter_export_merged";
-        require(model != nullptr, fn_msg(fn, "model is NULL"));
-        core::Policy &policy = policy_of(model, fn);
-        const std::string n = name_arg(name, fn), d = dir_arg(dir, fn);
-        named(fn, [&] {
+    return adapter_folder_verb(
+        "rl_adapter_export_merged", model, name, dir,
+        [](core::Policy &policy, const std::string &n, const std::string &d) {
             core::save_merged(policy.model(), *policy.adapter(n), d);
-            return 0;
         });
-        return RL_OK;
-    });
 }
 
 RL_API rl_status_t rl_adapter_remove(rl_model_t *model, const char *name) {

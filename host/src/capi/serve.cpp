@@ -1,9 +1,7 @@
 // abi/rl/serve.h: the inference server (host/serve) over a loaded model.
-#include "train_common.hpp"
+#include "handle_verbs.hpp"
 
 #include "serve/server.hpp"
-
-#include <stdexcept>
 
 struct rl_server {
     std::unique_ptr<rl::serve::Server> impl;
@@ -13,22 +11,11 @@ extern "C" {
 
 RL_API rl_status_t rl_server_start(rl_model_t *model, const char *options_json,
                                    rl_server_t **out_server) {
-    return train_boundary([&] {
-        const char *fn = "rl_server_start";
-        require(model && out_server, fn_msg(fn, "model and out_server are required"));
-        policy_of(model, fn);
-        const rl::serve::ServerConfig config =
-            rl::serve::ServerConfig::from_json(options_json ? options_json : "");
-        auto s = std::make_unique<rl_server>();
-        s->impl = std::make_unique<rl::serve::Server>(model->policy, config);
-        try {
-            s->impl->start();
-        } catch (const std::runtime_error &e) {
-            throw HostError{RL_ERR_IO, fn_msg(fn, e.what())};
-        }
-        *out_server = s.release();
-        return RL_OK;
-    });
+    return start_server<rl_server, rl::serve::ServerConfig>(
+        "rl_server_start", model, options_json, out_server,
+        [&](rl_server &s, const rl::serve::ServerConfig &config) {
+            s.impl = std::make_unique<rl::serve::Server>(model->policy, config);
+        });
 }
 
 RL_API int32_t rl_server_port(const rl_server_t *server) {
@@ -36,19 +23,11 @@ RL_API int32_t rl_server_port(const rl_server_t *server) {
 }
 
 RL_API rl_status_t rl_server_wait(rl_server_t *server) {
-    return train_boundary([&] {
-        require(server != nullptr, "rl_server_wait: server is NULL");
-        server->impl->wait();
-        return RL_OK;
-    });
+    return on_handle("rl_server_wait", "server", server, [](rl_server &s) { s.impl->wait(); });
 }
 
 RL_API rl_status_t rl_server_stop(rl_server_t *server) {
-    return train_boundary([&] {
-        require(server != nullptr, "rl_server_stop: server is NULL");
-        server->impl->stop();
-        return RL_OK;
-    });
+    return on_handle("rl_server_stop", "server", server, [](rl_server &s) { s.impl->stop(); });
 }
 
 RL_API void rl_server_destroy(rl_server_t *server) {

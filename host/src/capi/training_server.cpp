@@ -1,7 +1,7 @@
 // abi/rl/training_server.h (ABI 0.5): the Tinker-compatible training server
 // (host/serve/training_server.hpp) over a loaded model, with the runtime's
 // loss plugins available by name.
-#include "train_common.hpp"
+#include "handle_verbs.hpp"
 
 #include <rl/training_server.h>
 #include "../bridge/loss_node.hpp"
@@ -9,7 +9,6 @@
 #include "serve/training_server.hpp"
 
 #include <mutex>
-#include <stdexcept>
 
 struct rl_training_server {
     std::shared_ptr<rl::core::Policy> policy;
@@ -53,24 +52,13 @@ extern "C" {
 RL_API rl_status_t rl_training_server_start(rl_runtime_t *runtime, rl_model_t *model,
                                             const char *options_json,
                                             rl_training_server_t **out_server) {
-    return train_boundary([&] {
-        const char *fn = "rl_training_server_start";
-        require(model && out_server, fn_msg(fn, "model and out_server are required"));
-        policy_of(model, fn);
-        const rl::serve::TrainingServerConfig config =
-            rl::serve::TrainingServerConfig::from_json(options_json ? options_json : "");
-        auto s = std::make_unique<rl_training_server>();
-        s->policy = model->policy;
-        s->impl = std::make_unique<rl::serve::TrainingServer>(model->policy, config,
-                                                              plugin_losses(runtime));
-        try {
-            s->impl->start();
-        } catch (const std::runtime_error &e) {
-            throw HostError{RL_ERR_IO, fn_msg(fn, e.what())};
-        }
-        *out_server = s.release();
-        return RL_OK;
-    });
+    return start_server<rl_training_server, rl::serve::TrainingServerConfig>(
+        "rl_training_server_start", model, options_json, out_server,
+        [&](rl_training_server &s, const rl::serve::TrainingServerConfig &config) {
+            s.policy = model->policy;
+            s.impl = std::make_unique<rl::serve::TrainingServer>(model->policy, config,
+                                                                 plugin_losses(runtime));
+        });
 }
 
 RL_API int32_t rl_training_server_port(const rl_training_server_t *server) {
@@ -78,19 +66,13 @@ RL_API int32_t rl_training_server_port(const rl_training_server_t *server) {
 }
 
 RL_API rl_status_t rl_training_server_wait(rl_training_server_t *server) {
-    return train_boundary([&] {
-        require(server != nullptr, "rl_training_server_wait: server is NULL");
-        server->impl->wait();
-        return RL_OK;
-    });
+    return on_handle("rl_training_server_wait", "server", server,
+                     [](rl_training_server &s) { s.impl->wait(); });
 }
 
 RL_API rl_status_t rl_training_server_stop(rl_training_server_t *server) {
-    return train_boundary([&] {
-        require(server != nullptr, "rl_training_server_stop: server is NULL");
-        server->impl->stop();
-        return RL_OK;
-    });
+    return on_handle("rl_training_server_stop", "server", server,
+                     [](rl_training_server &s) { s.impl->stop(); });
 }
 
 RL_API void rl_training_server_destroy(rl_training_server_t *server) {

@@ -39,6 +39,11 @@ class TensorList(C.Structure):
     _fields_ = [("items", C.POINTER(TensorArg)), ("count", C.c_uint64)]
 
 
+def _sized(*fields):
+    """The fields of a struct that opens with struct_size and a reserved word."""
+    return [("struct_size", C.c_uint32), ("reserved0", C.c_uint32)] + list(fields)
+
+
 class RuntimeDesc(C.Structure):
     _fields_ = [
         ("struct_size", C.c_uint32),
@@ -50,41 +55,33 @@ class RuntimeDesc(C.Structure):
 
 
 class LossInputs(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32),
-        ("reserved0", C.c_uint32),
+    _fields_ = _sized(
         ("tensors", TensorList),
         ("cu_seqlens", TensorView),
         ("global_tokens", C.c_double),
         ("global_seqs", C.c_double),
-    ]
+    )
 
 
 class AdvantageInputs(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32),
-        ("reserved0", C.c_uint32),
+    _fields_ = _sized(
         ("rewards", TensorView),
         ("group_ids", TensorView),
         ("cu_seqlens", TensorView),
         ("tensors", TensorList),
-    ]
+    )
 
 
 class RolloutView(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32),
-        ("reserved0", C.c_uint32),
+    _fields_ = _sized(
         ("token_ids", TensorView),
         ("logprobs", TensorView),
         ("vocab_size", C.c_int64),
-    ]
+    )
 
 
 class Batch(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32),
-        ("reserved0", C.c_uint32),
+    _fields_ = _sized(
         ("input_ids", TensorView),
         ("cu_seqlens", TensorView),
         ("tensors", TensorList),
@@ -92,7 +89,7 @@ class Batch(C.Structure):
         ("flags", C.c_uint32),
         ("reserved1", C.c_uint32),
         ("sampling_temperature", C.c_double),
-    ]
+    )
 
 
 RL_BATCH_HAS_SAMPLING_TEMPERATURE = 1

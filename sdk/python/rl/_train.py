@@ -20,6 +20,13 @@ def _text(obj):
     return json.dumps(obj).encode()
 
 
+def _made(fn, *args):
+    """The handle fn(*args, &handle) makes (rl.Error when it fails)."""
+    h = C.c_void_p()
+    A.check(fn(*args, C.byref(h)))
+    return h
+
+
 class _Handle:
     _destroy = None
 
@@ -99,8 +106,7 @@ class Model(_Handle):
     def __init__(self, path, options=None, _handle=None):
         h = _handle
         if h is None:
-            h = C.c_void_p()
-            A.check(_lib().rl_model_load(path.encode(), _text(options or {}), C.byref(h)))
+            h = _made(_lib().rl_model_load, path.encode(), _text(options or {}))
         super().__init__(h)
 
     def info(self):
@@ -184,9 +190,7 @@ class Model(_Handle):
             opts["chat_template_kwargs"] = chat_template_kwargs
         if eos_token_id is not None:
             opts["eos_token_id"] = eos_token_id
-        h = C.c_void_p()
-        A.check(_lib().rl_train_batch_supervised(self._handle(), _text(tasks), _text(opts),
-                                                 C.byref(h)))
+        h = _made(_lib().rl_train_batch_supervised, self._handle(), _text(tasks), _text(opts))
         return TrainBatch(h)
 
     # weight sync over a transport (docs/transports.md)
@@ -221,8 +225,7 @@ def load_tokenizer(directory):
     """A tokenizer without a model (rl_tokenizer_load): a Model whose tokenizer methods
     (encode, decode, encode_chat, apply_chat_template, sft_batch, info) work and whose
     trainer() / engine() / save() are refused."""
-    h = C.c_void_p()
-    A.check(_lib().rl_tokenizer_load(directory.encode(), C.byref(h)))
+    h = _made(_lib().rl_tokenizer_load, directory.encode())
     return Model(None, _handle=h)
 
 
@@ -252,16 +255,22 @@ class _BatchArg:
             self.struct.sampling_temperature = float(batch["sampling_temperature"])
 
 
-class Trainer(_Handle):
-    """Optimizer state over a model's parameters (forward, forward_backward, optim_step)."""
+class _OfModel(_Handle):
+    """A handle made from a model and a JSON config (rl_<kind>_create); it holds the model,
+    which outlives it."""
 
-    _destroy = "rl_trainer_destroy"
+    _create = None
 
     def __init__(self, model, config=None):
-        h = C.c_void_p()
-        A.check(_lib().rl_trainer_create(model._handle(), _text(config or {}), C.byref(h)))
+        h = _made(getattr(_lib(), self._create), model._handle(), _text(config or {}))
         super().__init__(h)
-        self._model = model  # the model outlives its trainer
+        self._model = model
+
+
+class Trainer(_OfModel):
+    """Optimizer state over a model's parameters (forward, forward_backward, optim_step)."""
+
+    _create, _destroy = "rl_trainer_create", "rl_trainer_destroy"
 
     def forward_backward(self, batch, loss):
         b = _BatchArg(batch)
@@ -291,16 +300,10 @@ class Trainer(_Handle):
         return Result(out)
 
 
-class Engine(_Handle):
+class Engine(_OfModel):
     """The co-located rollout engine (reads the trainer's parameters in place)."""
 
-    _destroy = "rl_engine_destroy"
-
-    def __init__(self, model, config=None):
-        h = C.c_void_p()
-        A.check(_lib().rl_engine_create(model._handle(), _text(config or {}), C.byref(h)))
-        super().__init__(h)
-        self._model = model  # the model outlives its engine
+    _create, _destroy = "rl_engine_create", "rl_engine_destroy"
 
     def generate(self, prompts, params=None):
         ids = [t for p in prompts for t in p]
@@ -320,9 +323,7 @@ class Engine(_Handle):
                 "sampling": sampling or {}, "parse_special_tokens": parse_special_tokens}
         if chat_template_kwargs is not None:
             opts["chat_template_kwargs"] = chat_template_kwargs
-        h = C.c_void_p()
-        A.check(_lib().rl_rollouts_generate(self._handle(), _text(tasks), _text(opts),
-                                            C.byref(h)))
+        h = _made(_lib().rl_rollouts_generate, self._handle(), _text(tasks), _text(opts))
         return Rollouts(h)
 
     def sync_weights(self, buffer=None):
@@ -343,8 +344,7 @@ class Buffer(_Handle):
     _destroy = "rl_buffer_destroy"
 
     def __init__(self, config=None):
-        h = C.c_void_p()
-        A.check(_lib().rl_buffer_create(_text(config or {}), C.byref(h)))
+        h = _made(_lib().rl_buffer_create, _text(config or {}))
         super().__init__(h)
 
     def set_policy_version(self, version):
@@ -370,9 +370,7 @@ class Buffer(_Handle):
 
     def pop_train_batch(self, min_rollouts, timeout_ms=0):
         """Every ready group as a TrainBatch once min_rollouts are ready, else None."""
-        h = C.c_void_p()
-        A.check(_lib().rl_buffer_pop_train_batch(self._handle(), min_rollouts, timeout_ms,
-                                                 C.byref(h)))
+        h = _made(_lib().rl_buffer_pop_train_batch, self._handle(), min_rollouts, timeout_ms)
         return TrainBatch(h) if h.value else None
 
     def stats(self, take=False):
@@ -395,8 +393,7 @@ class Rollouts(_Handle):
         return _call(_lib().rl_rollouts_info, self._handle())
 
     def to_batch(self):
-        h = C.c_void_p()
-        A.check(_lib().rl_rollouts_to_batch(self._handle(), C.byref(h)))
+        h = _made(_lib().rl_rollouts_to_batch, self._handle())
         return TrainBatch(h)
 
 
@@ -430,8 +427,7 @@ class InferenceClient(_Handle):
     _destroy = "rl_inference_client_destroy"
 
     def __init__(self, url, **options):
-        h = C.c_void_p()
-        A.check(_lib().rl_inference_client_create(_text(dict(options, url=url)), C.byref(h)))
+        h = _made(_lib().rl_inference_client_create, _text(dict(options, url=url)))
         super().__init__(h)
 
     def call(self, method, path, body=None):
@@ -455,9 +451,8 @@ class InferenceClient(_Handle):
     def rollouts(self, model, tasks, options=None):
         """Rollouts sampled by the server (options as Engine.rollouts'); `model` (a Model or
         a tokenizer) encodes the prompts."""
-        h = C.c_void_p()
-        A.check(_lib().rl_inference_client_rollouts(self._handle(), model._handle(), _text(tasks),
-                                                    _text(options or {}), C.byref(h)))
+        h = _made(_lib().rl_inference_client_rollouts, self._handle(), model._handle(),
+                  _text(tasks), _text(options or {}))
         return Rollouts(h)
 
     def sync(self, model, version, options=None):
