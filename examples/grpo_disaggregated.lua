@@ -410,7 +410,7 @@ local function orchestrated_worker()
         seq = seq + 1
         local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", worker_run, seq))
         local rollouts = engine:rollouts(tasks, {
-            chat_template = template,
+            chat_template = cfg.tokenizer.chat_template,
             sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", worker_run, seq) }),
         })
         rollouts:score(env)
@@ -622,18 +622,7 @@ local function orchestrated_trainer()
     local acks = to_orchestrator("trainer", false)
     local broadcast = weight_broadcaster(model)
     local version = 0
-    if cfg.sft.steps > 0 then
-        local env = rl.env(cfg.env.name, cfg.env.params)
-        local ce = rl.loss("causallm_loss")
-        local eos_id = tok:info().eos_token_ids[1]
-        for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
-            local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
-            local batch = rl.sft_batch(tok, tasks, eos_id, template)
-            local out = trainer:forward_backward(batch, ce)
-            local opt = trainer:optim_step { learning_rate = cfg.sft.learning_rate }
-            run:log { loss = out.loss, tokens = out.tokens, grad_norm = opt.grad_norm }
-        end
-    end
+    rl.sft_warmup(cfg, run, trainer, tok, rl.env(cfg.env.name, cfg.env.params))
     version = run.phases.rl or 0
     acks:send({ kind = "rl.trainer", trainer_run = trainer_run, version = version, hello = true,
         checkpoint = version, done = false })
