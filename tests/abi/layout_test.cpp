@@ -83,7 +83,7 @@ TEST(AbiLayout, HostAndCallContextHaveGoldenLayout) {
     EXPECT_OFFSET(rl_call_ctx_t, stream, 16);
     EXPECT_OFFSET(rl_call_ctx_t, abort_flag, 24);
     EXPECT_OFFSET(rl_call_ctx_t, host_data, 32);
-    EXPECT_LAYOUT(rl_host_api_t, 96);
+    EXPECT_LAYOUT(rl_host_api_t, 104); // 96 through ABI 0.5
     EXPECT_OFFSET(rl_host_api_t, abi_version, 4);
     EXPECT_OFFSET(rl_host_api_t, host_data, 8);
     EXPECT_OFFSET(rl_host_api_t, name, 16);
@@ -96,6 +96,16 @@ TEST(AbiLayout, HostAndCallContextHaveGoldenLayout) {
     EXPECT_OFFSET(rl_host_api_t, emit_metric, 72);
     EXPECT_OFFSET(rl_host_api_t, emit_tensor, 80);
     EXPECT_OFFSET(rl_host_api_t, emit_text, 88);
+    // ABI 0.6: appended after the 0.5 table, read behind RL_HAS_FIELD.
+    EXPECT_EQ(RL_SIZE_THROUGH(rl_host_api_t, emit_text), 96u);
+    EXPECT_OFFSET(rl_host_api_t, emit_metric_reduced, 96);
+    EXPECT_EQ(sizeof(rl_metric_reduction_t), 4u);
+    EXPECT_EQ(RL_METRIC_DEFAULT, 0);
+    EXPECT_EQ(RL_METRIC_TOKEN_MEAN, 1);
+    EXPECT_EQ(RL_METRIC_SEQ_MEAN, 2);
+    EXPECT_EQ(RL_METRIC_SUM, 3);
+    EXPECT_EQ(RL_METRIC_MIN, 4);
+    EXPECT_EQ(RL_METRIC_MAX, 5);
     EXPECT_LAYOUT(rl_host_thread_check_t, 16); // extension "rl.host.thread-check/1", ABI 0.2
     EXPECT_OFFSET(rl_host_thread_check_t, is_control_thread, 8);
     EXPECT_LAYOUT(rl_host_collective_t, 64); // extension "rl.host.collective/1", ABI 0.5
@@ -215,7 +225,7 @@ TEST(AbiLayout, VersionMacrosRoundTrip) {
     EXPECT_EQ(RL_VERSION_MAJOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_MINOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_PATCH(v), 4095u);
-    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 5, 0));
+    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 6, 0));
 }
 
 // docs/abi.md lists every header of abi/ (a header added without a line there

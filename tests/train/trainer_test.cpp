@@ -229,6 +229,33 @@ TEST(Packing, LossExtraTensorsComeBackInBatchOrderAcrossMicroBatches) {
     EXPECT_EQ(r.scalar("loss_tokens"), mask_tokens(b));
 }
 
+// Metrics declared with a reduction (ABI 0.6) come out of several micro-batches
+// as out of one call: min / max over every token, token means weighted by
+// each call's tokens, counts summed.
+TEST(Packing, MetricsReduceOverMicroBatchesAsOverOneCall) {
+    InstancePtr loss = make_loss("policy_loss", R"({"compute_kl_stats": true})");
+    ModelPtr m = load_model();
+    TrainerPtr one = make_trainer(m.get(), cfg(R"("sample_packing_sequence_len": 4096)"));
+    Batch b = policy_batch(one.get(), 7, 9);
+    Result whole;
+    RL_ASSERT_OK(rl_trainer_forward_backward(one.get(), b.view(), loss.get(), whole.out()));
+    ASSERT_EQ(whole.scalar("micro_batches"), 1);
+    TrainerPtr split = make_trainer(
+        m.get(), cfg(R"("sample_packing_sequence_len": 48, "micro_batch_tokens": 48)"));
+    Result parts;
+    RL_ASSERT_OK(rl_trainer_forward_backward(split.get(), b.view(), loss.get(), parts.out()));
+    ASSERT_GE(parts.scalar("micro_batches"), 3);
+    for (const char *name : {"ratio_min", "ratio_max", "ratio_mean", "pg_clipfrac",
+                             "kl_sample_train_k3", "valid_tokens", "pg_loss"}) {
+        SCOPED_TRACE(name);
+        EXPECT_NEAR(parts.metric(name), whole.metric(name),
+                    1e-9 + 1e-6 * std::fabs(whole.metric(name)));
+    }
+    EXPECT_EQ(whole.metric("valid_tokens"), mask_tokens(b));
+    EXPECT_LT(whole.metric("ratio_min"), whole.metric("ratio_mean"));
+    EXPECT_GT(whole.metric("ratio_max"), whole.metric("ratio_mean"));
+}
+
 TEST(Packing, SequenceLongerThanABinIsRefusedWithItsIndexAndLength) {
     ModelPtr m = load_model();
     TrainerPtr t = make_trainer(m.get(), cfg(R"("sample_packing_sequence_len": 8)"));

@@ -2,6 +2,7 @@
 
 #include "fsdp.hpp"
 #include "grad_reducer.hpp"
+#include "metric_reducer.hpp"
 #include "optimizer_state.hpp"
 
 #include "rl/core/atomic_file.hpp"
@@ -464,8 +465,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     if (!backward) no_grad.emplace();
 
     std::vector<at::Tensor> out_lp, out_ent;
-    std::map<std::string, std::pair<double, double>> metric_sums;   // name -> (sum w*v, sum w)
-    std::map<std::string, std::pair<double, int64_t>> metric_plain; // fallback when weights are 0
+    MetricReducer metrics;
     std::map<std::string, std::vector<at::Tensor>> extras;
     LogprobOptions lopts;
     lopts.chunk_tokens = config_.logprob_chunk_tokens;
@@ -556,12 +556,9 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
 
         const double w = P.counted.narrow(0, a, n).sum().item<double>();
         for (const auto &m : res.metrics) {
-            auto &s = metric_sums[m.first];
-            s.first += w * m.second;
-            s.second += w;
-            auto &pl = metric_plain[m.first];
-            pl.first += m.second;
-            pl.second += 1;
+            auto spec = res.reductions.find(m.first);
+            metrics.add(loss->name, m.first, m.second,
+                        spec == res.reductions.end() ? MetricSpec{} : spec->second, w);
         }
         for (auto &t : res.tensors) extras[t.first].push_back(t.second);
 
@@ -609,11 +606,14 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (!out_val.empty())
             R.tensors["values"] = at::cat(out_val).to(at::kCPU).to(at::kFloat).contiguous();
     }
-    for (const auto &m : metric_sums) {
-        const auto &pl = metric_plain[m.first];
-        R.metrics[m.first] = m.second.second > 0 ? m.second.first / m.second.second
-                                                 : pl.first / static_cast<double>(pl.second);
+    // Over ranks too (every rank has a loss or none: the call is a collective).
+    if (loss && group_ && group_->size() > 1 && !metrics.all_reduce(*group_) &&
+        !warned_metric_ranks_) {
+        warned_metric_ranks_ = true;
+        R.warnings.push_back(loss->name +
+                             ": the ranks emitted different metrics; each reports its own");
     }
+    R.metrics = metrics.values();
     for (auto &e : extras) {
         if (static_cast<int64_t>(e.second.size()) != R.micro_batches)
             throw Error(ErrorKind::InvalidArgument, loss->name + ": emitted tensor '" + e.first +

@@ -212,14 +212,13 @@ public:
             for (int64_t t = 0; t < d.n; ++t)
                 if (keep[t]) c.g[t] += dl_dlr_seq[d.seq[t]] / double(kept_in_seq[d.seq[t]]);
 
-        c.metric(metrics::kPgClipfrac, c.frac(clipped));
-        if (c_clip_) c.metric(metrics::kDualClipfrac, c.frac(dual_clipped));
-        c.metric(metrics::kRatioMean, ratio_s.mean(1.0));
-        c.metric(metrics::kApproxKl, approx_kl.mean());
-        c.metric(metrics::kBehavImpWeight, behav_w.mean(1.0));
-        c.metric(metrics::kBehavApproxKl, behav_kl.mean());
-        if (rs_)
-            c.metric(rs_->clamp ? "behav_truncfrac" : metrics::kBehavMaskfrac, c.frac(filtered));
+        c.token_frac(metrics::kPgClipfrac, clipped);
+        if (c_clip_) c.token_frac(metrics::kDualClipfrac, dual_clipped);
+        ratio_s.emit_mean(c.r, metrics::kRatioMean, 1.0);
+        approx_kl.emit_mean(c.r, metrics::kApproxKl);
+        behav_w.emit_mean(c.r, metrics::kBehavImpWeight, 1.0);
+        behav_kl.emit_mean(c.r, metrics::kBehavApproxKl);
+        if (rs_) c.token_frac(rs_->clamp ? "behav_truncfrac" : metrics::kBehavMaskfrac, filtered);
     }
 
 private:

@@ -102,16 +102,16 @@ public:
             c.put("elementwise_loss", t, l);
             c.put("is_masked", t, m);
         }
-        c.metric("rl_loss", rl);
-        c.metric("is_masked", c.frac(masked));
+        c.r.sum("rl_loss", rl);
+        c.token_frac("is_masked", masked);
         if (region_ == Region::BinaryTv) {
-            c.metric("is_masked_low", c.frac(masked_low));
-            c.metric("is_masked_high", c.frac(masked_high));
-            c.metric("masked_advantage_positive", frac(masked_pos, masked));
-            c.metric("masked_advantage_negative", frac(masked_neg, masked));
+            c.token_frac("is_masked_low", masked_low);
+            c.token_frac("is_masked_high", masked_high);
+            c.r.token_mean("masked_advantage_positive", frac(masked_pos, masked), masked);
+            c.r.token_mean("masked_advantage_negative", frac(masked_neg, masked), masked);
         }
-        c.metric("masked_mismatch_kl", kl_masked.mean());
-        c.metric("unmasked_mismatch_kl", kl_kept.mean());
+        kl_masked.emit_mean(c.r, "masked_mismatch_kl");
+        kl_kept.emit_mean(c.r, "unmasked_mismatch_kl");
 
         // ce component: masked negative log-likelihood.
         if (ce_w) {
@@ -126,9 +126,9 @@ public:
                 nll.add(-c.lp[t]);
             }
             c.pg += ce;
-            c.metric("ce_loss", ce);
-            c.metric("nll", nll.mean());
-            c.metric("ce_tokens", double(cd.loss_tokens));
+            c.r.sum("ce_loss", ce);
+            nll.emit_mean(c.r, "nll");
+            c.r.sum("ce_tokens", double(cd.loss_tokens));
         }
 
         // ref_kl component: the reverse KL to the reference as the advantage.
@@ -155,12 +155,12 @@ public:
                 c.g[t] += w[t] * wt * (pg + 2.0 * ref_kl_tau_ * lr);
             }
             c.pg += loss;
-            c.metric("ref_kl_loss", loss);
-            c.metric("ref_kl_is_masked", frac(rk_masked, kd.loss_tokens));
-            c.metric("ref_kl_masked_mismatch_kl", kl_m.mean());
-            c.metric("ref_kl_unmasked_mismatch_kl", kl_k.mean());
-            c.metric("ref_kl_reverse", adv.mean());
-            c.metric("ref_kl_tokens", double(kd.loss_tokens));
+            c.r.sum("ref_kl_loss", loss);
+            c.r.token_mean("ref_kl_is_masked", frac(rk_masked, kd.loss_tokens), kd.loss_tokens);
+            kl_m.emit_mean(c.r, "ref_kl_masked_mismatch_kl");
+            kl_k.emit_mean(c.r, "ref_kl_unmasked_mismatch_kl");
+            adv.emit_mean(c.r, "ref_kl_reverse");
+            c.r.sum("ref_kl_tokens", double(kd.loss_tokens));
         }
     }
 

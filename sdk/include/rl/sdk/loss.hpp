@@ -344,7 +344,30 @@ struct Result {
         if (v.empty()) v.assign(static_cast<size_t>(n), 0.0);
         return v;
     }
+    // Declared reductions over micro-batches and ranks (rl_metric_reduction_t
+    // and weight; docs/abi.md); a metric without one is RL_METRIC_DEFAULT.
+    std::map<std::string, std::pair<rl_metric_reduction_t, double>> reductions;
+
     void metric(const std::string &name, double v) { metrics.emplace_back(name, v); }
+    void metric(const std::string &name, double v, rl_metric_reduction_t red, double weight) {
+        metrics.emplace_back(name, v);
+        reductions[name] = {red, weight};
+    }
+    // A mean over `tokens` tokens / `seqs` sequences; a sum (a count); an
+    // extreme of `n` values.
+    void token_mean(const std::string &name, double v, int64_t tokens) {
+        metric(name, v, RL_METRIC_TOKEN_MEAN, double(tokens));
+    }
+    void seq_mean(const std::string &name, double v, int64_t seqs) {
+        metric(name, v, RL_METRIC_SEQ_MEAN, double(seqs));
+    }
+    void sum(const std::string &name, double v) { metric(name, v, RL_METRIC_SUM, 0.0); }
+    void min(const std::string &name, double v, int64_t n) {
+        metric(name, v, RL_METRIC_MIN, double(n));
+    }
+    void max(const std::string &name, double v, int64_t n) {
+        metric(name, v, RL_METRIC_MAX, double(n));
+    }
     const double *find_metric(const std::string &name) const {
         for (const auto &m : metrics)
             if (m.first == name) return &m.second;
@@ -366,6 +389,20 @@ struct Stat {
     double mean(double empty = 0.0) const { return count ? sum / double(count) : empty; }
     double min(double empty) const { return count ? lo : empty; }
     double max(double empty) const { return count ? hi : empty; }
+    // Emitted with their reductions, over tokens (a token mean weighted by
+    // count, min, max) or over sequences (seq_mean).
+    void emit_mean(Result &r, const std::string &name, double empty = 0.0) const {
+        r.token_mean(name, mean(empty), count);
+    }
+    void emit_seq_mean(Result &r, const std::string &name, double empty = 0.0) const {
+        r.seq_mean(name, mean(empty), count);
+    }
+    void emit_min(Result &r, const std::string &name, double empty) const {
+        r.min(name, min(empty), count);
+    }
+    void emit_max(Result &r, const std::string &name, double empty) const {
+        r.max(name, max(empty), count);
+    }
 };
 
 inline double frac(int64_t k, int64_t n) {
@@ -385,13 +422,13 @@ struct RatioStats {
         old_nll.add(-old_lp);
     }
     void emit_ratio(Result &r) const {
-        r.metric(metrics::kRatioMean, ratio.mean(1.0));
-        r.metric(metrics::kRatioMin, ratio.min(1.0));
-        r.metric(metrics::kRatioMax, ratio.max(1.0));
+        ratio.emit_mean(r, metrics::kRatioMean, 1.0);
+        ratio.emit_min(r, metrics::kRatioMin, 1.0);
+        ratio.emit_max(r, metrics::kRatioMax, 1.0);
     }
     void emit_kl(Result &r) const {
-        r.metric(metrics::kKlSampleTrainK3, k3.mean());
-        r.metric(metrics::kEntropySample, old_nll.mean());
+        k3.emit_mean(r, metrics::kKlSampleTrainK3);
+        old_nll.emit_mean(r, metrics::kEntropySample);
     }
 };
 
@@ -443,7 +480,7 @@ struct Regularizers {
                     g[t] += w[t] * kl_coef * kl_term_grad(kl_type, lp[t], (*ref)[t]);
                 }
             }
-            r.metric(metrics::kRefKl, s.mean());
+            s.emit_mean(r, metrics::kRefKl);
         }
         if (ent) {
             Stat s;
@@ -456,7 +493,7 @@ struct Regularizers {
                     (*g)[t] = -w[t] * entropy_coef;
                 }
             }
-            r.metric(metrics::kEntropy, s.mean());
+            s.emit_mean(r, metrics::kEntropy);
         }
     }
 };
@@ -493,7 +530,13 @@ public:
                         " entries, expected " + std::to_string(d.n));
             out->assign(kv.second);
         }
-        for (const auto &m : r.metrics) call.metric(m.first, m.second);
+        for (const auto &m : r.metrics) {
+            auto red = r.reductions.find(m.first);
+            if (red == r.reductions.end())
+                call.metric(m.first, m.second);
+            else
+                call.metric(m.first, m.second, red->second.first, red->second.second);
+        }
         for (const auto &t : r.tensors) call.tensor(t.first, t.second);
         return r.loss;
     }
@@ -531,7 +574,8 @@ public:
             g[t] = -w[t];
             nll.add(-lp[t]);
         }
-        r.metric(metrics::kValidTokens, double(d.loss_tokens));
+        r.sum(metrics::kValidTokens, double(d.loss_tokens));
+        // exp of a mean: not a mean itself; the host's default (token-weighted).
         r.metric(metrics::kPerplexity, std::exp(nll.mean()));
         if (per_token_) {
             std::vector<double> out_lp(static_cast<size_t>(d.n), 0.0), out_loss(out_lp);

@@ -203,6 +203,10 @@ struct PgCall {
     void metric(const std::string &name, double v) { r.metric(name, v); }
     // k out of the call's loss tokens.
     double frac(int64_t k) const { return loss::frac(k, d.loss_tokens); }
+    // The metric `name` = frac(k), a token mean over the call's loss tokens.
+    void token_frac(const std::string &name, int64_t k) {
+        r.token_mean(name, frac(k), d.loss_tokens);
+    }
 };
 
 class PolicyGradientLoss : public LossBase {
@@ -222,8 +226,11 @@ public:
         c.per_token = per_token_outputs_;
         policy(c);
         c.r.loss = c.pg;
+        // Each call's loss is normalized by the whole step's counts: the step's
+        // policy term is the sum over calls.
         c.r.metrics.insert(c.r.metrics.begin(), {metrics::kPgLoss, c.pg});
-        if (report_valid_tokens_) c.r.metric(metrics::kValidTokens, double(d.loss_tokens));
+        c.r.reductions[metrics::kPgLoss] = {RL_METRIC_SUM, 0.0};
+        if (report_valid_tokens_) c.r.sum(metrics::kValidTokens, double(d.loss_tokens));
         reg_.apply(d, sg, w, c.r);
         if (per_token_outputs_) {
             c.out.emplace("elementwise_loss", std::vector<double>(static_cast<size_t>(d.n), 0.0));
