@@ -432,6 +432,39 @@ struct RatioStats {
     }
 };
 
+// ---- z-loss ----------------------------------------------------------------------
+
+// PaLM's z-loss on the softmax normalizer: z_loss * log^2 Z_t per loss token,
+// aggregated with the loss's weights, where log Z_t (input "logsumexp", the
+// trainer's logsumexp of token t's raw logits, computed in its chunked
+// log-softmax pass) is differentiable: d/d logsumexp_t = 2 z_loss w_t log Z_t.
+// Shared by the policy losses (Regularizers) and the cross-entropy losses.
+struct ZLoss {
+    double coef = 0;
+
+    void read(Params &p) { coef = p.number("z_loss", 0.0, 0.0); }
+    // logsumexp is read only when the coefficient is non-zero.
+    void add_to(LossSignature &s) const {
+        if (coef == 0) return;
+        s.required.push_back("logsumexp");
+        s.differentiable.push_back("logsumexp");
+    }
+    // Adds the term and its gradient; metric z_loss = mean log^2 Z over loss tokens.
+    void apply(const Data &d, const std::vector<double> &w, Result &r) const {
+        if (coef == 0) return;
+        const auto &lse = d.at("logsumexp");
+        auto &g = r.g("logsumexp", d.n);
+        Stat s;
+        for (int64_t t = 0; t < d.n; ++t) {
+            if (d.mask[t] == 0) continue;
+            r.loss += w[t] * coef * lse[t] * lse[t];
+            g[t] += w[t] * coef * 2.0 * lse[t];
+            s.add(lse[t] * lse[t]);
+        }
+        s.emit_mean(r, metrics::kZLoss);
+    }
+};
+
 // ---- regularizers shared by every policy loss -------------------------------------
 
 // kl_coef * KL estimator against ref_logprobs and -entropy_coef * entropy, added
@@ -440,6 +473,7 @@ struct Regularizers {
     double kl_coef = 0;
     KlEstimator kl_type;
     double entropy_coef = 0;
+    ZLoss z;
 
     // Also accepted under the peers' names (docs/losses.md): verl's
     // kl_loss_coef / kl_loss_type / entropy_coeff, TRL's and xorl's beta.
@@ -451,6 +485,7 @@ struct Regularizers {
         kl_coef = p.number("kl_coef", 0.0, 0.0);
         kl_type = read_kl_type(p);
         entropy_coef = p.number("entropy_coef", 0.0, 0.0);
+        z.read(p);
     }
     // ref_logprobs and entropy are always accepted (for the ref_kl / entropy
     // metrics); they are required, and entropy differentiable, when their
@@ -459,6 +494,7 @@ struct Regularizers {
         (kl_coef != 0 ? s.required : s.optional).push_back("ref_logprobs");
         (entropy_coef != 0 ? s.required : s.optional).push_back("entropy");
         if (entropy_coef != 0) s.differentiable.push_back("entropy");
+        z.add_to(s);
     }
     // Adds the terms to r (loss, logprobs / entropy gradients) and emits the
     // ref_kl / entropy metrics (masked means over loss tokens). `sg` is the
@@ -495,6 +531,7 @@ struct Regularizers {
             }
             s.emit_mean(r, metrics::kEntropy);
         }
+        z.apply(d, w, r);
     }
 };
 
@@ -556,10 +593,13 @@ public:
     CrossEntropyLoss(Params &p, bool per_token_outputs) : per_token_(per_token_outputs) {
         ignore_index_ = p.integer("ignore_index", -100);
         agg_ = Aggregation::read(p);
+        z_.read(p);
     }
 
     LossSignature signature() const override {
-        return {{"logprobs", "labels"}, {"loss_mask", "weights"}, {"logprobs"}};
+        LossSignature s{{"logprobs", "labels"}, {"loss_mask", "weights"}, {"logprobs"}};
+        z_.add_to(s);
+        return s;
     }
 
     Result evaluate(const Data &d, const Data &) const override {
@@ -587,6 +627,7 @@ public:
             r.tensors.emplace_back("logprobs", std::move(out_lp));
             r.tensors.emplace_back("elementwise_loss", std::move(out_loss));
         }
+        z_.apply(d, w, r);
         return r;
     }
 
@@ -597,6 +638,7 @@ private:
     bool per_token_;
     int64_t ignore_index_ = -100;
     Aggregation agg_;
+    ZLoss z_;
 };
 
 } // namespace rl::sdk::loss
