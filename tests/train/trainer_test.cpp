@@ -256,6 +256,42 @@ TEST(Packing, MetricsReduceOverMicroBatchesAsOverOneCall) {
     EXPECT_GT(whole.metric("ratio_max"), whole.metric("ratio_mean"));
 }
 
+// z-loss through the trainer: the loss input "logsumexp" comes from the
+// chunked log-softmax pass (never from the batch), and the loss is the cross
+// entropy plus z_loss times the mean log^2 Z the loss reports.
+TEST(ZLoss, TheTrainerComputesLogsumexpForALossThatAsksForIt) {
+    InstancePtr ce = make_loss("causallm_loss");
+    InstancePtr ce_z = make_loss("causallm_loss", R"({"z_loss": 0.01})");
+    ModelPtr m = load_model();
+    TrainerPtr t = make_trainer(
+        m.get(), cfg(R"("sample_packing_sequence_len": 32, "micro_batch_tokens": 32)"));
+    Batch b = random_batch(5, 6, 6, 20);
+    b.floats.erase("advantages");
+    Result plain, with_z;
+    RL_ASSERT_OK(rl_trainer_forward(t.get(), b.view(), ce.get(), plain.out()));
+    RL_ASSERT_OK(rl_trainer_forward_backward(t.get(), b.view(), ce_z.get(), with_z.out()));
+    const double z = with_z.metric("z_loss");
+    EXPECT_GT(z, 0.0);
+    EXPECT_NEAR(with_z.scalar("loss"), plain.scalar("loss") + 0.01 * z, 1e-5);
+    b.floats["logsumexp"] = std::vector<float>(b.ids.size(), 1.0f);
+    Result refused;
+    EXPECT_NE(rl_trainer_forward(t.get(), b.view(), ce_z.get(), refused.out()), RL_OK);
+    EXPECT_NE(std::string(rl_last_error()).find("'logsumexp' is computed by the trainer"),
+              std::string::npos)
+        << rl_last_error();
+}
+
+// The temperature of the logits-level inputs (logprobs, entropy) must be > 0;
+// the refusal names the key.
+TEST(ZLoss, AZeroLogprobTemperatureIsRefusedNamingTheKey) {
+    ModelPtr m = load_model();
+    rl_trainer_t *t = nullptr;
+    EXPECT_NE(rl_trainer_create(m.get(), cfg(R"("logprob_temperature": 0)").c_str(), &t), RL_OK);
+    EXPECT_EQ(t, nullptr);
+    EXPECT_NE(std::string(rl_last_error()).find("logprob_temperature"), std::string::npos)
+        << rl_last_error();
+}
+
 TEST(Packing, SequenceLongerThanABinIsRefusedWithItsIndexAndLength) {
     ModelPtr m = load_model();
     TrainerPtr t = make_trainer(m.get(), cfg(R"("sample_packing_sequence_len": 8)"));

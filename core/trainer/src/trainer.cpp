@@ -238,6 +238,7 @@ struct Trainer::Prepared {
     // Loss inputs over the whole batch (float64, labels int64), sliced per micro-batch.
     std::vector<std::pair<std::string, at::Tensor>> inputs;
     bool want_logprobs = false, want_entropy = false;
+    bool want_lse = false;    // "logsumexp" (z-loss)
     bool want_values = false; // from the value head
     int64_t loss_tokens = 0, loss_seqs = 0;
     double global_tokens = 0, global_seqs = 0;
@@ -274,7 +275,7 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
         const std::string &name = kv.first;
         const at::Tensor &t = kv.second;
         if (name.empty()) invalid("batch has a tensor with an empty name");
-        if (name == "logprobs" || name == "entropy")
+        if (name == "logprobs" || name == "entropy" || name == "logsumexp")
             invalid("batch tensor '" + name +
                     "' is computed by the trainer; pass earlier logprobs as 'old_logprobs', "
                     "'ref_logprobs', 'rollout_logprobs', ...");
@@ -350,8 +351,8 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
         invalid("batch tensor 'values' is computed by the model's value head (model.value_head); "
                 "pass the values the rollout was scored with as 'old_values'");
     for (const auto &r : sig.required) {
-        const bool provided = r == "logprobs" || r == "entropy" || r == "labels" ||
-                              r == "loss_mask" || batch.tensors.count(r) ||
+        const bool provided = r == "logprobs" || r == "entropy" || r == "logsumexp" ||
+                              r == "labels" || r == "loss_mask" || batch.tensors.count(r) ||
                               (r == "values" && P.want_values);
         if (!provided) {
             std::vector<std::string> have;
@@ -362,6 +363,7 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
     }
     P.want_logprobs = sig.accepts("logprobs");
     P.want_entropy = sig.accepts("entropy") || !backward;
+    P.want_lse = sig.accepts("logsumexp");
 
     at::Tensor mask;
     if (sig.accepts("loss_mask")) {
@@ -470,6 +472,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     LogprobOptions lopts;
     lopts.chunk_tokens = config_.logprob_chunk_tokens;
     lopts.entropy = P.want_entropy;
+    lopts.logsumexp = P.want_lse;
     lopts.keep_hidden = P.want_values;
     std::vector<at::Tensor> out_val;
     bool greedy = false;
@@ -519,6 +522,10 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (P.want_entropy)
             ent = at::cat({zero, tl.entropy.narrow(0, 0, n - 1)}) *
                   P.not_first.narrow(0, a, n).to(lp.device());
+        at::Tensor lse;
+        if (P.want_lse)
+            lse = at::cat({zero, tl.logsumexp.narrow(0, 0, n - 1)}) *
+                  P.not_first.narrow(0, a, n).to(lp.device());
         // Values, aligned as the logprobs: V at t is the head at t - 1, the
         // state token t is drawn from; 0 at each sequence's first token.
         at::Tensor vals;
@@ -542,6 +549,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         };
         if (P.want_logprobs) call.tensors.emplace_back("logprobs", to_host(lp));
         if (loss->signature.accepts("entropy")) call.tensors.emplace_back("entropy", to_host(ent));
+        if (P.want_lse) call.tensors.emplace_back("logsumexp", to_host(lse));
         if (P.want_values) call.tensors.emplace_back("values", to_host(vals));
         for (const auto &kv : P.inputs)
             call.tensors.emplace_back(kv.first, kv.second.narrow(0, a, n).contiguous());
@@ -585,6 +593,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
             };
             take("logprobs", lp);
             take("entropy", ent);
+            take("logsumexp", lse);
             take("values", vals);
             if (outs.empty() && fsdp_) { // the layers' collectives run regardless
                 outs.push_back(lp);
