@@ -16,6 +16,25 @@ RL_EXTERN_C_BEGIN
 typedef int32_t rl_log_level_t;
 enum { RL_LOG_TRACE = 0, RL_LOG_DEBUG = 1, RL_LOG_INFO = 2, RL_LOG_WARN = 3, RL_LOG_ERROR = 4 };
 
+/* How the host combines the values of one metric over the calls of one step
+ * (micro-batches) and over the ranks of a distributed run (ABI 0.6;
+ * rl_host_api_t.emit_metric_reduced). `weight` is the number of elements the
+ * value was computed over (tokens for TOKEN_MEAN, sequences for SEQ_MEAN, the
+ * elements of the min / max): the means are sum(weight * value) / sum(weight);
+ * MIN / MAX take the extreme over the values with weight > 0; SUM adds the
+ * values (weight unused). A value of weight 0 (the call saw no element) counts
+ * only when every value has weight 0: the result is then their plain mean. */
+typedef int32_t rl_metric_reduction_t;
+enum {
+    RL_METRIC_DEFAULT = 0,    /* the host's choice, as emit_metric: for a loss, the mean
+                                 weighted by the call's loss tokens (weight unused) */
+    RL_METRIC_TOKEN_MEAN = 1, /* mean over tokens; weight: the tokens it averages */
+    RL_METRIC_SEQ_MEAN = 2,   /* mean over sequences; weight: the sequences it averages */
+    RL_METRIC_SUM = 3,        /* sum (counts, totals) */
+    RL_METRIC_MIN = 4,        /* minimum; weight: the elements it is the minimum of */
+    RL_METRIC_MAX = 5         /* maximum; weight: the elements it is the maximum of */
+};
+
 /* Everything scoped to one call into a plugin. Borrowed: valid until that call
  * returns. Outputs that the call emits through the host (metrics, tensors,
  * text, the failure message) are attached to this context. */
@@ -74,6 +93,16 @@ typedef struct rl_host_api {
                                    rl_string_view_t text);
 
     /* ---- slots added in later minors go below, never above ---- */
+
+    /* (ABI 0.6) [call-thread] A named scalar metric with the reduction the host
+     * applies over the calls of a step and over ranks (rl_metric_reduction_t;
+     * weight finite and >= 0). Same rules as emit_metric otherwise; an unknown
+     * reduction or a bad weight is RL_ERR_INVALID_ARG. Check
+     * RL_HAS_FIELD(host, rl_host_api_t, emit_metric_reduced) first: an older
+     * host has only emit_metric. */
+    rl_status_t(RL_ABI *emit_metric_reduced)(const rl_call_ctx_t *ctx, const char *name,
+                                             double value, rl_metric_reduction_t reduction,
+                                             double weight);
 } rl_host_api_t;
 
 /* ---- host extensions ------------------------------------------------------

@@ -35,9 +35,12 @@
  *        and "value_head_seed" (a PPO critic head on the policy's trunk; the
  *        trainer computes the loss input "values" and rl_trainer_forward
  *        returns it), rl_model_info "value_head"; rl_training_server_*
- *        (training_server.h: the Tinker-compatible training server). */
+ *        (training_server.h: the Tinker-compatible training server).
+ *   0.6  rl_host_api_t.emit_metric_reduced and rl_metric_reduction_t: metrics
+ *        with a declared reduction (token / sequence mean with its weight,
+ *        sum, min, max) over micro-batches and ranks. */
 #define RL_ABI_VERSION_MAJOR 0
-#define RL_ABI_VERSION_MINOR 5
+#define RL_ABI_VERSION_MINOR 6
 #define RL_ABI_VERSION_PATCH 0
 #define RL_ABI_VERSION                                                                             \
     RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)

@@ -98,9 +98,18 @@ TEST(AbiLayout, TensorViewIsDLTensorFieldForField) {
 
 TEST(AbiLayout, HostAndCallContextHaveGoldenLayout) {
     GOLDEN(rl_call_ctx_t, 40, AT(host, 8), AT(stream, 16), AT(abort_flag, 24), AT(host_data, 32));
-    GOLDEN(rl_host_api_t, 96, AT(abi_version, 4), AT(host_data, 8), AT(name, 16), AT(version, 24),
+    // 96 bytes through ABI 0.5; ABI 0.6 appends emit_metric_reduced (read behind RL_HAS_FIELD)
+    GOLDEN(rl_host_api_t, 104, AT(abi_version, 4), AT(host_data, 8), AT(name, 16), AT(version, 24),
            AT(get_extension, 32), AT(log, 40), AT(fail, 48), AT(mem_alloc, 56), AT(mem_free, 64),
-           AT(emit_metric, 72), AT(emit_tensor, 80), AT(emit_text, 88));
+           AT(emit_metric, 72), AT(emit_tensor, 80), AT(emit_text, 88), FIRST(emit_text, 96),
+           AT(emit_metric_reduced, 96));
+    EXPECT_EQ(sizeof(rl_metric_reduction_t), 4u);
+    EXPECT_EQ(RL_METRIC_DEFAULT, 0);
+    EXPECT_EQ(RL_METRIC_TOKEN_MEAN, 1);
+    EXPECT_EQ(RL_METRIC_SEQ_MEAN, 2);
+    EXPECT_EQ(RL_METRIC_SUM, 3);
+    EXPECT_EQ(RL_METRIC_MIN, 4);
+    EXPECT_EQ(RL_METRIC_MAX, 5);
     // extension "rl.host.thread-check/1", ABI 0.2
     GOLDEN(rl_host_thread_check_t, 16, AT(is_control_thread, 8));
     // extension "rl.host.collective/1", ABI 0.5
@@ -165,7 +174,7 @@ TEST(AbiLayout, VersionMacrosRoundTrip) {
     EXPECT_EQ(RL_VERSION_MAJOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_MINOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_PATCH(v), 4095u);
-    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 5, 0));
+    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 6, 0));
 }
 
 // docs/abi.md lists every header of abi/ (a header added without a line there

@@ -209,6 +209,8 @@ TEST(Logprobs, TemperatureDividesTheLogits) {
     EXPECT_LT((lp.logprobs - ref).abs().max().item<float>(), 1e-5);
 }
 
+// Also log Z of the raw logits (z-loss's input, whatever the temperature of the
+// logprobs), computed in the same chunks.
 TEST(Logprobs, GradientsEqualAutogradThroughTheFullLogSoftmax) {
     // Double precision so the comparison is tight.
     for (const std::string arch : {"qwen3", "qwen2"}) {
@@ -218,13 +220,17 @@ TEST(Logprobs, GradientsEqualAutogradThroughTheFullLogSoftmax) {
         const at::Tensor labels = next_labels(seqs);
         const at::Tensor w_lp = at::randn({labels.size(0)}, at::kDouble);
         const at::Tensor w_ent = at::randn({labels.size(0)}, at::kDouble);
+        const at::Tensor w_lse = at::randn({labels.size(0)}, at::kDouble);
         LogprobOptions o;
         o.chunk_tokens = 5;
         o.entropy = true;
         o.temperature = 1.3;
+        EXPECT_FALSE(m->token_logprobs(b, labels, o).logsumexp.defined());
+        o.logsumexp = true;
         TokenLogprobs lp = m->token_logprobs(b, labels, o);
-        at::Tensor loss =
-            (lp.logprobs.to(at::kDouble) * w_lp).sum() + (lp.entropy.to(at::kDouble) * w_ent).sum();
+        at::Tensor loss = (lp.logprobs.to(at::kDouble) * w_lp).sum() +
+                          (lp.entropy.to(at::kDouble) * w_ent).sum() +
+                          (lp.logsumexp.to(at::kDouble) * w_lse).sum();
         auto params = m->parameters();
         auto g1 = torch::autograd::grad({loss}, params);
 
@@ -232,7 +238,10 @@ TEST(Logprobs, GradientsEqualAutogradThroughTheFullLogSoftmax) {
         at::Tensor ref_lp =
             logp.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1) * labels.ne(-100);
         at::Tensor ref_ent = -(logp.exp() * logp).sum(-1);
-        at::Tensor ref_loss = (ref_lp * w_lp).sum() + (ref_ent * w_ent).sum();
+        at::Tensor ref_lse = at::logsumexp(m->logits(b).to(at::kDouble), -1);
+        EXPECT_LT((lp.logsumexp.to(at::kDouble) - ref_lse).abs().max().item<double>(), 1e-4);
+        at::Tensor ref_loss =
+            (ref_lp * w_lp).sum() + (ref_ent * w_ent).sum() + (ref_lse * w_lse).sum();
         auto g2 = torch::autograd::grad({ref_loss}, params);
         for (size_t i = 0; i < params.size(); ++i) {
             const double scale = g2[i].abs().max().item<double>() + 1e-12;

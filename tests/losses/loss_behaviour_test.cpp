@@ -1166,5 +1166,168 @@ TEST(ForwardOnly, GivesTheSameLossAndNoGradients) {
     }
 }
 
+// ---- rejection_sampling on every policy loss (old_logprobs vs rollout_logprobs) ---------
+
+// The same rejection as decoupled_ppo's (one implementation, rl/sdk/rejection.hpp),
+// here judging old_logprobs against the behaviour policy rollout_logprobs: action
+// mask drops tokens (weight 0, kept in the normalizer), action clamp multiplies
+// the policy term by the truncated weight. Both equal a run with the matching
+// rollout_is_weights.
+TEST(RejectionSampling, OnAPolicyLossMasksOrTruncatesLikeTheMatchingIsWeights) {
+    // old - rollout log ratios: r = 3, 1, 0.25, 1.5 (two sequences).
+    const std::vector<double> lp = {-1.0, -0.5, -2.0, -1.2}, old = {-1.1, -0.4, -2.0, -1.0};
+    std::vector<double> roll(4);
+    const std::vector<double> r = {3.0, 1.0, 0.25, 1.5};
+    for (size_t t = 0; t < 4; ++t) roll[t] = old[t] - std::log(r[t]);
+    const Batch b = make({0, 2, 4}, {{"logprobs", lp},
+                                     {"old_logprobs", old},
+                                     {"rollout_logprobs", roll},
+                                     {"advantages", {1.0, -1.0, 0.5, 2.0}}});
+    Batch plain = b.only({"logprobs", "old_logprobs", "advantages"});
+    auto same = [](const T::LossRun &x, const T::LossRun &y) {
+        ASSERT_EQ(x.status, RL_OK) << x.error;
+        ASSERT_EQ(y.status, RL_OK) << y.error;
+        EXPECT_NEAR(x.loss, y.loss, 1e-12);
+        for (size_t t = 0; t < 4; ++t)
+            EXPECT_NEAR(x.grads.at("logprobs")[t], y.grads.at("logprobs")[t], 1e-12) << t;
+    };
+    // Token mask in [0.5, 2]: tokens 0 (r 3) and 2 (r 0.25) are dropped.
+    const auto masked = run<PolicyLoss>(
+        R"({"rejection_sampling": {"upper": 2, "lower": 0.5}, "per_token_outputs": true})", b);
+    plain.f["rollout_is_weights"] = {0.0, 1.0, 0.0, 1.0};
+    same(masked, run<PolicyLoss>("{}", plain));
+    EXPECT_DOUBLE_EQ(masked.metric("behav_maskfrac"), 0.5);
+    EXPECT_EQ(masked.reductions.at("behav_maskfrac").first, RL_METRIC_TOKEN_MEAN);
+    EXPECT_EQ(masked.tensors.at("rejection_mask"), (std::vector<double>{1, 0, 1, 0}));
+    // Clamp into [0.5, 2]: weights 2, 1, 0.5, 1.5; two were truncated.
+    const auto clamped = run<PolicyLoss>(
+        R"({"rejection_sampling": {"action": "clamp", "upper": 2, "lower": 0.5}})", b);
+    plain.f["rollout_is_weights"] = {2.0, 1.0, 0.5, 1.5};
+    same(clamped, run<PolicyLoss>("{}", plain));
+    EXPECT_DOUBLE_EQ(clamped.metric("behav_truncfrac"), 0.5);
+    // Sequence level, max of the log ratios: sequence 0 (max r 3) is dropped,
+    // sequence 1 (max r 1.5) kept.
+    const auto seq =
+        run<Gspo>(R"({"rejection_sampling": {"level": "sequence", "agg": "max", "upper": 2}})", b);
+    Batch gplain = plain;
+    gplain.f["rollout_is_weights"] = {0.0, 0.0, 1.0, 1.0};
+    same(seq, run<Gspo>("{}", gplain));
+    // A KL metric (k3 of log r, sum over the sequence): seq 0 k3 = (1/3 - 1 + ln 3)
+    // + 0 = 0.432, seq 1 = (4 - 1 - ln 4) + (1/1.5 - 1 + ln 1.5) = 1.68: upper 1 drops seq 1.
+    const auto kl = run<Cispo>(
+        R"({"rejection_sampling": {"level": "sequence", "agg": "sum", "metric": "kl_k3",
+            "upper": 1}})",
+        b);
+    Batch cplain = plain;
+    cplain.f["rollout_is_weights"] = {1.0, 1.0, 0.0, 0.0};
+    same(kl, run<Cispo>("{}", cplain));
+}
+
+TEST(RejectionSampling, OnAPolicyLossNeedsRolloutLogprobsAndValidBounds) {
+    const Batch b = make(
+        {0, 2},
+        {{"logprobs", {-1.0, -0.5}}, {"old_logprobs", {-1.0, -0.5}}, {"advantages", {1.0, -1.0}}});
+    auto r = run<PolicyLoss>(R"({"rejection_sampling": {"upper": 2}})", b);
+    EXPECT_NE(r.status, RL_OK);
+    EXPECT_NE(r.error.find("rollout_logprobs"), std::string::npos) << r.error;
+    r = run<GrpoLoss>(R"({"rejection_sampling": {"upper": 0.5}})", b);
+    EXPECT_EQ(r.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(r.error.find("'upper' must be > 1 for metric 'ratio'"), std::string::npos) << r.error;
+    r = run<Sapo>(R"({"rejection_sampling": {"agg": "max"}})", b);
+    EXPECT_NE(r.error.find("'agg' only applies to level 'sequence'"), std::string::npos) << r.error;
+    r = run<PolicyLoss>(R"({"rejection_sampling": null})", b); // null: off
+    EXPECT_EQ(r.status, RL_OK) << r.error;
+}
+
+// ---- z-loss (the trainer's logsumexp input) -----------------------------------------
+
+// causallm_loss with z_loss: mean(-logprobs) + z mean(log^2 Z) over label
+// tokens, d/d logsumexp_t = 2 z log Z_t / n.
+TEST(ZLoss, AddsTheMeanSquaredLogNormalizerToCrossEntropy) {
+    Batch b = make({0, 3}, {{"logprobs", {-1.0, -2.0, -0.5}}, {"logsumexp", {1.0, 2.0, -3.0}}});
+    b.labels = {5, -100, 7};
+    b.has_labels = true;
+    const auto r = run<CausalLmLoss>(R"({"z_loss": 0.1})", b);
+    ASSERT_EQ(r.status, RL_OK) << r.error;
+    // Tokens 0 and 2: (1 + 0.5) / 2 + 0.1 (1 + 9) / 2.
+    EXPECT_NEAR(r.loss, 0.75 + 0.5, 1e-12);
+    EXPECT_NEAR(r.grads.at("logsumexp")[0], 0.1 * 2 * 1.0 / 2, 1e-12);
+    EXPECT_EQ(r.grads.at("logsumexp")[1], 0.0);
+    EXPECT_NEAR(r.grads.at("logsumexp")[2], 0.1 * 2 * -3.0 / 2, 1e-12);
+    EXPECT_NEAR(r.metric("z_loss"), 5.0, 1e-12);
+    EXPECT_EQ(r.reductions.at("z_loss").first, RL_METRIC_TOKEN_MEAN);
+    // Off (the default): logsumexp is not an input at all.
+    EXPECT_NE(run<CausalLmLoss>("{}", b).status, RL_OK);
+}
+
+TEST(ZLoss, OnAPolicyLossAddsToTheLossNotToPgLoss) {
+    const std::vector<double> lp = {-1.0, -0.5};
+    const Batch b = make({0, 2}, {{"logprobs", lp},
+                                  {"old_logprobs", lp},
+                                  {"advantages", {1.0, -2.0}},
+                                  {"logsumexp", {2.0, 4.0}}});
+    const auto r = run<PolicyLoss>(R"({"z_loss": 0.01})", b);
+    ASSERT_EQ(r.status, RL_OK) << r.error;
+    // ratio 1: pg = mean(-A) = 0.5; z term 0.01 * (4 + 16) / 2 = 0.1.
+    EXPECT_NEAR(r.metric("pg_loss"), 0.5, 1e-12);
+    EXPECT_NEAR(r.loss, 0.6, 1e-12);
+    EXPECT_NEAR(r.grads.at("logsumexp")[1], 0.01 * 2 * 4.0 / 2, 1e-12);
+}
+
+TEST(ZLoss, NegativeCoefficientIsRefusedByName) {
+    const Batch b = make({0, 1}, {{"logprobs", {-1.0}}, {"logsumexp", {1.0}}});
+    const auto r = run<CausalLmLoss>(R"({"z_loss": -0.1})", b);
+    EXPECT_EQ(r.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(r.error.find("z_loss"), std::string::npos) << r.error;
+    const auto g = run<Gspo>(R"({"z_loss": -1})", b);
+    EXPECT_NE(g.error.find("z_loss"), std::string::npos) << g.error;
+}
+
+// ---- ipo / dppo: Surogate's IPO per-token gradients -------------------------------------
+
+// Surogate's asymmetric bounds: masked where dp > ipo_mask_high or dp < -ipo_mask_low.
+TEST(Ipo, AsymmetricMaskBoundsAndTheSurogateRatioClip) {
+    // Probabilities: token 0 rose by 0.2, token 1 fell by 0.08, token 2 has r = 3
+    // at tiny probabilities (dp ~ 0).
+    const std::vector<double> lp = {std::log(0.5), std::log(0.3), std::log(3e-4)};
+    const std::vector<double> old = {std::log(0.3), std::log(0.38), std::log(1e-4)};
+    const std::vector<double> A = {1.0, -1.0, 2.0};
+    const Batch b = make({0, 3}, {{"logprobs", lp}, {"old_logprobs", old}, {"advantages", A}});
+    const std::string sum = R"(, "kl_tau": 0, "loss_agg_mode": "sum", "per_token_outputs": true})";
+    // Threshold 0.1 both ways: token 0 masked (0.2 > 0.1), token 1 not (0.08).
+    auto r = run<Ipo>(R"({"ipo_threshold": 0.1)" + sum, b);
+    ASSERT_EQ(r.status, RL_OK) << r.error;
+    EXPECT_EQ(r.tensors.at("is_masked"), (std::vector<double>{1, 0, 0}));
+    // Low bound 0.05, high 0.5: token 1 (fell 0.08) is masked, token 0 kept.
+    r = run<Ipo>(R"({"ipo_mask_low": 0.05, "ipo_mask_high": 0.5)" + sum, b);
+    ASSERT_EQ(r.status, RL_OK) << r.error;
+    EXPECT_EQ(r.tensors.at("is_masked"), (std::vector<double>{0, 1, 0}));
+    const double r0 = 0.5 / 0.3, r2 = 3.0;
+    EXPECT_NEAR(r.loss, -1.0 * r0 - 2.0 * r2, 1e-9);
+    // ratio_clip 1.5: min(r, 1.5) in value and gradient (r0 = 1.67 and r2 = 3 capped).
+    r = run<Ipo>(R"({"ipo_mask_low": 0.05, "ipo_mask_high": 0.5, "ratio_clip": 1.5)" + sum, b);
+    ASSERT_EQ(r.status, RL_OK) << r.error;
+    EXPECT_NEAR(r.loss, -1.0 * 1.5 - 2.0 * 1.5, 1e-9);
+    EXPECT_NEAR(r.grads.at("logprobs")[0], -1.5, 1e-9);
+    EXPECT_EQ(r.grads.at("logprobs")[1], 0.0);
+    EXPECT_NEAR(r.grads.at("logprobs")[2], -3.0, 1e-9);
+    EXPECT_NEAR(r.metric("ratio_clipped"), 2.0 / 3.0, 1e-12);
+    // teacher_tau: A' = A + 0.5 (teacher - logprobs), detached.
+    Batch t = b;
+    t.f["teacher_logprobs"] = {lp[0] + 1.0, lp[1], lp[2] - 2.0};
+    r = run<Ipo>(R"({"ipo_mask_low": 0.05, "ipo_mask_high": 0.5, "teacher_tau": 0.5)" + sum, t);
+    ASSERT_EQ(r.status, RL_OK) << r.error;
+    EXPECT_NEAR(r.loss, -(1.0 + 0.5) * r0 - (2.0 - 1.0) * r2, 1e-9);
+    EXPECT_NEAR(r.grads.at("logprobs")[0], -(1.0 + 0.5) * r0, 1e-9);
+    EXPECT_NEAR(r.metric("teacher_kl"), (1.0 + 0.0 - 2.0) / 3.0, 1e-12);
+    // Bad values name the parameter.
+    r = run<Ipo>(R"({"ratio_clip": 0})", b);
+    EXPECT_NE(r.error.find("'ratio_clip' must be > 0"), std::string::npos) << r.error;
+    r = run<Ipo>(R"({"ipo_mask_low": -0.1})", b);
+    EXPECT_NE(r.error.find("ipo_mask_low"), std::string::npos) << r.error;
+    r = run<Dppo>(R"({"teacher_tau": 0.5})", b);
+    EXPECT_NE(r.error.find("teacher_logprobs"), std::string::npos) << r.error;
+}
+
 } // namespace
 } // namespace rl::losses::test

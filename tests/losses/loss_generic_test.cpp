@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -181,6 +182,136 @@ TEST_P(EveryLoss, Float32InputsGiveTheFloat64Result) {
         ASSERT_EQ(r32.status, RL_OK) << r32.error;
         ASSERT_EQ(r64.status, RL_OK) << r64.error;
         EXPECT_EQ(r32.loss, r64.loss);
+    });
+}
+
+// ---- metric reductions (ABI 0.6) -----------------------------------------------------
+
+// Sequences [a, b) of `b`, with the whole batch's normalizers.
+Batch seq_slice(const Batch &b, int64_t a, int64_t e, double tokens, double seqs) {
+    Batch out = b;
+    out.cu = {0};
+    for (int64_t s = a; s < e; ++s) out.cu.push_back(out.cu.back() + b.cu[s + 1] - b.cu[s]);
+    for (auto &kv : out.f)
+        kv.second.assign(b.f.at(kv.first).begin() + b.cu[a], b.f.at(kv.first).begin() + b.cu[e]);
+    out.labels.assign(b.labels.begin() + b.cu[a], b.labels.begin() + b.cu[e]);
+    out.global_tokens = tokens;
+    out.global_seqs = seqs;
+    return out;
+}
+
+// What a host makes of one metric's values over calls, by its declared reduction
+// (docs/abi.md, "Metrics and their reductions").
+double reduce(const std::vector<std::pair<double, std::pair<rl_metric_reduction_t, double>>> &vs) {
+    double wv = 0, w = 0, plain = 0, lo = INFINITY, hi = -INFINITY;
+    for (const auto &v : vs) {
+        wv += v.second.second * v.first;
+        w += v.second.second;
+        plain += v.first;
+        if (v.second.second > 0) {
+            lo = std::min(lo, v.first);
+            hi = std::max(hi, v.first);
+        }
+    }
+    switch (vs.front().second.first) {
+        case RL_METRIC_SUM:
+            return plain;
+        case RL_METRIC_MIN:
+            return w > 0 ? lo : plain / double(vs.size());
+        case RL_METRIC_MAX:
+            return w > 0 ? hi : plain / double(vs.size());
+        default:
+            return w > 0 ? wv / w : plain / double(vs.size());
+    }
+}
+
+// Every metric but perplexity (exp of a mean) declares its reduction, and the
+// declared reductions combine three calls over parts of a batch into the value
+// of one call over all of it (Clip-Cov / KL-Cov select tokens by statistics of
+// the whole call, so their parts differ by design).
+TEST_P(EveryLoss, MetricsDeclareReductionsThatCombineCallsIntoTheWholeBatch) {
+    with([&](auto tag) {
+        using L = typename decltype(tag)::type;
+        const std::string params =
+            GetParam() == "policy_loss" ? R"({"compute_kl_stats": true})" : "{}";
+        Batch b = GetParam() == "decoupled_ppo" ? decoupled_batch(21) : random_batch(21);
+        {
+            T::Host host;
+            T::Instance<L> inst(host, params);
+            ASSERT_TRUE(inst.ok()) << inst.error();
+            b = b.only(accepted_inputs(inst));
+            // dppo / ipo components carry no global counts of their own (refused
+            // with global_tokens): the rl component alone.
+            b.f.erase("ce_weights");
+            b.f.erase("ref_kl_weights");
+        }
+        const auto whole = run_once<L>(params, b.inputs());
+        ASSERT_EQ(whole.status, RL_OK) << whole.error;
+        ASSERT_FALSE(whole.metrics.empty());
+        for (const auto &m : whole.metrics) {
+            if (m.first == "perplexity") continue;
+            ASSERT_TRUE(whole.reductions.count(m.first)) << m.first << " has no reduction";
+            const auto red = whole.reductions.at(m.first).first;
+            const std::string &n = m.first;
+            auto ends = [&](const char *suffix) {
+                const std::string x(suffix);
+                return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
+            };
+            if (ends("_min")) {
+                EXPECT_EQ(red, RL_METRIC_MIN) << n;
+            } else if (ends("_max")) {
+                EXPECT_EQ(red, RL_METRIC_MAX) << n;
+            } else if (ends("tokens") || ends("candidates") || ends("_loss")) {
+                EXPECT_EQ(red, RL_METRIC_SUM) << n;
+            } else if (ends("frac") || ends("_mean")) {
+                EXPECT_TRUE(red == RL_METRIC_TOKEN_MEAN || red == RL_METRIC_SEQ_MEAN) << n;
+            }
+        }
+
+        if (GetParam() == "clip_cov" || GetParam() == "kl_cov") return;
+        int64_t tokens = 0, seqs = 0;
+        for (int64_t s = 0; s < b.n_seqs(); ++s) {
+            int64_t k = 0;
+            for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t) k += b["loss_mask"][t] != 0;
+            tokens += k;
+            seqs += k > 0;
+        }
+        std::map<std::string,
+                 std::vector<std::pair<double, std::pair<rl_metric_reduction_t, double>>>>
+            parts;
+        for (auto [a, e] : {std::pair<int64_t, int64_t>{0, 2}, {2, 5}, {5, b.n_seqs()}}) {
+            const auto r =
+                run_once<L>(params, seq_slice(b, a, e, double(tokens), double(seqs)).inputs());
+            ASSERT_EQ(r.status, RL_OK) << r.error;
+            for (const auto &m : r.metrics)
+                if (r.reductions.count(m.first))
+                    parts[m.first].push_back({m.second, r.reductions.at(m.first)});
+        }
+        for (const auto &m : whole.metrics) {
+            if (!whole.reductions.count(m.first)) continue;
+            ASSERT_EQ(parts[m.first].size(), 3u) << m.first;
+            EXPECT_NEAR(reduce(parts[m.first]), m.second, 1e-9 * (1 + std::fabs(m.second)))
+                << m.first;
+        }
+    });
+}
+
+// An SDK plugin on a host of ABI 0.5 (no emit_metric_reduced slot) emits the
+// same metrics through emit_metric.
+TEST_P(EveryLoss, AHostWithoutTheReducedMetricSlotGetsPlainMetrics) {
+    with([&](auto tag) {
+        using L = typename decltype(tag)::type;
+        const Batch b = batch_for<L>("{}");
+        const auto now = run<L>("{}", b);
+        ASSERT_EQ(now.status, RL_OK) << now.error;
+        T::Host old(static_cast<uint32_t>(RL_SIZE_THROUGH(rl_host_api_t, emit_text)));
+        T::Instance<L> inst(old, "{}");
+        ASSERT_TRUE(inst.ok()) << inst.error();
+        const auto r = T::run_loss(inst, b.inputs());
+        ASSERT_EQ(r.status, RL_OK) << r.error;
+        EXPECT_TRUE(r.reductions.empty());
+        EXPECT_EQ(r.loss, now.loss);
+        EXPECT_EQ(r.metrics, now.metrics);
     });
 }
 

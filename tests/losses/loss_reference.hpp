@@ -91,6 +91,21 @@ struct Mean {
     double mean(double empty = 0) const { return n ? sum / n : empty; }
 };
 
+// z_loss * logsumexp^2 per loss token, and the z_loss metric (its mean).
+inline void z_loss(const Batch &b, const std::vector<bool> &m, const json &p,
+                   std::vector<double> &l, RefResult &out) {
+    if (!has(p, "z_loss") || p["z_loss"].get<double>() == 0) return;
+    const double z = p["z_loss"].get<double>();
+    Mean s;
+    for (int64_t t = 0; t < b.n(); ++t) {
+        if (!m[t]) continue;
+        const double x = b["logsumexp"][t];
+        s.add(x * x);
+        l[t] += z * x * x;
+    }
+    out.metrics["z_loss"] = s.mean();
+}
+
 // kl_coef * k(lp, ref) - entropy_coef * entropy, and the ref_kl / entropy metrics.
 inline std::vector<double> regularizers(const Batch &b, const std::vector<bool> &m, const json &p,
                                         RefResult &out) {
@@ -121,6 +136,7 @@ inline std::vector<double> regularizers(const Batch &b, const std::vector<bool> 
         }
         out.metrics["entropy"] = e.mean();
     }
+    z_loss(b, m, p, l, out);
     return l;
 }
 
@@ -141,6 +157,7 @@ inline RefResult cross_entropy(const Batch &b, const json &p) {
             l[t] = -b["logprobs"][t];
             nll.add(l[t]);
         }
+    z_loss(b, m, p, l, out);
     out.loss = aggregate(b, m, l, p);
     out.metrics["valid_tokens"] = nll.n;
     out.metrics["perplexity"] = std::exp(nll.mean());
@@ -315,6 +332,28 @@ inline RefResult decoupled_ppo(const Batch &b, const json &p) {
     const double eps = num_or(p, "eps_clip", 0.2), eps_hi = num_or(p, "eps_clip_higher", eps);
     double n = 0, clipped = 0, dual = 0, capped = 0;
     Mean ratio, akl, bw, bkl;
+    // Token-level rejection: the object, or AReaL's older cap / mode.
+    struct {
+        bool on = false, clamp = false, has_lower = false;
+        std::string metric = "ratio";
+        double upper = 5, lower = 0;
+    } rs;
+    const std::string mode = p.value("behav_imp_weight_mode", std::string("token_mask"));
+    const bool disabled = mode == "disabled";
+    if (has(p, "rejection_sampling")) {
+        const json &o = p["rejection_sampling"];
+        rs.on = true;
+        rs.clamp = o.value("action", std::string("mask")) == "clamp";
+        rs.metric = o.value("metric", std::string("ratio"));
+        rs.upper = num_or(o, "upper", 5.0);
+        rs.has_lower = has(o, "lower");
+        rs.lower = num_or(o, "lower", 0.0);
+    } else if (has(p, "behav_imp_weight_cap")) {
+        rs.on = true;
+        rs.clamp = mode == "token_truncate";
+        rs.upper = p["behav_imp_weight_cap"].get<double>();
+        rs.has_lower = rs.clamp; // truncation clamps into [0, cap]
+    }
     for (int64_t t = 0; t < b.n(); ++t) {
         if (!m[t]) continue;
         n += 1;
@@ -329,10 +368,22 @@ inline RefResult decoupled_ppo(const Batch &b, const json &p) {
             v = -A * p["c_clip"].get<double>();
             dual += 1;
         }
-        const double w = std::exp(b["prox_logprobs"][t] - b["old_logprobs"][t]);
-        if (has(p, "behav_imp_weight_cap") && w > p["behav_imp_weight_cap"].get<double>()) {
-            capped += 1;
-            continue;
+        const double blr = b["prox_logprobs"][t] - b["old_logprobs"][t];
+        double w = disabled ? 1.0 : std::exp(blr);
+        if (rs.on) {
+            const double v = rs.metric == "ratio"   ? std::exp(blr)
+                             : rs.metric == "kl_k1" ? blr
+                             : rs.metric == "kl_k2" ? 0.5 * blr * blr
+                                                    : std::exp(-blr) - 1 + blr;
+            const bool in = v <= rs.upper && (!rs.has_lower || v >= rs.lower);
+            if (rs.clamp) {
+                const double c = clip(w, rs.has_lower ? rs.lower : 0.0, rs.upper);
+                capped += (c != w);
+                w = c;
+            } else if (!in) {
+                capped += 1;
+                continue;
+            }
         }
         bw.add(w);
         bkl.add(b["prox_logprobs"][t] - b["old_logprobs"][t]);
@@ -347,7 +398,23 @@ inline RefResult decoupled_ppo(const Batch &b, const json &p) {
     out.metrics["approx_kl"] = akl.mean();
     out.metrics["behav_imp_weight"] = bw.mean(1);
     out.metrics["behav_approx_kl"] = bkl.mean();
-    if (has(p, "behav_imp_weight_cap")) out.metrics["behav_maskfrac"] = frac(capped, n);
+    if (rs.on) out.metrics[rs.clamp ? "behav_truncfrac" : "behav_maskfrac"] = frac(capped, n);
+    out.metrics["valid_tokens"] = n;
+    return out;
+}
+
+// The end of a sequence-ratio loss (gspo, gmpo): loss and pg_loss under
+// seq-mean-token-mean by default, the clip fraction and the sequence ratios.
+inline RefResult sequence_loss_result(const Batch &b, const std::vector<bool> &m,
+                                      const std::vector<double> &l,
+                                      const std::vector<double> &pg_tok, const json &p,
+                                      double clipped, double n, const Mean &sr, RefResult &out) {
+    out.loss = aggregate(b, m, l, p, "seq-mean-token-mean");
+    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p, "seq-mean-token-mean");
+    out.metrics["pg_clipfrac"] = frac(clipped, n);
+    out.metrics["seq_ratio_mean"] = sr.mean(1);
+    out.metrics["seq_ratio_min"] = sr.n ? sr.lo : 1;
+    out.metrics["seq_ratio_max"] = sr.n ? sr.hi : 1;
     out.metrics["valid_tokens"] = n;
     return out;
 }
@@ -379,14 +446,7 @@ inline RefResult gspo(const Batch &b, const json &p) {
             l[t] += pg_tok[t];
         }
     }
-    out.loss = aggregate(b, m, l, p, "seq-mean-token-mean");
-    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p, "seq-mean-token-mean");
-    out.metrics["pg_clipfrac"] = frac(clipped, n);
-    out.metrics["seq_ratio_mean"] = sr.mean(1);
-    out.metrics["seq_ratio_min"] = sr.n ? sr.lo : 1;
-    out.metrics["seq_ratio_max"] = sr.n ? sr.hi : 1;
-    out.metrics["valid_tokens"] = n;
-    return out;
+    return sequence_loss_result(b, m, l, pg_tok, p, clipped, n, sr, out);
 }
 
 inline RefResult value_loss(const Batch &b, const json &p) {
@@ -488,14 +548,7 @@ inline RefResult gmpo(const Batch &b, const json &p) {
             l[t] += pg_tok[t];
         }
     }
-    out.loss = aggregate(b, m, l, p, "seq-mean-token-mean");
-    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p, "seq-mean-token-mean");
-    out.metrics["pg_clipfrac"] = frac(clipped, n);
-    out.metrics["seq_ratio_mean"] = sr.mean(1);
-    out.metrics["seq_ratio_min"] = sr.n ? sr.lo : 1;
-    out.metrics["seq_ratio_max"] = sr.n ? sr.hi : 1;
-    out.metrics["valid_tokens"] = n;
-    return out;
+    return sequence_loss_result(b, m, l, pg_tok, p, clipped, n, sr, out);
 }
 
 // cov_t = (A_t - mean A)(lp_t - mean lp) over loss tokens.
@@ -611,17 +664,24 @@ inline RefResult kl_cov(const Batch &b, const json &p) {
 inline std::optional<RefResult> reference(const std::string &loss, const Batch &b,
                                           const std::string &params) {
     const auto p = nlohmann::json::parse(params);
+    // rejection_sampling on the other policy losses: hand-computed cases
+    // (RejectionSampling.* in loss_behaviour_test.cpp).
+    if (loss != "decoupled_ppo" && p.contains("rejection_sampling")) return std::nullopt;
     if (loss == "causallm_loss" || loss == "per_token_ce") return ref::cross_entropy(b, p);
     if (loss == "policy_loss") return ref::policy_loss(b, p);
     if (loss == "importance_sampling") return ref::importance_or_cispo(b, p, false);
     if (loss == "cispo") return ref::importance_or_cispo(b, p, true);
     if (loss == "grpo") return ref::grpo(b, p);
     if (loss == "decoupled_ppo") {
-        // Rejection sampling, the older AReaL modes and the sequence level are
-        // checked by hand-computed cases (DecoupledPpo.* in loss_behaviour_test.cpp).
-        for (const char *k : {"rejection_sampling", "behav_imp_weight_mode",
-                              "behave_imp_weight_mode", "importance_sampling_level"})
-            if (p.contains(k)) return std::nullopt;
+        // Token-level rejection sampling and AReaL's token modes are here; the
+        // sequence levels are checked by hand-computed cases (DecoupledPpo.* in
+        // loss_behaviour_test.cpp).
+        const std::string mode = p.value("behav_imp_weight_mode", std::string("token_mask"));
+        if (p.contains("behave_imp_weight_mode") || p.contains("behave_imp_weight_cap") ||
+            p.contains("importance_sampling_level") || mode.rfind("sequence", 0) == 0 ||
+            (p.contains("rejection_sampling") &&
+             p["rejection_sampling"].value("level", std::string("token")) != "token"))
+            return std::nullopt;
         return ref::decoupled_ppo(b, p);
     }
     if (loss == "gspo") return ref::gspo(b, p);

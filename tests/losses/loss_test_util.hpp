@@ -175,6 +175,11 @@ inline Batch random_batch(uint64_t seed, const GenOptions &opt = {}) {
         for (int64_t t = 0; t < n; ++t) w[t] = rw.coin(0.2) ? 0.0 : rw.uni(0.2, 2.0);
         b.f[name] = std::move(w);
     }
+    // log Z of each token's logits (z-loss): its own generator too.
+    Rng rz(seed * 7 + 3);
+    std::vector<double> lse(n);
+    for (int64_t t = 0; t < n; ++t) lse[t] = rz.uni(-2.0, 6.0);
+    b.f["logsumexp"] = std::move(lse);
     return b;
 }
 

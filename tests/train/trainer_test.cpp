@@ -229,6 +229,69 @@ TEST(Packing, LossExtraTensorsComeBackInBatchOrderAcrossMicroBatches) {
     EXPECT_EQ(r.scalar("loss_tokens"), mask_tokens(b));
 }
 
+// Metrics declared with a reduction (ABI 0.6) come out of several micro-batches
+// as out of one call: min / max over every token, token means weighted by
+// each call's tokens, counts summed.
+TEST(Packing, MetricsReduceOverMicroBatchesAsOverOneCall) {
+    InstancePtr loss = make_loss("policy_loss", R"({"compute_kl_stats": true})");
+    ModelPtr m = load_model();
+    TrainerPtr one = make_trainer(m.get(), cfg(R"("sample_packing_sequence_len": 4096)"));
+    Batch b = policy_batch(one.get(), 7, 9);
+    Result whole;
+    RL_ASSERT_OK(rl_trainer_forward_backward(one.get(), b.view(), loss.get(), whole.out()));
+    ASSERT_EQ(whole.scalar("micro_batches"), 1);
+    TrainerPtr split = make_trainer(
+        m.get(), cfg(R"("sample_packing_sequence_len": 48, "micro_batch_tokens": 48)"));
+    Result parts;
+    RL_ASSERT_OK(rl_trainer_forward_backward(split.get(), b.view(), loss.get(), parts.out()));
+    ASSERT_GE(parts.scalar("micro_batches"), 3);
+    for (const char *name : {"ratio_min", "ratio_max", "ratio_mean", "pg_clipfrac",
+                             "kl_sample_train_k3", "valid_tokens", "pg_loss"}) {
+        SCOPED_TRACE(name);
+        EXPECT_NEAR(parts.metric(name), whole.metric(name),
+                    1e-9 + 1e-6 * std::fabs(whole.metric(name)));
+    }
+    EXPECT_EQ(whole.metric("valid_tokens"), mask_tokens(b));
+    EXPECT_LT(whole.metric("ratio_min"), whole.metric("ratio_mean"));
+    EXPECT_GT(whole.metric("ratio_max"), whole.metric("ratio_mean"));
+}
+
+// z-loss through the trainer: the loss input "logsumexp" comes from the
+// chunked log-softmax pass (never from the batch), and the loss is the cross
+// entropy plus z_loss times the mean log^2 Z the loss reports.
+TEST(ZLoss, TheTrainerComputesLogsumexpForALossThatAsksForIt) {
+    InstancePtr ce = make_loss("causallm_loss");
+    InstancePtr ce_z = make_loss("causallm_loss", R"({"z_loss": 0.01})");
+    ModelPtr m = load_model();
+    TrainerPtr t = make_trainer(
+        m.get(), cfg(R"("sample_packing_sequence_len": 32, "micro_batch_tokens": 32)"));
+    Batch b = random_batch(5, 6, 6, 20);
+    b.floats.erase("advantages");
+    Result plain, with_z;
+    RL_ASSERT_OK(rl_trainer_forward(t.get(), b.view(), ce.get(), plain.out()));
+    RL_ASSERT_OK(rl_trainer_forward_backward(t.get(), b.view(), ce_z.get(), with_z.out()));
+    const double z = with_z.metric("z_loss");
+    EXPECT_GT(z, 0.0);
+    EXPECT_NEAR(with_z.scalar("loss"), plain.scalar("loss") + 0.01 * z, 1e-5);
+    b.floats["logsumexp"] = std::vector<float>(b.ids.size(), 1.0f);
+    Result refused;
+    EXPECT_NE(rl_trainer_forward(t.get(), b.view(), ce_z.get(), refused.out()), RL_OK);
+    EXPECT_NE(std::string(rl_last_error()).find("'logsumexp' is computed by the trainer"),
+              std::string::npos)
+        << rl_last_error();
+}
+
+// The temperature of the logits-level inputs (logprobs, entropy) must be > 0;
+// the refusal names the key.
+TEST(ZLoss, AZeroLogprobTemperatureIsRefusedNamingTheKey) {
+    ModelPtr m = load_model();
+    rl_trainer_t *t = nullptr;
+    EXPECT_NE(rl_trainer_create(m.get(), cfg(R"("logprob_temperature": 0)").c_str(), &t), RL_OK);
+    EXPECT_EQ(t, nullptr);
+    EXPECT_NE(std::string(rl_last_error()).find("logprob_temperature"), std::string::npos)
+        << rl_last_error();
+}
+
 TEST(Packing, SequenceLongerThanABinIsRefusedWithItsIndexAndLength) {
     ModelPtr m = load_model();
     TrainerPtr t = make_trainer(m.get(), cfg(R"("sample_packing_sequence_len": 8)"));

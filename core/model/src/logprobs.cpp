@@ -25,7 +25,8 @@ at::Tensor chunk_logits(const at::Tensor &h, const at::Tensor &w_float, double i
 struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
     static variable_list forward(AutogradContext *ctx, const at::Tensor &hidden,
                                  const at::Tensor &weight, const at::Tensor &labels, int64_t chunk,
-                                 double inv_temp, bool want_entropy, int64_t ignore_index) {
+                                 double inv_temp, bool want_entropy, int64_t ignore_index,
+                                 bool want_lse) {
         const int64_t T = hidden.size(0);
         const at::Tensor w = as_float(weight);
         at::Tensor valid = labels != ignore_index;
@@ -33,7 +34,10 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
         auto fopts = hidden.options().dtype(at::kFloat);
         at::Tensor lp = at::empty({T}, fopts);
         at::Tensor lse = at::empty({T}, fopts);
-        at::Tensor ent = want_entropy ? at::empty({T}, fopts) : at::Tensor();
+        // Unwanted outputs stay zero-filled (an autograd function returns
+        // defined tensors); the caller drops them.
+        at::Tensor ent = want_entropy ? at::empty({T}, fopts) : at::zeros({T}, fopts);
+        at::Tensor lse_raw = want_lse ? at::empty({T}, fopts) : at::zeros({T}, fopts);
         for (int64_t s = 0; s < T; s += chunk) {
             const int64_t n = std::min(chunk, T - s);
             at::Tensor z = chunk_logits(hidden.narrow(0, s, n), w, inv_temp);
@@ -46,27 +50,34 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
                 at::Tensor p = at::exp(z - l.unsqueeze(1));
                 ent.narrow(0, s, n).copy_(l - (p * z).sum(-1));
             }
+            // log Z of the raw logits z / inv_temp (the same chunk, no new matmul).
+            if (want_lse)
+                lse_raw.narrow(0, s, n).copy_(inv_temp == 1.0 ? l
+                                                              : at::logsumexp(z / inv_temp, -1));
         }
         lp.masked_fill_(valid.logical_not(), 0.0);
-        ctx->save_for_backward(
-            {hidden, weight, safe_labels, valid, lse, want_entropy ? ent : at::Tensor()});
+        ctx->save_for_backward({hidden, weight, safe_labels, valid, lse,
+                                want_entropy ? ent : at::Tensor(),
+                                want_lse ? lse_raw : at::Tensor()});
         ctx->saved_data["chunk"] = chunk;
         ctx->saved_data["inv_temp"] = inv_temp;
         ctx->saved_data["entropy"] = want_entropy;
+        ctx->saved_data["lse"] = want_lse;
         ctx->set_materialize_grads(false);
-        if (!want_entropy) return {lp};
-        return {lp, ent};
+        return {lp, ent, lse_raw};
     }
 
     static variable_list backward(AutogradContext *ctx, variable_list grads) {
         const auto saved = ctx->get_saved_variables();
         const at::Tensor &hidden = saved[0], &weight = saved[1], &labels = saved[2];
-        const at::Tensor &valid = saved[3], &lse = saved[4], &ent = saved[5];
+        const at::Tensor &valid = saved[3], &lse = saved[4], &ent = saved[5], &lse_raw = saved[6];
         const int64_t chunk = ctx->saved_data["chunk"].toInt();
         const double inv_temp = ctx->saved_data["inv_temp"].toDouble();
         const bool want_entropy = ctx->saved_data["entropy"].toBool();
+        const bool want_lse = ctx->saved_data["lse"].toBool();
         at::Tensor g_lp = grads[0];
         at::Tensor g_ent = want_entropy && grads.size() > 1 ? grads[1] : at::Tensor();
+        at::Tensor g_lse = want_lse && grads.size() > 2 ? grads[2] : at::Tensor();
         const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
         const int64_t T = hidden.size(0);
         const at::Tensor w = as_float(weight);
@@ -91,22 +102,30 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
                 at::Tensor g = g_ent.narrow(0, s, n).to(at::kFloat).unsqueeze(1);
                 dz = dz - g * p * (logp + ent.narrow(0, s, n).unsqueeze(1));
             }
-            if (inv_temp != 1.0) dz.mul_(inv_temp);
+            if (inv_temp != 1.0) dz.mul_(inv_temp); // d / d raw logits
+            // d log Z_t / d raw logit_j = softmax(raw logits)_j
+            if (g_lse.defined()) {
+                at::Tensor g = g_lse.narrow(0, s, n).to(at::kFloat).unsqueeze(1);
+                at::Tensor p_raw =
+                    inv_temp == 1.0 ? p
+                                    : at::exp(z / inv_temp - lse_raw.narrow(0, s, n).unsqueeze(1));
+                dz = dz + g * p_raw;
+            }
             if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(dz, w));
             if (need_w) grad_w.addmm_(dz.t(), as_float(h));
         }
         if (need_w && grad_w.scalar_type() != weight.scalar_type())
             grad_w = grad_w.to(weight.scalar_type());
         return {grad_h,       grad_w,       at::Tensor(), at::Tensor(),
-                at::Tensor(), at::Tensor(), at::Tensor()};
+                at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
 };
 
 } // namespace
 
-std::pair<at::Tensor, at::Tensor>
-chunked_logprobs(const at::Tensor &hidden, const at::Tensor &weight, const at::Tensor &labels,
-                 int64_t chunk, double temperature, bool entropy, int64_t ignore_index) {
+ChunkedLogprobs chunked_logprobs(const at::Tensor &hidden, const at::Tensor &weight,
+                                 const at::Tensor &labels, int64_t chunk, double temperature,
+                                 bool entropy, int64_t ignore_index, bool logsumexp) {
     check(hidden.dim() == 2, "logprobs: hidden states must be [tokens, hidden]");
     check(labels.dim() == 1 && labels.size(0) == hidden.size(0),
           "logprobs: labels must be [tokens] = [" + std::to_string(hidden.size(0)) + "], got " +
@@ -128,8 +147,8 @@ chunked_logprobs(const at::Tensor &hidden, const at::Tensor &weight, const at::T
         }
     }
     variable_list out = ChunkedLogprobFn::apply(hidden, weight, labels, chunk, 1.0 / temperature,
-                                                entropy, ignore_index);
-    return {out[0], entropy ? out[1] : at::Tensor()};
+                                                entropy, ignore_index, logsumexp);
+    return {out[0], entropy ? out[1] : at::Tensor(), logsumexp ? out[2] : at::Tensor()};
 }
 
 } // namespace rl::core

@@ -430,10 +430,10 @@ TokenLogprobs CausalLM::token_logprobs(const PackedBatch &batch, const at::Tenso
                                        const LogprobOptions &options) {
     check(labels.defined(), "logprobs: labels are undefined");
     at::Tensor h = hidden_states(batch);
-    auto [lp, ent] = chunked_logprobs(h, lm_head_weight(), labels.to(options_.device).to(at::kLong),
-                                      options.chunk_tokens, options.temperature, options.entropy,
-                                      options.ignore_index);
-    return {lp, ent, options.keep_hidden ? h : at::Tensor()};
+    ChunkedLogprobs out = chunked_logprobs(
+        h, lm_head_weight(), labels.to(options_.device).to(at::kLong), options.chunk_tokens,
+        options.temperature, options.entropy, options.ignore_index, options.logsumexp);
+    return {out.logprobs, out.entropy, out.logsumexp, options.keep_hidden ? h : at::Tensor()};
 }
 
 // -- incremental decoding ---------------------------------------------------

@@ -2,6 +2,7 @@
 
 #include "fsdp.hpp"
 #include "grad_reducer.hpp"
+#include "metric_reducer.hpp"
 #include "optimizer_state.hpp"
 
 #include "rl/core/atomic_file.hpp"
@@ -237,6 +238,7 @@ struct Trainer::Prepared {
     // Loss inputs over the whole batch (float64, labels int64), sliced per micro-batch.
     std::vector<std::pair<std::string, at::Tensor>> inputs;
     bool want_logprobs = false, want_entropy = false;
+    bool want_lse = false;    // "logsumexp" (z-loss)
     bool want_values = false; // from the value head
     int64_t loss_tokens = 0, loss_seqs = 0;
     double global_tokens = 0, global_seqs = 0;
@@ -273,7 +275,7 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
         const std::string &name = kv.first;
         const at::Tensor &t = kv.second;
         if (name.empty()) invalid("batch has a tensor with an empty name");
-        if (name == "logprobs" || name == "entropy")
+        if (name == "logprobs" || name == "entropy" || name == "logsumexp")
             invalid("batch tensor '" + name +
                     "' is computed by the trainer; pass earlier logprobs as 'old_logprobs', "
                     "'ref_logprobs', 'rollout_logprobs', ...");
@@ -349,8 +351,8 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
         invalid("batch tensor 'values' is computed by the model's value head (model.value_head); "
                 "pass the values the rollout was scored with as 'old_values'");
     for (const auto &r : sig.required) {
-        const bool provided = r == "logprobs" || r == "entropy" || r == "labels" ||
-                              r == "loss_mask" || batch.tensors.count(r) ||
+        const bool provided = r == "logprobs" || r == "entropy" || r == "logsumexp" ||
+                              r == "labels" || r == "loss_mask" || batch.tensors.count(r) ||
                               (r == "values" && P.want_values);
         if (!provided) {
             std::vector<std::string> have;
@@ -361,6 +363,7 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
     }
     P.want_logprobs = sig.accepts("logprobs");
     P.want_entropy = sig.accepts("entropy") || !backward;
+    P.want_lse = sig.accepts("logsumexp");
 
     at::Tensor mask;
     if (sig.accepts("loss_mask")) {
@@ -464,12 +467,12 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     if (!backward) no_grad.emplace();
 
     std::vector<at::Tensor> out_lp, out_ent;
-    std::map<std::string, std::pair<double, double>> metric_sums;   // name -> (sum w*v, sum w)
-    std::map<std::string, std::pair<double, int64_t>> metric_plain; // fallback when weights are 0
+    MetricReducer metrics;
     std::map<std::string, std::vector<at::Tensor>> extras;
     LogprobOptions lopts;
     lopts.chunk_tokens = config_.logprob_chunk_tokens;
     lopts.entropy = P.want_entropy;
+    lopts.logsumexp = P.want_lse;
     lopts.keep_hidden = P.want_values;
     std::vector<at::Tensor> out_val;
     bool greedy = false;
@@ -519,6 +522,10 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (P.want_entropy)
             ent = at::cat({zero, tl.entropy.narrow(0, 0, n - 1)}) *
                   P.not_first.narrow(0, a, n).to(lp.device());
+        at::Tensor lse;
+        if (P.want_lse)
+            lse = at::cat({zero, tl.logsumexp.narrow(0, 0, n - 1)}) *
+                  P.not_first.narrow(0, a, n).to(lp.device());
         // Values, aligned as the logprobs: V at t is the head at t - 1, the
         // state token t is drawn from; 0 at each sequence's first token.
         at::Tensor vals;
@@ -542,6 +549,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         };
         if (P.want_logprobs) call.tensors.emplace_back("logprobs", to_host(lp));
         if (loss->signature.accepts("entropy")) call.tensors.emplace_back("entropy", to_host(ent));
+        if (P.want_lse) call.tensors.emplace_back("logsumexp", to_host(lse));
         if (P.want_values) call.tensors.emplace_back("values", to_host(vals));
         for (const auto &kv : P.inputs)
             call.tensors.emplace_back(kv.first, kv.second.narrow(0, a, n).contiguous());
@@ -556,12 +564,9 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
 
         const double w = P.counted.narrow(0, a, n).sum().item<double>();
         for (const auto &m : res.metrics) {
-            auto &s = metric_sums[m.first];
-            s.first += w * m.second;
-            s.second += w;
-            auto &pl = metric_plain[m.first];
-            pl.first += m.second;
-            pl.second += 1;
+            auto spec = res.reductions.find(m.first);
+            metrics.add(loss->name, m.first, m.second,
+                        spec == res.reductions.end() ? MetricSpec{} : spec->second, w);
         }
         for (auto &t : res.tensors) extras[t.first].push_back(t.second);
 
@@ -588,6 +593,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
             };
             take("logprobs", lp);
             take("entropy", ent);
+            take("logsumexp", lse);
             take("values", vals);
             if (outs.empty() && fsdp_) { // the layers' collectives run regardless
                 outs.push_back(lp);
@@ -609,11 +615,14 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (!out_val.empty())
             R.tensors["values"] = at::cat(out_val).to(at::kCPU).to(at::kFloat).contiguous();
     }
-    for (const auto &m : metric_sums) {
-        const auto &pl = metric_plain[m.first];
-        R.metrics[m.first] = m.second.second > 0 ? m.second.first / m.second.second
-                                                 : pl.first / static_cast<double>(pl.second);
+    // Over ranks too (every rank has a loss or none: the call is a collective).
+    if (loss && group_ && group_->size() > 1 && !metrics.all_reduce(*group_) &&
+        !warned_metric_ranks_) {
+        warned_metric_ranks_ = true;
+        R.warnings.push_back(loss->name +
+                             ": the ranks emitted different metrics; each reports its own");
     }
+    R.metrics = metrics.values();
     for (auto &e : extras) {
         if (static_cast<int64_t>(e.second.size()) != R.micro_batches)
             throw Error(ErrorKind::InvalidArgument, loss->name + ": emitted tensor '" + e.first +

@@ -9,6 +9,13 @@ namespace rl::host::bridge {
 
 namespace core = rl::core;
 
+static_assert(static_cast<int32_t>(core::MetricReduce::TokenMean) == RL_METRIC_TOKEN_MEAN &&
+                  static_cast<int32_t>(core::MetricReduce::SeqMean) == RL_METRIC_SEQ_MEAN &&
+                  static_cast<int32_t>(core::MetricReduce::Sum) == RL_METRIC_SUM &&
+                  static_cast<int32_t>(core::MetricReduce::Min) == RL_METRIC_MIN &&
+                  static_cast<int32_t>(core::MetricReduce::Max) == RL_METRIC_MAX,
+              "core::MetricReduce mirrors rl_metric_reduction_t");
+
 rl_tensor_view_t view_of(const at::Tensor &t) {
     if (!t.device().is_cpu() || !t.is_contiguous())
         throw HostError{RL_ERR_INTERNAL, "loss bridge: inputs must be contiguous CPU tensors"};
@@ -60,6 +67,9 @@ core::LossFunction loss_node(Instance &inst) {
         for (auto &kv : out.emitted.tensors)
             r.tensors[kv.first] = capi::tensor_from_owned(kv.second, inst.who());
         r.metrics.insert(out.emitted.metrics.begin(), out.emitted.metrics.end());
+        for (const auto &kv : out.emitted.reductions)
+            r.reductions[kv.first] = core::MetricSpec{
+                static_cast<core::MetricReduce>(kv.second.reduction), kv.second.weight};
         return r;
     };
     return f;

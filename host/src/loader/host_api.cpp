@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -91,6 +92,17 @@ rl_status_t RL_ABI api_emit_metric(const rl_call_ctx_t *ctx, const char *name, d
     return RL_OK;
 }
 
+rl_status_t RL_ABI api_emit_metric_reduced(const rl_call_ctx_t *ctx, const char *name, double value,
+                                           rl_metric_reduction_t reduction, double weight) {
+    CallSink *s = sink_of(ctx);
+    if (!s) return RL_ERR_BAD_STATE;
+    if (reduction < RL_METRIC_DEFAULT || reduction > RL_METRIC_MAX) return RL_ERR_INVALID_ARG;
+    if (!std::isfinite(weight) || weight < 0) return RL_ERR_INVALID_ARG;
+    const rl_status_t st = api_emit_metric(ctx, name, value);
+    if (st == RL_OK) s->reductions[name] = MetricReduction{reduction, weight};
+    return st;
+}
+
 rl_status_t RL_ABI api_emit_tensor(const rl_call_ctx_t *ctx, const char *name,
                                    const rl_tensor_view_t *view) {
     CallSink *s = sink_of(ctx);
@@ -139,6 +151,7 @@ void fill_host_api(rl_host_api_t *api, Runtime *rt) {
     api->emit_metric = &api_emit_metric;
     api->emit_tensor = &api_emit_tensor;
     api->emit_text = &api_emit_text;
+    api->emit_metric_reduced = &api_emit_metric_reduced;
 }
 
 rl_call_ctx_t make_call_ctx(const rl_host_api_t *api, CallSink *sink) {

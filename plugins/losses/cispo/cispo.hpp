@@ -42,7 +42,7 @@ public:
             c.put("clip_mask", t, cr != ratio);
         }
         rs.emit_ratio(c.r);
-        c.metric(metrics::kClipFraction, c.frac(clipped));
+        c.token_frac(metrics::kClipFraction, clipped);
         if (compute_kl_stats_) rs.emit_kl(c.r);
     }
 

@@ -63,9 +63,9 @@ public:
             c.pg += c.w[t] * ppo.loss;
             if (!ppo.clipped) c.g[t] += -c.w[t] * A * ratio;
         }
-        c.metric(metrics::kPgClipfrac, c.frac(clipped));
-        c.metric(metrics::kCovClipfrac, c.frac(int64_t(chosen.size())));
-        c.metric(metrics::kCovCandidates, double(candidates.size()));
+        c.token_frac(metrics::kPgClipfrac, clipped);
+        c.token_frac(metrics::kCovClipfrac, int64_t(chosen.size()));
+        c.r.sum(metrics::kCovCandidates, double(candidates.size()));
     }
 
 private:

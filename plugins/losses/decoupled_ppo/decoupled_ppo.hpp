@@ -11,82 +11,11 @@
 #pragma once
 
 #include <rl/sdk/pg_loss.hpp>
+#include <rl/sdk/rejection.hpp>
 
 namespace rl::losses {
 
 using namespace rl::sdk::loss;
-
-// AReaL's RejectionSamplingConfig.
-struct RejectionSampling {
-    enum class Metric { Ratio, K1, K2, K3 };
-    enum class Agg { Sum, Mean, Max };
-    bool sequence = false; // level
-    bool clamp = false;    // action: clamp (truncate) instead of mask (reject)
-    Metric metric = Metric::Ratio;
-    Agg agg = Agg::Mean;
-    double upper = 5.0;
-    std::optional<double> lower;
-
-    bool in_bounds(double m) const { return m <= upper && (!lower || m >= *lower); }
-
-    static RejectionSampling read(Params &outer) {
-        const rl::sdk::json raw = outer.raw("rejection_sampling");
-        if (!raw.is_object())
-            invalid(outer.owner() +
-                    ": parameter 'rejection_sampling' must be an object {level, action, metric, "
-                    "agg, upper, lower} (or null for off), got " +
-                    raw.dump());
-        Params p(raw.dump(), outer.owner() + ": parameter 'rejection_sampling'");
-        RejectionSampling rs;
-        rs.sequence = p.choice("level", "token", {"token", "sequence"}) == "sequence";
-        rs.clamp = p.choice("action", "mask", {"mask", "clamp"}) == "clamp";
-        const std::string m = p.choice("metric", "ratio", {"ratio", "kl_k1", "kl_k2", "kl_k3"});
-        rs.metric = m == "ratio"   ? Metric::Ratio
-                    : m == "kl_k1" ? Metric::K1
-                    : m == "kl_k2" ? Metric::K2
-                                   : Metric::K3;
-        const bool agg_given = p.has("agg");
-        const std::string a = p.choice("agg", "mean", {"sum", "mean", "max"});
-        rs.agg = a == "sum" ? Agg::Sum : a == "mean" ? Agg::Mean : Agg::Max;
-        if (agg_given && !rs.sequence)
-            invalid(p.owner() + ": 'agg' only applies to level 'sequence'");
-        rs.upper = p.number("upper", 5.0);
-        rs.lower = p.optional_number("lower");
-        p.finish();
-        if (rs.lower && *rs.lower > rs.upper)
-            invalid(p.owner() + ": 'lower' (" + num(*rs.lower) + ") must be <= 'upper' (" +
-                    num(rs.upper) + ")");
-        if (rs.metric == Metric::Ratio) {
-            if (rs.upper <= 1.0)
-                invalid(p.owner() + ": 'upper' must be > 1 for metric 'ratio', got " +
-                        num(rs.upper));
-            if (rs.lower && *rs.lower <= 0)
-                invalid(p.owner() + ": 'lower' must be > 0 for metric 'ratio', got " +
-                        num(*rs.lower));
-        } else if (rs.metric != Metric::K1 && rs.upper <= 0) {
-            invalid(p.owner() + ": 'upper' must be > 0 for metric '" + m + "', got " +
-                    num(rs.upper));
-        }
-        if (rs.clamp && rs.metric != Metric::Ratio)
-            invalid(p.owner() + ": action 'clamp' needs metric 'ratio' (it truncates the "
-                                "importance weight); use action 'mask' with a KL metric");
-        return rs;
-    }
-
-    // Per-token metric of log r = prox - old.
-    double token_metric(double lr) const {
-        switch (metric) {
-            case Metric::Ratio:
-                return std::exp(lr);
-            case Metric::K1:
-                return lr;
-            case Metric::K2:
-                return 0.5 * lr * lr;
-            default:
-                return std::exp(-lr) - 1.0 + lr;
-        }
-    }
-};
 
 class DecoupledPpo : public PolicyGradientLoss {
 public:
@@ -129,6 +58,7 @@ public:
         }
         sequence_is_ =
             p.choice("importance_sampling_level", "token", {"token", "sequence"}) == "sequence";
+        own_rejection_sampling_ = true; // around prox_logprobs, not the base's option
         read_shared(p);
     }
 
@@ -148,7 +78,7 @@ public:
             bw[t] = no_behav_weight_ ? 1.0 : std::exp(prox[t] - c.old[t]);
             keep[t] = 1;
         }
-        if (rs_) filtered = reject(d, prox, c.old, bw, keep);
+        if (rs_) filtered = rs_->apply(d, prox, c.old, bw, keep);
 
         // The PPO ratio around the proximal policy: per token, or per sequence over its
         // kept tokens (GSPO) with the sequence-mean advantage.
@@ -212,73 +142,16 @@ public:
             for (int64_t t = 0; t < d.n; ++t)
                 if (keep[t]) c.g[t] += dl_dlr_seq[d.seq[t]] / double(kept_in_seq[d.seq[t]]);
 
-        c.metric(metrics::kPgClipfrac, c.frac(clipped));
-        if (c_clip_) c.metric(metrics::kDualClipfrac, c.frac(dual_clipped));
-        c.metric(metrics::kRatioMean, ratio_s.mean(1.0));
-        c.metric(metrics::kApproxKl, approx_kl.mean());
-        c.metric(metrics::kBehavImpWeight, behav_w.mean(1.0));
-        c.metric(metrics::kBehavApproxKl, behav_kl.mean());
-        if (rs_)
-            c.metric(rs_->clamp ? "behav_truncfrac" : metrics::kBehavMaskfrac, c.frac(filtered));
+        c.token_frac(metrics::kPgClipfrac, clipped);
+        if (c_clip_) c.token_frac(metrics::kDualClipfrac, dual_clipped);
+        ratio_s.emit_mean(c.r, metrics::kRatioMean, 1.0);
+        approx_kl.emit_mean(c.r, metrics::kApproxKl);
+        behav_w.emit_mean(c.r, metrics::kBehavImpWeight, 1.0);
+        behav_kl.emit_mean(c.r, metrics::kBehavApproxKl);
+        if (rs_) c.token_frac(rs_->frac_metric(), filtered);
     }
 
 private:
-    // AReaL's apply_rejection_sampling on the loss tokens: drops tokens (mask) or
-    // truncates their weight (clamp); returns how many it dropped or truncated.
-    int64_t reject(const Data &d, const std::vector<double> &prox, const std::vector<double> &old,
-                   std::vector<double> &bw, std::vector<uint8_t> &keep) const {
-        const RejectionSampling &rs = *rs_;
-        const double lo = rs.lower.value_or(0.0);
-        int64_t n = 0;
-        auto act = [&](int64_t t) {
-            if (rs.clamp) {
-                const double w = std::clamp(bw[t], lo, rs.upper);
-                n += w != bw[t];
-                bw[t] = w;
-            } else {
-                keep[t] = 0;
-                bw[t] = 0;
-                ++n;
-            }
-        };
-        if (!rs.sequence) {
-            for (int64_t t = 0; t < d.n; ++t)
-                if (d.mask[t] != 0 &&
-                    (rs.clamp || !rs.in_bounds(rs.token_metric(prox[t] - old[t]))))
-                    act(t);
-            return n;
-        }
-        const bool log_agg = rs.metric == RejectionSampling::Metric::Ratio;
-        for (int64_t s = 0; s < d.n_seqs(); ++s) {
-            const int64_t k = d.seq_tokens[s];
-            if (!k) continue;
-            double sum = 0, mx = -std::numeric_limits<double>::infinity(), sum_lr = 0;
-            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t) {
-                if (d.mask[t] == 0) continue;
-                const double lr = prox[t] - old[t];
-                const double v = log_agg ? lr : rs.token_metric(lr);
-                sum += v;
-                mx = std::max(mx, v);
-                sum_lr += lr;
-            }
-            double agg = rs.agg == RejectionSampling::Agg::Sum    ? sum
-                         : rs.agg == RejectionSampling::Agg::Mean ? sum / double(k)
-                                                                  : mx;
-            if (log_agg) {
-                agg = std::exp(agg);
-                // The ratio metric at sequence level also makes the weight the
-                // sequence's geometric-mean ratio (AReaL's sequence_* modes).
-                const double geo = std::exp(sum_lr / double(k));
-                for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
-                    if (d.mask[t] != 0) bw[t] = geo;
-            }
-            if (rs.in_bounds(agg)) continue;
-            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
-                if (d.mask[t] != 0) act(t);
-        }
-        return n;
-    }
-
     double eps_clip_, eps_clip_higher_;
     std::optional<double> c_clip_;
     std::optional<RejectionSampling> rs_;

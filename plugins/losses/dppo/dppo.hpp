@@ -7,9 +7,13 @@
 // decides a binary trust region:
 //   dppo (DPPO-Binary-TV): masked where A_t > 0 and dp_t > dppo_mask_high, or
 //                          A_t <= 0 and dp_t < -dppo_mask_low
-//   ipo:                   masked where |dp_t| > ipo_threshold
+//   ipo:                   masked where dp_t > ipo_mask_high or dp_t < -ipo_mask_low
+//                          (both default to ipo_threshold: |dp_t| > ipo_threshold)
 // and the rl component's per-token loss is
-//   l_t = -(1 - m_t) adv_tau A_t r_t + kl_tau (logprobs_t - old_logprobs_t)^2
+//   l_t = -(1 - m_t) A'_t r_t + kl_tau (logprobs_t - old_logprobs_t)^2
+// with A'_t = adv_tau A_t + teacher_tau sg(teacher_logprobs_t - logprobs_t).
+// Surogate's ratio_clip = c caps the ratio of the policy term: r_t is replaced
+// by sg(min(r_t, c) / r_t) r_t (value -A' min(r, c), gradient -A' min(r, c)),
 // (the squared log ratio is taken on masked tokens too). Its gradient is
 // -(1 - m_t) adv_tau A_t r_t + 2 kl_tau log r_t.
 //
@@ -37,8 +41,16 @@ public:
             mask_low_ = p.number("dppo_mask_low", 0.2, 0.0);
             mask_high_ = p.number("dppo_mask_high", 0.2, 0.0);
         } else {
-            mask_high_ = p.number("ipo_threshold", 0.1, 0.0);
+            // Surogate's asymmetric bounds; each defaults to prime-rl's threshold.
+            const double thr = p.number("ipo_threshold", 0.1, 0.0);
+            mask_low_ = p.number("ipo_mask_low", thr, 0.0);
+            mask_high_ = p.number("ipo_mask_high", thr, 0.0);
         }
+        teacher_tau_ = p.number("teacher_tau", 0.0, 0.0);
+        ratio_clip_ = p.optional_number("ratio_clip", 0.0);
+        if (ratio_clip_ && *ratio_clip_ <= 0)
+            invalid(p.owner() + ": parameter 'ratio_clip' must be > 0 (or null for off), got " +
+                    num(*ratio_clip_));
         adv_tau_ = p.number("adv_tau", 1.0, 0.0);
         kl_tau_ = p.number("kl_tau", 1e-3, 0.0);
         ref_kl_mask_low_ = p.number("ref_kl_mask_low", 0.2, 0.0);
@@ -49,6 +61,7 @@ public:
     void add_inputs(LossSignature &s) const override {
         for (const char *n : {"rl_weights", "ce_weights", "ref_kl_weights"})
             s.optional.push_back(n);
+        (teacher_tau_ != 0 ? s.required : s.optional).push_back("teacher_logprobs");
     }
 
     void policy(PgCall &c) const override {
@@ -71,7 +84,9 @@ public:
 
         // rl component.
         int64_t masked = 0, masked_low = 0, masked_high = 0, masked_pos = 0, masked_neg = 0;
-        Stat kl_masked, kl_kept;
+        int64_t ratio_clipped = 0;
+        Stat kl_masked, kl_kept, teacher_kl;
+        const auto *teacher = d.find("teacher_logprobs");
         double rl = 0;
         for (int64_t t : c.tokens()) {
             const double A = c.adv[t], dp = prob_diff(t);
@@ -81,7 +96,7 @@ public:
                 masked_high += A > 0 && m;
                 masked_low += A < 0 && m;
             } else {
-                m = std::fabs(dp) > mask_high_;
+                m = dp > mask_high_ || dp < -mask_low_;
             }
             const double lr_sg = c.log_ratio_sg(t);
             const double mismatch = std::exp(lr_sg) - lr_sg - 1.0;
@@ -94,7 +109,18 @@ public:
                 kl_kept.add(mismatch);
             }
             const double lr = c.log_ratio(t), r = std::exp(lr), wt = rl_w ? (*rl_w)[t] : 1.0;
-            const double pg = m ? 0.0 : -adv_tau_ * A * r;
+            double a = adv_tau_ * A;
+            if (teacher) {
+                a += teacher_tau_ * ((*teacher)[t] - lp_sg[t]);
+                teacher_kl.add((*teacher)[t] - lp_sg[t]);
+            }
+            // ratio_clip: the detached factor min(r, c) / r caps value and gradient.
+            double k = 1.0;
+            if (ratio_clip_ && c.ratio_sg(t) > *ratio_clip_) {
+                k = *ratio_clip_ / c.ratio_sg(t);
+                ratio_clipped += !m;
+            }
+            const double pg = m ? 0.0 : -a * k * r;
             const double l = wt * (pg + kl_tau_ * lr * lr);
             rl += c.w[t] * l;
             c.pg += c.w[t] * l;
@@ -102,16 +128,18 @@ public:
             c.put("elementwise_loss", t, l);
             c.put("is_masked", t, m);
         }
-        c.metric("rl_loss", rl);
-        c.metric("is_masked", c.frac(masked));
+        c.r.sum("rl_loss", rl);
+        c.token_frac("is_masked", masked);
         if (region_ == Region::BinaryTv) {
-            c.metric("is_masked_low", c.frac(masked_low));
-            c.metric("is_masked_high", c.frac(masked_high));
-            c.metric("masked_advantage_positive", frac(masked_pos, masked));
-            c.metric("masked_advantage_negative", frac(masked_neg, masked));
+            c.token_frac("is_masked_low", masked_low);
+            c.token_frac("is_masked_high", masked_high);
+            c.r.token_mean("masked_advantage_positive", frac(masked_pos, masked), masked);
+            c.r.token_mean("masked_advantage_negative", frac(masked_neg, masked), masked);
         }
-        c.metric("masked_mismatch_kl", kl_masked.mean());
-        c.metric("unmasked_mismatch_kl", kl_kept.mean());
+        kl_masked.emit_mean(c.r, "masked_mismatch_kl");
+        kl_kept.emit_mean(c.r, "unmasked_mismatch_kl");
+        if (ratio_clip_) c.token_frac("ratio_clipped", ratio_clipped);
+        if (teacher) teacher_kl.emit_mean(c.r, metrics::kTeacherKl);
 
         // ce component: masked negative log-likelihood.
         if (ce_w) {
@@ -126,9 +154,9 @@ public:
                 nll.add(-c.lp[t]);
             }
             c.pg += ce;
-            c.metric("ce_loss", ce);
-            c.metric("nll", nll.mean());
-            c.metric("ce_tokens", double(cd.loss_tokens));
+            c.r.sum("ce_loss", ce);
+            nll.emit_mean(c.r, "nll");
+            c.r.sum("ce_tokens", double(cd.loss_tokens));
         }
 
         // ref_kl component: the reverse KL to the reference as the advantage.
@@ -155,12 +183,12 @@ public:
                 c.g[t] += w[t] * wt * (pg + 2.0 * ref_kl_tau_ * lr);
             }
             c.pg += loss;
-            c.metric("ref_kl_loss", loss);
-            c.metric("ref_kl_is_masked", frac(rk_masked, kd.loss_tokens));
-            c.metric("ref_kl_masked_mismatch_kl", kl_m.mean());
-            c.metric("ref_kl_unmasked_mismatch_kl", kl_k.mean());
-            c.metric("ref_kl_reverse", adv.mean());
-            c.metric("ref_kl_tokens", double(kd.loss_tokens));
+            c.r.sum("ref_kl_loss", loss);
+            c.r.token_mean("ref_kl_is_masked", frac(rk_masked, kd.loss_tokens), kd.loss_tokens);
+            kl_m.emit_mean(c.r, "ref_kl_masked_mismatch_kl");
+            kl_k.emit_mean(c.r, "ref_kl_unmasked_mismatch_kl");
+            adv.emit_mean(c.r, "ref_kl_reverse");
+            c.r.sum("ref_kl_tokens", double(kd.loss_tokens));
         }
     }
 
@@ -189,6 +217,8 @@ private:
 
     Region region_;
     double mask_low_ = 0, mask_high_ = 0, adv_tau_, kl_tau_, ref_kl_mask_low_, ref_kl_tau_;
+    double teacher_tau_ = 0;
+    std::optional<double> ratio_clip_;
 };
 
 class Dppo : public PrimeRlLoss {

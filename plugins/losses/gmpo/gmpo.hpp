@@ -68,10 +68,10 @@ public:
                 c.put("clip_mask", t, adv[t] != 0 && !live[t]);
             }
         }
-        c.metric(metrics::kPgClipfrac, c.frac(clipped));
-        c.metric(metrics::kSeqRatioMean, seq_ratio.mean(1.0));
-        c.metric(metrics::kSeqRatioMin, seq_ratio.min(1.0));
-        c.metric(metrics::kSeqRatioMax, seq_ratio.max(1.0));
+        c.token_frac(metrics::kPgClipfrac, clipped);
+        seq_ratio.emit_seq_mean(c.r, metrics::kSeqRatioMean, 1.0);
+        seq_ratio.emit_min(c.r, metrics::kSeqRatioMin, 1.0);
+        seq_ratio.emit_max(c.r, metrics::kSeqRatioMax, 1.0);
     }
 
 private:

@@ -97,11 +97,11 @@ public:
             c.put("elementwise_loss", t, -coeff * lp[t]);
             c.put("coeff", t, coeff);
         }
-        c.metric(metrics::kKl, kl.mean());
-        c.metric(metrics::kMasked, c.frac(masked));
-        c.metric(metrics::kMaskedSeqs, frac(masked_seqs, d.loss_seqs));
-        c.metric(metrics::kTokens, double(d.loss_tokens));
-        if (teacher) c.metric(metrics::kTeacherKl, teacher_kl.mean());
+        kl.emit_mean(c.r, metrics::kKl);
+        c.token_frac(metrics::kMasked, masked);
+        c.r.seq_mean(metrics::kMaskedSeqs, frac(masked_seqs, d.loss_seqs), d.loss_seqs);
+        c.r.sum(metrics::kTokens, double(d.loss_tokens));
+        if (teacher) teacher_kl.emit_mean(c.r, metrics::kTeacherKl);
     }
 
 private:

@@ -48,10 +48,10 @@ public:
             for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
                 if (d.mask[t] != 0) c.g[t] += per_token;
         }
-        c.metric(metrics::kPgClipfrac, c.frac(clipped));
-        c.metric(metrics::kSeqRatioMean, seq_ratio.mean(1.0));
-        c.metric(metrics::kSeqRatioMin, seq_ratio.min(1.0));
-        c.metric(metrics::kSeqRatioMax, seq_ratio.max(1.0));
+        c.token_frac(metrics::kPgClipfrac, clipped);
+        seq_ratio.emit_seq_mean(c.r, metrics::kSeqRatioMean, 1.0);
+        seq_ratio.emit_min(c.r, metrics::kSeqRatioMin, 1.0);
+        seq_ratio.emit_max(c.r, metrics::kSeqRatioMax, 1.0);
     }
 
 private:

@@ -40,8 +40,8 @@ public:
             c.put("kl_cov_mask", t, pen[t]);
             abs_kl.add(std::fabs(lr));
         }
-        c.metric(metrics::kKlCovFrac, c.frac(int64_t(chosen.size())));
-        c.metric(metrics::kAbsKl, abs_kl.mean());
+        c.token_frac(metrics::kKlCovFrac, int64_t(chosen.size()));
+        abs_kl.emit_mean(c.r, metrics::kAbsKl);
     }
 
 private:

@@ -65,13 +65,13 @@ public:
             if (icepop_beta_) c.put("icepop_mask", t, 1.0 - keep);
             if (roll) c.put("tis_weights", t, tis_w);
         }
-        c.metric(metrics::kPgClipfrac, c.frac(clipped));
-        if (icepop_beta_) c.metric(metrics::kIcepopMaskfrac, c.frac(icepop_masked));
+        c.token_frac(metrics::kPgClipfrac, clipped);
+        if (icepop_beta_) c.token_frac(metrics::kIcepopMaskfrac, icepop_masked);
         if (use_tis_) {
-            c.metric(metrics::kTisMean, tis.mean(1.0));
-            c.metric(metrics::kTisMin, tis.min(1.0));
-            c.metric(metrics::kTisMax, tis.max(1.0));
-            c.metric(metrics::kTisClipfrac, c.frac(tis_clipped));
+            tis.emit_mean(c.r, metrics::kTisMean, 1.0);
+            tis.emit_min(c.r, metrics::kTisMin, 1.0);
+            tis.emit_max(c.r, metrics::kTisMax, 1.0);
+            c.token_frac(metrics::kTisClipfrac, tis_clipped);
         }
         if (compute_kl_stats_) {
             rs.emit_kl(c.r);

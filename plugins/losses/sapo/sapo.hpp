@@ -46,7 +46,7 @@ public:
             c.put("gate", t, f);
             rs.add(c.log_ratio_sg(t), c.old[t]);
         }
-        c.metric(metrics::kGateMean, gate.mean());
+        gate.emit_mean(c.r, metrics::kGateMean);
         rs.emit_ratio(c.r);
     }
 

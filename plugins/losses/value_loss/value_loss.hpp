@@ -69,12 +69,14 @@ public:
             ret.add(R[t]);
             err.add(e1 * e1);
         }
-        r.metric(metrics::kValueMean, value.mean());
-        r.metric(metrics::kReturnMean, ret.mean());
-        r.metric(metrics::kValueErrorSqMean, err.mean());
-        if (vf_clip_) r.metric(metrics::kVfClipfrac, frac(clipped, d.loss_tokens));
-        if (huber_delta_) r.metric(metrics::kHuberLinearFrac, frac(linear, d.loss_tokens));
-        r.metric(metrics::kValidTokens, double(d.loss_tokens));
+        value.emit_mean(r, metrics::kValueMean);
+        ret.emit_mean(r, metrics::kReturnMean);
+        err.emit_mean(r, metrics::kValueErrorSqMean);
+        if (vf_clip_)
+            r.token_mean(metrics::kVfClipfrac, frac(clipped, d.loss_tokens), d.loss_tokens);
+        if (huber_delta_)
+            r.token_mean(metrics::kHuberLinearFrac, frac(linear, d.loss_tokens), d.loss_tokens);
+        r.sum(metrics::kValidTokens, double(d.loss_tokens));
         return r;
     }
 

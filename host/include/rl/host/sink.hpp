@@ -26,10 +26,18 @@ struct OwnedTensor {
 size_t dtype_size(rl_dtype_t dtype);
 std::string dtype_string(rl_dtype_t dtype);
 
+// How a metric emitted with emit_metric_reduced (ABI 0.6) combines over calls.
+struct MetricReduction {
+    rl_metric_reduction_t reduction = RL_METRIC_DEFAULT;
+    double weight = 0;
+};
+
 struct CallSink {
     std::string who; // "loss 'policy_loss'": prefixed to failure messages
     std::map<std::string, double> scalars;
     std::map<std::string, double> metrics;
+    // The declared reductions of the metrics that have one (emit_metric_reduced).
+    std::map<std::string, MetricReduction> reductions;
     std::map<std::string, OwnedTensor> tensors;
     std::map<std::string, std::string> texts;
     bool failed = false;

@@ -344,7 +344,30 @@ struct Result {
         if (v.empty()) v.assign(static_cast<size_t>(n), 0.0);
         return v;
     }
+    // Declared reductions over micro-batches and ranks (rl_metric_reduction_t
+    // and weight; docs/abi.md); a metric without one is RL_METRIC_DEFAULT.
+    std::map<std::string, std::pair<rl_metric_reduction_t, double>> reductions;
+
     void metric(const std::string &name, double v) { metrics.emplace_back(name, v); }
+    void metric(const std::string &name, double v, rl_metric_reduction_t red, double weight) {
+        metrics.emplace_back(name, v);
+        reductions[name] = {red, weight};
+    }
+    // A mean over `tokens` tokens / `seqs` sequences; a sum (a count); an
+    // extreme of `n` values.
+    void token_mean(const std::string &name, double v, int64_t tokens) {
+        metric(name, v, RL_METRIC_TOKEN_MEAN, double(tokens));
+    }
+    void seq_mean(const std::string &name, double v, int64_t seqs) {
+        metric(name, v, RL_METRIC_SEQ_MEAN, double(seqs));
+    }
+    void sum(const std::string &name, double v) { metric(name, v, RL_METRIC_SUM, 0.0); }
+    void min(const std::string &name, double v, int64_t n) {
+        metric(name, v, RL_METRIC_MIN, double(n));
+    }
+    void max(const std::string &name, double v, int64_t n) {
+        metric(name, v, RL_METRIC_MAX, double(n));
+    }
     const double *find_metric(const std::string &name) const {
         for (const auto &m : metrics)
             if (m.first == name) return &m.second;
@@ -366,6 +389,20 @@ struct Stat {
     double mean(double empty = 0.0) const { return count ? sum / double(count) : empty; }
     double min(double empty) const { return count ? lo : empty; }
     double max(double empty) const { return count ? hi : empty; }
+    // Emitted with their reductions, over tokens (a token mean weighted by
+    // count, min, max) or over sequences (seq_mean).
+    void emit_mean(Result &r, const std::string &name, double empty = 0.0) const {
+        r.token_mean(name, mean(empty), count);
+    }
+    void emit_seq_mean(Result &r, const std::string &name, double empty = 0.0) const {
+        r.seq_mean(name, mean(empty), count);
+    }
+    void emit_min(Result &r, const std::string &name, double empty) const {
+        r.min(name, min(empty), count);
+    }
+    void emit_max(Result &r, const std::string &name, double empty) const {
+        r.max(name, max(empty), count);
+    }
 };
 
 inline double frac(int64_t k, int64_t n) {
@@ -385,13 +422,46 @@ struct RatioStats {
         old_nll.add(-old_lp);
     }
     void emit_ratio(Result &r) const {
-        r.metric(metrics::kRatioMean, ratio.mean(1.0));
-        r.metric(metrics::kRatioMin, ratio.min(1.0));
-        r.metric(metrics::kRatioMax, ratio.max(1.0));
+        ratio.emit_mean(r, metrics::kRatioMean, 1.0);
+        ratio.emit_min(r, metrics::kRatioMin, 1.0);
+        ratio.emit_max(r, metrics::kRatioMax, 1.0);
     }
     void emit_kl(Result &r) const {
-        r.metric(metrics::kKlSampleTrainK3, k3.mean());
-        r.metric(metrics::kEntropySample, old_nll.mean());
+        k3.emit_mean(r, metrics::kKlSampleTrainK3);
+        old_nll.emit_mean(r, metrics::kEntropySample);
+    }
+};
+
+// ---- z-loss ----------------------------------------------------------------------
+
+// PaLM's z-loss on the softmax normalizer: z_loss * log^2 Z_t per loss token,
+// aggregated with the loss's weights, where log Z_t (input "logsumexp", the
+// trainer's logsumexp of token t's raw logits, computed in its chunked
+// log-softmax pass) is differentiable: d/d logsumexp_t = 2 z_loss w_t log Z_t.
+// Shared by the policy losses (Regularizers) and the cross-entropy losses.
+struct ZLoss {
+    double coef = 0;
+
+    void read(Params &p) { coef = p.number("z_loss", 0.0, 0.0); }
+    // logsumexp is read only when the coefficient is non-zero.
+    void add_to(LossSignature &s) const {
+        if (coef == 0) return;
+        s.required.push_back("logsumexp");
+        s.differentiable.push_back("logsumexp");
+    }
+    // Adds the term and its gradient; metric z_loss = mean log^2 Z over loss tokens.
+    void apply(const Data &d, const std::vector<double> &w, Result &r) const {
+        if (coef == 0) return;
+        const auto &lse = d.at("logsumexp");
+        auto &g = r.g("logsumexp", d.n);
+        Stat s;
+        for (int64_t t = 0; t < d.n; ++t) {
+            if (d.mask[t] == 0) continue;
+            r.loss += w[t] * coef * lse[t] * lse[t];
+            g[t] += w[t] * coef * 2.0 * lse[t];
+            s.add(lse[t] * lse[t]);
+        }
+        s.emit_mean(r, metrics::kZLoss);
     }
 };
 
@@ -403,6 +473,7 @@ struct Regularizers {
     double kl_coef = 0;
     KlEstimator kl_type;
     double entropy_coef = 0;
+    ZLoss z;
 
     // Also accepted under the peers' names (docs/losses.md): verl's
     // kl_loss_coef / kl_loss_type / entropy_coeff, TRL's and xorl's beta.
@@ -414,6 +485,7 @@ struct Regularizers {
         kl_coef = p.number("kl_coef", 0.0, 0.0);
         kl_type = read_kl_type(p);
         entropy_coef = p.number("entropy_coef", 0.0, 0.0);
+        z.read(p);
     }
     // ref_logprobs and entropy are always accepted (for the ref_kl / entropy
     // metrics); they are required, and entropy differentiable, when their
@@ -422,6 +494,7 @@ struct Regularizers {
         (kl_coef != 0 ? s.required : s.optional).push_back("ref_logprobs");
         (entropy_coef != 0 ? s.required : s.optional).push_back("entropy");
         if (entropy_coef != 0) s.differentiable.push_back("entropy");
+        z.add_to(s);
     }
     // Adds the terms to r (loss, logprobs / entropy gradients) and emits the
     // ref_kl / entropy metrics (masked means over loss tokens). `sg` is the
@@ -443,7 +516,7 @@ struct Regularizers {
                     g[t] += w[t] * kl_coef * kl_term_grad(kl_type, lp[t], (*ref)[t]);
                 }
             }
-            r.metric(metrics::kRefKl, s.mean());
+            s.emit_mean(r, metrics::kRefKl);
         }
         if (ent) {
             Stat s;
@@ -456,8 +529,9 @@ struct Regularizers {
                     (*g)[t] = -w[t] * entropy_coef;
                 }
             }
-            r.metric(metrics::kEntropy, s.mean());
+            s.emit_mean(r, metrics::kEntropy);
         }
+        z.apply(d, w, r);
     }
 };
 
@@ -493,7 +567,13 @@ public:
                         " entries, expected " + std::to_string(d.n));
             out->assign(kv.second);
         }
-        for (const auto &m : r.metrics) call.metric(m.first, m.second);
+        for (const auto &m : r.metrics) {
+            auto red = r.reductions.find(m.first);
+            if (red == r.reductions.end())
+                call.metric(m.first, m.second);
+            else
+                call.metric(m.first, m.second, red->second.first, red->second.second);
+        }
         for (const auto &t : r.tensors) call.tensor(t.first, t.second);
         return r.loss;
     }
@@ -513,10 +593,13 @@ public:
     CrossEntropyLoss(Params &p, bool per_token_outputs) : per_token_(per_token_outputs) {
         ignore_index_ = p.integer("ignore_index", -100);
         agg_ = Aggregation::read(p);
+        z_.read(p);
     }
 
     LossSignature signature() const override {
-        return {{"logprobs", "labels"}, {"loss_mask", "weights"}, {"logprobs"}};
+        LossSignature s{{"logprobs", "labels"}, {"loss_mask", "weights"}, {"logprobs"}};
+        z_.add_to(s);
+        return s;
     }
 
     Result evaluate(const Data &d, const Data &) const override {
@@ -531,7 +614,8 @@ public:
             g[t] = -w[t];
             nll.add(-lp[t]);
         }
-        r.metric(metrics::kValidTokens, double(d.loss_tokens));
+        r.sum(metrics::kValidTokens, double(d.loss_tokens));
+        // exp of a mean: not a mean itself; the host's default (token-weighted).
         r.metric(metrics::kPerplexity, std::exp(nll.mean()));
         if (per_token_) {
             std::vector<double> out_lp(static_cast<size_t>(d.n), 0.0), out_loss(out_lp);
@@ -543,6 +627,7 @@ public:
             r.tensors.emplace_back("logprobs", std::move(out_lp));
             r.tensors.emplace_back("elementwise_loss", std::move(out_loss));
         }
+        z_.apply(d, w, r);
         return r;
     }
 
@@ -553,6 +638,7 @@ private:
     bool per_token_;
     int64_t ignore_index_ = -100;
     Aggregation agg_;
+    ZLoss z_;
 };
 
 } // namespace rl::sdk::loss

@@ -13,6 +13,7 @@ namespace rl::sdk::metrics {
 
 // ---- every loss ------------------------------------------------------------------
 inline constexpr const char *kValidTokens = "valid_tokens"; // loss tokens of the call
+inline constexpr const char *kZLoss = "z_loss"; // mean log^2 Z over loss tokens (with z_loss)
 
 // ---- policy-gradient losses ----------------------------------------------------------
 inline constexpr const char *kPgLoss = "pg_loss";             // the policy term alone

@@ -32,6 +32,7 @@
 #pragma once
 
 #include "loss.hpp"
+#include "rejection.hpp"
 #include "utf8_rng.hpp"
 
 #include <algorithm>
@@ -203,6 +204,10 @@ struct PgCall {
     void metric(const std::string &name, double v) { r.metric(name, v); }
     // k out of the call's loss tokens.
     double frac(int64_t k) const { return loss::frac(k, d.loss_tokens); }
+    // The metric `name` = frac(k), a token mean over the call's loss tokens.
+    void token_frac(const std::string &name, int64_t k) {
+        r.token_mean(name, frac(k), d.loss_tokens);
+    }
 };
 
 class PolicyGradientLoss : public LossBase {
@@ -212,18 +217,38 @@ public:
                         {"loss_mask", "weights", "rollout_is_weights"},
                         {"logprobs"}};
         add_inputs(s);
+        if (rs_) { // rollout_logprobs becomes required
+            s.optional.erase(std::remove(s.optional.begin(), s.optional.end(), "rollout_logprobs"),
+                             s.optional.end());
+            if (std::find(s.required.begin(), s.required.end(), "rollout_logprobs") ==
+                s.required.end())
+                s.required.push_back("rollout_logprobs");
+        }
         reg_.add_to(s);
         return s;
     }
 
     Result evaluate(const Data &d, const Data &sg) const final {
         const std::vector<double> w = agg_.weights(d);
-        PgCall c(d, sg, with_rollout_is_weights(d, w));
+        int64_t rejected = 0;
+        const std::vector<double> rw = rejection_weights(d, rejected);
+        PgCall c(d, sg, with_rollout_is_weights(d, with_factors(w, rw)));
         c.per_token = per_token_outputs_;
+        if (rs_) {
+            c.token_frac(rs_->frac_metric(), rejected);
+            for (int64_t t = 0; t < d.n; ++t)
+                if (d.mask[t] != 0) {
+                    c.put("rejection_mask", t, rw[t] == 0 ? 1.0 : 0.0);
+                    c.put("rejection_weight", t, rw[t]);
+                }
+        }
         policy(c);
         c.r.loss = c.pg;
+        // Each call's loss is normalized by the whole step's counts: the step's
+        // policy term is the sum over calls.
         c.r.metrics.insert(c.r.metrics.begin(), {metrics::kPgLoss, c.pg});
-        if (report_valid_tokens_) c.r.metric(metrics::kValidTokens, double(d.loss_tokens));
+        c.r.reductions[metrics::kPgLoss] = {RL_METRIC_SUM, 0.0};
+        if (report_valid_tokens_) c.r.sum(metrics::kValidTokens, double(d.loss_tokens));
         reg_.apply(d, sg, w, c.r);
         if (per_token_outputs_) {
             c.out.emplace("elementwise_loss", std::vector<double>(static_cast<size_t>(d.n), 0.0));
@@ -237,6 +262,34 @@ public:
             for (auto &kv : c.out) c.r.tensors.emplace_back(kv.first, std::move(kv.second));
         }
         return std::move(c.r);
+    }
+
+    // The `rejection_sampling` option (rejection.hpp) of old_logprobs (the
+    // policy the loss corrects towards) against rollout_logprobs (the
+    // behaviour policy that drew the tokens): per loss token 0 when masked, the
+    // truncated importance weight under action clamp, else 1; empty when off.
+    // `rejected` counts the masked or truncated tokens.
+    std::vector<double> rejection_weights(const Data &d, int64_t &rejected) const {
+        rejected = 0;
+        if (!rs_) return {};
+        const auto &old = d.at("old_logprobs");
+        const auto &roll = d.at("rollout_logprobs");
+        std::vector<double> bw(static_cast<size_t>(d.n), 0.0);
+        std::vector<uint8_t> keep(static_cast<size_t>(d.n), 0);
+        for (int64_t t = 0; t < d.n; ++t)
+            if (d.mask[t] != 0) {
+                bw[t] = std::exp(old[t] - roll[t]);
+                keep[t] = 1;
+            }
+        rejected = rs_->apply(d, old, roll, bw, keep);
+        if (!rs_->clamp)
+            for (int64_t t = 0; t < d.n; ++t) bw[t] = keep[t] ? 1.0 : 0.0;
+        return bw;
+    }
+    static std::vector<double> with_factors(std::vector<double> w, const std::vector<double> &f) {
+        if (!f.empty())
+            for (size_t t = 0; t < w.size(); ++t) w[t] *= f[t];
+        return w;
     }
 
     // verl's rollout_is_weights: precomputed per-token importance weights
@@ -265,6 +318,9 @@ protected:
     // Call once, after reading the loss's own parameters.
     void read_shared(Params &p, const std::string &default_agg = "token-mean") {
         per_token_outputs_ = p.boolean("per_token_outputs", false);
+        if (!own_rejection_sampling_ && p.has("rejection_sampling") &&
+            !p.raw("rejection_sampling").is_null())
+            rs_ = RejectionSampling::read(p);
         agg_ = Aggregation::read(p, default_agg);
         reg_.read(p);
     }
@@ -273,9 +329,12 @@ protected:
 
     const Aggregation &aggregation() const { return agg_; }
     bool report_valid_tokens_ = true;
+    // The loss reads `rejection_sampling` itself (decoupled_ppo); set before read_shared.
+    bool own_rejection_sampling_ = false;
 
 private:
     bool per_token_outputs_ = false;
+    std::optional<RejectionSampling> rs_;
     Aggregation agg_;
     Regularizers reg_;
 };

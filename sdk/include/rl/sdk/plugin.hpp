@@ -70,6 +70,20 @@ public:
     void metric(const std::string &name, double value) const {
         check(host()->emit_metric(ctx_, name.c_str(), value), "metric", name);
     }
+    // A metric with its reduction over micro-batches and ranks (abi/rl/host.h
+    // rl_metric_reduction_t; weight: the tokens, sequences or elements the
+    // value covers). A host older than ABI 0.6 has no emit_metric_reduced:
+    // the metric then goes through emit_metric (the host's default reduction).
+    void metric(const std::string &name, double value, rl_metric_reduction_t reduction,
+                double weight) const {
+        const rl_host_api_t *h = host();
+        if (reduction != RL_METRIC_DEFAULT && RL_HAS_FIELD(h, rl_host_api_t, emit_metric_reduced) &&
+            h->emit_metric_reduced)
+            check(h->emit_metric_reduced(ctx_, name.c_str(), value, reduction, weight), "metric",
+                  name);
+        else
+            metric(name, value);
+    }
     void tensor(const std::string &name, const std::vector<double> &xs) const {
         int64_t shape = 0;
         rl_tensor_view_t v = make_view(xs, &shape);

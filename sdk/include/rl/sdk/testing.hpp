@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -36,6 +37,8 @@ struct Output {
     rl_status_t status = RL_OK;
     std::string error; // the message given to host->fail ("" when none)
     std::map<std::string, double> metrics;
+    // Reduction and weight of the metrics emitted with emit_metric_reduced.
+    std::map<std::string, std::pair<rl_metric_reduction_t, double>> reductions;
     std::map<std::string, std::vector<double>> tensors;
     std::map<std::string, std::string> texts;
 
@@ -50,8 +53,11 @@ struct Output {
 
 class Host {
 public:
-    Host() {
-        api_.struct_size = sizeof(rl_host_api_t);
+    // table_size: the rl_host_api_t size the host reports; an older host's
+    // (e.g. RL_SIZE_THROUGH(rl_host_api_t, emit_text), ABI 0.5) has no
+    // emit_metric_reduced.
+    explicit Host(uint32_t table_size = sizeof(rl_host_api_t)) {
+        api_.struct_size = table_size;
         api_.abi_version = RL_ABI_VERSION;
         api_.host_data = this;
         api_.name = "rl-sdk-testing";
@@ -82,6 +88,18 @@ public:
             if (!name || !h->out_.metrics.emplace(name, v).second) return RL_ERR_INVALID_ARG;
             return RL_OK;
         };
+        if (RL_HAS_FIELD(&api_, rl_host_api_t, emit_metric_reduced))
+            api_.emit_metric_reduced = [](const rl_call_ctx_t *ctx, const char *name, double v,
+                                          rl_metric_reduction_t red, double weight) -> rl_status_t {
+                Host *h = active(ctx);
+                if (!h) return RL_ERR_BAD_STATE;
+                if (red < RL_METRIC_DEFAULT || red > RL_METRIC_MAX || !(weight >= 0) ||
+                    weight == std::numeric_limits<double>::infinity())
+                    return RL_ERR_INVALID_ARG;
+                if (!name || !h->out_.metrics.emplace(name, v).second) return RL_ERR_INVALID_ARG;
+                h->out_.reductions[name] = {red, weight};
+                return RL_OK;
+            };
         api_.emit_tensor = [](const rl_call_ctx_t *ctx, const char *name,
                               const rl_tensor_view_t *view) -> rl_status_t {
             Host *h = active(ctx);

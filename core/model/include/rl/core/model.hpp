@@ -40,6 +40,9 @@ struct LogprobOptions {
     /// memory of the log-softmax to chunk_tokens x vocab.
     int64_t chunk_tokens = 512;
     bool entropy = false;
+    /// Also log Z_t = logsumexp of the raw (untempered) logits of each token,
+    /// differentiable (z-loss; docs/losses.md).
+    bool logsumexp = false;
     /// Logits are divided by this before the softmax (the sampling temperature).
     double temperature = 1.0;
     /// Labels equal to this get logprob 0 and no gradient.
@@ -49,9 +52,10 @@ struct LogprobOptions {
 };
 
 struct TokenLogprobs {
-    at::Tensor logprobs; ///< [T] fp32, log p(label_t | tokens <= t)
-    at::Tensor entropy;  ///< [T] fp32 when asked, else undefined
-    at::Tensor hidden;   ///< [T, hidden] when keep_hidden, else undefined
+    at::Tensor logprobs;  ///< [T] fp32, log p(label_t | tokens <= t)
+    at::Tensor entropy;   ///< [T] fp32 when asked, else undefined
+    at::Tensor logsumexp; ///< [T] fp32 log Z of the raw logits when asked, else undefined
+    at::Tensor hidden;    ///< [T, hidden] when keep_hidden, else undefined
 };
 
 struct ModelOptions {

@@ -72,11 +72,28 @@ struct LossCall {
     bool want_grads = false;
 };
 
+/// How a loss metric combines over micro-batches and ranks (the values of
+/// abi/rl/host.h rl_metric_reduction_t; docs/abi.md).
+enum class MetricReduce : int32_t {
+    Default = 0,
+    TokenMean = 1,
+    SeqMean = 2,
+    Sum = 3,
+    Min = 4,
+    Max = 5
+};
+struct MetricSpec {
+    MetricReduce reduce = MetricReduce::Default; ///< Default: weighted by the call's loss tokens
+    double weight = 0; ///< elements the value covers (tokens, sequences); 0: none
+};
+
 struct LossResult {
     double loss = 0;
     /// d loss / d input per differentiable input (same shape; any float dtype).
     std::map<std::string, at::Tensor> grads;
     std::map<std::string, double> metrics;
+    /// Declared reductions; a metric without one is Default.
+    std::map<std::string, MetricSpec> reductions;
     /// Extra outputs (per-token [n] or per-sequence), concatenated over micro-batches.
     std::map<std::string, at::Tensor> tensors;
 };
@@ -95,7 +112,7 @@ struct StepResult {
     int64_t seqs = 0;
     int64_t bins = 0;
     int64_t micro_batches = 0;
-    std::map<std::string, double> metrics;     ///< loss-token-weighted means
+    std::map<std::string, double> metrics;     ///< over micro-batches and ranks, by reduction
     std::map<std::string, at::Tensor> tensors; ///< forward: "logprobs", "entropy"; + loss extras
     double logprob_temperature = 1;    ///< the temperature logprobs and entropy were computed at
     std::vector<std::string> warnings; ///< for the caller's log (each kind given once per trainer)
@@ -227,6 +244,7 @@ private:
     int64_t step_ = 0;
     int64_t pending_backwards_ = 0;
     bool warned_greedy_ = false;           ///< the greedy-batch warning was given
+    bool warned_metric_ranks_ = false;     // ranks emitted different loss metrics
     std::shared_ptr<dist::Group> group_;   ///< null for a single process
     std::unique_ptr<Fsdp> fsdp_;           ///< fsdp over W > 1 ranks
     std::unique_ptr<GradReducer> reducer_; ///< dp with overlap_grad_reduce
