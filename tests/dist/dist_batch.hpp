@@ -106,6 +106,21 @@ inline rl::core::LossFunction weighted_logprob_loss() {
         at::Tensor w = adv * mask / call.global_tokens;
         r.loss = -(w * lp).sum().item<double>();
         if (call.want_grads) r.grads["logprobs"] = -w;
+        // One metric of each declared reduction, over the call's masked tokens.
+        using R = rl::core::MetricReduce;
+        const at::Tensor on = mask > 0;
+        const double n = on.sum().item<double>();
+        if (n > 0) {
+            const at::Tensor v = lp.detach().masked_select(on).to(at::kDouble);
+            r.metrics["lp_min"] = v.min().item<double>();
+            r.reductions["lp_min"] = {R::Min, n};
+            r.metrics["lp_max"] = v.max().item<double>();
+            r.reductions["lp_max"] = {R::Max, n};
+            r.metrics["lp_token_mean"] = v.mean().item<double>();
+            r.reductions["lp_token_mean"] = {R::TokenMean, n};
+        }
+        r.metrics["masked_tokens"] = n;
+        r.reductions["masked_tokens"] = {R::Sum, n};
         return r;
     };
     return f;

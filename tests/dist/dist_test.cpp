@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -152,6 +153,16 @@ double max_abs_diff(const fs::path &a, const fs::path &b) {
 
 const std::vector<std::map<std::string, std::string>> kOneProcess = {{}};
 
+// "name value" lines the worker writes beside its weights.
+std::map<std::string, double> read_metrics(const std::string &path) {
+    std::map<std::string, double> out;
+    std::ifstream in(path);
+    std::string name;
+    double v = 0;
+    while (in >> name >> v) out[name] = v;
+    return out;
+}
+
 TEST(DistCollectives, EveryOperationAgreesAcrossTwoRanks) {
     Ranks ranks("rl_dist_collectives");
     expect_all_ok(ranks.run({"collectives"}, Ranks::world(2)));
@@ -166,6 +177,18 @@ TEST_P(DistParity, FiveStepsOnTwoRanksEqualOneProcessWithUnevenMicroBatches) {
     expect_all_ok(ranks.run({"train", GetParam(), "5", two}, Ranks::world(2)));
     const double d = max_abs_diff(one, two);
     EXPECT_LE(d, 1e-5);
+    // The loss's metrics of the last call, one of each reduction (min, max,
+    // token mean, sum), reduced over micro-batches and ranks, equal the
+    // single process's.
+    const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
+    ASSERT_EQ(m1.size(), 5u);
+    EXPECT_EQ(m2.at("masked_tokens"), m2.at("global_tokens")); // summed over ranks
+    EXPECT_LE(m2.at("lp_min"), m2.at("lp_token_mean"));
+    EXPECT_LE(m2.at("lp_token_mean"), m2.at("lp_max"));
+    for (const auto &kv : m1) {
+        ASSERT_TRUE(m2.count(kv.first)) << kv.first;
+        EXPECT_NEAR(m2.at(kv.first), kv.second, 1e-5 * (1 + std::abs(kv.second))) << kv.first;
+    }
     // The run changed the weights (the comparison is not of two initial states).
     const std::string zero = ranks.path("zero.safetensors");
     expect_all_ok(ranks.run({"train", "dp", "0", zero}, kOneProcess));

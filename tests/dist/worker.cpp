@@ -17,6 +17,8 @@
 #include <ATen/ATen.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <iostream>
 #include <string>
 #include <unistd.h>
@@ -86,6 +88,7 @@ int train(int argc, char **argv) {
     int start = 0;
     if (!resume.empty()) start = static_cast<int>(trainer.load_checkpoint(resume).step);
     const rl::core::LossFunction loss = rl_dist_test::weighted_logprob_loss();
+    std::map<std::string, double> last_metrics; // the last call's, reduced over ranks
     for (int step = start; step < steps; ++step) {
         // Gradient accumulation over two calls, each this rank's share of a
         // global half-batch (uneven shares: different micro-batch counts).
@@ -93,7 +96,8 @@ int train(int argc, char **argv) {
             rl::core::TrainBatch b = rl_dist_test::rank_batch(step, half, rank, world);
             if (b.input_ids.numel() == 0) continue;
             b.global_tokens = rl_dist_test::global_loss_tokens(step, half);
-            trainer.forward_backward(b, loss);
+            const rl::core::StepResult r = trainer.forward_backward(b, loss);
+            if (step + 1 == steps && half == 1) last_metrics = r.metrics;
         }
         trainer.optim_step();
     }
@@ -106,6 +110,11 @@ int train(int argc, char **argv) {
         for (auto &kv : policy->model().named_weights())
             w.emplace_back(kv.first, kv.second.detach().to(at::kFloat).contiguous());
         rl::core::save_safetensors(out, w, {});
+        std::ofstream m(out + ".metrics");
+        m.precision(17);
+        for (const auto &kv : last_metrics) m << kv.first << " " << kv.second << "\n";
+        if (steps > 0) // what the Sum metric must add up to: the whole call's loss tokens
+            m << "global_tokens " << rl_dist_test::global_loss_tokens(steps - 1, 1) << "\n";
     }
     if (g) g->barrier();
     return 0;
