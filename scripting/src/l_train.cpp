@@ -90,28 +90,22 @@ int m_create_adapter(lua_State *L) {
     return 0;
 }
 
-// model:load_adapter(name, dir)
+// model:load_adapter / save_adapter / export_merged(name, dir): a C verb on
+// an adapter and a folder.
+int adapter_folder_verb(lua_State *L, rl_status_t (*verb)(rl_model_t *, const char *, const char *),
+                        const char *what) {
+    rl_model_t *m = model_of(L, 1);
+    check_status(L, verb(m, luaL_checkstring(L, 2), luaL_checkstring(L, 3)), what);
+    return 0;
+}
 int m_load_adapter(lua_State *L) {
-    rl_model_t *m = model_of(L, 1);
-    check_status(L, rl_adapter_load(m, luaL_checkstring(L, 2), luaL_checkstring(L, 3)),
-                 "model:load_adapter");
-    return 0;
+    return adapter_folder_verb(L, rl_adapter_load, "model:load_adapter");
 }
-
-// model:save_adapter(name, dir)
 int m_save_adapter(lua_State *L) {
-    rl_model_t *m = model_of(L, 1);
-    check_status(L, rl_adapter_save(m, luaL_checkstring(L, 2), luaL_checkstring(L, 3)),
-                 "model:save_adapter");
-    return 0;
+    return adapter_folder_verb(L, rl_adapter_save, "model:save_adapter");
 }
-
-// model:export_merged(name, dir)
 int m_export_merged(lua_State *L) {
-    rl_model_t *m = model_of(L, 1);
-    check_status(L, rl_adapter_export_merged(m, luaL_checkstring(L, 2), luaL_checkstring(L, 3)),
-                 "model:export_merged");
-    return 0;
+    return adapter_folder_verb(L, rl_adapter_export_merged, "model:export_merged");
 }
 
 // model:remove_adapter(name)
