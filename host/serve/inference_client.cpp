@@ -8,6 +8,7 @@
 #include "rl/core/update_group.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -9,6 +9,7 @@
 #include <rl/sdk/transport.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <nlohmann/json.hpp>
 

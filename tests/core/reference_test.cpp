@@ -6,6 +6,7 @@
 #include "test_util.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 namespace rl::core {
 namespace {

@@ -8,6 +8,7 @@
 #include "test_util.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>

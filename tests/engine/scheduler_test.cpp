@@ -6,6 +6,8 @@
 
 #include "rl/core/scheduler.hpp"
 
+#include <ATen/core/grad_mode.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <future>

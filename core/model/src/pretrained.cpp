@@ -7,6 +7,7 @@
 #include "rl/core/tensor_io.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cstdio>
 #include <filesystem>

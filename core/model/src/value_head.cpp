@@ -4,6 +4,7 @@
 #include "rl/core/tensor_io.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <map>

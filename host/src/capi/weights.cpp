@@ -16,6 +16,7 @@
 #include "train_common.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <chrono>
 #include <map>
