@@ -138,6 +138,17 @@ def print_profile(title, ours, theirs):
               f"{100 * p['ops_ms'] / wall:.0f}%: {tops}")
 
 
+def print_gpu_profile(title, p):
+    """Our side on CUDA: GPU time by kernel (Kineto) over the measured repetitions."""
+    if p is None:
+        return
+    wall, busy = p["wall_ms"], p["gpu_busy_ms"]
+    print(f"  {title} (ours, GPU kernels): wall {wall:.0f} ms, GPU busy {busy:.0f} ms "
+          f"({100 * busy / wall:.0f}%)")
+    for k in p["top"][:15]:
+        print(f"    {k['ms']:8.1f} ms {100 * k['ms'] / wall:5.1f}% {k['calls']:6d}x  {k['kernel'][:110]}")
+
+
 def train_flops_per_token(shape, params, seq_len):
     # 6 N per token, plus causal attention scores and values: forward 2 matmuls
     # of 2 * (seq_len / 2) * heads * head_dim FLOPs each, backward twice that.
@@ -196,7 +207,9 @@ def main():
         ours = json.loads(subprocess.run([args.binary, json.dumps(cfg)], check=True,
                                          capture_output=True, text=True).stdout)
         model = hf_model(shape, args.device, dtype)
-        hf_tp, hf_dp = OpProfile(args.profile), OpProfile(args.profile)
+        # On CUDA only our side is profiled (GPU kernels); the CPU operator
+        # lists compare the two sides on the CPU.
+        hf_tp, hf_dp = OpProfile(args.profile and not gpu), OpProfile(args.profile and not gpu)
         hf_t, hf_t_cpu = hf_train(model, args, args.device, hf_tp)
         model.eval()
         hf_d, hf_d_cpu = hf_decode(model, args, args.device, hf_dp)
@@ -217,6 +230,17 @@ def main():
                   f"{1e3 * hf_t_cpu:>9.0f} ms {hf_t_cpu / ours['train_cpu_s']:>5.2f}x{'':>9} | "
                   f"{1e3 * ours['decode_cpu_s']:>14.0f} ms {1e3 * hf_d_cpu:>9.0f} ms "
                   f"{hf_d_cpu / ours['decode_cpu_s']:>5.2f}x", flush=True)
+        if gpu:
+            print(f"{'':<6} ours per step: forward+backward {1e3 * ours['train_forward_backward_s']:.0f}"
+                  f" ms, optimizer {1e3 * ours['train_optim_s']:.0f} ms", flush=True)
+        if "weight_bytes" in ours:
+            # Zero copies: the engine holds its KV cache and nothing the size
+            # of the weights beside the trainer's parameters.
+            print(f"{'':<6} engine memory beside the trainer's {ours['weight_bytes'] / 2**20:.0f} MiB"
+                  f" of weights: KV cache {ours['engine_cache_bytes'] / 2**20:.0f} MiB, other "
+                  f"{ours['engine_other_bytes'] / 2**20:.0f} MiB", flush=True)
+        print_gpu_profile("train", ours.get("train_gpu_profile"))
+        print_gpu_profile("decode", ours.get("decode_gpu_profile"))
         print_profile("train", ours.get("train_profile"), hf_tp.report())
         print_profile("decode", ours.get("decode_profile"), hf_dp.report())
 

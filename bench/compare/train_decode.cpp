@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #ifdef RL_TORCH_HAS_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -29,6 +30,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -106,6 +108,46 @@ json op_report(double wall) {
     return {{"wall_ms", 1e3 * wall}, {"ops_ms", 1e3 * in_ops}, {"top", ops}};
 }
 
+// GPU profile ("profile": true on CUDA): time of every CUDA kernel, summed by
+// kernel name over the measured repetitions, from libtorch's Kineto profiler
+// (the CPU-side RecordFunction clocks above only see launches there).
+namespace kprof = torch::autograd::profiler;
+namespace pimpl = torch::profiler::impl;
+
+void gpu_profile_start() {
+    const std::set<pimpl::ActivityType> acts{pimpl::ActivityType::CPU, pimpl::ActivityType::CUDA};
+    const pimpl::ProfilerConfig cfg(pimpl::ProfilerState::KINETO);
+    kprof::prepareProfiler(cfg, acts);
+    kprof::enableProfiler(cfg, acts);
+}
+
+json gpu_profile_stop(double wall) {
+    std::unique_ptr<kprof::ProfilerResult> r = kprof::disableProfiler();
+    std::map<std::string, std::pair<double, int64_t>> by_kernel;
+    double busy = 0;
+    for (const auto &e : r->events()) {
+        if (e.deviceType() != c10::DeviceType::CUDA) continue;
+        std::string name = e.name();
+        if (name.rfind("void ", 0) == 0) name = name.substr(5);
+        if (name.size() > 140) name = name.substr(0, 140);
+        const double sec = 1e-9 * static_cast<double>(e.durationNs());
+        busy += sec;
+        auto &k = by_kernel[name];
+        k.first += sec;
+        k.second += 1;
+    }
+    std::vector<std::pair<std::string, std::pair<double, int64_t>>> v(by_kernel.begin(),
+                                                                      by_kernel.end());
+    std::sort(v.begin(), v.end(),
+              [](const auto &a, const auto &b) { return a.second.first > b.second.first; });
+    json top = json::array();
+    for (size_t i = 0; i < v.size() && i < 25; ++i)
+        top.push_back({{"kernel", v[i].first},
+                       {"ms", 1e3 * v[i].second.first},
+                       {"calls", v[i].second.second}});
+    return {{"wall_ms", 1e3 * wall}, {"gpu_busy_ms", 1e3 * busy}, {"top", top}};
+}
+
 LossFunction mean_nll() {
     LossFunction f;
     f.name = "loss 'nll'";
@@ -174,30 +216,41 @@ int main(int argc, char **argv) {
             b.input_ids = at::tensor(ids, at::kLong);
             for (int64_t s = 0; s <= seqs; ++s) b.cu_seqlens.push_back(s * len);
             const LossFunction loss = mean_nll();
-            double t = 0, cpu = 0;
+            double t = 0, t_fb = 0, cpu = 0;
             for (int64_t i = 0; i < warmup + steps; ++i) {
                 synchronize(device);
-                op_recording = profile && i >= warmup;
+                op_recording = profile && i >= warmup && !device.is_cuda();
+                if (profile && device.is_cuda() && i == warmup) gpu_profile_start();
                 const auto t0 = std::chrono::steady_clock::now();
                 const double c0 = process_cpu_seconds();
                 trainer.forward_backward(b, loss);
+                synchronize(device);
+                const double fb = seconds_since(t0);
                 trainer.optim_step();
                 synchronize(device);
                 if (i >= warmup) {
                     t += seconds_since(t0);
+                    t_fb += fb;
                     cpu += process_cpu_seconds() - c0;
                 }
                 op_recording = false;
             }
             out["train_cpu_s"] = cpu / static_cast<double>(steps);
-            if (profile) out["train_profile"] = op_report(t);
+            if (profile && device.is_cuda()) out["train_gpu_profile"] = gpu_profile_stop(t);
+            if (profile && !device.is_cuda()) out["train_profile"] = op_report(t);
             out["train_step_s"] = t / static_cast<double>(steps);
+            // Where the step goes: forward + backward, then the optimizer.
+            out["train_forward_backward_s"] = t_fb / static_cast<double>(steps);
+            out["train_optim_s"] = (t - t_fb) / static_cast<double>(steps);
             out["train_tokens_per_s"] = static_cast<double>(seqs * len * steps) / t;
         }
 
         const int64_t batch = get("batch", int64_t{16}), prompt = get("prompt_len", int64_t{16});
         const int64_t new_tokens = get("new_tokens", int64_t{32});
         if (new_tokens > 0) {
+            // The co-located engine reads the trainer's weights in place:
+            // on CUDA, what it holds beyond its KV cache is measured.
+            const DeviceMemory before = device_memory(device);
             Engine engine(policy);
             SamplingParams sp;
             sp.max_tokens = new_tokens;
@@ -213,7 +266,8 @@ int main(int argc, char **argv) {
             const int64_t reps = get("decode_reps", int64_t{2});
             for (int64_t i = 0; i <= reps; ++i) {
                 synchronize(device);
-                op_recording = profile && i > 0;
+                op_recording = profile && i > 0 && !device.is_cuda();
+                if (profile && device.is_cuda() && i == 1) gpu_profile_start();
                 const auto t0 = std::chrono::steady_clock::now();
                 const double c0 = process_cpu_seconds();
                 const Generation g = engine.generate(prompts, sp);
@@ -230,7 +284,17 @@ int main(int argc, char **argv) {
                     h = (h ^ static_cast<uint64_t>(tok)) * 1099511628211ULL;
                 out["decode_tokens_fnv"] = std::to_string(h);
             }
-            if (profile) out["decode_profile"] = op_report(t);
+            if (device.is_cuda()) {
+                int64_t weight_bytes = 0;
+                for (const auto &p : model->parameters())
+                    weight_bytes += p.numel() * p.element_size();
+                out["weight_bytes"] = weight_bytes;
+                out["engine_cache_bytes"] = engine.cache_bytes();
+                out["engine_other_bytes"] = device_memory(device).allocated_bytes -
+                                            before.allocated_bytes - engine.cache_bytes();
+            }
+            if (profile && device.is_cuda()) out["decode_gpu_profile"] = gpu_profile_stop(t);
+            if (profile && !device.is_cuda()) out["decode_profile"] = op_report(t);
             out["decode_s"] = t / static_cast<double>(reps);
             out["decode_cpu_s"] = cpu / static_cast<double>(reps);
             out["decode_tokens_per_s"] = static_cast<double>(batch * new_tokens * reps) / t;

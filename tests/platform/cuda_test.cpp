@@ -6,6 +6,13 @@
 
 #include "rl/core/device.hpp"
 
+#include "attention.hpp" // core/model/src: the model's own attention and logprob passes
+#include "logprobs.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+
 namespace rl::core::test {
 namespace {
 
@@ -45,10 +52,25 @@ TEST_F(Cuda, Float32TrainerStepsMatchTheCpuTightly) {
 TEST_F(Cuda, Bfloat16TrainerStepsFollowTheCpuFloat32Loosely) {
     TempDir dir;
     std::vector<double> lc, lg;
+    const auto start = parameters_of(*tiny_policy(dir, at::kFloat));
     const auto cpu = train(tiny_policy(dir, at::kFloat), &lc);
     const auto cuda = train(tiny_policy(dir, at::kBFloat16, gpu), &lg);
     for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lg[i], lc[i], 0.05) << "step " << i;
-    EXPECT_LT(max_difference(cuda, cpu), 3e-3);
+    // AdamW moves every weight by about the learning rate per step whatever
+    // the size of its gradient, so a weight whose tiny gradient changes sign
+    // in bfloat16 moves the other way (up to 2 x 3 steps x lr apart): compare
+    // the whole update, not its worst element.
+    double diff = 0, norm = 0;
+    for (const auto &[name, c] : cpu) {
+        const at::Tensor dc = c - start.at(name), dg = cuda.at(name) - start.at(name);
+        diff += (dg - dc).pow(2).sum().item<double>();
+        norm += dc.pow(2).sum().item<double>();
+    }
+    std::cout << "bfloat16 CUDA update vs float32 CPU update: relative difference "
+              << std::sqrt(diff / norm) << ", largest weight difference "
+              << max_difference(cuda, cpu) << "\n";
+    EXPECT_LT(std::sqrt(diff / norm), 0.5);
+    EXPECT_LT(max_difference(cuda, cpu), 2 * 3 * 1e-3 + 2e-3);
 }
 
 TEST_F(Cuda, EngineLogprobsEqualTheTrainersForTheSampledTokens) {
@@ -92,6 +114,118 @@ TEST_F(Cuda, SleepGivesTheKvMemoryBackAndWakeUpTakesItAgain) {
     engine.wake_up();
     EXPECT_EQ(engine.cache_bytes(), cache);
     EXPECT_GE(device_memory(gpu).reserved_bytes, asleep.reserved_bytes + cache);
+}
+
+// Packed sequences of different lengths (one of a single token) with grouped
+// key/value heads: the variable-length flash kernel gives the padded
+// attention's output and gradients.
+TEST_F(Cuda, VarlenFlashAttentionEqualsPaddedAttentionAndItsGradients) {
+    if (!varlen_attention_available(gpu, at::kBFloat16, 64))
+        GTEST_SKIP() << "no variable-length flash kernel on this GPU / libtorch";
+    const std::vector<int64_t> cu{0, 37, 42, 106, 107, 127, 191};
+    const int64_t T = cu.back(), heads = 8, kv_heads = 2, dim = 64;
+    at::manual_seed(4);
+    const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(gpu);
+    const at::Tensor q0 = at::randn({T, heads, dim}, opts),
+                     k0 = at::randn({T, kv_heads, dim}, opts);
+    const at::Tensor v0 = at::randn({T, kv_heads, dim}, opts),
+                     g = at::randn({T, heads * dim}, opts);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+    struct Run {
+        at::Tensor out, dq, dk, dv;
+    };
+    auto run = [&](bool varlen) {
+        at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+        at::Tensor v = v0.clone().requires_grad_(true);
+        const PackedAttentionPlan plan = plan_packed_attention(cu, heads, gpu, varlen);
+        EXPECT_EQ(plan.varlen, varlen);
+        at::Tensor out = packed_attention(q, k, v, plan, scale);
+        (out.to(at::kFloat) * g.to(at::kFloat)).sum().backward();
+        return Run{out.to(at::kFloat), q.grad().to(at::kFloat), k.grad().to(at::kFloat),
+                   v.grad().to(at::kFloat)};
+    };
+    const Run flash = run(true), padded = run(false);
+    ASSERT_EQ(flash.out.sizes(), padded.out.sizes());
+    auto rel = [](const at::Tensor &a, const at::Tensor &b) {
+        return ((a - b).norm() / b.norm()).item<double>();
+    };
+    EXPECT_LT(rel(flash.out, padded.out), 1e-2);
+    EXPECT_LT(rel(flash.dq, padded.dq), 2e-2);
+    EXPECT_LT(rel(flash.dk, padded.dk), 2e-2);
+    EXPECT_LT(rel(flash.dv, padded.dv), 2e-2);
+    // The single-token sequence (token 106) sees only itself: its output is
+    // its own value row (heads 0-3 read kv head 0, 4-7 kv head 1).
+    const at::Tensor row = flash.out[106].view({heads, dim});
+    EXPECT_LT((row[0] - v0[106][0].to(at::kFloat)).abs().max().item<double>(), 1e-2);
+    EXPECT_LT((row[7] - v0[106][1].to(at::kFloat)).abs().max().item<double>(), 1e-2);
+}
+
+// The output projection of a bfloat16 model on the tensor cores (bfloat16
+// operands, float32 accumulation and logits): logprobs, entropy and both
+// gradients follow a float32 computation on the same (bfloat16) values.
+TEST_F(Cuda, Bfloat16LogprobsOnTensorCoresFollowFloat32) {
+    const int64_t T = 300, hidden = 128, vocab = 5000;
+    at::manual_seed(5);
+    const at::Tensor h0 = at::randn({T, hidden}).to(at::kBFloat16);
+    const at::Tensor w0 = (0.2 * at::randn({vocab, hidden})).to(at::kBFloat16);
+    const at::Tensor labels = at::randint(vocab, {T}, at::kLong);
+    const at::Tensor g_lp = at::randn({T}), g_ent = at::randn({T});
+    struct Run {
+        at::Tensor lp, ent, dh, dw;
+    };
+    auto run = [&](at::ScalarType dtype, at::Device device) {
+        at::Tensor h = h0.to(dtype).to(device).requires_grad_(true);
+        at::Tensor w = w0.to(dtype).to(device).requires_grad_(true);
+        ChunkedLogprobs r = chunked_logprobs(h, w, labels.to(device), 128, 1.0, true, -100);
+        at::Tensor obj =
+            (r.logprobs * g_lp.to(device)).sum() + (r.entropy * g_ent.to(device)).sum();
+        obj.backward();
+        return Run{r.logprobs.cpu(), r.entropy.cpu(), h.grad().to(at::kFloat).cpu(),
+                   w.grad().to(at::kFloat).cpu()};
+    };
+    const Run tc = run(at::kBFloat16, gpu), ref = run(at::kFloat, at::kCPU);
+    EXPECT_EQ(tc.lp.scalar_type(), at::kFloat);
+    EXPECT_LT((tc.lp - ref.lp).abs().max().item<double>(), 1e-3);
+    EXPECT_LT((tc.ent - ref.ent).abs().max().item<double>(), 1e-3);
+    auto rel = [](const at::Tensor &a, const at::Tensor &b) {
+        return ((a - b).norm() / b.norm()).item<double>();
+    };
+    EXPECT_LT(rel(tc.dh, ref.dh), 1e-2);
+    EXPECT_LT(rel(tc.dw, ref.dw), 1e-2);
+}
+
+// A bfloat16 policy on CUDA: the engine's sampling logprobs (KV cache,
+// decode kernels) and the trainer's (packed flash attention, chunked
+// logprobs) of the same sampled tokens agree to bfloat16 precision.
+TEST_F(Cuda, Bfloat16EngineLogprobsFollowTheTrainers) {
+    TempDir dir;
+    auto policy = tiny_policy(dir, at::kBFloat16, gpu);
+    Trainer trainer(policy, config());
+    Engine engine(policy);
+    SamplingParams sp;
+    sp.n = 8;
+    sp.max_tokens = 24;
+    sp.seed = 11;
+    const std::vector<std::vector<int64_t>> prompts{{104, 105, 10}, {97, 98, 99, 100, 101, 10}};
+    const Generation g = engine.generate(prompts, sp);
+    std::vector<int64_t> start;
+    const TrainBatch b = generation_batch(prompts, g, start);
+    const at::Tensor lp = trainer.forward(b, nullptr).tensors.at("logprobs");
+    double sum = 0, worst = 0;
+    int64_t n = 0;
+    for (int64_t s = 0; s < g.samples(); ++s)
+        for (int64_t k = g.cu_seqlens[s]; k < g.cu_seqlens[s + 1]; ++k, ++n) {
+            const double d =
+                std::fabs(lp[start[static_cast<size_t>(s)] + k - g.cu_seqlens[s]].item<double>() -
+                          g.logprobs[k]);
+            sum += d;
+            worst = std::max(worst, d);
+        }
+    ASSERT_GT(n, 0);
+    std::cout << "bfloat16 engine vs trainer logprobs over " << n << " tokens: mean |diff| "
+              << sum / n << ", max " << worst << "\n";
+    EXPECT_LT(sum / n, 0.03);
+    EXPECT_LT(worst, 0.25);
 }
 
 } // namespace

@@ -1,5 +1,6 @@
 #include "attention.hpp"
 
+#include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/torch_compat.hpp"
 
@@ -56,11 +57,24 @@ at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
     return grouped_attention(q, k, v, mask, scale);
 }
 
+bool varlen_attention_available(at::Device device, at::ScalarType dtype, int64_t head_dim) {
+    return compat::kHasVarlenFlash && device.is_cuda() &&
+           (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim % 8 == 0 && head_dim <= 256 &&
+           cuda_capability(device) >= 80;
+}
+
 PackedAttentionPlan plan_packed_attention(const std::vector<int64_t> &cu, int64_t heads,
-                                          at::Device device) {
+                                          at::Device device, bool varlen) {
     PackedAttentionPlan plan;
     const int64_t num_seqs = static_cast<int64_t>(cu.size()) - 1;
     plan.tokens = cu.empty() ? 0 : cu.back();
+    if (varlen) {
+        plan.varlen = true;
+        for (int64_t s = 0; s < num_seqs; ++s)
+            plan.max_len = std::max(plan.max_len, cu[s + 1] - cu[s]);
+        plan.cu_seqlens = index_tensor(cu, at::kCPU).to(at::kInt).to(device);
+        return plan;
+    }
     std::vector<int64_t> order;
     for (int64_t s = 0; s < num_seqs; ++s)
         if (cu[s + 1] > cu[s]) order.push_back(s);
@@ -130,6 +144,9 @@ at::Tensor packed_attention(const at::Tensor &q, const at::Tensor &k, const at::
                             const PackedAttentionPlan &plan, double scale) {
     const int64_t heads = q.size(1), kv_heads = k.size(1), dim = q.size(2);
     if (plan.tokens == 0) return at::empty({0, heads * dim}, q.options());
+    if (plan.varlen)
+        return compat::varlen_flash_attention(q, k, v, plan.cu_seqlens, plan.max_len, scale)
+            .reshape({plan.tokens, heads * dim});
     std::vector<at::Tensor> outs;
     outs.reserve(plan.groups.size());
     for (const auto &g : plan.groups) {

@@ -1,8 +1,11 @@
-// Attention for packed sequences and for the KV cache. Both pad a set of
-// sequences to a common length and run one attention per group (the fused
-// at::scaled_dot_product_attention kernels on CUDA, batched matrix products on
-// the CPU), so many short sequences (the RL case) cost a few large kernels,
-// not a loop, and no token attends across sequences.
+// Attention for packed sequences and for the KV cache. On a CUDA device with
+// bfloat16 / float16 activations (compute capability 8.0 and up), packed
+// sequences go through the variable-length flash kernel: the tokens stay
+// packed, each sequence attends only to itself, and nothing is padded.
+// Otherwise a set of sequences is padded to a common length and runs one
+// attention per group (at::scaled_dot_product_attention on CUDA, batched
+// matrix products on the CPU), so many short sequences (the RL case) cost a
+// few large kernels, not a loop, and no token attends across sequences.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -39,13 +42,25 @@ struct PackedAttentionPlan {
     std::vector<Group> groups;
     at::Tensor unpermute; ///< restores token order after concatenating groups (undefined: identity)
     int64_t tokens = 0;
+    /// Variable-length flash attention over the packed tokens (no groups):
+    /// cu_seqlens as int32 on the device, and the longest sequence.
+    bool varlen = false;
+    at::Tensor cu_seqlens;
+    int64_t max_len = 0;
 };
 
-/// cu: cumulative sequence lengths (host copy). Sequences are sorted by length
-/// and grouped so that padding stays below ~1.8x of the attention work, with
-/// the score matrix of a group bounded in memory.
+/// Whether packed attention with these shapes runs the variable-length flash
+/// kernel: CUDA, compute capability >= 8.0, bfloat16 or float16, head
+/// dimension a multiple of 8 up to 256, and a libtorch that has the kernel.
+bool varlen_attention_available(at::Device device, at::ScalarType dtype, int64_t head_dim);
+
+/// cu: cumulative sequence lengths (host copy). With `varlen` (see
+/// varlen_attention_available) the plan keeps the tokens packed. Otherwise
+/// sequences are sorted by length and grouped so that padding stays below
+/// ~1.8x of the attention work, with the score matrix of a group bounded in
+/// memory.
 PackedAttentionPlan plan_packed_attention(const std::vector<int64_t> &cu, int64_t heads,
-                                          at::Device device);
+                                          at::Device device, bool varlen = false);
 
 /// q [T, H, D], k and v [T, KVH, D] -> [T, H * D].
 at::Tensor packed_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,

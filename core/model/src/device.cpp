@@ -13,6 +13,8 @@
 #endif
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 
 namespace rl::core {
 
@@ -27,6 +29,27 @@ bool torch_has_cuda() {
 int cuda_device_count() {
     if (!torch_has_cuda()) return 0;
     return static_cast<int>(torch::cuda::device_count());
+}
+
+int cuda_capability(const at::Device &device) {
+#ifdef RL_TORCH_HAS_CUDA
+    if (!device.is_cuda()) return 0;
+    // Asked once per device: the attention plan reads it on every forward.
+    static std::mutex mu;
+    static std::map<int, int> known;
+    const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = known.find(index);
+    if (it != known.end()) return it->second;
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess)
+        major = minor = 0;
+    return known[index] = major * 10 + minor;
+#else
+    (void)device;
+    return 0;
+#endif
 }
 
 std::string torch_version() {

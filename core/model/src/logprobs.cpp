@@ -1,9 +1,12 @@
 #include "logprobs.hpp"
 
 #include "rl/core/error.hpp"
+#include "rl/core/torch_compat.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+
+#include <algorithm>
 
 namespace rl::core {
 namespace {
@@ -15,12 +18,30 @@ at::Tensor as_float(const at::Tensor &t) {
     return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
 }
 
+// A low-precision model on CUDA multiplies hidden states and the output
+// embedding in their own dtype on the tensor cores, with float32 accumulation
+// and float32 logits (compat::mm_float); everything else multiplies a float32
+// copy of the weight. Everything after the product is float32 either way.
+bool tensor_core_logits(const at::Tensor &hidden, const at::Tensor &weight) {
+    const auto t = hidden.scalar_type();
+    return hidden.is_cuda() && (t == at::kBFloat16 || t == at::kHalf) && weight.scalar_type() == t;
+}
+
+// The weight as the chunk products read it: itself (tensor-core path) or a
+// float32 copy made once per pass.
+at::Tensor product_weight(const at::Tensor &hidden, const at::Tensor &weight) {
+    return tensor_core_logits(hidden, weight) ? weight : as_float(weight);
+}
+
 // Logits of one chunk: (h W^T) / temperature in fp32.
-at::Tensor chunk_logits(const at::Tensor &h, const at::Tensor &w_float, double inv_temp) {
-    at::Tensor z = at::matmul(as_float(h), w_float.t());
+at::Tensor chunk_logits(const at::Tensor &h, const at::Tensor &w, double inv_temp) {
+    at::Tensor z = compat::mm_float(h, w.t());
     if (inv_temp != 1.0) z.mul_(inv_temp);
     return z;
 }
+
+// Memory for the d logits of one group of chunks in the backward (see there).
+constexpr int64_t kGroupBytes = int64_t{512} << 20;
 
 struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
     static variable_list forward(AutogradContext *ctx, const at::Tensor &hidden,
@@ -28,7 +49,7 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
                                  double inv_temp, bool want_entropy, int64_t ignore_index,
                                  bool want_lse) {
         const int64_t T = hidden.size(0);
-        const at::Tensor w = as_float(weight);
+        const at::Tensor w = product_weight(hidden, weight);
         at::Tensor valid = labels != ignore_index;
         at::Tensor safe_labels = at::where(valid, labels, at::zeros_like(labels));
         auto fopts = hidden.options().dtype(at::kFloat);
@@ -80,10 +101,25 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
         at::Tensor g_lse = want_lse && grads.size() > 2 ? grads[2] : at::Tensor();
         const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
         const int64_t T = hidden.size(0);
-        const at::Tensor w = as_float(weight);
+        const at::Tensor w = product_weight(hidden, weight);
+        // The tensor-core path multiplies d logits in the model's dtype too.
+        const bool low = w.scalar_type() != at::kFloat;
         at::Tensor grad_h = need_h ? at::empty_like(hidden) : at::Tensor();
-        at::Tensor grad_w = need_w ? at::zeros(w.sizes(), w.options()) : at::Tensor();
+        at::Tensor grad_w =
+            need_w ? at::zeros(w.sizes(), w.options().dtype(at::kFloat)) : at::Tensor();
         if (g_lp.defined()) g_lp = g_lp.to(at::kFloat) * valid.to(at::kFloat);
+        // Tensor-core path: d W = sum over tokens of dz^T h, one product per
+        // group of chunks (up to kGroupBytes of d logits) rather than one
+        // per chunk, so the float32 [vocab, hidden] sum is added to a few
+        // times instead of T / chunk times.
+        at::Tensor group;
+        int64_t group_start = 0;
+        if (low && need_w) {
+            const int64_t rows = std::max<int64_t>(
+                1, kGroupBytes / (weight.size(0) * static_cast<int64_t>(w.element_size())) / chunk);
+            if (rows > 1)
+                group = at::empty({std::min(rows * chunk, T), weight.size(0)}, w.options());
+        }
         for (int64_t s = 0; s < T; s += chunk) {
             const int64_t n = std::min(chunk, T - s);
             at::Tensor h = hidden.narrow(0, s, n);
@@ -91,11 +127,13 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
             at::Tensor logp = z - lse.narrow(0, s, n).unsqueeze(1);
             at::Tensor p = at::exp(logp);
             // d lp_t / d z = onehot(label) - p
-            at::Tensor dz = at::zeros_like(z);
+            at::Tensor dz;
             if (g_lp.defined()) {
                 at::Tensor g = g_lp.narrow(0, s, n);
-                dz = -p * g.unsqueeze(1);
+                dz = p * (-g).unsqueeze(1);
                 dz.scatter_add_(1, labels.narrow(0, s, n).unsqueeze(1), g.unsqueeze(1));
+            } else {
+                dz = at::zeros_like(z);
             }
             // d H_t / d z_j = -p_j (log p_j + H_t)
             if (g_ent.defined()) {
@@ -111,8 +149,22 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
                                     : at::exp(z / inv_temp - lse_raw.narrow(0, s, n).unsqueeze(1));
                 dz = dz + g * p_raw;
             }
-            if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(dz, w));
-            if (need_w) grad_w.addmm_(dz.t(), as_float(h));
+            if (low) {
+                // d logits in the model's dtype, written into the group buffer.
+                at::Tensor dzl = group.defined() ? group.narrow(0, s - group_start, n).copy_(dz)
+                                                 : dz.to(w.scalar_type());
+                if (need_h) grad_h.narrow(0, s, n).copy_(compat::mm_float(dzl, w));
+                if (need_w && !group.defined()) grad_w.add_(compat::mm_float(dzl.t(), h));
+                if (group.defined() && (s + n - group_start == group.size(0) || s + n == T)) {
+                    const int64_t k = s + n - group_start;
+                    grad_w.add_(compat::mm_float(group.narrow(0, 0, k).t(),
+                                                 hidden.narrow(0, group_start, k)));
+                    group_start = s + n;
+                }
+            } else {
+                if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(dz, w));
+                if (need_w) grad_w.addmm_(dz.t(), as_float(h));
+            }
         }
         if (need_w && grad_w.scalar_type() != weight.scalar_type())
             grad_w = grad_w.to(weight.scalar_type());

@@ -6,6 +6,7 @@
 #include "rl/core/error.hpp"
 #include "rl/core/lora.hpp"
 #include "rl/core/threads.hpp"
+#include "rl/core/torch_compat.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -47,20 +48,23 @@ at::Tensor as_float(const at::Tensor &t) {
     return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
 }
 
-// Logits of a few decoding rows h [M, hidden] against the output embedding
-// w [vocab, hidden]. On the CPU a large vocabulary goes through the product in
-// column blocks written in place: the block of w that the matrix product packs
-// stays in cache, where one product over the whole vocabulary streams it
-// twice. Each logit is the same dot product either way (same values).
+// Float32 logits of a few decoding rows h [M, hidden] against the output
+// embedding w [vocab, hidden]. On CUDA a low-precision model multiplies in
+// its dtype with float32 accumulation and output (compat::mm_float). On the CPU a large vocabulary
+// goes through the product in column blocks written in place: the block of w that the matrix
+// product packs stays in cache, where one product over the whole vocabulary streams it twice. Each
+// logit is the same dot product either way (same values).
 at::Tensor decode_logits(const at::Tensor &h, const at::Tensor &w) {
     constexpr int64_t kBlock = 1024;
     const int64_t vocab = w.size(0);
-    if (!h.is_cpu() || h.size(0) > 64 || vocab <= 2 * kBlock) return at::matmul(h, w.t());
-    at::Tensor out = at::empty({h.size(0), vocab}, h.options());
+    if (!h.is_cpu()) return compat::mm_float(h, w.t());
+    if (h.size(0) > 64 || vocab <= 2 * kBlock) return at::matmul(as_float(h), as_float(w).t());
+    const at::Tensor hf = as_float(h);
+    at::Tensor out = at::empty({h.size(0), vocab}, hf.options());
     for (int64_t c = 0; c < vocab; c += kBlock) {
         const int64_t n = std::min(kBlock, vocab - c);
         at::Tensor block = out.narrow(1, c, n);
-        at::mm_out(block, h, w.narrow(0, c, n).t());
+        at::mm_out(block, hf, as_float(w.narrow(0, c, n)).t());
     }
     return out;
 }
@@ -150,6 +154,11 @@ RMSNorm::RMSNorm(int64_t dim, double eps_, const ModelOptions &o) : eps(eps_) {
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor &x) const {
+    // On CUDA, libtorch's fused kernel (one launch forward, fused backward;
+    // statistics in fp32, one rounding of x * rstd * weight to the dtype).
+    // The unfused form below is ~8 kernels forward and ~10 backward, which
+    // dominated a bfloat16 training step and decoding on the GPU.
+    if (x.is_cuda()) return at::rms_norm(x, {weight.size(0)}, weight, eps);
     // As transformers: normalize in fp32, cast back, then scale.
     at::Tensor xf = as_float(x);
     at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
@@ -295,7 +304,9 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         cached = plan_cached_attention(*slots, *starts, counts, c.num_key_value_heads,
                                        cache->capacity(), options_.dtype, options_.device);
     } else {
-        packed = plan_packed_attention(cu, c.num_attention_heads, options_.device);
+        packed = plan_packed_attention(
+            cu, c.num_attention_heads, options_.device,
+            varlen_attention_available(options_.device, options_.dtype, c.head_dim));
     }
 
     // The LoRA adapter selected on this thread (lora.hpp), held by the
@@ -423,7 +434,7 @@ at::Tensor CausalLM::hidden_states(const PackedBatch &batch) {
 
 at::Tensor CausalLM::logits(const PackedBatch &batch) {
     at::Tensor h = hidden_states(batch);
-    return at::matmul(as_float(h), as_float(lm_head_weight()).t());
+    return compat::mm_float(h, lm_head_weight().t());
 }
 
 TokenLogprobs CausalLM::token_logprobs(const PackedBatch &batch, const at::Tensor &labels,
@@ -489,7 +500,7 @@ at::Tensor CausalLM::extend(KVCache &cache, const std::vector<int64_t> &slots,
         for (size_t i = 1; i < cu.size(); ++i) last.push_back(cu[i] - 1);
         h = h.index_select(0, long_tensor(last, options_.device));
     }
-    return decode_logits(as_float(h), as_float(lm_head_weight()));
+    return decode_logits(h, lm_head_weight());
 }
 
 at::Tensor CausalLM::prefill(KVCache &cache, const std::vector<int64_t> &slots,

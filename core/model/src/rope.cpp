@@ -42,7 +42,10 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor &pos
                                                            at::ScalarType dtype) const {
     at::Tensor inv = inv_freq_.to(position_ids.device());
     at::Tensor freqs = position_ids.to(at::kFloat).unsqueeze(1) * inv.unsqueeze(0);
-    return {freqs.cos().to(dtype), freqs.sin().to(dtype)};
+    at::Tensor cos = freqs.cos(), sin = freqs.sin();
+    if (position_ids.is_cuda())
+        return {at::cat({cos, cos}, -1).to(dtype), at::cat({-sin, sin}, -1).to(dtype)};
+    return {cos.to(dtype), sin.to(dtype)};
 }
 
 at::Tensor RotaryEmbedding::apply(const at::Tensor &x, const at::Tensor &cos,
@@ -52,6 +55,9 @@ at::Tensor RotaryEmbedding::apply(const at::Tensor &x, const at::Tensor &cos,
     at::Tensor x2 = x.narrow(-1, half, half);
     at::Tensor c = cos.unsqueeze(1);
     at::Tensor s = sin.unsqueeze(1);
+    // Full-width tables: [x1 | x2] * [cos | cos] + [x2 | x1] * [-sin | sin]
+    // is the same rotation (x1 cos - x2 sin | x2 cos + x1 sin).
+    if (cos.size(-1) == x.size(-1)) return at::addcmul(x * c, at::cat({x2, x1}, -1), s);
     return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
 }
 

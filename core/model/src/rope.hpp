@@ -15,10 +15,12 @@ public:
     explicit RotaryEmbedding(const ModelConfig &config);
 
     /// cos and sin [T, head_dim / 2] in `dtype` for position ids [T] (int64).
-    /// Computed in fp32 as transformers does, then cast.
+    /// Computed in fp32 as transformers does, then cast. On CUDA the tables
+    /// are full width instead, [T, head_dim]: cos | cos and -sin | sin, which
+    /// apply() uses to rotate in three kernels rather than seven.
     std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor &position_ids,
                                               at::ScalarType dtype) const;
-    /// x [T, heads, head_dim] rotated by cos/sin [T, head_dim / 2].
+    /// x [T, heads, head_dim] rotated by the tables of cos_sin().
     static at::Tensor apply(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin);
 
     /// [head_dim / 2] fp32 on the CPU.

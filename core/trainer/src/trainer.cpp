@@ -1,6 +1,7 @@
 #include "rl/core/trainer.hpp"
 
 #include "fsdp.hpp"
+#include "fused_adamw.hpp"
 #include "grad_reducer.hpp"
 #include "metric_reducer.hpp"
 #include "optimizer_state.hpp"
@@ -666,7 +667,6 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     // Gradients as the optimizer sees them (float32 on the masters), and
     // their global norm with one device-to-host read.
     std::vector<at::Tensor> grads;
-    at::Tensor sq;
     for (size_t i = 0; i < params_.size(); ++i) {
         // dp: the reduced float32 sum goes straight to the optimized tensor.
         const at::Tensor g = group_ ? reduced[i] : params_[i].second.grad();
@@ -675,12 +675,9 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
             masters_[i].mutable_grad() = g.to(at::kFloat);
         else if (group_)
             params_[i].second.mutable_grad() = g.to(params_[i].second.scalar_type());
-        const at::Tensor &og = optimized(i).grad();
-        grads.push_back(og);
-        at::Tensor s = og.to(at::kDouble).pow(2).sum();
-        sq = sq.defined() ? sq + s.to(sq.device()) : s;
+        grads.push_back(optimized(i).grad());
     }
-    const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
+    const double norm = std::sqrt(sum_of_squares(grads));
     refuse_non_finite(norm);
     const double clip = ov.gradient_clip.value_or(config_.gradient_clip);
     if (clip > 0 && norm > clip) {
@@ -688,7 +685,7 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
         for (auto &g : grads) g.mul_(scale);
     }
     const double lr = apply_optimizer_options(ov);
-    optimizer_->step();
+    if (!fused_adamw_step(*optimizer_)) optimizer_->step();
     for (size_t i = 0; i < params_.size(); ++i)
         if (masters_[i].defined()) params_[i].second.copy_(masters_[i]);
     zero_grad();
@@ -778,7 +775,7 @@ OptimResult Trainer::fsdp_step(const OptimOverrides &ov) {
     for (auto &u : units)
         if (u.grad.defined()) u.master.mutable_grad() = scale == 1.0 ? u.grad : u.grad * scale;
     const double lr = apply_optimizer_options(ov);
-    optimizer_->step();
+    if (!fused_adamw_step(*optimizer_)) optimizer_->step();
     zero_grad();
     fsdp_->invalidate(); // full weights are gathered again when next needed
     // The step counts this one; the weights get a new version.

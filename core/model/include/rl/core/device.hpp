@@ -26,6 +26,10 @@ at::ScalarType parse_dtype(const std::string &name, const std::string &what = "d
 bool torch_has_cuda();
 int cuda_device_count();
 
+/// Compute capability of a CUDA device as major * 10 + minor (90 for an
+/// H100); 0 for the CPU.
+int cuda_capability(const at::Device &device);
+
 /// "2.15.0+cu132" style version of the linked libtorch.
 std::string torch_version();
 
