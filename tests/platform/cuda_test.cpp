@@ -37,6 +37,34 @@ protected:
         }
         return parameters_of(*p);
     }
+    // |engine logprob - trainer logprob| of every token the engine samples
+    // from a fresh tiny policy on the GPU in `dtype`.
+    std::vector<double> engine_trainer_gaps(at::ScalarType dtype, int64_t n, int64_t max_tokens,
+                                            uint64_t seed,
+                                            const std::vector<std::vector<int64_t>> &prompts) {
+        SamplingParams sp;
+        sp.n = n;
+        sp.max_tokens = max_tokens;
+        sp.seed = seed;
+        TempDir dir;
+        auto policy = tiny_policy(dir, dtype, gpu);
+        Trainer trainer(policy, config());
+        Engine engine(policy);
+        const Generation g = engine.generate(prompts, sp);
+        std::vector<int64_t> start;
+        const TrainBatch b = generation_batch(prompts, g, start);
+        const at::Tensor lp = trainer.forward(b, nullptr).tensors.at("logprobs");
+        std::vector<double> gaps;
+        for (int64_t s = 0; s < g.samples(); ++s)
+            for (int64_t k = g.cu_seqlens[s]; k < g.cu_seqlens[s + 1]; ++k)
+                gaps.push_back(std::fabs(
+                    lp[start[static_cast<size_t>(s)] + k - g.cu_seqlens[s]].item<double>() -
+                    g.logprobs[k]));
+        return gaps;
+    }
+    static double relative_difference(const at::Tensor &a, const at::Tensor &b) {
+        return ((a - b).norm() / b.norm()).item<double>();
+    }
     const at::Device gpu{at::kCUDA, 0};
 };
 
@@ -74,24 +102,10 @@ TEST_F(Cuda, Bfloat16TrainerStepsFollowTheCpuFloat32Loosely) {
 }
 
 TEST_F(Cuda, EngineLogprobsEqualTheTrainersForTheSampledTokens) {
-    TempDir dir;
-    auto policy = tiny_policy(dir, at::kFloat, gpu);
-    Trainer trainer(policy, config());
-    Engine engine(policy);
-    SamplingParams sp;
-    sp.n = 4;
-    sp.max_tokens = 16;
-    sp.seed = 9;
-    const std::vector<std::vector<int64_t>> prompts{{104, 105, 10}, {97, 98, 99, 100, 10}};
-    const Generation g = engine.generate(prompts, sp);
-    std::vector<int64_t> start;
-    const TrainBatch b = generation_batch(prompts, g, start);
-    const at::Tensor lp = trainer.forward(b, nullptr).tensors.at("logprobs");
-    for (int64_t s = 0; s < g.samples(); ++s)
-        for (int64_t k = g.cu_seqlens[s]; k < g.cu_seqlens[s + 1]; ++k)
-            EXPECT_NEAR(lp[start[static_cast<size_t>(s)] + k - g.cu_seqlens[s]].item<double>(),
-                        g.logprobs[k], 2e-4)
-                << "sample " << s << " token " << k - g.cu_seqlens[s];
+    const std::vector<double> gaps =
+        engine_trainer_gaps(at::kFloat, 4, 16, 9, {{104, 105, 10}, {97, 98, 99, 100, 10}});
+    ASSERT_FALSE(gaps.empty());
+    for (size_t i = 0; i < gaps.size(); ++i) EXPECT_LT(gaps[i], 2e-4) << "token " << i;
 }
 
 TEST_F(Cuda, SleepGivesTheKvMemoryBackAndWakeUpTakesItAgain) {
@@ -146,13 +160,10 @@ TEST_F(Cuda, VarlenFlashAttentionEqualsPaddedAttentionAndItsGradients) {
     };
     const Run flash = run(true), padded = run(false);
     ASSERT_EQ(flash.out.sizes(), padded.out.sizes());
-    auto rel = [](const at::Tensor &a, const at::Tensor &b) {
-        return ((a - b).norm() / b.norm()).item<double>();
-    };
-    EXPECT_LT(rel(flash.out, padded.out), 1e-2);
-    EXPECT_LT(rel(flash.dq, padded.dq), 2e-2);
-    EXPECT_LT(rel(flash.dk, padded.dk), 2e-2);
-    EXPECT_LT(rel(flash.dv, padded.dv), 2e-2);
+    EXPECT_LT(relative_difference(flash.out, padded.out), 1e-2);
+    EXPECT_LT(relative_difference(flash.dq, padded.dq), 2e-2);
+    EXPECT_LT(relative_difference(flash.dk, padded.dk), 2e-2);
+    EXPECT_LT(relative_difference(flash.dv, padded.dv), 2e-2);
     // The single-token sequence (token 106) sees only itself: its output is
     // its own value row (heads 0-3 read kv head 0, 4-7 kv head 1).
     const at::Tensor row = flash.out[106].view({heads, dim});
@@ -187,44 +198,26 @@ TEST_F(Cuda, Bfloat16LogprobsOnTensorCoresFollowFloat32) {
     EXPECT_EQ(tc.lp.scalar_type(), at::kFloat);
     EXPECT_LT((tc.lp - ref.lp).abs().max().item<double>(), 1e-3);
     EXPECT_LT((tc.ent - ref.ent).abs().max().item<double>(), 1e-3);
-    auto rel = [](const at::Tensor &a, const at::Tensor &b) {
-        return ((a - b).norm() / b.norm()).item<double>();
-    };
-    EXPECT_LT(rel(tc.dh, ref.dh), 1e-2);
-    EXPECT_LT(rel(tc.dw, ref.dw), 1e-2);
+    EXPECT_LT(relative_difference(tc.dh, ref.dh), 1e-2);
+    EXPECT_LT(relative_difference(tc.dw, ref.dw), 1e-2);
 }
 
 // A bfloat16 policy on CUDA: the engine's sampling logprobs (KV cache,
 // decode kernels) and the trainer's (packed flash attention, chunked
 // logprobs) of the same sampled tokens agree to bfloat16 precision.
 TEST_F(Cuda, Bfloat16EngineLogprobsFollowTheTrainers) {
-    TempDir dir;
-    auto policy = tiny_policy(dir, at::kBFloat16, gpu);
-    Trainer trainer(policy, config());
-    Engine engine(policy);
-    SamplingParams sp;
-    sp.n = 8;
-    sp.max_tokens = 24;
-    sp.seed = 11;
-    const std::vector<std::vector<int64_t>> prompts{{104, 105, 10}, {97, 98, 99, 100, 101, 10}};
-    const Generation g = engine.generate(prompts, sp);
-    std::vector<int64_t> start;
-    const TrainBatch b = generation_batch(prompts, g, start);
-    const at::Tensor lp = trainer.forward(b, nullptr).tensors.at("logprobs");
+    const std::vector<double> gaps =
+        engine_trainer_gaps(at::kBFloat16, 8, 24, 11, {{104, 105, 10}, {97, 98, 99, 100, 101, 10}});
+    ASSERT_FALSE(gaps.empty());
     double sum = 0, worst = 0;
-    int64_t n = 0;
-    for (int64_t s = 0; s < g.samples(); ++s)
-        for (int64_t k = g.cu_seqlens[s]; k < g.cu_seqlens[s + 1]; ++k, ++n) {
-            const double d =
-                std::fabs(lp[start[static_cast<size_t>(s)] + k - g.cu_seqlens[s]].item<double>() -
-                          g.logprobs[k]);
-            sum += d;
-            worst = std::max(worst, d);
-        }
-    ASSERT_GT(n, 0);
-    std::cout << "bfloat16 engine vs trainer logprobs over " << n << " tokens: mean |diff| "
-              << sum / n << ", max " << worst << "\n";
-    EXPECT_LT(sum / n, 0.03);
+    for (double d : gaps) {
+        sum += d;
+        worst = std::max(worst, d);
+    }
+    const double mean = sum / static_cast<double>(gaps.size());
+    std::cout << "bfloat16 engine vs trainer logprobs over " << gaps.size()
+              << " tokens: mean |diff| " << mean << ", max " << worst << "\n";
+    EXPECT_LT(mean, 0.03);
     EXPECT_LT(worst, 0.25);
 }
 
