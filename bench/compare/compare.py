@@ -78,49 +78,50 @@ class OpProfile:
                 "top": [{"op": k, "ms": ms, "calls": n} for k, ms, n in rows[:25]]}
 
 
-def hf_train(model, args, device, prof):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    ids = torch.randint(0, model.config.vocab_size, (args.seqs, args.seq_len), device=device)
+def timed(step, device, prof, warmup, reps):
+    """Runs step() warmup + reps times; returns the wall and CPU seconds of the
+    last reps (profiled by prof, which keeps the wall time too)."""
     total = cpu = 0.0
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup:
+    for i in range(warmup + reps):
+        if i == warmup:
             ctx = prof.measured()
             ctx.__enter__()
         sync(device)
         t0, c0 = time.perf_counter(), time.process_time()
+        step()
+        sync(device)
+        if i >= warmup:
+            total += time.perf_counter() - t0
+            cpu += time.process_time() - c0
+    if reps > 0:
+        ctx.__exit__(None, None, None)
+    prof.wall = total
+    return total, cpu
+
+
+def hf_train(model, args, device, prof):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    ids = torch.randint(0, model.config.vocab_size, (args.seqs, args.seq_len), device=device)
+
+    def step():
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync(device)
-        if i >= args.warmup:
-            total += time.perf_counter() - t0
-            cpu += time.process_time() - c0
-    if args.steps > 0:
-        ctx.__exit__(None, None, None)
-    prof.wall = total
+
+    total, cpu = timed(step, device, prof, args.warmup, args.steps)
     return args.seqs * args.seq_len * args.steps / total, cpu / args.steps
 
 
 @torch.inference_mode()
 def hf_decode(model, args, device, prof):
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_len), device=device)
-    total = cpu = 0.0
-    for i in range(args.decode_reps + 1):
-        if i == 1:
-            ctx = prof.measured()
-            ctx.__enter__()
-        sync(device)
-        t0, c0 = time.perf_counter(), time.process_time()
+
+    def step():
         model.generate(ids, do_sample=True, max_new_tokens=args.new_tokens,
                        min_new_tokens=args.new_tokens, pad_token_id=0)
-        sync(device)
-        if i > 0:
-            total += time.perf_counter() - t0
-            cpu += time.process_time() - c0
-    if args.decode_reps > 0:
-        ctx.__exit__(None, None, None)
-    prof.wall = total
+
+    total, cpu = timed(step, device, prof, 1, args.decode_reps)
     return args.batch * args.new_tokens * args.decode_reps / total, cpu / args.decode_reps
 
 

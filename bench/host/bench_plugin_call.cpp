@@ -10,14 +10,9 @@
 
 namespace {
 
+// A contiguous 1-D view of CPU memory.
 rl_tensor_view_t view(void *data, int64_t *shape, rl_dtype_t dtype) {
-    rl_tensor_view_t v{};
-    v.data = data;
-    v.device = {RL_DEVICE_CPU, 0};
-    v.ndim = 1;
-    v.dtype = dtype;
-    v.shape = shape;
-    return v;
+    return {data, {RL_DEVICE_CPU, 0}, 1, dtype, shape, nullptr, 0};
 }
 
 void BM_PolicyLossThroughAbi(benchmark::State &state) {

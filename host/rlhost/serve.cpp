@@ -40,18 +40,10 @@ const char *kServeUsage =
     "  --request-timeout S       a request not finished in S seconds is aborted (default 600)\n"
     "  --served-model-name S     the model's name in the API (default: the folder's name)\n";
 
-int usage_error(const std::string &what) {
-    std::cerr << "rlhost serve: " << what << "\n\n" << kServeUsage;
-    return 2;
-}
-
 } // namespace
 
 int cmd_serve(const std::vector<std::string> &args) {
     const std::vector<rlhost::ServerFlag> flags = {
-        {"--host", "host", 's'},
-        {"--port", "port", 'i'},
-        {"--api-key", "api_key", 's'},
         {"--max-running", "max_running", 'i'},
         {"--max-queued", "max_queued", 'i'},
         {"--max-context", "max_context", 'i'},
@@ -60,25 +52,16 @@ int cmd_serve(const std::vector<std::string> &args) {
         {"--max-connections", "max_connections", 'i'},
         {"--request-timeout", "request_timeout_s", 'f'},
         {"--served-model-name", "served_model_name", 's'}};
-    rlhost::ServerArgs parsed = rlhost::parse_server_args(args, flags, "RL_SERVE_API_KEY");
-    if (parsed.help) {
-        std::fputs(kServeUsage, stdout);
-        return 0;
-    }
-    if (!parsed.error.empty()) return usage_error(parsed.error);
-    const std::string model_dir = parsed.model_dir;
-    const nlohmann::json load = parsed.load;
-    nlohmann::json options = parsed.options;
+    const rlhost::ServerArgs parsed = rlhost::parse_server_args(args, flags, "RL_SERVE_API_KEY");
+    if (auto rc = help_or_error(parsed, "serve", kServeUsage)) return *rc;
+    const nlohmann::json &options = parsed.options;
 
     // SIGINT / SIGTERM go to a thread that waits for them (blocked everywhere
     // else, including the server's threads, which inherit the mask).
     const sigset_t stop_signals = block_stop_signals();
 
-    rl_model_t *model = nullptr;
-    if (rl_model_load(model_dir.c_str(), load.dump().c_str(), &model) != RL_OK) {
-        std::cerr << "rlhost serve: cannot load the model: " << rl_last_error() << "\n";
-        return 1;
-    }
+    rl_model_t *model = load_server_model(parsed, "serve");
+    if (!model) return 1;
     rl_server_t *server = nullptr;
     if (rl_server_start(model, options.dump().c_str(), &server) != RL_OK) {
         std::cerr << "rlhost serve: " << rl_last_error() << "\n";

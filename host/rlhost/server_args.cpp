@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <stdexcept>
 #include <thread>
 
@@ -11,6 +12,10 @@ namespace rlhost {
 
 ServerArgs parse_server_args(const std::vector<std::string> &args,
                              const std::vector<ServerFlag> &flags, const char *key_env) {
+    // Every server's own flags, then the command's.
+    std::vector<ServerFlag> all = {
+        {"--host", "host", 's'}, {"--port", "port", 'i'}, {"--api-key", "api_key", 's'}};
+    all.insert(all.end(), flags.begin(), flags.end());
     ServerArgs out;
     auto fail = [&](const std::string &why) {
         out.error = why;
@@ -41,7 +46,7 @@ ServerArgs parse_server_args(const std::vector<std::string> &args,
             continue;
         }
         bool known = false;
-        for (const ServerFlag &f : flags) {
+        for (const ServerFlag &f : all) {
             if (a != f.flag) continue;
             known = true;
             try {
@@ -66,6 +71,23 @@ ServerArgs parse_server_args(const std::vector<std::string> &args,
         if (const char *k = std::getenv(key_env); k && *k) out.options["api_key"] = k;
     out.options["model_path"] = out.model_dir;
     return out;
+}
+
+std::optional<int> help_or_error(const ServerArgs &a, const char *command, const char *usage) {
+    if (a.help) {
+        std::fputs(usage, stdout);
+        return 0;
+    }
+    if (a.error.empty()) return std::nullopt;
+    std::cerr << "rlhost " << command << ": " << a.error << "\n\n" << usage;
+    return 2;
+}
+
+rl_model_t *load_server_model(const ServerArgs &a, const char *command) {
+    rl_model_t *model = nullptr;
+    if (rl_model_load(a.model_dir.c_str(), a.load.dump().c_str(), &model) == RL_OK) return model;
+    std::cerr << "rlhost " << command << ": cannot load the model: " << rl_last_error() << "\n";
+    return nullptr;
 }
 
 sigset_t block_stop_signals() {

@@ -2,11 +2,14 @@
 // `rlhost training-server`.
 #pragma once
 
+#include <rl_api.h>
+
 #include <nlohmann/json.hpp>
 
 #include <signal.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,10 +29,19 @@ struct ServerArgs {
     bool help = false;                                 ///< --help or -h
 };
 
-/// Reads --model, --device, --dtype, --threads and `flags`; --model is
-/// required. An api_key not given takes the environment variable `key_env`.
+/// Reads --model, --device, --dtype, --threads, --host, --port, --api-key
+/// and `flags`; --model is required. An api_key not given takes the environment variable `key_env`.
 ServerArgs parse_server_args(const std::vector<std::string> &args,
                              const std::vector<ServerFlag> &flags, const char *key_env);
+
+/// Where the command ends before it starts: --help prints `usage` to stdout
+/// (0); wrong arguments print "rlhost <command>: <error>" and `usage` to
+/// stderr (2). Empty: the arguments are good.
+std::optional<int> help_or_error(const ServerArgs &a, const char *command, const char *usage);
+
+/// The --model folder loaded with --device, --dtype and --threads; null (after
+/// printing "rlhost <command>: cannot load the model: <why>") when it cannot be.
+rl_model_t *load_server_model(const ServerArgs &a, const char *command);
 
 /// SIGINT and SIGTERM blocked in this thread and in the threads it starts
 /// later (a server's threads inherit the mask); the set for serve_until_stopped.

@@ -46,19 +46,11 @@ const char *kUsage =
     "                            (default 300)\n"
     "  --max-body-bytes N        largest request body (default 64 MiB)\n";
 
-int usage_error(const std::string &what) {
-    std::cerr << "rlhost training-server: " << what << "\n\n" << kUsage;
-    return 2;
-}
-
 } // namespace
 
 int cmd_training_server(const std::vector<std::string> &args, const std::string &plugin_path,
                         const std::string &log_level) {
-    const std::vector<rlhost::ServerFlag> flags = {{"--host", "host", 's'},
-                                                   {"--port", "port", 'i'},
-                                                   {"--api-key", "api_key", 's'},
-                                                   {"--checkpoint-dir", "checkpoint_dir", 's'},
+    const std::vector<rlhost::ServerFlag> flags = {{"--checkpoint-dir", "checkpoint_dir", 's'},
                                                    {"--base-model", "base_model", 's'},
                                                    {"--workers", "workers", 'i'},
                                                    {"--max-queued", "max_queued", 'i'},
@@ -67,14 +59,8 @@ int cmd_training_server(const std::vector<std::string> &args, const std::string 
                                                    {"--max-body-bytes", "max_body_bytes", 'i'}};
     rlhost::ServerArgs parsed =
         rlhost::parse_server_args(args, flags, "RL_TRAINING_SERVER_API_KEY");
-    if (parsed.help) {
-        std::fputs(kUsage, stdout);
-        return 0;
-    }
-    if (!parsed.error.empty()) return usage_error(parsed.error);
-    const std::string model_dir = parsed.model_dir;
-    const nlohmann::json load = parsed.load;
-    nlohmann::json options = parsed.options;
+    if (auto rc = help_or_error(parsed, "training-server", kUsage)) return *rc;
+    nlohmann::json &options = parsed.options;
     if (!options.contains("checkpoint_dir")) {
         std::error_code ec;
         std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
@@ -94,9 +80,8 @@ int cmd_training_server(const std::vector<std::string> &args, const std::string 
                   << "\n";
         return 1;
     }
-    rl_model_t *model = nullptr;
-    if (rl_model_load(model_dir.c_str(), load.dump().c_str(), &model) != RL_OK) {
-        std::cerr << "rlhost training-server: cannot load the model: " << rl_last_error() << "\n";
+    rl_model_t *model = load_server_model(parsed, "training-server");
+    if (!model) {
         rl_runtime_destroy(runtime);
         return 1;
     }

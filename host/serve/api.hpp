@@ -129,6 +129,19 @@ void read_http_options(const Fields &f, Config &c) {
     if (auto v = f.number("idle_timeout_s", 0.001, 1e9)) c.idle_timeout_s = *v;
 }
 
+/// The HttpServer settings of a server config: its host, port and limits,
+/// with idle_timeout_s for the read and write timeouts too.
+template <class Config>
+HttpConfig http_config_of(const Config &c) {
+    HttpConfig h;
+    h.host = c.host;
+    h.port = c.port;
+    h.max_connections = c.max_connections;
+    h.max_body_bytes = c.max_body_bytes;
+    h.read_timeout_s = h.idle_timeout_s = h.write_timeout_s = c.idle_timeout_s;
+    return h;
+}
+
 /// The samples of one HTTP request on the scheduler: submitted together,
 /// registered with the server under a request id (abort_request,
 /// pause_generation), cancelled together when the client goes away, and

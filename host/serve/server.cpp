@@ -89,15 +89,7 @@ Server::~Server() {
 }
 
 void Server::start() {
-    HttpConfig h;
-    h.host = config_.host;
-    h.port = config_.port;
-    h.max_connections = config_.max_connections;
-    h.max_body_bytes = config_.max_body_bytes;
-    h.read_timeout_s = config_.idle_timeout_s;
-    h.idle_timeout_s = config_.idle_timeout_s;
-    h.write_timeout_s = config_.idle_timeout_s;
-    http_ = std::make_unique<HttpServer>(h, router_);
+    http_ = std::make_unique<HttpServer>(http_config_of(config_), router_);
     http_->start();
 }
 

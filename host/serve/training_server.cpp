@@ -8,6 +8,7 @@
 #include "rl/core/error.hpp"
 #include "rl/core/lora.hpp"
 #include "rl/core/pretrained.hpp"
+#include "rl/core/text.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -226,15 +227,7 @@ CheckpointRef parse_checkpoint_path(const std::string &path, const std::string &
             uri = true;
         }
     }
-    std::vector<std::string> parts;
-    size_t at = 0;
-    while (true) {
-        const size_t slash = rest.find('/', at);
-        parts.push_back(
-            rest.substr(at, slash == std::string::npos ? std::string::npos : slash - at));
-        if (slash == std::string::npos) break;
-        at = slash + 1;
-    }
+    const std::vector<std::string> parts = core::split(rest, '/');
     CheckpointRef r;
     if (uri && parts.size() == 3) {
         r = {parts[0], parts[1], parts[2]};
@@ -341,6 +334,15 @@ struct TrainingServer::Impl {
     std::shared_ptr<Model> model_locked(const std::string &id, const std::string &field) {
         return live_locked(models, gone_models, id, field, "model",
                            "unknown model_id '" + id + "' (create it with /api/v1/create_model)");
+    }
+
+    /// The model `id` names (as model_locked) and, into *session_id, its
+    /// session: both read under the lock.
+    std::shared_ptr<Model> model_of(const std::string &id, std::string *session_id) {
+        std::lock_guard<std::mutex> lock(mu);
+        std::shared_ptr<Model> m = model_locked(id, "model_id");
+        *session_id = m->session_id;
+        return m;
     }
 
     std::shared_ptr<Sampler> sampler_locked(const std::string &id, const std::string &field) {
@@ -630,6 +632,18 @@ std::string model_id_of(const Fields &f) {
 std::optional<int64_t> seq_id_of(const Fields &f) {
     return f.integer("seq_id", 0, std::numeric_limits<int64_t>::max());
 }
+
+// The body of a call on a model: its fields, model_id (required) and seq_id.
+struct ModelCall {
+    json body;
+    Fields f;
+    std::string model_id;
+    std::optional<int64_t> seq;
+    explicit ModelCall(const Request &req)
+        : body(json_body(req)), f(body), model_id(model_id_of(f)), seq(seq_id_of(f)) {}
+    ModelCall(const ModelCall &) = delete; // f refers to body
+    ModelCall &operator=(const ModelCall &) = delete;
+};
 
 void submitted(Responder &r, const std::string &request_id, const std::string &model_id) {
     send_json(r, {{"request_id", request_id},
@@ -1128,13 +1142,8 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
                            in + ".data");
     }
 
-    std::shared_ptr<Model> m;
     std::string session_id;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        m = model_locked(fb.model_id, "model_id");
-        session_id = m->session_id;
-    }
+    const std::shared_ptr<Model> m = model_of(fb.model_id, &session_id);
     const bool fwd_only = fb.forward_only;
     const std::string loss_name = fb.loss_fn;
     auto lf = std::make_shared<core::LossFunction>(std::move(*loss));
@@ -1179,10 +1188,8 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
 // ---- optim_step ------------------------------------------------------------------------------
 
 void TrainingServer::Impl::optim_step(const Request &req, Responder &r) {
-    json body = json_body(req);
-    Fields f(body);
-    const std::string model_id = model_id_of(f);
-    const auto seq = seq_id_of(f);
+    const ModelCall call(req);
+    const Fields &f = call.f;
     // Tinker's AdamParams defaults fill what a 0.16 client leaves out.
     core::OptimOverrides o = tinker_adam_defaults();
     const json *ap = f.get("adam_params");
@@ -1208,51 +1215,40 @@ void TrainingServer::Impl::optim_step(const Request &req, Responder &r) {
     if (auto v = f.number("learning_rate", 0, 1e3)) o.learning_rate = *v;
     if (auto v = f.number("lr", 0, 1e3)) o.learning_rate = *v;
     if (auto v = f.number("gradient_clip", 0, 1e12)) o.gradient_clip = *v;
-    std::shared_ptr<Model> m;
     std::string session_id;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        m = model_locked(model_id, "model_id");
-        session_id = m->session_id;
-    }
-    const std::string id = submit("model:" + m->id, "OptimStep", m->id, session_id, seq, [m, o]() {
-        if (!m->trainer) throw UserError("model '" + m->id + "' has no weights");
-        const core::OptimResult res = m->trainer->optim_step(o);
-        return OpResult{{{"metrics",
-                          {{"grad_norm", res.grad_norm},
-                           {"learning_rate", res.learning_rate},
-                           {"step", static_cast<double>(res.step)}}},
-                         {"type", "optim_step"}},
-                        {}};
-    });
+    const std::shared_ptr<Model> m = model_of(call.model_id, &session_id);
+    const std::string id =
+        submit("model:" + m->id, "OptimStep", m->id, session_id, call.seq, [m, o]() {
+            if (!m->trainer) throw UserError("model '" + m->id + "' has no weights");
+            const core::OptimResult res = m->trainer->optim_step(o);
+            return OpResult{{{"metrics",
+                              {{"grad_norm", res.grad_norm},
+                               {"learning_rate", res.learning_rate},
+                               {"step", static_cast<double>(res.step)}}},
+                             {"type", "optim_step"}},
+                            {}};
+        });
     submitted(r, id, m->id);
 }
 
 // ---- checkpoints ------------------------------------------------------------------------------
 
 void TrainingServer::Impl::save_weights(const Request &req, Responder &r) {
-    json body = json_body(req);
-    Fields f(body);
-    const std::string model_id = model_id_of(f);
-    const auto seq = seq_id_of(f);
+    const ModelCall call(req);
+    const Fields &f = call.f;
     std::string name = f.string("path").value_or("");
     if (name.empty()) name = "checkpoint-" + std::to_string(std::time(nullptr));
     if (!valid_name(name))
         throw ApiError(400, "path '" + name + "' must be a name of [A-Za-z0-9._-] (at most 128)",
                        "path");
     const bool overwrite = f.boolean("overwrite").value_or(false);
-    std::shared_ptr<Model> m;
     std::string session_id;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        m = model_locked(model_id, "model_id");
-        session_id = m->session_id;
-    }
+    const std::shared_ptr<Model> m = model_of(call.model_id, &session_id);
     const fs::path dir = checkpoint_path({m->id, "weights", name});
     const std::string uri = checkpoint_uri(m->id, "weights", name);
     const std::string base_model = base_name;
     const std::string id =
-        submit("model:" + m->id, "SaveWeights", m->id, session_id, seq,
+        submit("model:" + m->id, "SaveWeights", m->id, session_id, call.seq,
                [m, dir, uri, overwrite, name, base_model]() {
                    if (!m->trainer) throw UserError("model '" + m->id + "' has no weights");
                    if (fs::exists(dir)) {
@@ -1312,13 +1308,8 @@ void TrainingServer::Impl::load_weights(const Request &req, Responder &r) {
                            "training checkpoint (weights/<name>)",
                        "path");
     const fs::path dir = checkpoint_path(ref);
-    std::shared_ptr<Model> m;
     std::string session_id;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        m = model_locked(model_id, "model_id");
-        session_id = m->session_id;
-    }
+    const std::shared_ptr<Model> m = model_of(model_id, &session_id);
     const TrainingServerConfig *c = &cfg;
     const std::string p = *path;
     const std::string base_model = base_name;
@@ -1376,10 +1367,8 @@ std::shared_ptr<Sampler> TrainingServer::Impl::make_sampler(const std::string &s
 }
 
 void TrainingServer::Impl::save_weights_for_sampler(const Request &req, Responder &r) {
-    json body = json_body(req);
-    Fields f(body);
-    const std::string model_id = model_id_of(f);
-    const auto seq = seq_id_of(f);
+    const ModelCall call(req);
+    const Fields &f = call.f;
     std::optional<std::string> name = f.string("path");
     if (!name) name = f.string("name"); // xorl
     const auto sampling_seq = f.integer("sampling_session_seq_id", 0, 1 << 30);
@@ -1388,19 +1377,14 @@ void TrainingServer::Impl::save_weights_for_sampler(const Request &req, Responde
     if (name && !valid_name(*name))
         throw ApiError(400, "path '" + *name + "' must be a name of [A-Za-z0-9._-] (at most 128)",
                        "path");
-    std::shared_ptr<Model> m;
     std::string session_id;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        m = model_locked(model_id, "model_id");
-        session_id = m->session_id;
-    }
+    const std::shared_ptr<Model> m = model_of(call.model_id, &session_id);
     std::string id;
     if (name) {
         const fs::path dir = checkpoint_path({m->id, "sampler_weights", *name});
         const std::string uri = checkpoint_uri(m->id, "sampler_weights", *name);
         const std::string base_model = base_name;
-        id = submit("model:" + m->id, "SaveWeightsForSampler", m->id, session_id, seq,
+        id = submit("model:" + m->id, "SaveWeightsForSampler", m->id, session_id, call.seq,
                     [m, dir, uri, base_model]() {
                         if (!m->trainer) throw UserError("model '" + m->id + "' has no weights");
                         if (m->adapter) { // a PEFT adapter folder
@@ -1419,7 +1403,7 @@ void TrainingServer::Impl::save_weights_for_sampler(const Request &req, Responde
                     });
     } else {
         id =
-            submit("model:" + m->id, "SaveWeightsForSampler", m->id, session_id, seq,
+            submit("model:" + m->id, "SaveWeightsForSampler", m->id, session_id, call.seq,
                    [this, m, session_id]() {
                        if (!m->trainer) throw UserError("model '" + m->id + "' has no weights");
                        // A snapshot: later steps of the model do not change what it samples.
@@ -1450,13 +1434,8 @@ void TrainingServer::Impl::unload_model(const Request &req, Responder &r, bool s
     json body = json_body(req);
     Fields f(body);
     const std::string model_id = model_id_of(f);
-    std::shared_ptr<Model> m;
     std::string session_id;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        m = model_locked(model_id, "model_id");
-        session_id = m->session_id;
-    }
+    const std::shared_ptr<Model> m = model_of(model_id, &session_id);
     const std::string id =
         submit("model:" + m->id, "UnloadModel", m->id, session_id, std::nullopt, [this, m]() {
             std::lock_guard<std::mutex> lock(mu);
@@ -1829,15 +1808,7 @@ const TrainingServerConfig &TrainingServer::config() const {
 
 void TrainingServer::start() {
     Impl &I = *impl_;
-    HttpConfig h;
-    h.host = I.cfg.host;
-    h.port = I.cfg.port;
-    h.max_connections = I.cfg.max_connections;
-    h.max_body_bytes = I.cfg.max_body_bytes;
-    h.read_timeout_s = I.cfg.idle_timeout_s;
-    h.idle_timeout_s = I.cfg.idle_timeout_s;
-    h.write_timeout_s = I.cfg.idle_timeout_s;
-    I.http = std::make_unique<HttpServer>(h, I.router);
+    I.http = std::make_unique<HttpServer>(http_config_of(I.cfg), I.router);
     I.http->start();
     for (int i = 0; i < I.cfg.workers; ++i) I.workers.emplace_back([&I] { I.worker_loop(); });
     I.reaper = std::thread([&I] { I.reaper_loop(); });

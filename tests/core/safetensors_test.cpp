@@ -176,6 +176,12 @@ struct BadCase {
 
 TEST(Safetensors, MalformedHeadersAreErrorsNamingTheProblem) {
     const std::string f4(4, '\0');
+    // One tensor "t" of this dtype, shape and data_offsets (JSON) over 4 bytes.
+    auto one = [&](const char *dtype, const char *shape, const char *offsets) {
+        return image(std::string(R"({"t":{"dtype":")") + dtype + R"(","shape":)" + shape +
+                         R"(,"data_offsets":)" + offsets + "}}",
+                     f4);
+    };
     const std::vector<BadCase> cases = {
         {"empty", "", "too short"},
         {"short", "abc", "too short"},
@@ -183,26 +189,16 @@ TEST(Safetensors, MalformedHeadersAreErrorsNamingTheProblem) {
         {"header past end", le64(100) + "{}", "truncated"},
         {"not an object start", image("[1,2]   ", ""), "does not start with '{'"},
         {"invalid json", image("{\"a\":", ""), "corrupt safetensors header"},
-        {"unknown dtype", image(R"({"t":{"dtype":"F128","shape":[1],"data_offsets":[0,4]}})", f4),
-         "'t'"},
-        {"negative shape", image(R"({"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", f4),
-         "non-negative"},
-        {"float shape", image(R"({"t":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", f4),
-         "non-negative"},
+        {"unknown dtype", one("F128", "[1]", "[0,4]"), "'t'"},
+        {"negative shape", one("F32", "[-1]", "[0,4]"), "non-negative"},
+        {"float shape", one("F32", "[1.5]", "[0,4]"), "non-negative"},
         {"missing offsets", image(R"({"t":{"dtype":"F32","shape":[1]}})", f4), "data_offsets"},
-        {"three offsets", image(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})", f4),
-         "data_offsets"},
-        {"end before begin", image(R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", f4),
-         "end before"},
-        {"size mismatch", image(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", f4),
-         "needs 8 bytes"},
-        {"overflowing shape",
-         image(
-             R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}})",
-             f4),
+        {"three offsets", one("F32", "[1]", "[0,4,8]"), "data_offsets"},
+        {"end before begin", one("F32", "[0]", "[4,0]"), "end before"},
+        {"size mismatch", one("F32", "[2]", "[0,4]"), "needs 8 bytes"},
+        {"overflowing shape", one("F32", "[4294967296,4294967296,4294967296]", "[0,4]"),
          "overflows"},
-        {"truncated data", image(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", f4),
-         "truncated"},
+        {"truncated data", one("F32", "[2]", "[0,8]"), "truncated"},
         {"overlap",
          image(
              R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",

@@ -79,6 +79,9 @@ Json pre(const char *regex) {
                        {"use_regex", false}}}}};
 }
 
+// The tiny model's tokenizer.json, for the fields a byte-level BPE file has,
+// with the spec's vocabulary (the bytes from the table above, then one id per
+// merge result), merges, added tokens and pre- and post-processing.
 Json make_json(const Spec &s) {
     Json vocab = Json::object();
     for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
@@ -88,29 +91,18 @@ Json make_json(const Spec &s) {
         merges.push_back(a + " " + b);
         if (!vocab.contains(a + b)) vocab[a + b] = next++;
     }
-    return Json{{"version", "1.0"},
-                {"truncation", nullptr},
-                {"padding", nullptr},
-                {"added_tokens", s.added},
-                {"normalizer", s.normalizer},
-                {"pre_tokenizer", s.pre_tokenizer},
-                {"post_processor", s.post_processor},
-                {"decoder",
-                 {{"type", "ByteLevel"},
-                  {"add_prefix_space", true},
-                  {"trim_offsets", true},
-                  {"use_regex", true}}},
-                {"model",
-                 {{"type", "BPE"},
-                  {"dropout", nullptr},
-                  {"unk_token", nullptr},
-                  {"continuing_subword_prefix", nullptr},
-                  {"end_of_word_suffix", nullptr},
-                  {"fuse_unk", false},
-                  {"byte_fallback", false},
-                  {"ignore_merges", s.ignore_merges},
-                  {"vocab", vocab},
-                  {"merges", merges}}}};
+    Json j = Json::parse(tiny_tokenizer_json());
+    j.update({{"added_tokens", s.added},
+              {"normalizer", s.normalizer},
+              {"pre_tokenizer", s.pre_tokenizer},
+              {"post_processor", s.post_processor},
+              {"decoder",
+               {{"type", "ByteLevel"},
+                {"add_prefix_space", true},
+                {"trim_offsets", true},
+                {"use_regex", true}}}});
+    j["model"].update({{"ignore_merges", s.ignore_merges}, {"vocab", vocab}, {"merges", merges}});
+    return j;
 }
 
 std::shared_ptr<Tokenizer> make(const Spec &s) {
@@ -412,6 +404,10 @@ TEST(Tokenizer, MalformedFilesAreErrorsNamingTheKey) {
     Spec base;
     base.pre_tokenizer = pre(kQwen2);
     base.merges = {{"a", "b"}};
+    // An edit that sets the top-level `key` to `value`.
+    auto set = [](const char *key, const Json &value) {
+        return [key, value](Json &j) { j[key] = value; };
+    };
     const std::vector<BadJson> cases = {
         {"merge of unknown token", [](Json &j) { j["model"]["merges"].push_back("zz q"); },
          "model.merges[1]"},
@@ -436,46 +432,21 @@ TEST(Tokenizer, MalformedFilesAreErrorsNamingTheKey) {
          [](Json &j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways"; },
          ".behavior'"},
         {"not byte level",
-         [](Json &j) {
-             j["pre_tokenizer"] = Json{{"type", "Sequence"}, {"pretokenizers", Json::array()}};
-         },
+         set("pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", Json::array()}}),
          "no ByteLevel"},
-        {"normalizer",
-         [](Json &j) {
-             j["normalizer"] = Json{{"type", "Lowercase"}};
-         },
-         "'normalizer.type'"},
-        {"decoder",
-         [](Json &j) {
-             j["decoder"] = Json{{"type", "WordPiece"}};
-         },
-         "'decoder.type'"},
-        {"post processor",
-         [](Json &j) {
-             j["post_processor"] = Json{{"type", "BertProcessing"}};
-         },
+        {"normalizer", set("normalizer", {{"type", "Lowercase"}}), "'normalizer.type'"},
+        {"decoder", set("decoder", {{"type", "WordPiece"}}), "'decoder.type'"},
+        {"post processor", set("post_processor", {{"type", "BertProcessing"}}),
          "'post_processor.type'"},
-        {"added id",
-         [](Json &j) {
-             j["added_tokens"] = Json::array({Json{{"id", -3}, {"content", "x"}}});
-         },
+        {"added id", set("added_tokens", Json::array({Json{{"id", -3}, {"content", "x"}}})),
          "'added_tokens[0].id'"},
-        {"added content",
-         [](Json &j) {
-             j["added_tokens"] = Json::array({Json{{"id", 300}, {"content", ""}}});
-         },
+        {"added content", set("added_tokens", Json::array({Json{{"id", 300}, {"content", ""}}})),
          "'added_tokens[0].content'"},
         {"added duplicate",
-         [](Json &j) {
-             j["added_tokens"] =
-                 Json::array({added_token(300, "<a>", true), added_token(301, "<a>", true)});
-         },
+         set("added_tokens",
+             Json::array({added_token(300, "<a>", true), added_token(301, "<a>", true)})),
          "'added_tokens[1].content'"},
-        {"truncation",
-         [](Json &j) {
-             j["truncation"] = Json{{"max_length", 5}};
-         },
-         "'truncation'"},
+        {"truncation", set("truncation", {{"max_length", 5}}), "'truncation'"},
         {"top level", [](Json &j) { j = Json::array(); }, "not a JSON object"},
     };
     for (const auto &c : cases) {

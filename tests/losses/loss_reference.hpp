@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,18 +79,23 @@ inline double aggregate(const Batch &b, const std::vector<bool> &m, const std::v
     return acc / S; // seq-mean-token-sum, seq-mean-token-mean
 }
 
+// The values of a quantity over loss tokens (or sequences).
 struct Mean {
-    double sum = 0, lo = std::numeric_limits<double>::infinity(),
-           hi = -std::numeric_limits<double>::infinity();
-    double n = 0;
-    void add(double x) {
-        sum += x;
-        lo = std::min(lo, x);
-        hi = std::max(hi, x);
-        n += 1;
+    std::vector<double> xs;
+    void add(double x) { xs.push_back(x); }
+    double n() const { return double(xs.size()); }
+    double mean(double empty = 0) const {
+        return xs.empty() ? empty : std::accumulate(xs.begin(), xs.end(), 0.0) / n();
     }
-    double mean(double empty = 0) const { return n ? sum / n : empty; }
 };
+
+// <name>_mean, <name>_min and <name>_max of ratios (1 when there is none).
+inline void ratio_metrics(RefResult &out, const std::string &name, const Mean &r) {
+    const bool none = r.xs.empty();
+    out.metrics[name + "_mean"] = r.mean(1);
+    out.metrics[name + "_min"] = none ? 1 : *std::min_element(r.xs.begin(), r.xs.end());
+    out.metrics[name + "_max"] = none ? 1 : *std::max_element(r.xs.begin(), r.xs.end());
+}
 
 // z_loss * logsumexp^2 per loss token, and the z_loss metric (its mean).
 inline void z_loss(const Batch &b, const std::vector<bool> &m, const json &p,
@@ -147,6 +153,36 @@ inline double frac(double k, double n) {
     return n ? k / n : 0.0;
 }
 
+// What every policy loss has: its loss tokens m, their count n, the
+// regularizer terms per token l (their metrics in out) and the policy term per
+// token pg_tok, which the loss adds into l.
+struct PolicyFrame {
+    RefResult out;
+    std::vector<bool> m;
+    std::vector<double> l, pg_tok;
+    double n = 0;
+    PolicyFrame(const Batch &b, const json &p)
+        : m(loss_tokens(b, false)), l(regularizers(b, m, p, out)), pg_tok(b.n(), 0.0) {}
+    // f(t) on every loss token t in [begin, end) (default: all), counted in n.
+    template <class F>
+    void each_token(F &&f, int64_t begin = 0, int64_t end = -1) {
+        for (int64_t t = begin; t < (end < 0 ? int64_t(m.size()) : end); ++t)
+            if (m[t]) {
+                n += 1;
+                f(t);
+            }
+    }
+    // The loss and pg_loss, aggregated with `def_mode` unless loss_agg_mode is
+    // given, and the token count as `tokens`.
+    RefResult result(const Batch &b, const json &p, const char *def_mode = "token-mean",
+                     const char *tokens = "valid_tokens") {
+        out.loss = aggregate(b, m, l, p, def_mode);
+        out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p, def_mode);
+        out.metrics[tokens] = n;
+        return out;
+    }
+};
+
 inline RefResult cross_entropy(const Batch &b, const json &p) {
     RefResult out;
     const auto m = loss_tokens(b, true, p.value("ignore_index", int64_t(-100)));
@@ -159,24 +195,19 @@ inline RefResult cross_entropy(const Batch &b, const json &p) {
         }
     z_loss(b, m, p, l, out);
     out.loss = aggregate(b, m, l, p);
-    out.metrics["valid_tokens"] = nll.n;
+    out.metrics["valid_tokens"] = nll.n();
     out.metrics["perplexity"] = std::exp(nll.mean());
     return out;
 }
 
 inline RefResult policy_loss(const Batch &b, const json &p) {
-    RefResult out;
-    const auto m = loss_tokens(b, false);
+    PolicyFrame f(b, p);
     const double eps = num_or(p, "eps_clip", 0.2), eps_hi = num_or(p, "eps_clip_high", 0.2);
     const bool tis = p.value("use_tis", false), stats = p.value("compute_kl_stats", false);
     const double tis_lo = num_or(p, "tis_clip_low", 0.1), tis_hi = num_or(p, "tis_clip_high", 2.0);
-    std::vector<double> l = regularizers(b, m, p, out);
-    double pg = 0, n = 0, clipped = 0, ice = 0, tis_clipped = 0;
+    double clipped = 0, ice = 0, tis_clipped = 0;
     Mean ratio, k3, old_nll, tis_w;
-    std::vector<double> pg_tok(b.n(), 0.0);
-    for (int64_t t = 0; t < b.n(); ++t) {
-        if (!m[t]) continue;
-        n += 1;
+    f.each_token([&](int64_t t) {
         const double A = b["advantages"][t];
         const double lr = b["logprobs"][t] - b["old_logprobs"][t], r = std::exp(lr);
         ratio.add(r);
@@ -204,42 +235,31 @@ inline RefResult policy_loss(const Batch &b, const json &p) {
             tis_clipped += (w != raw);
             v *= w;
         }
-        pg_tok[t] = v;
-        l[t] += v;
-    }
-    pg = aggregate(b, m, pg_tok, p);
-    out.loss = aggregate(b, m, l, p);
-    out.metrics["pg_loss"] = pg;
-    out.metrics["pg_clipfrac"] = frac(clipped, n);
-    if (has(p, "icepop_beta")) out.metrics["icepop_maskfrac"] = frac(ice, n);
+        f.pg_tok[t] = v;
+        f.l[t] += v;
+    });
+    RefResult &out = f.out;
+    out.metrics["pg_clipfrac"] = frac(clipped, f.n);
+    if (has(p, "icepop_beta")) out.metrics["icepop_maskfrac"] = frac(ice, f.n);
     if (tis) {
-        out.metrics["tis_mean"] = tis_w.mean(1);
-        out.metrics["tis_min"] = tis_w.n ? tis_w.lo : 1;
-        out.metrics["tis_max"] = tis_w.n ? tis_w.hi : 1;
-        out.metrics["tis_clipfrac"] = frac(tis_clipped, n);
+        ratio_metrics(out, "tis", tis_w);
+        out.metrics["tis_clipfrac"] = frac(tis_clipped, f.n);
     }
     if (stats) {
         out.metrics["kl_sample_train_k3"] = k3.mean();
         out.metrics["entropy_sample"] = old_nll.mean();
-        out.metrics["ratio_mean"] = ratio.mean(1);
-        out.metrics["ratio_min"] = ratio.n ? ratio.lo : 1;
-        out.metrics["ratio_max"] = ratio.n ? ratio.hi : 1;
+        ratio_metrics(out, "ratio", ratio);
     }
-    out.metrics["valid_tokens"] = n;
-    return out;
+    return f.result(b, p);
 }
 
 // importance_sampling and cispo share the ratio statistics.
 inline RefResult importance_or_cispo(const Batch &b, const json &p, bool cispo) {
-    RefResult out;
-    const auto m = loss_tokens(b, false);
-    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    PolicyFrame f(b, p);
     const double lo = num_or(p, "clip_low", 0.0), hi = num_or(p, "clip_high", 4.0);
     Mean ratio, k3, old_nll;
-    double n = 0, clipped = 0;
-    for (int64_t t = 0; t < b.n(); ++t) {
-        if (!m[t]) continue;
-        n += 1;
+    double clipped = 0;
+    f.each_token([&](int64_t t) {
         const double A = b["advantages"][t], lp = b["logprobs"][t];
         const double lr = lp - b["old_logprobs"][t], r = std::exp(lr);
         ratio.add(r);
@@ -248,30 +268,23 @@ inline RefResult importance_or_cispo(const Batch &b, const json &p, bool cispo) 
         if (cispo) {
             const double c = clip(r, lo, hi);
             clipped += (c != r);
-            pg_tok[t] = -c * A * lp;
+            f.pg_tok[t] = -c * A * lp;
         } else {
-            pg_tok[t] = -r * A;
+            f.pg_tok[t] = -r * A;
         }
-        l[t] += pg_tok[t];
-    }
-    out.loss = aggregate(b, m, l, p);
-    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
-    out.metrics["ratio_mean"] = ratio.mean(1);
-    out.metrics["ratio_min"] = ratio.n ? ratio.lo : 1;
-    out.metrics["ratio_max"] = ratio.n ? ratio.hi : 1;
-    if (cispo) out.metrics["clip_fraction"] = frac(clipped, n);
+        f.l[t] += f.pg_tok[t];
+    });
+    ratio_metrics(f.out, "ratio", ratio);
+    if (cispo) f.out.metrics["clip_fraction"] = frac(clipped, f.n);
     if (p.value("compute_kl_stats", false)) {
-        out.metrics["kl_sample_train_k3"] = k3.mean();
-        out.metrics["entropy_sample"] = old_nll.mean();
+        f.out.metrics["kl_sample_train_k3"] = k3.mean();
+        f.out.metrics["entropy_sample"] = old_nll.mean();
     }
-    out.metrics["valid_tokens"] = n;
-    return out;
+    return f.result(b, p);
 }
 
 inline RefResult grpo(const Batch &b, const json &p) {
-    RefResult out;
-    const auto m = loss_tokens(b, false);
-    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    PolicyFrame f(b, p);
     const bool seq_type = p.value("ratio_type", std::string("token")) == "sequence";
     const double adv_tau = num_or(p, "adv_tau", 1), teacher_tau = num_or(p, "teacher_tau", 0),
                  kl_tau = num_or(p, "kl_tau", 0);
@@ -281,12 +294,12 @@ inline RefResult grpo(const Batch &b, const json &p) {
                  shi = num_or(p, "sequence_mask_high", 100);
     const double sclip = num_or(p, "sequence_clip_high", 10);
     const bool teacher = b.f.count("teacher_logprobs") != 0;
-    double n = 0, masked = 0, seqs = 0, masked_seqs = 0;
+    double masked = 0, seqs = 0, masked_seqs = 0;
     Mean kl, tkl;
     for (int64_t s = 0; s < b.n_seqs(); ++s) {
         std::vector<int64_t> toks;
         for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t)
-            if (m[t]) toks.push_back(t);
+            if (f.m[t]) toks.push_back(t);
         if (toks.empty()) continue;
         seqs += 1;
         double log_sum = 0, rmin = 1e300, rmax = -1e300;
@@ -301,7 +314,7 @@ inline RefResult grpo(const Batch &b, const json &p) {
         masked_seqs += drop_seq;
         const double seq_ratio = std::min(std::exp(log_sum), sclip);
         for (auto t : toks) {
-            n += 1;
+            f.n += 1;
             const double lp = b["logprobs"][t], lr = lp - b["old_logprobs"][t], r = std::exp(lr);
             kl.add(r - lr - 1);
             if (teacher) tkl.add(b["teacher_logprobs"][t] - lp);
@@ -311,26 +324,21 @@ inline RefResult grpo(const Batch &b, const json &p) {
             }
             double a = adv_tau * b["advantages"][t] - kl_tau * lr;
             if (teacher) a += teacher_tau * (b["teacher_logprobs"][t] - lp);
-            pg_tok[t] = -(seq_type ? seq_ratio : r) * a * lp;
-            l[t] += pg_tok[t];
+            f.pg_tok[t] = -(seq_type ? seq_ratio : r) * a * lp;
+            f.l[t] += f.pg_tok[t];
         }
     }
-    out.loss = aggregate(b, m, l, p);
-    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
-    out.metrics["kl"] = kl.mean();
-    out.metrics["masked"] = frac(masked, n);
-    out.metrics["masked_seqs"] = frac(masked_seqs, seqs);
-    out.metrics["tokens"] = n;
-    if (teacher) out.metrics["teacher_kl"] = tkl.mean();
-    return out;
+    f.out.metrics["kl"] = kl.mean();
+    f.out.metrics["masked"] = frac(masked, f.n);
+    f.out.metrics["masked_seqs"] = frac(masked_seqs, seqs);
+    if (teacher) f.out.metrics["teacher_kl"] = tkl.mean();
+    return f.result(b, p, "token-mean", "tokens");
 }
 
 inline RefResult decoupled_ppo(const Batch &b, const json &p) {
-    RefResult out;
-    const auto m = loss_tokens(b, false);
-    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    PolicyFrame f(b, p);
     const double eps = num_or(p, "eps_clip", 0.2), eps_hi = num_or(p, "eps_clip_higher", eps);
-    double n = 0, clipped = 0, dual = 0, capped = 0;
+    double clipped = 0, dual = 0, capped = 0;
     Mean ratio, akl, bw, bkl;
     // Token-level rejection: the object, or AReaL's older cap / mode.
     struct {
@@ -354,9 +362,7 @@ inline RefResult decoupled_ppo(const Batch &b, const json &p) {
         rs.upper = p["behav_imp_weight_cap"].get<double>();
         rs.has_lower = rs.clamp; // truncation clamps into [0, cap]
     }
-    for (int64_t t = 0; t < b.n(); ++t) {
-        if (!m[t]) continue;
-        n += 1;
+    f.each_token([&](int64_t t) {
         const double A = b["advantages"][t];
         const double lr = b["logprobs"][t] - b["prox_logprobs"][t], r = std::exp(lr);
         ratio.add(r);
@@ -382,71 +388,60 @@ inline RefResult decoupled_ppo(const Batch &b, const json &p) {
                 w = c;
             } else if (!in) {
                 capped += 1;
-                continue;
+                return;
             }
         }
         bw.add(w);
         bkl.add(b["prox_logprobs"][t] - b["old_logprobs"][t]);
-        pg_tok[t] = w * v;
-        l[t] += pg_tok[t];
-    }
-    out.loss = aggregate(b, m, l, p);
-    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
-    out.metrics["pg_clipfrac"] = frac(clipped, n);
-    if (has(p, "c_clip")) out.metrics["dual_clipfrac"] = frac(dual, n);
+        f.pg_tok[t] = w * v;
+        f.l[t] += f.pg_tok[t];
+    });
+    RefResult &out = f.out;
+    out.metrics["pg_clipfrac"] = frac(clipped, f.n);
+    if (has(p, "c_clip")) out.metrics["dual_clipfrac"] = frac(dual, f.n);
     out.metrics["ratio_mean"] = ratio.mean(1);
     out.metrics["approx_kl"] = akl.mean();
     out.metrics["behav_imp_weight"] = bw.mean(1);
     out.metrics["behav_approx_kl"] = bkl.mean();
-    if (rs.on) out.metrics[rs.clamp ? "behav_truncfrac" : "behav_maskfrac"] = frac(capped, n);
-    out.metrics["valid_tokens"] = n;
-    return out;
+    if (rs.on) out.metrics[rs.clamp ? "behav_truncfrac" : "behav_maskfrac"] = frac(capped, f.n);
+    return f.result(b, p);
 }
 
 // The end of a sequence-ratio loss (gspo, gmpo): loss and pg_loss under
 // seq-mean-token-mean by default, the clip fraction and the sequence ratios.
-inline RefResult sequence_loss_result(const Batch &b, const std::vector<bool> &m,
-                                      const std::vector<double> &l,
-                                      const std::vector<double> &pg_tok, const json &p,
-                                      double clipped, double n, const Mean &sr, RefResult &out) {
-    out.loss = aggregate(b, m, l, p, "seq-mean-token-mean");
-    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p, "seq-mean-token-mean");
-    out.metrics["pg_clipfrac"] = frac(clipped, n);
-    out.metrics["seq_ratio_mean"] = sr.mean(1);
-    out.metrics["seq_ratio_min"] = sr.n ? sr.lo : 1;
-    out.metrics["seq_ratio_max"] = sr.n ? sr.hi : 1;
-    out.metrics["valid_tokens"] = n;
-    return out;
+inline RefResult sequence_loss_result(const Batch &b, const json &p, PolicyFrame &f, double clipped,
+                                      const Mean &sr) {
+    f.out.metrics["pg_clipfrac"] = frac(clipped, f.n);
+    ratio_metrics(f.out, "seq_ratio", sr);
+    return f.result(b, p, "seq-mean-token-mean");
 }
 
 inline RefResult gspo(const Batch &b, const json &p) {
-    RefResult out;
-    const auto m = loss_tokens(b, false);
-    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    PolicyFrame f(b, p);
     const double eps = num_or(p, "eps_clip", 3e-4), eps_hi = num_or(p, "eps_clip_high", 4e-4);
-    double n = 0, clipped = 0;
+    double clipped = 0;
     Mean sr;
     for (int64_t s = 0; s < b.n_seqs(); ++s) {
         double sum = 0, k = 0;
         for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t)
-            if (m[t]) {
+            if (f.m[t]) {
                 sum += b["logprobs"][t] - b["old_logprobs"][t];
                 k += 1;
             }
         if (!k) continue;
         const double si = std::exp(sum / k);
         sr.add(si);
-        for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t) {
-            if (!m[t]) continue;
-            n += 1;
-            const double A = b["advantages"][t];
-            const double l1 = -A * si, l2 = -A * clip(si, 1 - eps, 1 + eps_hi);
-            clipped += (l2 > l1);
-            pg_tok[t] = std::max(l1, l2);
-            l[t] += pg_tok[t];
-        }
+        f.each_token(
+            [&](int64_t t) {
+                const double A = b["advantages"][t];
+                const double l1 = -A * si, l2 = -A * clip(si, 1 - eps, 1 + eps_hi);
+                clipped += (l2 > l1);
+                f.pg_tok[t] = std::max(l1, l2);
+                f.l[t] += f.pg_tok[t];
+            },
+            b.cu[s], b.cu[s + 1]);
     }
-    return sequence_loss_result(b, m, l, pg_tok, p, clipped, n, sr, out);
+    return sequence_loss_result(b, p, f, clipped, sr);
 }
 
 inline RefResult value_loss(const Batch &b, const json &p) {
@@ -490,45 +485,33 @@ inline RefResult value_loss(const Batch &b, const json &p) {
 }
 
 inline RefResult sapo(const Batch &b, const json &p) {
-    RefResult out;
-    const auto m = loss_tokens(b, false);
-    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    PolicyFrame f(b, p);
     const double tp = num_or(p, "tau_pos", 1.0), tn = num_or(p, "tau_neg", 1.05);
-    double n = 0;
     Mean gate, ratio;
-    for (int64_t t = 0; t < b.n(); ++t) {
-        if (!m[t]) continue;
-        n += 1;
+    f.each_token([&](int64_t t) {
         const double A = b["advantages"][t];
         const double r = std::exp(b["logprobs"][t] - b["old_logprobs"][t]);
         const double tau = A > 0 ? tp : tn;
-        const double f = 4.0 / tau / (1.0 + std::exp(-tau * (r - 1.0)));
-        gate.add(f);
+        const double g = 4.0 / tau / (1.0 + std::exp(-tau * (r - 1.0)));
+        gate.add(g);
         ratio.add(r);
-        pg_tok[t] = -f * A;
-        l[t] += pg_tok[t];
-    }
-    out.loss = aggregate(b, m, l, p, "seq-mean-token-mean");
-    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p, "seq-mean-token-mean");
-    out.metrics["gate_mean"] = gate.mean();
-    out.metrics["ratio_mean"] = ratio.mean(1);
-    out.metrics["ratio_min"] = ratio.n ? ratio.lo : 1;
-    out.metrics["ratio_max"] = ratio.n ? ratio.hi : 1;
-    out.metrics["valid_tokens"] = n;
-    return out;
+        f.pg_tok[t] = -g * A;
+        f.l[t] += f.pg_tok[t];
+    });
+    f.out.metrics["gate_mean"] = gate.mean();
+    ratio_metrics(f.out, "ratio", ratio);
+    return f.result(b, p, "seq-mean-token-mean");
 }
 
 inline RefResult gmpo(const Batch &b, const json &p) {
-    RefResult out;
-    const auto m = loss_tokens(b, false);
-    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    PolicyFrame f(b, p);
     const double lo = num_or(p, "eps_clip", 0.4), hi = num_or(p, "eps_clip_high", 0.4);
-    double n = 0, clipped = 0;
+    double clipped = 0;
     Mean sr;
     for (int64_t s = 0; s < b.n_seqs(); ++s) {
         double sum = 0, asum = 0, k = 0;
         for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t) {
-            if (!m[t]) continue;
+            if (!f.m[t]) continue;
             const double A = b["advantages"][t], lr = b["logprobs"][t] - b["old_logprobs"][t];
             const double sgn = A > 0 ? 1.0 : A < 0 ? -1.0 : 0.0;
             // verl: sgn(A) * min(sgn(A) lr, sgn(A) clamp(lr)).
@@ -539,16 +522,16 @@ inline RefResult gmpo(const Batch &b, const json &p) {
             k += 1;
         }
         if (!k) continue;
-        const double si = std::exp(sum / k);
+        const double si = std::exp(sum / k), abar = asum / k;
         sr.add(si);
-        for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t) {
-            if (!m[t]) continue;
-            n += 1;
-            pg_tok[t] = -(asum / k) * si;
-            l[t] += pg_tok[t];
-        }
+        f.each_token(
+            [&](int64_t t) {
+                f.pg_tok[t] = -abar * si;
+                f.l[t] += f.pg_tok[t];
+            },
+            b.cu[s], b.cu[s + 1]);
     }
-    return sequence_loss_result(b, m, l, pg_tok, p, clipped, n, sr, out);
+    return sequence_loss_result(b, p, f, clipped, sr);
 }
 
 // cov_t = (A_t - mean A)(lp_t - mean lp) over loss tokens.
@@ -581,26 +564,22 @@ inline std::vector<bool> largest(std::vector<int64_t> from, const std::vector<do
 }
 
 inline RefResult clip_cov(const Batch &b, const json &p, const Data &sg) {
-    RefResult out;
-    const auto m = loss_tokens(b, false);
-    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    PolicyFrame f(b, p);
     const double eps = num_or(p, "eps_clip", 0.2), eps_hi = num_or(p, "eps_clip_high", 0.2);
     const double lb = num_or(p, "clip_cov_lb", 1.0), ub = num_or(p, "clip_cov_ub", 5.0);
     const double ratio = num_or(p, "clip_cov_ratio", 2e-4);
-    const auto cov = covariance(b, m);
-    double n = 0, clipped = 0;
+    const auto cov = covariance(b, f.m);
+    double clipped = 0;
     std::vector<int64_t> cand;
-    for (int64_t t = 0; t < b.n(); ++t) {
-        if (!m[t]) continue;
-        n += 1;
+    f.each_token([&](int64_t t) {
         const double A = b["advantages"][t];
         const double r = std::exp(b["logprobs"][t] - b["old_logprobs"][t]);
         const bool c = -A * clip(r, 1 - eps, 1 + eps_hi) > -A * r;
         clipped += c;
-        pg_tok[t] = std::max(-A * r, -A * clip(r, 1 - eps, 1 + eps_hi));
+        f.pg_tok[t] = std::max(-A * r, -A * clip(r, 1 - eps, 1 + eps_hi));
         if (!c && cov[t] > lb && cov[t] < ub) cand.push_back(t);
-    }
-    const double k = n ? std::max(std::floor(ratio * n), 1.0) : 0.0;
+    });
+    const double k = f.n ? std::max(std::floor(ratio * f.n), 1.0) : 0.0;
     std::vector<bool> drop(b.n(), false);
     if (p.value("selection", std::string("random")) == "top") {
         drop = largest(cand, cov, k, b.n());
@@ -615,45 +594,35 @@ inline RefResult clip_cov(const Batch &b, const json &p, const Data &sg) {
     for (int64_t t = 0; t < b.n(); ++t)
         if (drop[t]) {
             dropped += 1;
-            pg_tok[t] = 0;
+            f.pg_tok[t] = 0;
         }
-    for (int64_t t = 0; t < b.n(); ++t) l[t] += pg_tok[t];
-    out.loss = aggregate(b, m, l, p);
-    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
-    out.metrics["pg_clipfrac"] = frac(clipped, n);
-    out.metrics["cov_clipfrac"] = frac(dropped, n);
-    out.metrics["cov_candidates"] = double(cand.size());
-    out.metrics["valid_tokens"] = n;
-    return out;
+    for (int64_t t = 0; t < b.n(); ++t) f.l[t] += f.pg_tok[t];
+    f.out.metrics["pg_clipfrac"] = frac(clipped, f.n);
+    f.out.metrics["cov_clipfrac"] = frac(dropped, f.n);
+    f.out.metrics["cov_candidates"] = double(cand.size());
+    return f.result(b, p);
 }
 
 inline RefResult kl_cov(const Batch &b, const json &p) {
-    RefResult out;
-    const auto m = loss_tokens(b, false);
-    std::vector<double> l = regularizers(b, m, p, out), pg_tok(b.n(), 0.0);
+    PolicyFrame f(b, p);
     const double ratio = num_or(p, "kl_cov_ratio", 2e-4), coef = num_or(p, "ppo_kl_coef", 0.1);
-    const auto cov = covariance(b, m);
+    const auto cov = covariance(b, f.m);
     std::vector<int64_t> all;
-    for (int64_t t = 0; t < b.n(); ++t)
-        if (m[t]) all.push_back(t);
-    const double n = double(all.size());
-    const double k = n ? std::max(std::floor(ratio * n), 1.0) : 0.0;
+    f.each_token([&](int64_t t) { all.push_back(t); });
+    const double k = f.n ? std::max(std::floor(ratio * f.n), 1.0) : 0.0;
     const auto pen = largest(all, cov, k, b.n());
     Mean abs_kl;
     double selected = 0;
     for (int64_t t : all) {
         const double lr = b["logprobs"][t] - b["old_logprobs"][t];
-        pg_tok[t] = -b["advantages"][t] * std::exp(lr) + (pen[t] ? coef * std::fabs(lr) : 0.0);
+        f.pg_tok[t] = -b["advantages"][t] * std::exp(lr) + (pen[t] ? coef * std::fabs(lr) : 0.0);
         selected += pen[t];
         abs_kl.add(std::fabs(lr));
-        l[t] += pg_tok[t];
+        f.l[t] += f.pg_tok[t];
     }
-    out.loss = aggregate(b, m, l, p);
-    out.metrics["pg_loss"] = aggregate(b, m, pg_tok, p);
-    out.metrics["kl_cov_frac"] = frac(selected, n);
-    out.metrics["abs_kl"] = abs_kl.mean();
-    out.metrics["valid_tokens"] = n;
-    return out;
+    f.out.metrics["kl_cov_frac"] = frac(selected, f.n);
+    f.out.metrics["abs_kl"] = abs_kl.mean();
+    return f.result(b, p);
 }
 
 } // namespace ref

@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+// The last C API call's error message names `needle` (else it is printed whole).
+#define RL_EXPECT_ERROR_HAS(needle)                                                                \
+    EXPECT_NE(std::string(rl_last_error()).find(needle), std::string::npos) << rl_last_error()
+
 namespace rltest {
 
 class RuntimeFixture {

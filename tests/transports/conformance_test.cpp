@@ -58,21 +58,27 @@ Tensor make_tensor(std::string name, rl_dtype_t dtype, std::vector<int64_t> shap
 constexpr rl_dtype_t kF32{RL_DTYPE_FLOAT, 32, 1}, kI64{RL_DTYPE_INT, 64, 1},
     kBF16{RL_DTYPE_BFLOAT, 16, 1};
 
+// A named view of CPU memory, contiguous unless strides are set after.
+rl_tensor_arg_t tensor_arg(const char *name, void *data, rl_dtype_t dtype, int64_t *shape,
+                           size_t ndim) {
+    rl_tensor_arg_t a{};
+    a.name = name;
+    a.view.data = data;
+    a.view.device = {RL_DEVICE_CPU, 0};
+    a.view.ndim = static_cast<int32_t>(ndim);
+    a.view.dtype = dtype;
+    a.view.shape = shape;
+    return a;
+}
+
 // Borrowed views of tensors, as rl_transport_send takes them.
 struct Views {
     std::vector<rl_tensor_arg_t> args;
     rl_tensor_list_t list{};
     explicit Views(std::vector<Tensor> &ts) {
-        for (auto &t : ts) {
-            rl_tensor_arg_t a{};
-            a.name = t.name.c_str();
-            a.view.data = t.bytes.data();
-            a.view.device = {RL_DEVICE_CPU, 0};
-            a.view.ndim = static_cast<int32_t>(t.shape.size());
-            a.view.dtype = t.dtype;
-            a.view.shape = t.shape.data();
-            args.push_back(a);
-        }
+        for (auto &t : ts)
+            args.push_back(tensor_arg(t.name.c_str(), t.bytes.data(), t.dtype, t.shape.data(),
+                                      t.shape.size()));
         list.items = args.data();
         list.count = args.size();
     }
@@ -430,15 +436,13 @@ TEST_P(TransportConformance, RefusesAMalformedHeaderAndKeepsReceiving) {
     Result bad;
     EXPECT_EQ(rl_transport_recv(rx, 10000, &bad.r), RL_ERR_INVALID_ARG);
     EXPECT_EQ(bad.r, nullptr);
-    EXPECT_NE(std::string(rl_last_error()).find("malformed header"), std::string::npos)
-        << rl_last_error();
+    RL_EXPECT_ERROR_HAS("malformed header");
     // A header whose tensor list lies about sizes.
     backend_->inject(
         R"({"tensors": [{"name": "x", "dtype": "float32", "shape": [4], "nbytes": 8, "crc32c": 0}]})",
         {std::vector<uint8_t>(8)});
     EXPECT_EQ(rl_transport_recv(rx, 10000, &bad.r), RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("tensor 'x'"), std::string::npos)
-        << rl_last_error();
+    RL_EXPECT_ERROR_HAS("tensor 'x'");
     rl_instance_t *tx = sender();
     ASSERT_EQ(send(tx, R"({"after": true})"), RL_OK) << rl_last_error();
     Result good;
@@ -452,13 +456,7 @@ TEST_P(TransportConformance, RefusesAChecksumMismatchAndKeepsReceiving) {
     // The header a real sender would write for w = [1, 2, 3, 4] ...
     std::vector<float> w{1, 2, 3, 4};
     int64_t shape[1] = {4};
-    rl_tensor_arg_t arg{};
-    arg.name = "w";
-    arg.view.data = w.data();
-    arg.view.device = {RL_DEVICE_CPU, 0};
-    arg.view.ndim = 1;
-    arg.view.dtype = kF32;
-    arg.view.shape = shape;
+    rl_tensor_arg_t arg = tensor_arg("w", w.data(), kF32, shape, 1);
     rl_message_view_t m{};
     m.struct_size = sizeof m;
     m.tensors.items = &arg;
@@ -473,9 +471,7 @@ TEST_P(TransportConformance, RefusesAChecksumMismatchAndKeepsReceiving) {
     Result bad;
     EXPECT_EQ(rl_transport_recv(rx, 10000, &bad.r), RL_ERR_INVALID_ARG);
     EXPECT_EQ(bad.r, nullptr);
-    EXPECT_NE(std::string(rl_last_error()).find("checksum mismatch in tensor 'w'"),
-              std::string::npos)
-        << rl_last_error();
+    RL_EXPECT_ERROR_HAS("checksum mismatch in tensor 'w'");
     // The intact message is accepted.
     std::memcpy(payload.data(), w.data(), 16);
     backend_->inject(header, {payload});
@@ -490,7 +486,7 @@ TEST_P(TransportConformance, SenderRefusesMessagesItCannotCarryNamingTheProblem)
     ASSERT_TRUE(rx && tx);
     auto refused = [&](const std::string &header, std::vector<Tensor> ts, const char *needle) {
         EXPECT_EQ(send(tx, header, std::move(ts)), RL_ERR_INVALID_ARG) << needle;
-        EXPECT_NE(std::string(rl_last_error()).find(needle), std::string::npos) << rl_last_error();
+        RL_EXPECT_ERROR_HAS(needle);
     };
     refused("[1, 2]", {}, "must be a JSON object");
     refused("{not json", {}, "must be a JSON object");
@@ -499,18 +495,11 @@ TEST_P(TransportConformance, SenderRefusesMessagesItCannotCarryNamingTheProblem)
     // Non-contiguous: a transposed 2x2 view.
     std::vector<float> v{1, 2, 3, 4};
     int64_t shape[2] = {2, 2}, strides[2] = {1, 2};
-    rl_tensor_arg_t a{};
-    a.name = "t";
-    a.view.data = v.data();
-    a.view.device = {RL_DEVICE_CPU, 0};
-    a.view.ndim = 2;
-    a.view.dtype = kF32;
-    a.view.shape = shape;
+    rl_tensor_arg_t a = tensor_arg("t", v.data(), kF32, shape, 2);
     a.view.strides = strides;
     rl_tensor_list_t list{&a, 1};
     EXPECT_EQ(rl_transport_send(tx, rl_string_view_t{"{}", 2}, &list), RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("'t' is not contiguous"), std::string::npos)
-        << rl_last_error();
+    RL_EXPECT_ERROR_HAS("'t' is not contiguous");
     // Nothing half-sent reached the receiver.
     rl_result_t *r = nullptr;
     EXPECT_EQ(rl_transport_recv(rx, 200, &r), RL_ERR_TIMEOUT);
@@ -557,8 +546,7 @@ TEST(ZmqTransport, SenderWithoutAReceiverTimesOutWithAClearError) {
     rl_status_t st = RL_OK;
     for (int i = 0; i < 16 && st == RL_OK; ++i) st = send(tx, "{}");
     EXPECT_EQ(st, RL_ERR_TIMEOUT);
-    EXPECT_NE(std::string(rl_last_error()).find("is the peer running"), std::string::npos)
-        << rl_last_error();
+    RL_EXPECT_ERROR_HAS("is the peer running");
     rl_instance_destroy(tx);
 }
 
@@ -572,15 +560,14 @@ TEST(ZmqTransport, EachEndRefusesTheOtherEndsVerb) {
     ASSERT_EQ(rl_instance_create(rt.get(), "transport", "zmq", pr.c_str(), &rx), RL_OK);
     ASSERT_EQ(rl_instance_create(rt.get(), "transport", "zmq", pt.c_str(), &tx), RL_OK);
     EXPECT_EQ(send(rx, "{}"), RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("role 'pull'"), std::string::npos);
+    RL_EXPECT_ERROR_HAS("role 'pull'");
     rl_result_t *r = nullptr;
     EXPECT_EQ(rl_transport_recv(tx, 0, &r), RL_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(rl_last_error()).find("role 'push'"), std::string::npos);
+    RL_EXPECT_ERROR_HAS("role 'push'");
     // A second receiver on a port in use is named.
     rl_instance_t *again = nullptr;
     EXPECT_EQ(rl_instance_create(rt.get(), "transport", "zmq", pr.c_str(), &again), RL_ERR_IO);
-    EXPECT_NE(std::string(rl_last_error()).find("cannot bind"), std::string::npos)
-        << rl_last_error();
+    RL_EXPECT_ERROR_HAS("cannot bind");
     rl_instance_destroy(rx);
     rl_instance_destroy(tx);
 }
@@ -660,14 +647,11 @@ TEST(NcclTransport, ASenderNamesAVanishedReceiverAndTakesARestartedOneBack) {
 
     // The broadcast to the dead rank fails, naming the sender's group ...
     EXPECT_NE(send(tx, message(1), one(1)), RL_OK);
-    EXPECT_NE(std::string(rl_last_error()).find("nccl transport (sender at 127.0.0.1:"),
-              std::string::npos)
-        << rl_last_error();
+    RL_EXPECT_ERROR_HAS("nccl transport (sender at 127.0.0.1:");
     // ... and a new group without it fails after the timeout (never a hang).
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(send(tx, message(2), one(2)), RL_ERR_TIMEOUT);
-    EXPECT_NE(std::string(rl_last_error()).find("forming the group"), std::string::npos)
-        << rl_last_error();
+    RL_EXPECT_ERROR_HAS("forming the group");
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
 
     // A restarted receiver is taken into the next group.
@@ -693,8 +677,7 @@ TEST(NcclTransport, AReceiverWithoutASenderTimesOutNamingTheUnreachableStore) {
         << rl_last_error();
     rl_result_t *r = nullptr;
     EXPECT_EQ(rl_transport_recv(rx, 300, &r), RL_ERR_TIMEOUT);
-    EXPECT_NE(std::string(rl_last_error()).find("is the sender running?"), std::string::npos)
-        << rl_last_error();
+    RL_EXPECT_ERROR_HAS("is the sender running?");
     rl_instance_destroy(rx);
 }
 
@@ -705,7 +688,7 @@ TEST(NcclTransport, BadParametersAreNamed) {
         rl_instance_t *inst = nullptr;
         const std::string p = params.dump();
         EXPECT_NE(rl_instance_create(rt.get(), "transport", "nccl", p.c_str(), &inst), RL_OK);
-        EXPECT_NE(std::string(rl_last_error()).find(needle), std::string::npos) << rl_last_error();
+        RL_EXPECT_ERROR_HAS(needle);
         rl_instance_destroy(inst);
     };
     refused({{"role", "push"}}, "'port' is required");
@@ -828,11 +811,11 @@ TEST_F(FilesystemLayout, QueueModeReportsStepsCollectedBeforeTheyWereRead) {
 TEST_F(FilesystemLayout, BadParametersAreNamed) {
     rl_instance_t *inst = nullptr;
     EXPECT_NE(rl_instance_create(rt_->get(), "transport", "filesystem", "{}", &inst), RL_OK);
-    EXPECT_NE(std::string(rl_last_error()).find("'dir'"), std::string::npos) << rl_last_error();
+    RL_EXPECT_ERROR_HAS("'dir'");
     EXPECT_NE(rl_instance_create(rt_->get(), "transport", "filesystem",
                                  R"({"dir": "/tmp/x", "mode": "newest"})", &inst),
               RL_OK);
-    EXPECT_NE(std::string(rl_last_error()).find("mode"), std::string::npos) << rl_last_error();
+    RL_EXPECT_ERROR_HAS("mode");
 }
 
 } // namespace

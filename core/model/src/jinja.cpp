@@ -1,6 +1,7 @@
 #include "jinja.hpp"
 
 #include "rl/core/error.hpp"
+#include "rl/core/text.hpp"
 #include "unicode.hpp"
 
 #include <utf8proc.h>
@@ -60,40 +61,25 @@ struct Value {
         v.s = std::move(why);
         return v;
     }
+    // A value of kind `kind` whose `field` holds x.
+    template <class T, class X>
+    static Value of(Kind kind, T Value::*field, X &&x) {
+        Value v;
+        v.k = kind;
+        v.*field = std::forward<X>(x);
+        return v;
+    }
     static Value none() {
         Value v;
         v.k = None;
         return v;
     }
-    static Value boolean(bool x) {
-        Value v;
-        v.k = Bool;
-        v.b = x;
-        return v;
-    }
-    static Value integer(int64_t x) {
-        Value v;
-        v.k = Int;
-        v.i = x;
-        return v;
-    }
-    static Value real(double x) {
-        Value v;
-        v.k = Float;
-        v.f = x;
-        return v;
-    }
-    static Value str(std::string x) {
-        Value v;
-        v.k = Str;
-        v.s = std::move(x);
-        return v;
-    }
+    static Value boolean(bool x) { return of(Bool, &Value::b, x); }
+    static Value integer(int64_t x) { return of(Int, &Value::i, x); }
+    static Value real(double x) { return of(Float, &Value::f, x); }
+    static Value str(std::string x) { return of(Str, &Value::s, std::move(x)); }
     static Value list(List x = {}) {
-        Value v;
-        v.k = ListK;
-        v.l = std::make_shared<List>(std::move(x));
-        return v;
+        return of(ListK, &Value::l, std::make_shared<List>(std::move(x)));
     }
     static Value gen(List x) {
         Value v = list(std::move(x));
@@ -101,12 +87,7 @@ struct Value {
         return v;
     }
     static Value dict();
-    static Value func(Fn f) {
-        Value v;
-        v.k = Func;
-        v.fn = std::make_shared<Fn>(std::move(f));
-        return v;
-    }
+    static Value func(Fn f) { return of(Func, &Value::fn, std::make_shared<Fn>(std::move(f))); }
 };
 
 struct Dict {
@@ -128,10 +109,7 @@ struct Dict {
 };
 
 Value Value::dict() {
-    Value v;
-    v.k = DictK;
-    v.d = std::make_shared<Dict>();
-    return v;
+    return of(DictK, &Value::d, std::make_shared<Dict>());
 }
 
 struct Args {
@@ -1181,11 +1159,11 @@ const std::set<std::string> kFilters = {
     "sum",     "title",      "tojson", "trim",   "unique",     "upper",    "wordcount"};
 
 const std::set<std::string> kTests = {
-    "boolean",  "callable", "defined", "divisibleby", "eq",      "equalto", "escaped",
-    "even",     "false",    "float",   "ge",          "gt",      "in",      "integer",
-    "iterable", "le",       "lower",   "lt",          "mapping", "ne",      "none",
-    "number",   "odd",      "sameas",  "sequence",    "string",  "true",    "undefined",
-    "upper",    "==",       "!=",      "<",           "<=",      ">",       ">="};
+    "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "escaped", "even", "false",
+    "float", "ge", "gt", "in", "integer", "iterable", "le", "lower", "lt", "mapping", "ne", "none",
+    "number", "odd", "sameas", "sequence", "string", "true", "undefined", "upper",
+    // the comparison operators as test names (`x is >= 3`)
+    "==", "!=", "<", "<=", ">", ">="};
 
 // ---------------------------------------------------------------------------
 // Parser
@@ -1217,6 +1195,12 @@ struct Parser {
     }
     bool is_name(const char *n, size_t ahead = 0) const {
         return peek(ahead).t == T::Name && peek(ahead).s == n;
+    }
+    // At a comparison operator (also a test name: `x is >= 3`).
+    bool at_compare_op() const {
+        for (const char *op : {"==", "!=", "<", ">", "<=", ">="})
+            if (is_op(op)) return true;
+        return false;
     }
     std::string describe(const Tok &t) const {
         switch (t.t) {
@@ -1474,21 +1458,33 @@ struct Parser {
         return e;
     }
 
-    ExprP parse_or() {
-        ExprP e = parse_and();
-        while (is_name("or")) {
+    // One precedence level, left-associative: operand (op operand)*, where op
+    // is the keyword `word` (each folded into a node of kind k) ...
+    template <class Operand>
+    ExprP word_chain(const char *word, Expr::K k, Operand operand) {
+        ExprP e = operand();
+        while (is_name(word)) {
             const int line = next().line;
-            e = binary(Expr::Or, std::move(e), parse_and(), line);
+            e = binary(k, std::move(e), operand(), line);
         }
         return e;
     }
-    ExprP parse_and() {
-        ExprP e = parse_not();
-        while (is_name("and")) {
-            const int line = next().line;
-            e = binary(Expr::And, std::move(e), parse_not(), line);
+    // ... or one of the operators `ops` (each folded into a Bin node named by it).
+    template <class Operand>
+    ExprP op_chain(std::initializer_list<const char *> ops, Operand operand) {
+        ExprP e = operand();
+        while (std::any_of(ops.begin(), ops.end(), [&](const char *op) { return is_op(op); })) {
+            const Tok t = next();
+            e = binary(Expr::Bin, std::move(e), operand(), t.line, t.s);
         }
         return e;
+    }
+
+    ExprP parse_or() {
+        return word_chain("or", Expr::Or, [this] { return parse_and(); });
+    }
+    ExprP parse_and() {
+        return word_chain("and", Expr::And, [this] { return parse_not(); });
     }
     ExprP parse_not() {
         Nest guard(this);
@@ -1505,8 +1501,7 @@ struct Parser {
         ExprP cmp;
         while (true) {
             std::string op;
-            if (peek().t == T::Op && (peek().s == "==" || peek().s == "!=" || peek().s == "<" ||
-                                      peek().s == ">" || peek().s == "<=" || peek().s == ">=")) {
+            if (at_compare_op()) {
                 op = next().s;
             } else if (is_name("in")) {
                 ++p;
@@ -1526,36 +1521,16 @@ struct Parser {
         return cmp ? std::move(cmp) : std::move(first);
     }
     ExprP parse_math1() {
-        ExprP e = parse_concat();
-        while (is_op("+") || is_op("-")) {
-            const Tok t = next();
-            e = binary(Expr::Bin, std::move(e), parse_concat(), t.line, t.s);
-        }
-        return e;
+        return op_chain({"+", "-"}, [this] { return parse_concat(); });
     }
     ExprP parse_concat() {
-        ExprP e = parse_math2();
-        while (is_op("~")) {
-            const int line = next().line;
-            e = binary(Expr::Bin, std::move(e), parse_math2(), line, "~");
-        }
-        return e;
+        return op_chain({"~"}, [this] { return parse_math2(); });
     }
     ExprP parse_math2() {
-        ExprP e = parse_pow();
-        while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
-            const Tok t = next();
-            e = binary(Expr::Bin, std::move(e), parse_pow(), t.line, t.s);
-        }
-        return e;
+        return op_chain({"*", "/", "//", "%"}, [this] { return parse_pow(); });
     }
     ExprP parse_pow() {
-        ExprP e = parse_unary();
-        while (is_op("**")) {
-            const int line = next().line;
-            e = binary(Expr::Bin, std::move(e), parse_unary(), line, "**");
-        }
-        return e;
+        return op_chain({"**"}, [this] { return parse_unary(); });
     }
     ExprP parse_unary(bool with_filter = true) {
         Nest guard(this);
@@ -1620,24 +1595,16 @@ struct Parser {
                 }
                 if (t.s == "[") {
                     auto e = mk(Expr::ListE, t.line);
-                    while (!is_op("]")) {
-                        e->a.push_back(parse_expression());
-                        if (!is_op(",")) break;
-                        ++p;
-                    }
-                    expect_op("]");
+                    comma_list("]", [&] { e->a.push_back(parse_expression()); });
                     return e;
                 }
                 if (t.s == "{") {
                     auto e = mk(Expr::DictE, t.line);
-                    while (!is_op("}")) {
+                    comma_list("}", [&] {
                         e->a.push_back(parse_expression());
                         expect_op(":");
                         e->a.push_back(parse_expression());
-                        if (!is_op(",")) break;
-                        ++p;
-                    }
-                    expect_op("}");
+                    });
                     return e;
                 }
                 break;
@@ -1647,9 +1614,29 @@ struct Parser {
         error(t.line, "unexpected " + describe(t) + " in an expression");
     }
 
+    // callee(args...), at '('.
+    ExprP parse_call(ExprP callee) {
+        auto c = mk(Expr::Call, peek().line);
+        c->a.push_back(std::move(callee));
+        parse_call_args(*c);
+        return c;
+    }
+
+    // Items separated by ',' (a trailing one allowed), each read by item(), up
+    // to and including `close`.
+    template <class Item>
+    void comma_list(const char *close, Item item) {
+        while (!is_op(close)) {
+            item();
+            if (!is_op(",")) break;
+            ++p;
+        }
+        expect_op(close);
+    }
+
     void parse_call_args(Expr &call) {
         expect_op("(");
-        while (!is_op(")")) {
+        comma_list(")", [&] {
             if (is_op("*") || is_op("**"))
                 error(peek().line, "unsupported: *args / **kwargs in a call");
             if (peek().t == T::Name && is_op("=", 1)) {
@@ -1661,10 +1648,7 @@ struct Parser {
                     error(peek().line, "positional argument follows keyword argument");
                 call.a.push_back(parse_expression());
             }
-            if (!is_op(",")) break;
-            ++p;
-        }
-        expect_op(")");
+        });
     }
 
     ExprP parse_postfix(ExprP e) {
@@ -1707,10 +1691,7 @@ struct Parser {
                     e = std::move(sl);
                 }
             } else if (is_op("(")) {
-                auto c = mk(Expr::Call, peek().line);
-                c->a.push_back(std::move(e));
-                parse_call_args(*c);
-                e = std::move(c);
+                e = parse_call(std::move(e));
             } else
                 return e;
         }
@@ -1744,11 +1725,7 @@ struct Parser {
                     ++p;
                     t->negated = true;
                 }
-                if (peek().t == T::Name)
-                    t->name = next().s;
-                else if (peek().t == T::Op &&
-                         (peek().s == "==" || peek().s == "!=" || peek().s == "<" ||
-                          peek().s == "<=" || peek().s == ">" || peek().s == ">="))
+                if (peek().t == T::Name || at_compare_op())
                     t->name = next().s;
                 else
                     error(line, "expected a test name after 'is'");
@@ -1764,10 +1741,7 @@ struct Parser {
                 }
                 e = std::move(t);
             } else if (is_op("(")) {
-                auto c = mk(Expr::Call, peek().line);
-                c->a.push_back(std::move(e));
-                parse_call_args(*c);
-                e = std::move(c);
+                e = parse_call(std::move(e));
             } else
                 return e;
         }
@@ -2258,19 +2232,14 @@ struct Evaluator {
     // The attribute path `a.b.0` of a value (Jinja's make_attrgetter).
     Value attr_path(const Value &v, const std::string &path) {
         Value cur = v;
-        size_t start = 0;
-        while (true) {
-            const size_t dot = path.find('.', start);
-            const std::string part =
-                path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        for (const std::string &part : split(path, '.')) {
             const bool digits =
                 !part.empty() && part.size() < 19 &&
                 std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
             cur = digits ? get_item(cur, Value::integer(std::stoll(part)))
                          : get_item(cur, Value::str(part));
-            if (dot == std::string::npos) return cur;
-            start = dot + 1;
         }
+        return cur;
     }
 
     Value apply_filter(const std::string &name, const Value &v, Args &args) {
@@ -2561,15 +2530,7 @@ struct Evaluator {
             std::string s = need_str(v);
             std::string out;
             // Jinja: lines joined with "\n" + pad, blank lines skipped unless blank=True.
-            std::vector<std::string> lines;
-            size_t start = 0;
-            while (true) {
-                const size_t nl = s.find('\n', start);
-                lines.push_back(
-                    s.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
-                if (nl == std::string::npos) break;
-                start = nl + 1;
-            }
+            const std::vector<std::string> lines = split(s, '\n');
             const bool keep_blank = blank && truthy(*blank);
             for (size_t i = 0; i < lines.size(); ++i) {
                 if (i > 0) {
@@ -2845,25 +2806,21 @@ Frame make_globals(const RenderOptions &options) {
         const size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &tm);
         return Value::str(std::string(buf, n));
     });
-    g["namespace"] = Value::func([](Args &a) -> Value {
-        Value ns = Value::dict();
-        ns.d->is_namespace = true;
-        for (const auto &p : a.pos) {
-            if (p.k != Value::DictK) fail("namespace() takes keyword arguments or a dict");
-            for (const auto &kv : p.d->items) ns.d->set(kv.first, kv.second);
-        }
-        for (const auto &kv : a.kw) ns.d->set(kv.first, kv.second);
-        return ns;
-    });
-    g["dict"] = Value::func([](Args &a) -> Value {
+    // dict() and namespace(): the items of the dicts given, then the keyword arguments.
+    auto dict_of = [](Args &a, bool is_namespace) {
         Value d = Value::dict();
+        d.d->is_namespace = is_namespace;
         for (const auto &p : a.pos) {
-            if (p.k != Value::DictK) fail("dict() takes keyword arguments or a dict");
+            if (p.k != Value::DictK)
+                fail(std::string(is_namespace ? "namespace" : "dict") +
+                     "() takes keyword arguments or a dict");
             for (const auto &kv : p.d->items) d.d->set(kv.first, kv.second);
         }
         for (const auto &kv : a.kw) d.d->set(kv.first, kv.second);
         return d;
-    });
+    };
+    g["namespace"] = Value::func([dict_of](Args &a) { return dict_of(a, true); });
+    g["dict"] = Value::func([dict_of](Args &a) { return dict_of(a, false); });
     g["range"] = Value::func([](Args &a) -> Value {
         if (a.pos.empty() || a.pos.size() > 3 || !a.kw.empty())
             fail("range() takes 1 to 3 integers");

@@ -85,25 +85,25 @@ std::string tiny_tokenizer_json() {
                              {"add_prefix_space", false},
                              {"trim_offsets", true},
                              {"use_regex", false}};
-    Json j;
-    j["version"] = "1.0";
-    j["truncation"] = nullptr;
-    j["padding"] = nullptr;
-    j["added_tokens"] = added;
-    j["normalizer"] = nullptr;
-    j["pre_tokenizer"] = byte_level;
-    j["post_processor"] = byte_level;
-    j["decoder"] = byte_level;
-    j["model"] = {{"type", "BPE"},
-                  {"dropout", nullptr},
-                  {"unk_token", nullptr},
-                  {"continuing_subword_prefix", nullptr},
-                  {"end_of_word_suffix", nullptr},
-                  {"fuse_unk", false},
-                  {"byte_fallback", false},
-                  {"ignore_merges", false},
-                  {"vocab", vocab},
-                  {"merges", Json::array()}};
+    const Json j = {{"version", "1.0"},
+                    {"truncation", nullptr},
+                    {"padding", nullptr},
+                    {"added_tokens", added},
+                    {"normalizer", nullptr},
+                    {"pre_tokenizer", byte_level},
+                    {"post_processor", byte_level},
+                    {"decoder", byte_level},
+                    {"model",
+                     {{"type", "BPE"},
+                      {"dropout", nullptr},
+                      {"unk_token", nullptr},
+                      {"continuing_subword_prefix", nullptr},
+                      {"end_of_word_suffix", nullptr},
+                      {"fuse_unk", false},
+                      {"byte_fallback", false},
+                      {"ignore_merges", false},
+                      {"vocab", vocab},
+                      {"merges", Json::array()}}}};
     return j.dump(2) + "\n";
 }
 
@@ -114,19 +114,18 @@ std::string tiny_tokenizer_config_json() {
         t.erase("id");
         decoder[std::to_string(256 + i)] = t;
     }
-    Json j;
-    j["add_bos_token"] = false;
-    j["add_prefix_space"] = false;
-    j["added_tokens_decoder"] = decoder;
-    j["additional_special_tokens"] = Json::array({"<|im_start|>", "<|im_end|>"});
-    j["bos_token"] = nullptr;
-    j["chat_template"] = kChatTemplate;
-    j["clean_up_tokenization_spaces"] = false;
-    j["eos_token"] = "<|im_end|>";
-    j["model_max_length"] = 2048;
-    j["pad_token"] = "<|endoftext|>";
-    j["tokenizer_class"] = "PreTrainedTokenizerFast";
-    j["unk_token"] = nullptr;
+    const Json j = {{"add_bos_token", false},
+                    {"add_prefix_space", false},
+                    {"added_tokens_decoder", decoder},
+                    {"additional_special_tokens", Json::array({"<|im_start|>", "<|im_end|>"})},
+                    {"bos_token", nullptr},
+                    {"chat_template", kChatTemplate},
+                    {"clean_up_tokenization_spaces", false},
+                    {"eos_token", "<|im_end|>"},
+                    {"model_max_length", 2048},
+                    {"pad_token", "<|endoftext|>"},
+                    {"tokenizer_class", "PreTrainedTokenizerFast"},
+                    {"unk_token", nullptr}};
     return j.dump(2) + "\n";
 }
 

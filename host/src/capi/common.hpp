@@ -75,6 +75,14 @@ inline Instance &checked(rl_instance_t *i, const char *kind, const char *fn) {
     return inst;
 }
 
+// checked(), for a verb whose result goes to *out_result (required).
+inline Instance &checked(rl_instance_t *i, const char *kind, const char *fn,
+                         rl_result_t **out_result) {
+    Instance &inst = checked(i, kind, fn);
+    require(out_result != nullptr, std::string(fn) + ": out_result is NULL");
+    return inst;
+}
+
 inline rl_result_t *new_result(CallSink &&sink) {
     auto *r = new rl_result_t;
     r->sink = std::move(sink);

@@ -371,9 +371,7 @@ RL_API rl_status_t rl_tokenizer_render_chat(rl_model_t *model, const char *messa
         const char *fn = "rl_tokenizer_render_chat";
         require(model && messages_json && out_result,
                 fn_msg(fn, "model, messages_json and out_result are required"));
-        json opts = parse_json(options_json, fn_msg(fn, "options"));
-        if (opts.is_null()) opts = json::object();
-        require(opts.is_object(), fn_msg(fn, "options must be a JSON object"));
+        const json opts = options_arg(options_json, fn);
         std::string name = "model";
         core::ChatTemplateOptions o;
         for (const auto &kv : opts.items()) {
@@ -387,12 +385,9 @@ RL_API rl_status_t rl_tokenizer_render_chat(rl_model_t *model, const char *messa
             } else if (kv.key() == "chat_template_kwargs" && (v.is_object() || v.is_null())) {
                 if (v.is_object()) o.variables_json = v.dump();
             } else {
-                throw HostError{RL_ERR_INVALID_ARG,
-                                fn_msg(fn, "option '" + kv.key() +
-                                               "' is unknown or of the wrong type; valid: "
-                                               "template (a string), add_generation_prompt (a "
-                                               "boolean), tools (an array), "
-                                               "chat_template_kwargs (an object)")};
+                bad_option(fn, kv.key(),
+                           "template (a string), add_generation_prompt (a boolean), tools (an "
+                           "array), chat_template_kwargs (an object)");
             }
         }
         require(name == "model" || (o.tools_json.empty() && o.variables_json.empty()),

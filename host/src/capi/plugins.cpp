@@ -143,8 +143,7 @@ RL_API rl_status_t rl_instance_params(rl_instance_t *instance, rl_result_t **out
 
 RL_API rl_status_t rl_loss_signature(rl_instance_t *instance, rl_result_t **out_result) {
     return boundary([&] {
-        Instance &inst = checked(instance, RL_KIND_LOSS, "rl_loss_signature");
-        require(out_result != nullptr, "rl_loss_signature: out_result is NULL");
+        Instance &inst = checked(instance, RL_KIND_LOSS, "rl_loss_signature", out_result);
         const rl::host::LossSignatureLists sig = rl::host::loss_signature(inst);
         nlohmann::json j = {{"required", sig.required},
                             {"optional", sig.optional},
@@ -223,8 +222,7 @@ RL_API rl_status_t rl_transport_send(rl_instance_t *instance, rl_string_view_t h
 RL_API rl_status_t rl_transport_recv(rl_instance_t *instance, int64_t timeout_ms,
                                      rl_result_t **out_result) {
     return boundary([&] {
-        Instance &inst = checked(instance, RL_KIND_TRANSPORT, "rl_transport_recv");
-        require(out_result != nullptr, "rl_transport_recv: out_result is NULL");
+        Instance &inst = checked(instance, RL_KIND_TRANSPORT, "rl_transport_recv", out_result);
         *out_result = nullptr;
         auto *iface = static_cast<const rl_transport_iface_t *>(inst.iface());
         CallSink sink = inst.call(
@@ -239,8 +237,7 @@ RL_API rl_status_t rl_transport_recv(rl_instance_t *instance, int64_t timeout_ms
 RL_API rl_status_t rl_env_sample(rl_instance_t *instance, uint64_t n, uint64_t seed,
                                  rl_result_t **out_result) {
     return boundary([&] {
-        Instance &inst = checked(instance, RL_KIND_ENV, "rl_env_sample");
-        require(out_result != nullptr, "rl_env_sample: out_result is NULL");
+        Instance &inst = checked(instance, RL_KIND_ENV, "rl_env_sample", out_result);
         auto *iface = static_cast<const rl_env_iface_t *>(inst.iface());
         CallSink sink = inst.call(
             [&](const rl_call_ctx_t *ctx) { return iface->sample(inst.plugin(), ctx, n, seed); });
@@ -259,8 +256,7 @@ RL_API rl_status_t rl_env_sample(rl_instance_t *instance, uint64_t n, uint64_t s
 RL_API rl_status_t rl_env_score(rl_instance_t *instance, rl_string_view_t task,
                                 rl_string_view_t completion, rl_result_t **out_result) {
     return boundary([&] {
-        Instance &inst = checked(instance, RL_KIND_ENV, "rl_env_score");
-        require(out_result != nullptr, "rl_env_score: out_result is NULL");
+        Instance &inst = checked(instance, RL_KIND_ENV, "rl_env_score", out_result);
         auto *iface = static_cast<const rl_env_iface_t *>(inst.iface());
         double reward = 0;
         CallSink sink = inst.call([&](const rl_call_ctx_t *ctx) {

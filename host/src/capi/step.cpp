@@ -61,14 +61,6 @@ json tasks_arg(const char *tasks_json, const char *fn) {
     return tasks;
 }
 
-// The options argument of a verb: a JSON object (NULL: none).
-json options_arg(const char *options_json, const char *fn) {
-    json opts = parse_json(options_json, fn_msg(fn, "options"));
-    if (opts.is_null()) opts = json::object();
-    require(opts.is_object(), fn_msg(fn, "options must be a JSON object"));
-    return opts;
-}
-
 // The prompt ids of each task: its "prompt", wrapped as one user turn with the
 // assistant prompt after it when a chat template is named: "model" (the
 // model's own Jinja template, with `variables` as extra template variables such
@@ -489,12 +481,9 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
             } else if (kv.key() == "parse_special_tokens" && kv.value().is_boolean()) {
                 parse_special = kv.value().get<bool>();
             } else {
-                throw HostError{RL_ERR_INVALID_ARG,
-                                fn_msg(fn, "option '" + kv.key() +
-                                               "' is unknown or of the wrong type; valid: "
-                                               "chat_template (a string), chat_template_kwargs "
-                                               "(an object), eos_token_id (an integer), "
-                                               "parse_special_tokens (a boolean)")};
+                bad_option(fn, kv.key(),
+                           "chat_template (a string), chat_template_kwargs (an object), "
+                           "eos_token_id (an integer), parse_special_tokens (a boolean)");
             }
         }
         const core::Tokenizer &tok = tokenizer_of(model, fn);

@@ -9,6 +9,19 @@ std::string fn_msg(const char *fn, const std::string &msg) {
     return std::string(fn) + ": " + msg;
 }
 
+json options_arg(const char *options_json, const char *fn) {
+    json opts = parse_json(options_json, fn_msg(fn, "options"));
+    if (opts.is_null()) opts = json::object();
+    require(opts.is_object(), fn_msg(fn, "options must be a JSON object"));
+    return opts;
+}
+
+void bad_option(const char *fn, const std::string &key, const char *valid) {
+    throw HostError{
+        RL_ERR_INVALID_ARG,
+        fn_msg(fn, "option '" + key + "' is unknown or of the wrong type; valid: " + valid)};
+}
+
 core::Policy &policy_of(const rl_model_t *model, const char *fn) {
     if (!model->policy)
         throw HostError{RL_ERR_BAD_STATE,

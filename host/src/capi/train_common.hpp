@@ -64,6 +64,12 @@ rl_status_t train_boundary(F &&f) noexcept {
 // "<fn>: <msg>".
 std::string fn_msg(const char *fn, const std::string &msg);
 
+// The options argument of a verb: a JSON object (NULL: none).
+nlohmann::json options_arg(const char *options_json, const char *fn);
+// Refuses option `key` of a verb's options as unknown or of the wrong type,
+// listing the `valid` ones.
+[[noreturn]] void bad_option(const char *fn, const std::string &key, const char *valid);
+
 // The model's policy; a tokenizer handle (rl_tokenizer_load) is refused with
 // RL_ERR_BAD_STATE naming `fn`.
 rl::core::Policy &policy_of(const rl_model_t *model, const char *fn);

@@ -18,11 +18,7 @@ class Gae : public rl::sdk::Advantage {
 public:
     explicit Gae(rl::sdk::Params &p)
         : gamma_(p.number("gamma", 1.0, 0.0, 1.0)), lambda_(p.number("lambda", 0.95, 0.0, 1.0)),
-          whiten_(p.boolean("whiten", false)), eps_(p.number("eps", 1e-6, 0.0)),
-          std_unbiased_(p.boolean("std_unbiased", false)) {
-        if (p.has("std_unbiased") && !whiten_)
-            invalid(p.owner() + ": parameter 'std_unbiased' only applies with 'whiten': true");
-    }
+          whiten_(Whitening::read(p, false)) {}
 
     void compute(Call &call, const AdvantageBatch &b) override {
         check_inputs(b, {"loss_mask", "token_rewards", "values"}, {"values"});
@@ -47,21 +43,14 @@ public:
             }
         }
 
-        if (whiten_) whiten_masked(adv, mask, eps_, std_unbiased_);
-        call.tensor("advantages", adv);
-        call.tensor("returns", returns);
-        call.metric(rl::sdk::metrics::kRewardMean, mean_of(rewards));
-        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
-        emit_summary(call, rl::sdk::metrics::kReturns, returns, mask);
+        emit_returns(call, rewards, whiten_.apply(adv, mask), returns, mask);
         emit_summary(call, rl::sdk::metrics::kValues, values, mask);
     }
 
 private:
     double gamma_;
     double lambda_;
-    bool whiten_;
-    double eps_;
-    bool std_unbiased_;
+    Whitening whiten_;
 };
 
 } // namespace

@@ -18,8 +18,7 @@ using namespace rl::sdk::advantage;
 class GroupNorm : public rl::sdk::Advantage {
 public:
     explicit GroupNorm(rl::sdk::Params &p)
-        : grouped_(p.boolean("grouped", true)), eps_(p.number("eps", 1e-5, 0.0)),
-          unbiased_(p.boolean("std_unbiased", false)),
+        : grouped_(p.boolean("grouped", true)), norm_(StdNorm::read(p, 1e-5, false)),
           from_rewards_(p.choice("source", "advantages", {"advantages", "rewards"}) == "rewards") {}
 
     void compute(Call &call, const AdvantageBatch &b) override {
@@ -51,7 +50,7 @@ public:
                     vals.push_back(x[static_cast<size_t>(t)]);
                 }
             if (!vals.empty() && all_equal(vals)) ++constant_sets;
-            const std::vector<double> norm = normalize(vals, eps_, unbiased_);
+            const std::vector<double> norm = normalize(vals, norm_.eps, norm_.unbiased);
             for (size_t k = 0; k < tokens.size(); ++k)
                 adv[static_cast<size_t>(tokens[k])] = norm[k];
         }
@@ -64,8 +63,7 @@ public:
 
 private:
     bool grouped_;
-    double eps_;
-    bool unbiased_;
+    StdNorm norm_;
     bool from_rewards_;
 };
 

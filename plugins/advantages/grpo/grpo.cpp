@@ -20,8 +20,7 @@ using namespace rl::sdk::advantage;
 class Grpo : public rl::sdk::Advantage {
 public:
     explicit Grpo(rl::sdk::Params &p)
-        : norm_by_std_(p.boolean("norm_by_std", true)), eps_(p.number("eps", 1e-6, 0.0)),
-          unbiased_(p.boolean("std_unbiased", true)),
+        : norm_by_std_(p.boolean("norm_by_std", true)), norm_(StdNorm::read(p, 1e-6, true)),
           length_weighted_(p.boolean("length_weighted_mean", false)) {
         const rl::sdk::json lp = p.raw("length_penalty");
         if (lp.is_null()) return;
@@ -46,13 +45,13 @@ public:
 
     void compute(Call &call, const AdvantageBatch &b) override {
         if (penalty_) return length_penalized(call, b);
-        group_relative(
-            call, b, [&](const auto &members, const auto &r, const auto &w, auto &seq_adv) {
-                const double base = length_weighted_ ? weighted_mean(r, w) : mean_of(r);
-                const double scale = norm_by_std_ ? 1.0 / (std_of(r, unbiased_) + eps_) : 1.0;
-                for (size_t k = 0; k < members.size(); ++k)
-                    seq_adv[static_cast<size_t>(members[k])] = (r[k] - base) * scale;
-            });
+        group_relative(call, b,
+                       [&](const auto &members, const auto &r, const auto &w, auto &seq_adv) {
+                           const double base = length_weighted_ ? weighted_mean(r, w) : mean_of(r);
+                           const double scale = norm_by_std_ ? 1.0 / norm_.divisor(r) : 1.0;
+                           for (size_t k = 0; k < members.size(); ++k)
+                               seq_adv[static_cast<size_t>(members[k])] = (r[k] - base) * scale;
+                       });
     }
 
 private:
@@ -125,8 +124,7 @@ private:
     };
     std::optional<LengthPenalty> penalty_;
     bool norm_by_std_;
-    double eps_;
-    bool unbiased_;
+    StdNorm norm_;
     bool length_weighted_;
 };
 

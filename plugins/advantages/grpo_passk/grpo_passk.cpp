@@ -18,8 +18,7 @@ using namespace rl::sdk::advantage;
 class GrpoPassK : public rl::sdk::Advantage {
 public:
     explicit GrpoPassK(rl::sdk::Params &p)
-        : norm_by_std_(p.boolean("norm_by_std", true)), eps_(p.number("eps", 1e-6, 0.0)),
-          unbiased_(p.boolean("std_unbiased", true)) {}
+        : norm_by_std_(p.boolean("norm_by_std", true)), norm_(StdNorm::read(p, 1e-6, true)) {}
 
     void compute(Call &call, const AdvantageBatch &b) override {
         group_relative(call, b,
@@ -31,15 +30,14 @@ public:
                            for (size_t k = 0; k < r.size(); ++k)
                                if (k != best) second = std::max(second, r[k]);
                            double a = r[best] - second;
-                           if (norm_by_std_) a /= std_of(r, unbiased_) + eps_;
+                           if (norm_by_std_) a /= norm_.divisor(r);
                            seq_adv[static_cast<size_t>(members[best])] = a;
                        });
     }
 
 private:
     bool norm_by_std_;
-    double eps_;
-    bool unbiased_;
+    StdNorm norm_;
 };
 
 } // namespace

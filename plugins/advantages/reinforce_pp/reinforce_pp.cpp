@@ -21,10 +21,7 @@ public:
     explicit ReinforcePP(rl::sdk::Params &p)
         : group_baseline_(p.boolean("group_baseline", false)),
           length_weighted_(p.boolean("length_weighted_mean", false)),
-          gamma_(p.number("gamma", 1.0, 0.0, 1.0)), whiten_(p.boolean("whiten", true)),
-          eps_(p.number("eps", 1e-6, 0.0)), std_unbiased_(p.boolean("std_unbiased", false)) {
-        if (p.has("std_unbiased") && !whiten_)
-            invalid(p.owner() + ": parameter 'std_unbiased' only applies with 'whiten': true");
+          gamma_(p.number("gamma", 1.0, 0.0, 1.0)), whiten_(Whitening::read(p, true)) {
         if (length_weighted_ && !group_baseline_)
             invalid(p.owner() + ": parameter 'length_weighted_mean' needs 'group_baseline': true "
                                 "(it weights the group baseline)");
@@ -55,34 +52,16 @@ public:
             }
         }
 
-        std::vector<double> returns(static_cast<size_t>(b.n_tokens()), 0.0);
-        for (size_t s = 0; s < seq_r.size(); ++s) {
-            const std::vector<int64_t> pos = masked_positions(b.cu_seqlens, mask, s);
-            double g = 0.0;
-            for (size_t j = pos.size(); j-- > 0;) {
-                const size_t t = static_cast<size_t>(pos[j]);
-                const double u = token_rewards[t] + (j + 1 == pos.size() ? seq_r[s] : 0.0);
-                g = u + gamma_ * g;
-                returns[t] = g;
-            }
-        }
-
-        std::vector<double> adv = returns;
-        if (whiten_) whiten_masked(adv, mask, eps_, std_unbiased_);
-        call.tensor("advantages", adv);
-        call.tensor("returns", returns);
-        call.metric(rl::sdk::metrics::kRewardMean, mean_of(rewards));
-        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
-        emit_summary(call, rl::sdk::metrics::kReturns, returns, mask);
+        const std::vector<double> returns =
+            discounted_returns(b.cu_seqlens, mask, seq_r, token_rewards, gamma_);
+        emit_returns(call, rewards, whiten_.apply(returns, mask), returns, mask);
     }
 
 private:
     bool group_baseline_;
     bool length_weighted_;
     double gamma_;
-    bool whiten_;
-    double eps_;
-    bool std_unbiased_;
+    Whitening whiten_;
 };
 
 } // namespace

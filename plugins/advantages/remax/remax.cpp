@@ -24,10 +24,10 @@ public:
         check_inputs(b, {"loss_mask", "reward_baselines", "token_rewards"}, {"reward_baselines"});
         const std::vector<uint8_t> mask = read_mask(b);
         const std::vector<double> rewards = b.rewards.to_vector();
-        const std::vector<double> token_rewards = read_tokens(b, "token_rewards");
+        const std::vector<double> returns =
+            discounted_returns(b.cu_seqlens, mask, rewards, read_tokens(b, "token_rewards"), 1.0);
         const std::vector<double> baselines = read_tokens(b, "reward_baselines");
-
-        std::vector<double> adv(static_cast<size_t>(b.n_tokens()), 0.0), returns(adv);
+        std::vector<double> adv(returns.size(), 0.0);
         std::vector<double> seq_base;
         for (size_t s = 0; s < rewards.size(); ++s) {
             const std::vector<int64_t> pos = masked_positions(b.cu_seqlens, mask, s);
@@ -42,20 +42,11 @@ public:
                             std::to_string(baselines[static_cast<size_t>(t)]) + " at token " +
                             std::to_string(t));
             seq_base.push_back(base);
-            double g = 0.0;
-            for (size_t j = pos.size(); j-- > 0;) {
-                const size_t t = static_cast<size_t>(pos[j]);
-                g += token_rewards[t] + (j + 1 == pos.size() ? rewards[s] : 0.0);
-                returns[t] = g;
-                adv[t] = g - base;
-            }
+            for (int64_t t : pos)
+                adv[static_cast<size_t>(t)] = returns[static_cast<size_t>(t)] - base;
         }
-        call.tensor("advantages", adv);
-        call.tensor("returns", returns);
-        call.metric(rl::sdk::metrics::kRewardMean, mean_of(rewards));
+        emit_returns(call, rewards, adv, returns, mask);
         call.metric("baseline_mean", mean_of(seq_base));
-        emit_summary(call, rl::sdk::metrics::kAdv, adv, mask);
-        emit_summary(call, rl::sdk::metrics::kReturns, returns, mask);
     }
 };
 

@@ -30,10 +30,7 @@ public:
         }
         call.metric("gibberish_tokens", static_cast<double>(count));
         call.metric("gibberish_first_position", static_cast<double>(first));
-        rl::sdk::Verdict v;
-        v.flagged = count > 0;
-        if (v.flagged) v.reason = "gibberish";
-        return v;
+        return rl::sdk::filter::flag_if(count > 0, "gibberish");
     }
 
 private:

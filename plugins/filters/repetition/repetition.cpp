@@ -35,10 +35,7 @@ public:
         }
         call.metric("repetition_longest_run", static_cast<double>(longest));
         call.metric("repetition_high_prob_tokens", static_cast<double>(high));
-        rl::sdk::Verdict v;
-        v.flagged = longest >= window_;
-        if (v.flagged) v.reason = "repetition";
-        return v;
+        return rl::sdk::filter::flag_if(longest >= window_, "repetition");
     }
 
 private:

@@ -20,9 +20,7 @@ using namespace rl::sdk::loss;
 class ClipCov : public PolicyGradientLoss {
 public:
     explicit ClipCov(Params &p) {
-        accept_peer_clip_names(p, "eps_clip", "eps_clip_high");
-        eps_clip_ = read_eps_clip(p, 0.2);
-        eps_clip_high_ = p.number("eps_clip_high", 0.2, 0.0);
+        clip_ = read_clip_bounds(p, 0.2, 0.2);
         ratio_ = p.number("clip_cov_ratio", 2e-4, 0.0, 1.0);
         check_positive(p, "clip_cov_ratio", ratio_);
         lb_ = p.number("clip_cov_lb", 1.0);
@@ -36,7 +34,7 @@ public:
     }
 
     void policy(PgCall &c) const override {
-        const double lo = 1.0 - eps_clip_, hi = 1.0 + eps_clip_high_;
+        const double lo = clip_.lo, hi = clip_.hi;
 
         // The selection, from the detached view.
         const auto cov = token_covariance(c.sg);
@@ -69,7 +67,8 @@ public:
     }
 
 private:
-    double eps_clip_, eps_clip_high_, ratio_, lb_, ub_;
+    ClipBounds clip_;
+    double ratio_, lb_, ub_;
     bool random_;
     int64_t seed_;
 };

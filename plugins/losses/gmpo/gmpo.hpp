@@ -26,10 +26,6 @@ public:
 
     void policy(PgCall &c) const override {
         const Data &d = c.d;
-        const auto &w = c.w;
-        const auto &lp = c.lp;
-        const auto &old = c.old;
-        const auto &adv = c.adv;
         int64_t clipped = 0;
         Stat seq_ratio;
         std::vector<uint8_t> live(static_cast<size_t>(d.n), 0); // unclipped branch taken
@@ -39,20 +35,20 @@ public:
             double sum_lr = 0, sum_adv = 0, weight = 0;
             for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t) {
                 if (d.mask[t] == 0) continue;
-                const double A = adv[t], lr = lp[t] - old[t];
-                const double c = std::clamp(lr, -eps_clip_, eps_clip_high_);
+                const double A = c.adv[t], lr = c.lp[t] - c.old[t];
+                const double lr_c = std::clamp(lr, -eps_clip_, eps_clip_high_);
                 double chosen = 0;
                 if (A > 0) {
-                    chosen = std::min(lr, c);
-                    live[t] = lr <= c;
+                    chosen = std::min(lr, lr_c);
+                    live[t] = lr <= lr_c;
                 } else if (A < 0) {
-                    chosen = std::max(lr, c);
-                    live[t] = lr >= c;
+                    chosen = std::max(lr, lr_c);
+                    live[t] = lr >= lr_c;
                 }
                 if (A != 0 && !live[t]) ++clipped;
                 sum_lr += chosen;
                 sum_adv += A;
-                weight += w[t];
+                weight += c.w[t];
             }
             const double si = std::exp(sum_lr / double(ni));
             const double abar = sum_adv / double(ni);
@@ -65,13 +61,11 @@ public:
                 if (live[t]) c.g[t] += per_token;
                 c.put("elementwise_loss", t, -abar * si);
                 c.put("ratio", t, si);
-                c.put("clip_mask", t, adv[t] != 0 && !live[t]);
+                c.put("clip_mask", t, c.adv[t] != 0 && !live[t]);
             }
         }
         c.token_frac(metrics::kPgClipfrac, clipped);
-        seq_ratio.emit_seq_mean(c.r, metrics::kSeqRatioMean, 1.0);
-        seq_ratio.emit_min(c.r, metrics::kSeqRatioMin, 1.0);
-        seq_ratio.emit_max(c.r, metrics::kSeqRatioMax, 1.0);
+        emit_seq_ratio(c.r, seq_ratio);
     }
 
 private:

@@ -16,9 +16,7 @@ using namespace rl::sdk::loss;
 class Gspo : public PolicyGradientLoss {
 public:
     explicit Gspo(Params &p) {
-        accept_peer_clip_names(p, "eps_clip", "eps_clip_high");
-        eps_clip_ = read_eps_clip(p, 3e-4);
-        eps_clip_high_ = p.number("eps_clip_high", 4e-4, 0.0);
+        clip_ = read_clip_bounds(p, 3e-4, 4e-4);
         read_shared(p, "seq-mean-token-mean");
     }
 
@@ -34,7 +32,7 @@ public:
             double dL_dsi = 0; // d loss / d s_i
             for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t) {
                 if (d.mask[t] == 0) continue;
-                const PpoTerm ppo = ppo_clip(c.adv[t], si, 1.0 - eps_clip_, 1.0 + eps_clip_high_);
+                const PpoTerm ppo = ppo_clip(c.adv[t], si, clip_.lo, clip_.hi);
                 c.pg += c.w[t] * ppo.loss;
                 c.put("elementwise_loss", t, ppo.loss);
                 c.put("ratio", t, si);
@@ -49,13 +47,11 @@ public:
                 if (d.mask[t] != 0) c.g[t] += per_token;
         }
         c.token_frac(metrics::kPgClipfrac, clipped);
-        seq_ratio.emit_seq_mean(c.r, metrics::kSeqRatioMean, 1.0);
-        seq_ratio.emit_min(c.r, metrics::kSeqRatioMin, 1.0);
-        seq_ratio.emit_max(c.r, metrics::kSeqRatioMax, 1.0);
+        emit_seq_ratio(c.r, seq_ratio);
     }
 
 private:
-    double eps_clip_, eps_clip_high_;
+    ClipBounds clip_;
 };
 
 } // namespace rl::losses

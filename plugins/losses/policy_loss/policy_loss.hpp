@@ -12,9 +12,7 @@ using namespace rl::sdk::loss;
 class PolicyLoss : public PolicyGradientLoss {
 public:
     explicit PolicyLoss(Params &p) {
-        accept_peer_clip_names(p, "eps_clip", "eps_clip_high", "eps_clip_c");
-        eps_clip_ = read_eps_clip(p, 0.2);
-        eps_clip_high_ = p.number("eps_clip_high", 0.2, 0.0);
+        clip_ = read_clip_bounds(p, 0.2, 0.2, "eps_clip_c");
         eps_clip_c_ = read_optional_above_one(p, "eps_clip_c");
         icepop_beta_ = read_optional_above_one(p, "icepop_beta");
         use_tis_ = p.boolean("use_tis", false);
@@ -36,8 +34,7 @@ public:
         RatioStats rs;
         for (int64_t t : c.tokens()) {
             // PPO with dual clip (A < 0); a clipped branch has no gradient.
-            const PpoTerm ppo =
-                ppo_clip(c.adv[t], c.ratio(t), 1.0 - eps_clip_, 1.0 + eps_clip_high_, eps_clip_c_);
+            const PpoTerm ppo = ppo_clip(c.adv[t], c.ratio(t), clip_.lo, clip_.hi, eps_clip_c_);
             if (ppo.clipped || ppo.dual_clipped) ++clipped;
             // Detached quantities come from the stop-gradient view.
             const double ratio_sg = c.ratio_sg(t);
@@ -80,7 +77,7 @@ public:
     }
 
 private:
-    double eps_clip_, eps_clip_high_;
+    ClipBounds clip_;
     std::optional<double> eps_clip_c_, icepop_beta_;
     bool use_tis_;
     double tis_clip_low_, tis_clip_high_;

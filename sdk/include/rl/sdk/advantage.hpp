@@ -199,6 +199,75 @@ inline void emit_summary(const Call &call, const std::string &prefix, const std:
     call.metric(prefix + "_max", hi);
 }
 
+// The parameters of a (x - mean) / (std + eps) normalization: "eps" and
+// "std_unbiased" (the sample std, n - 1; else the population std).
+struct StdNorm {
+    double eps;
+    bool unbiased;
+    static StdNorm read(rl::sdk::Params &p, double eps_default, bool unbiased_default) {
+        const double eps = p.number("eps", eps_default, 0.0);
+        return {eps, p.boolean("std_unbiased", unbiased_default)};
+    }
+    // std + eps of xs.
+    double divisor(const std::vector<double> &xs) const { return std_of(xs, unbiased) + eps; }
+};
+
+// The "whiten" switch of the return-based estimators (GAE, REINFORCE++) with
+// its StdNorm (eps 1e-6, population std); std_unbiased without whitening is
+// refused.
+struct Whitening {
+    bool on;
+    StdNorm norm;
+    static Whitening read(rl::sdk::Params &p, bool on_by_default) {
+        const bool on = p.boolean("whiten", on_by_default);
+        const StdNorm norm = StdNorm::read(p, 1e-6, false);
+        if (p.has("std_unbiased") && !on)
+            invalid(p.owner() + ": parameter 'std_unbiased' only applies with 'whiten': true");
+        return {on, norm};
+    }
+    // x whitened over the batch's completion tokens when on, as it is otherwise.
+    std::vector<double> apply(std::vector<double> x, const std::vector<uint8_t> &mask) const {
+        if (on) whiten_masked(x, mask, norm.eps, norm.unbiased);
+        return x;
+    }
+};
+
+// Per-token returns G_t = u_t + gamma * G_{next completion token} (G after the
+// last completion token is 0) of every sequence s, over its completion tokens
+// only, with u_t = token_rewards[t] plus seq_rewards[s] on the last one; 0 on
+// other tokens.
+inline std::vector<double> discounted_returns(const std::vector<int64_t> &cu,
+                                              const std::vector<uint8_t> &mask,
+                                              const std::vector<double> &seq_rewards,
+                                              const std::vector<double> &token_rewards,
+                                              double gamma) {
+    std::vector<double> returns(static_cast<size_t>(cu.back()), 0.0);
+    for (size_t s = 0; s < seq_rewards.size(); ++s) {
+        const std::vector<int64_t> pos = masked_positions(cu, mask, s);
+        double g = 0.0;
+        for (size_t j = pos.size(); j-- > 0;) {
+            const size_t t = static_cast<size_t>(pos[j]);
+            const double u = token_rewards[t] + (j + 1 == pos.size() ? seq_rewards[s] : 0.0);
+            g = u + gamma * g;
+            returns[t] = g;
+        }
+    }
+    return returns;
+}
+
+// The outputs of a return-based estimator: the `advantages` and `returns`
+// tensors, reward_mean (of the sequence rewards) and the adv_* and returns_*
+// summaries.
+inline void emit_returns(const Call &call, const std::vector<double> &rewards,
+                         const std::vector<double> &adv, const std::vector<double> &returns,
+                         const std::vector<uint8_t> &mask) {
+    call.tensor("advantages", adv);
+    call.tensor("returns", returns);
+    call.metric(metrics::kRewardMean, mean_of(rewards));
+    emit_summary(call, metrics::kAdv, adv, mask);
+    emit_summary(call, metrics::kReturns, returns, mask);
+}
+
 // Sequence-reward metrics shared by the group estimators.
 inline void emit_reward_summary(const Call &call, const std::vector<double> &rewards,
                                 size_t n_groups, size_t singleton, size_t zero_std) {

@@ -1,6 +1,6 @@
 // rl/sdk/filter.hpp: the rollout-filter toolkit (header-only, C++17, ABI +
-// SDK only): the input checks every filter makes. Text and randomness helpers
-// are in rl/sdk/utf8_rng.hpp.
+// SDK only): the input checks every filter makes, and its verdict. Text and
+// randomness helpers are in rl/sdk/utf8_rng.hpp.
 #pragma once
 
 #include "sdk.hpp"
@@ -34,6 +34,15 @@ inline void validate_rollout(const rl::sdk::Rollout &r) {
             rl::sdk::invalid("rollout 'logprobs' holds " + std::to_string(lp) + " at position " +
                              std::to_string(t) + "; log-probabilities are <= 0");
     }
+}
+
+// The verdict of a filter: flagged with `reason` when `flagged`, passed (no
+// reason) otherwise.
+inline rl::sdk::Verdict flag_if(bool flagged, const char *reason) {
+    rl::sdk::Verdict v;
+    v.flagged = flagged;
+    if (flagged) v.reason = reason;
+    return v;
 }
 
 } // namespace rl::sdk::filter

@@ -102,6 +102,19 @@ inline void refuse_peer_clip_names(Params &p, const std::string &instead) {
     for (const char *n : names) p.refuse(n, instead);
 }
 
+// The PPO ratio bounds lo = 1 - eps_clip and hi = 1 + eps_clip_high of a loss
+// with those two parameters, accepted under the peers' names too (`dual`: the
+// loss's dual-clip parameter, which the loss reads itself; nullptr: none).
+struct ClipBounds {
+    double lo, hi;
+};
+inline ClipBounds read_clip_bounds(Params &p, double eps_clip, double eps_clip_high,
+                                   const char *dual = nullptr) {
+    accept_peer_clip_names(p, "eps_clip", "eps_clip_high", dual);
+    const double low = read_eps_clip(p, eps_clip);
+    return {1.0 - low, 1.0 + p.number("eps_clip_high", eps_clip_high, 0.0)};
+}
+
 // Refuses hi < lo, naming both parameters.
 inline void check_order(Params &p, const char *lo_name, double lo, const char *hi_name, double hi) {
     if (hi < lo)
@@ -350,6 +363,14 @@ inline double seq_geo_ratio(const Data &d, const std::vector<double> &lp,
     for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
         if (d.mask[t] != 0) sum += lp[t] - old[t];
     return std::exp(sum / double(ni));
+}
+
+// seq_ratio_mean / min / max of a loss's sequence-level ratios (1 when the
+// call has no sequence with loss tokens).
+inline void emit_seq_ratio(Result &r, const Stat &seq_ratio) {
+    seq_ratio.emit_seq_mean(r, metrics::kSeqRatioMean, 1.0);
+    seq_ratio.emit_min(r, metrics::kSeqRatioMin, 1.0);
+    seq_ratio.emit_max(r, metrics::kSeqRatioMax, 1.0);
 }
 
 // ---- covariance token selection (Clip-Cov, KL-Cov) ---------------------------------------
