@@ -110,3 +110,31 @@ endforeach()
 
 # Installed binaries find libtorch where it was at build time (the wheel).
 list(APPEND CMAKE_INSTALL_RPATH "${RL_TORCH_LIB_DIR}")
+
+# Precompiled <ATen/ATen.h>. Parsing it is about 15 s of the 20-30 s that a
+# file using libtorch takes to compile on a 2-core machine, and the build has
+# some 85 such files: a target that compiles several of them parses it once
+# (rl_torch_pch(<target> [SKIP <sources not using ATen>...])), and single-file
+# programs borrow a PCH built with their flags
+# (rl_torch_pch(<target> REUSE_FROM <target>)). GCC refuses a PCH built with
+# other options (-Winvalid-pch under -Werror stops the build); RL_PCH=OFF
+# compiles without it, which also shows a missing #include that the PCH hides.
+option(RL_PCH "Precompile <ATen/ATen.h> for the targets compiled against libtorch" ON)
+function(rl_torch_pch target)
+  cmake_parse_arguments(ARG "" "REUSE_FROM" "SKIP" ${ARGN})
+  if(NOT RL_PCH)
+    return()
+  endif()
+  if(ARG_REUSE_FROM)
+    # At the end of the configuration, as the lender may be defined after this
+    # target (EVAL puts the names in now; DEFER would read the variables then).
+    cmake_language(EVAL CODE "cmake_language(DEFER DIRECTORY [[${PROJECT_SOURCE_DIR}]] CALL
+      target_precompile_headers [[${target}]] REUSE_FROM [[${ARG_REUSE_FROM}]])")
+  else()
+    target_precompile_headers(${target} PRIVATE <ATen/ATen.h>)
+  endif()
+  if(ARG_SKIP)
+    set_source_files_properties(${ARG_SKIP} TARGET_DIRECTORY ${target}
+      PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+  endif()
+endfunction()
