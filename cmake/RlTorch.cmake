@@ -113,12 +113,13 @@ list(APPEND CMAKE_INSTALL_RPATH "${RL_TORCH_LIB_DIR}")
 
 # Precompiled <ATen/ATen.h>. Parsing it is about 15 s of the 20-30 s that a
 # file using libtorch takes to compile on a 2-core machine, and the build has
-# some 85 such files: a target that compiles several of them parses it once
-# (rl_torch_pch(<target> [SKIP <sources not using ATen>...])), and single-file
-# programs borrow a PCH built with their flags
-# (rl_torch_pch(<target> REUSE_FROM <target>)). GCC refuses a PCH built with
-# other options (-Winvalid-pch under -Werror stops the build); RL_PCH=OFF
-# compiles without it, which also shows a missing #include that the PCH hides.
+# some 85 such files, so the header is parsed once per group of targets with
+# the same flags: rl_torch_pch(<target>) builds a PCH for a target,
+# rl_torch_pch(<target> REUSE_FROM <lender>) borrows the lender's, and
+# SKIP <sources> leaves out the files that do not use ATen. GCC refuses a PCH
+# built with other options (-Winvalid-pch under -Werror stops the build);
+# RL_PCH=OFF compiles without it, which also shows a missing #include that the
+# PCH hides.
 option(RL_PCH "Precompile <ATen/ATen.h> for the targets compiled against libtorch" ON)
 function(rl_torch_pch target)
   cmake_parse_arguments(ARG "" "REUSE_FROM" "SKIP" ${ARGN})
