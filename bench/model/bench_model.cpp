@@ -1,14 +1,18 @@
 // Forward+backward throughput of the model core on the tiny preset and a
 // ~30M-parameter config, printed beside the sgemm peak measured in the same
 // run (so the fraction of peak is meaningful on any machine), and the
-// KV-cache decode rate the rollout engine sees.
+// KV-cache decode rate the rollout engine sees, and the decoding products on
+// their own: the row kernel (decode_linear.hpp) against the BLAS product.
 //
 //   bench_model [--benchmark_filter=...]   (RL_NUM_THREADS sets the threads)
 #include "rl/core/model.hpp"
 #include "rl/core/threads.hpp"
 #include "rl/core/tiny.hpp"
 
+#include "decode_linear.hpp" // core/model/src
+
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -120,6 +124,42 @@ void BM_PrefillDecode(benchmark::State &state) {
         static_cast<double>(slots * gen), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// args: big (0: tiny, 1: the 30M config), rows, kernel (0: at::linear, 1:
+// decode_linear). One decoding step's products: q, k, v, o, gate, up and down
+// of every layer, then the logits, each weight its own tensor (a model's
+// weights do not fit in the caches, as in a real step).
+void BM_DecodeProducts(benchmark::State &state) {
+    ensure_threads();
+    at::NoGradGuard no_grad;
+    const bool big = state.range(0) != 0, rows_kernel = state.range(2) != 0;
+    const int64_t rows = state.range(1);
+    const int64_t hidden = big ? 512 : 256, mlp = 3 * hidden, layers = big ? 8 : 4;
+    const int64_t vocab = big ? 8192 : 259, kv = hidden / 2;
+    std::vector<at::Tensor> weights;
+    for (int64_t l = 0; l < layers; ++l)
+        for (auto [out, in] : {std::pair{hidden, hidden},
+                               {kv, hidden},
+                               {kv, hidden},
+                               {hidden, hidden},
+                               {mlp, hidden},
+                               {mlp, hidden},
+                               {hidden, mlp}})
+            weights.push_back(at::randn({out, in}) * 0.02);
+    weights.push_back(at::randn({vocab, hidden}) * 0.02);
+    const at::Tensor xh = at::randn({rows, hidden}), xm = at::randn({rows, mlp});
+    double flops = 0;
+    for (const auto &w : weights) flops += 2.0 * static_cast<double>(rows * w.numel());
+    for (auto _ : state) {
+        for (const auto &w : weights) {
+            const at::Tensor &x = w.size(1) == hidden ? xh : xm;
+            at::Tensor y = rows_kernel ? decode_linear(x, w, at::Tensor()) : at::linear(x, w);
+            benchmark::DoNotOptimize(y.data_ptr());
+        }
+    }
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 BENCHMARK(BM_Sgemm)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ForwardBackward)
     ->Args({0, 64, 40})
@@ -134,6 +174,12 @@ BENCHMARK(BM_PrefillDecode)
     ->ArgNames({"slots", "prompt", "gen"})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0)
+    ->UseRealTime();
+BENCHMARK(BM_DecodeProducts)
+    ->ArgsProduct({{0, 1}, {16, 64}, {0, 1}})
+    ->ArgNames({"big", "rows", "row_kernel"})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0)
     ->UseRealTime();
 
 } // namespace

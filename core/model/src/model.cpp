@@ -1,6 +1,7 @@
 #include "rl/core/model.hpp"
 
 #include "attention.hpp"
+#include "decode_linear.hpp"
 #include "logprobs.hpp"
 #include "rope.hpp"
 #include "rl/core/error.hpp"
@@ -50,14 +51,15 @@ at::Tensor as_float(const at::Tensor &t) {
 
 // Float32 logits of a few decoding rows h [M, hidden] against the output
 // embedding w [vocab, hidden]. On CUDA a low-precision model multiplies in
-// its dtype with float32 accumulation and output (compat::mm_float). On the CPU a large vocabulary
-// goes through the product in column blocks written in place: the block of w that the matrix
-// product packs stays in cache, where one product over the whole vocabulary streams it twice. Each
-// logit is the same dot product either way (same values).
+// its dtype with float32 accumulation and output (compat::mm_float). On the CPU a float32 model
+// takes the row kernel (decode_linear.hpp). Otherwise (no AVX2, RL_DECODE_GEMM=blas) a large
+// vocabulary goes through the BLAS product in column blocks written in place: the block of w that
+// the product packs stays in cache, where one product over the whole vocabulary streams it twice.
 at::Tensor decode_logits(const at::Tensor &h, const at::Tensor &w) {
     constexpr int64_t kBlock = 1024;
     const int64_t vocab = w.size(0);
     if (!h.is_cpu()) return compat::mm_float(h, w.t());
+    if (decode_linear_applies(h, w)) return decode_linear(h, w, at::Tensor());
     if (h.size(0) > 64 || vocab <= 2 * kBlock) return at::matmul(as_float(h), as_float(w).t());
     const at::Tensor hf = as_float(h);
     at::Tensor out = at::empty({h.size(0), vocab}, hf.options());
@@ -328,8 +330,9 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         const DecoderLayer &layer = *model->layers[i];
         const Attention &attn = *layer.self_attn;
         // W x + b, plus the adapter's update on the modules it targets.
+        // Decoding (a KV cache) multiplies a few rows: decode_linear.hpp.
         auto proj = [&](const Linear &l, const at::Tensor &x, LoraTarget t) {
-            at::Tensor y = l.forward(x);
+            at::Tensor y = cache != nullptr ? decode_linear(x, l.weight, l.bias) : l.forward(x);
             return adapter ? adapter->apply(x, y, i, t, dropout_seed) : y;
         };
         at::Tensor x = layer.input_layernorm->forward(hin);
@@ -351,7 +354,7 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
                            : packed_attention(q, k, v, packed, scale);
         at::Tensor hout = hin + proj(*attn.o_proj, a, LoraTarget::O);
         at::Tensor y = layer.post_attention_layernorm->forward(hout);
-        if (!adapter) return hout + layer.mlp->forward(y);
+        if (!adapter && cache == nullptr) return hout + layer.mlp->forward(y);
         const MLP &mlp = *layer.mlp;
         at::Tensor g = at::silu(proj(*mlp.gate_proj, y, LoraTarget::Gate)) *
                        proj(*mlp.up_proj, y, LoraTarget::Up);
