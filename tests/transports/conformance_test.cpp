@@ -51,7 +51,8 @@ Tensor make_tensor(std::string name, rl_dtype_t dtype, std::vector<int64_t> shap
                    const std::vector<T> &values) {
     Tensor t{std::move(name), dtype, std::move(shape), {}};
     t.bytes.resize(values.size() * sizeof(T));
-    std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+    // An empty tensor has no data pointer to copy from (memcpy wants non-null).
+    if (!values.empty()) std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
     return t;
 }
 
