@@ -357,6 +357,10 @@ int wait_role(pid_t pid, int seconds = 60) {
 
 // The settings every disaggregated test shares: grpo_disaggregated.lua on the
 // test config, the transports, free ports and short timeouts.
+// Waits of the runs' transports: longer in a sanitizer build, where starting a
+// role (model init, first step) takes several times as long.
+constexpr int kTimeScale = RL_TEST_TIME_SCALE;
+
 std::vector<std::string> disaggregated_args(const std::string &batches, const std::string &weights,
                                             int timeout_s) {
     return {kExamples + "/grpo_disaggregated.lua",
@@ -391,7 +395,7 @@ class Disaggregated : public ::testing::TestWithParam<std::tuple<std::string, in
 TEST_P(Disaggregated, GrpoLearnsWithRolloutsInAnotherProcess) {
     const auto &[transport, level] = GetParam();
     const std::string dir = temp_dir();
-    std::vector<std::string> args = disaggregated_args(transport, transport, 120);
+    std::vector<std::string> args = disaggregated_args(transport, transport, 120 * kTimeScale);
     args.insert(args.end(), {"--set", "max_async_level=" + std::to_string(level)});
     const Proc p =
         rlhost(args, dir, 900, nullptr, {"launch", "--roles", "trainer,rollout", "--", "run"});
@@ -533,7 +537,7 @@ class ThreeRoles : public ::testing::TestWithParam<std::tuple<std::string, std::
 TEST_P(ThreeRoles, GrpoLearnsWithAnOrchestratorBetweenRolloutsAndTrainer) {
     const auto &[batches, weights] = GetParam();
     const std::string dir = temp_dir();
-    const Proc p = rlhost(disaggregated_args(batches, weights, 120), dir, 900, nullptr,
+    const Proc p = rlhost(disaggregated_args(batches, weights, 120 * kTimeScale), dir, 900, nullptr,
                           {"launch", "--roles", "trainer,orchestrator,rollout", "--", "run"});
     ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
     const auto rl = expect_every_step_once(dir, p.out);
@@ -570,7 +574,7 @@ std::vector<std::string> with_role(std::vector<std::string> a, const std::string
 // every step once.
 TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
     const std::string dir = temp_dir();
-    auto args = disaggregated_args("zmq", "zmq", 60);
+    auto args = disaggregated_args("zmq", "zmq", 60 * kTimeScale);
     args.insert(args.end(), {"--set", "run.steps=14"});
     const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
     const pid_t orch = spawn_rlhost({"run"}, with_role(args, "orchestrator"), dir,
@@ -609,7 +613,7 @@ TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
 // checkpoint again, and every step ends up trained once.
 TEST(ThreeRoleFaults, ATrainerKilledAndRestartedResumesFromItsCheckpoint) {
     const std::string dir = temp_dir();
-    auto args = disaggregated_args("filesystem", "filesystem", 60);
+    auto args = disaggregated_args("filesystem", "filesystem", 60 * kTimeScale);
     args.insert(args.end(), {"--set", "run.checkpoint_every=4", "--set", "run.steps=14"});
     const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
     const pid_t orch = spawn_rlhost({"run"}, with_role(args, "orchestrator"), dir,
