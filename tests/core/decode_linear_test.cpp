@@ -57,7 +57,7 @@ TEST(DecodeLinear, KeepsLeadingDimensionsAddsTheBiasAndReadsStridedWeightRows) {
     ASSERT_TRUE(decode_linear_applies(x, w));
     const at::Tensor y = decode_linear(x, w, b);
     ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 3, 50}));
-    expect_close(y - b, x.reshape({6, 37}).view({2, 3, 37}), w, "strided");
+    expect_close(y - b, x, w, "strided");
     // A non-contiguous x (a transposed view) is read through a copy.
     const at::Tensor xt = at::randn({37, 4}).t();
     expect_close(decode_linear(xt, w, at::Tensor()), xt, w, "transposed x");
