@@ -193,8 +193,10 @@ local function load_trainer()
     return run, model, model:tokenizer(), trainer, rl.loss(cfg.loss.name, cfg.loss.params)
 end
 
--- broadcast(version) -> the last send's metrics: the model's weights to the
--- rollout workers (zmq: point to point, one sender per worker; else one for all).
+-- broadcast(version[, worker]) -> the last send's metrics: the model's weights
+-- to the rollout workers (zmq: point to point, one sender per worker; else one
+-- for all), or again to one worker that asked for them (zmq only: the
+-- filesystem's newest step stays readable, and a collective is sent to all).
 local function weight_broadcaster(model)
     local outbox = {}
     if cfg.weight_broadcast.type == "zmq" then
@@ -202,7 +204,11 @@ local function weight_broadcaster(model)
     else
         outbox[1] = weight_transport(0, true)
     end
-    return function(version)
+    return function(version, worker)
+        if worker ~= nil then
+            if cfg.weight_broadcast.type ~= "zmq" or outbox[worker + 1] == nil then return nil end
+            return model:send_weights(outbox[worker + 1], version).metrics
+        end
         local sent
         for _, t in ipairs(outbox) do sent = model:send_weights(t, version) end
         return sent.metrics
@@ -305,6 +311,12 @@ end
 --   rl.credit   orch. -> worker: {worker_run, seq: may send up to this one, min_version:
 --               sample with weights at least this new, trainer_run, trainer_version, done}
 --   rl.batch    orch. -> trainer: {step, ...}: the batch the trainer trains at version step
+--   rl.weights_wanted orch. -> trainer: {worker, worker_run}: a worker said hello; the
+--               trainer sends it the weights in use again (zmq weights)
+--   rl.orchestrator_hello orch. -> trainer: a restarted orchestrator (run.resume=true,
+--               its state from <transport dir>/orchestrator); the trainer answers with
+--               an rl.trainer acknowledgement, the orchestrator sends its kept batches
+--               from that version on again
 --   rl.trainer  trainer -> orch.: {trainer_run, version, checkpoint, hello, done}
 -- Guarantees: the orchestrator takes a chunk once (a repeated (worker_run, seq) is
 -- skipped, a gap is counted as lost); the trainer trains every step once, in order
@@ -368,10 +380,14 @@ local function orchestrated_worker()
         engine:sync_weights()
         return true
     end
+    -- Hello first: the trainer may have sent its newest weights before this
+    -- process existed (or into the connection of the process it replaces), and
+    -- sends nothing new until rollouts come; the orchestrator asks it to send
+    -- them again for this worker.
+    out:send({ kind = "rl.hello", worker = worker_index, worker_run = worker_run })
     if not take(cfg.weight_broadcast.timeout) then
         error(tag .. " no weights from the trainer within weight_broadcast.timeout; is it running?", 0)
     end
-    out:send({ kind = "rl.hello", worker = worker_index, worker_run = worker_run })
     local seq, allowed, min_version, trainer_run, done = 0, 0, 0, nil, false
     local chunks = 0
     while true do
@@ -433,12 +449,19 @@ local function orchestrator_role()
     local advantage = rl.advantage(cfg.advantage.name, cfg.advantage.params)
     local buffer = rl.buffer(rl.buffer_config(cfg))
     local tag = "[orchestrator]"
+    -- Its state (buffer, kept batches, credits, steps) lives in state_dir,
+    -- saved after every change; run.resume=true takes it back after a crash.
+    local state_dir = batch_dir .. "/orchestrator"
+    local resuming = cfg.run.resume and rl.exists(state_dir .. "/state.json") == "file"
+    if not resuming and rl.exists(state_dir) == "dir" then rl.remove_tree(state_dir) end
+    rl.mkdir(state_dir)
     local inboxes = {}
     if fs then
-        clear({ "to_orch_trainer" })
+        -- Messages waiting in the shared folder are real after a restart.
+        if not resuming then clear({ "to_orch_trainer" }) end
         inboxes[1] = to_orchestrator("trainer", true)
         for k = 0, workers - 1 do
-            clear({ "to_orch_w" .. k })
+            if not resuming then clear({ "to_orch_w" .. k }) end
             inboxes[#inboxes + 1] = to_orchestrator("w" .. k, true)
         end
     else
@@ -452,11 +475,89 @@ local function orchestrator_role()
     local trainer = { run = nil, version = -1, checkpoint = 0, done = false }
     local w = {} -- per worker index: run, seq (last taken), granted
     local stats = { chunks = 0, duplicates = 0, lost_chunks = 0, worker_restarts = 0,
-        trainer_restarts = 0, resent = 0 }
+        trainer_restarts = 0, resent = 0, orchestrator_restarts = 0 }
     local sent = {}  -- step -> {header, tensors}, kept until the trainer's checkpoint covers it
     local next_step = nil
     local gid, gid_map = 0, {}
     local last_heard = rl.clock()
+
+    -- ---- persistence: state.json names the buffer file of its generation (the
+    -- commit point); each kept batch is a message in its own folder.
+    local generation = 0
+    local function kept_channel(step)
+        return rl.transport("filesystem", { dir = state_dir, channel = "kept_" .. step,
+            mode = "latest", keep = 1, poll_ms = 10 })
+    end
+    local function save()
+        generation = generation + 1
+        buffer:save(("%s/buffer_%d.json"):format(state_dir, generation))
+        local workers_state, kept = {}, {}
+        for k, s in pairs(w) do
+            workers_state[#workers_state + 1] = { worker = k, run = s.run, seq = s.seq, granted = s.granted }
+        end
+        for step in pairs(sent) do kept[#kept + 1] = step end
+        table.sort(kept)
+        rl.write_file(state_dir .. "/state.json", rl.json.encode({
+            format = "rl.orchestrator_state/1", generation = generation, next_step = next_step or rl.null,
+            trainer = { run = trainer.run or rl.null, version = trainer.version,
+                checkpoint = trainer.checkpoint, done = trainer.done },
+            workers = rl.json.array(workers_state), kept = rl.json.array(kept), stats = stats,
+            gid = gid, gid_map = next(gid_map) and gid_map or rl.null }))
+        local old = ("%s/buffer_%d.json"):format(state_dir, generation - 1)
+        if rl.exists(old) == "file" then os.remove(old) end
+    end
+    local function keep(step, header, tensors)
+        local dir = state_dir .. "/kept_" .. step
+        if rl.exists(dir) == "dir" then rl.remove_tree(dir) end -- of an attempt that did not commit
+        kept_channel(step):send(header, tensors)
+        sent[step] = { header = header, tensors = tensors }
+    end
+    local function forget_before(checkpoint)
+        local gone = {}
+        for step in pairs(sent) do
+            if step < checkpoint then gone[#gone + 1] = step end
+        end
+        for _, step in ipairs(gone) do sent[step] = nil end
+        return gone
+    end
+    local function remove_kept(steps)
+        for _, step in ipairs(steps) do
+            local dir = state_dir .. "/kept_" .. step
+            if rl.exists(dir) == "dir" then rl.remove_tree(dir) end
+        end
+    end
+    local resync = false -- after a restart: the trainer's next acknowledgement says what it lacks
+    local obsolete = {} -- kept batches the trainer's checkpoint covers, removed after the next save
+    if resuming then
+        local f = assert(io.open(state_dir .. "/state.json", "rb"))
+        local st = rl.json.decode(f:read("a"))
+        f:close()
+        if st.format ~= "rl.orchestrator_state/1" then
+            error(("%s %s/state.json is not an orchestrator state"):format(tag, state_dir), 0)
+        end
+        generation = st.generation
+        buffer:load(("%s/buffer_%d.json"):format(state_dir, generation))
+        next_step = st.next_step ~= rl.null and st.next_step or nil
+        trainer.run = st.trainer.run ~= rl.null and st.trainer.run or nil
+        trainer.version, trainer.checkpoint, trainer.done =
+            st.trainer.version, st.trainer.checkpoint, st.trainer.done
+        for _, s in ipairs(st.workers) do w[s.worker] = { run = s.run, seq = s.seq, granted = s.granted } end
+        for key, value in pairs(st.stats) do stats[key] = value end
+        gid = st.gid
+        if st.gid_map ~= rl.null then gid_map = st.gid_map end
+        for _, step in ipairs(st.kept) do
+            local msg = kept_channel(step):recv(1000)
+            if not msg then
+                error(("%s the kept batch of step %d is missing from %s"):format(tag, step, state_dir), 0)
+            end
+            sent[step] = { header = msg.header, tensors = msg.tensors }
+        end
+        stats.orchestrator_restarts = stats.orchestrator_restarts + 1
+        print(("%s resumed: next batch for step %s, %d kept batch(es), %d rollout(s) in the buffer")
+            :format(tag, tostring(next_step), #st.kept, buffer:stats().ready_rollouts
+                + buffer:stats().pending_rollouts))
+        resync = true
+    end
 
     local function credit(k, done)
         local s = w[k]
@@ -523,8 +624,17 @@ local function orchestrator_role()
             end
             if h.trainer_run == trainer.run then
                 trainer.version, trainer.checkpoint, trainer.done = h.version, h.checkpoint, h.done
-                for s in pairs(sent) do
-                    if s < trainer.checkpoint then sent[s] = nil end
+                obsolete = forget_before(trainer.checkpoint) -- removed once the state is saved
+                if resync then
+                    -- Restarted: batches sent into the dead process's socket may
+                    -- never have arrived; the trainer skips those it has.
+                    resync = false
+                    for s = h.version, (next_step or 0) - 1 do
+                        if sent[s] then
+                            send_batch(s)
+                            stats.resent = stats.resent + 1
+                        end
+                    end
                 end
             end
             -- Every worker hears of the trainer's run (after a restart they
@@ -550,12 +660,30 @@ local function orchestrator_role()
             end
             if old == nil or old.run ~= h.worker_run then
                 w[h.worker] = { run = h.worker_run, seq = 0, granted = 0 }
+                -- Its first weights: the trainer sends the ones in use again.
+                batches:send({ kind = "rl.weights_wanted", worker = h.worker, worker_run = h.worker_run })
             end
         elseif h.kind == "rl.rollouts" then
             take_rollouts(h, msg)
         else
             error(("%s unexpected message kind '%s'"):format(tag, tostring(h.kind)), 0)
         end
+        save()
+        remove_kept(obsolete)
+        obsolete = {}
+    end
+
+    if resuming then
+        -- The trainer's acknowledgements and the workers' chunks sent while this
+        -- process was down may be lost: ask the trainer where it is, and give
+        -- every worker a fresh credit (a chunk that never comes is counted lost).
+        batches:send({ kind = "rl.orchestrator_hello" })
+        for k, s in pairs(w) do
+            s.granted = math.max(s.granted, s.seq) + 1
+            credit(k)
+        end
+    else
+        save()
     end
 
     while not trainer.done do
@@ -579,15 +707,17 @@ local function orchestrator_role()
                     local rs = info.rewards:totable()
                     local sum = 0
                     for _, x in ipairs(rs) do sum = sum + x end
-                    sent[next_step] = { header = { kind = "rl.batch", step = next_step,
+                    keep(next_step, { kind = "rl.batch", step = next_step,
                         policy_version = info.min_policy_version, reward = sum / #rs,
                         groups = info.groups, rollouts = info.rollouts,
                         chunks = stats.chunks, duplicates = stats.duplicates,
                         lost_chunks = stats.lost_chunks, worker_restarts = stats.worker_restarts,
-                        trainer_restarts = stats.trainer_restarts, resent = stats.resent },
-                        tensors = tensors }
-                    send_batch(next_step)
+                        trainer_restarts = stats.trainer_restarts, resent = stats.resent,
+                        orchestrator_restarts = stats.orchestrator_restarts },
+                        tensors)
                     next_step = next_step + 1
+                    save() -- committed before it leaves: a crash regenerates the same batch
+                    send_batch(next_step - 1)
                     last_heard = rl.clock()
                 else
                     -- Rollouts needed: one credit per worker with none in flight.
@@ -634,7 +764,16 @@ local function orchestrated_trainer()
         waiting[version] = nil
         while msg == nil do
             local m = inbox:recv(200)
-            if m then
+            if m and m.header.kind == "rl.weights_wanted" then
+                -- A worker (re)started: the weights in use, to it alone.
+                broadcast(version, m.header.worker)
+                print(("trainer: weights version %d sent again to worker %d"):format(version, m.header.worker))
+            elseif m and m.header.kind == "rl.orchestrator_hello" then
+                -- The orchestrator restarted: where this trainer is (its batches follow).
+                acks:send({ kind = "rl.trainer", trainer_run = trainer_run, version = version,
+                    checkpoint = checkpoint_floor(version), hello = false, done = false })
+                print(("trainer: the orchestrator restarted; at version %d"):format(version))
+            elseif m then
                 local s = m.header.step
                 if s == version then msg = m
                 elseif s < version then duplicates = duplicates + 1
@@ -651,6 +790,7 @@ local function orchestrated_trainer()
         record.rollouts, record.duplicate_batches, record.chunks, record.lost_chunks =
             h.rollouts, duplicates, h.chunks, h.lost_chunks
         record.worker_restarts, record.trainer_restarts = h.worker_restarts, h.trainer_restarts
+        record.orchestrator_restarts = h.orchestrator_restarts
         run:log(record)
     end
     run:finish()

@@ -380,6 +380,19 @@ RL_API rl_status_t rl_buffer_pop_batch(rl_buffer_t *buffer, uint64_t min_rollout
  * "ready_rollouts", "pending_groups", "pending_rollouts", "policy_version". */
 RL_API rl_status_t rl_buffer_stats(rl_buffer_t *buffer, uint32_t take, rl_result_t **out_result);
 
+/* [thread-safe] Since 0.7. Writes everything the buffer holds and has counted
+ * (policy version, pending and ready groups with every field of their
+ * rollouts, the counters, the drop log) to `path`, atomically: a reader sees
+ * the previous file or the whole new one. A process that restarts reads it
+ * back with rl_buffer_load and loses nothing it had taken in. */
+RL_API rl_status_t rl_buffer_save(rl_buffer_t *buffer, const char *path);
+
+/* [thread-safe] Since 0.7. Restores a file written by rl_buffer_save into a
+ * buffer that took nothing yet (RL_ERR_INVALID_ARG otherwise); the buffer keeps
+ * its own config. A malformed file is refused naming it and the field, and the
+ * buffer is unchanged. */
+RL_API rl_status_t rl_buffer_load(rl_buffer_t *buffer, const char *path);
+
 RL_EXTERN_C_END
 
 #endif /* RL_TRAIN_H */

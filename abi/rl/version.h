@@ -38,9 +38,11 @@
  *        (training_server.h: the Tinker-compatible training server).
  *   0.6  rl_host_api_t.emit_metric_reduced and rl_metric_reduction_t: metrics
  *        with a declared reduction (token / sequence mean with its weight,
- *        sum, min, max) over micro-batches and ranks. */
+ *        sum, min, max) over micro-batches and ranks.
+ *   0.7  functions only: rl_buffer_save / rl_buffer_load (a restarted process
+ *        takes back what its rollout buffer held). */
 #define RL_ABI_VERSION_MAJOR 0
-#define RL_ABI_VERSION_MINOR 6
+#define RL_ABI_VERSION_MINOR 7
 #define RL_ABI_VERSION_PATCH 0
 #define RL_ABI_VERSION                                                                             \
     RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)

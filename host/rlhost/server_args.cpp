@@ -2,9 +2,12 @@
 
 #include <pthread.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -107,14 +110,44 @@ void serve_until_stopped(const char *command, const nlohmann::json &options, int
     std::printf("rlhost %s: listening on http://%s:%d%s\n", command,
                 (v6 ? "[" + host + "]" : host).c_str(), port, suffix.c_str());
     std::fflush(stdout);
+    // A request can be stuck where nothing interrupts it (a weight update group
+    // waiting for a master that never answers, up to its timeout): once asked
+    // to stop, the process ends after kStopGraceSeconds whether or not every
+    // request did.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool signalled = false, finished = false;
+    std::thread watchdog([&] {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return signalled || finished; });
+        if (cv.wait_for(lock, std::chrono::seconds(kStopGraceSeconds), [&] { return finished; }))
+            return;
+        std::fprintf(stderr,
+                     "rlhost %s: requests still running %d s after the stop signal (e.g. a "
+                     "weight update group waiting for its master); exiting without them\n",
+                     command, kStopGraceSeconds);
+        std::fflush(stderr);
+        std::_Exit(1);
+    });
     std::thread waiter([&] {
         int sig = 0;
         sigwait(&signals, &sig);
         std::fprintf(stderr, "rlhost %s: %s, stopping\n", command,
                      sig == SIGINT ? "SIGINT" : "SIGTERM");
+        {
+            std::lock_guard<std::mutex> lock(mu);
+            signalled = true;
+        }
+        cv.notify_all();
         stop();
     });
     wait();
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        finished = true;
+    }
+    cv.notify_all();
+    watchdog.join();
     // The waiter is still in sigwait when the server stopped for another reason.
     if (waiter.joinable()) {
         pthread_kill(waiter.native_handle(), SIGTERM);

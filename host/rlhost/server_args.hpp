@@ -47,9 +47,14 @@ rl_model_t *load_server_model(const ServerArgs &a, const char *command);
 /// later (a server's threads inherit the mask); the set for serve_until_stopped.
 sigset_t block_stop_signals();
 
+/// How long a server asked to stop waits for its requests before the process
+/// exits anyway (status 1; docs/serving.md).
+inline constexpr int kStopGraceSeconds = 10;
+
 /// Prints "rlhost <command>: listening on http://<host>:<port><suffix>" (host
 /// from options["host"]), then runs wait() until the server ends; SIGINT or
-/// SIGTERM (in `signals`) calls stop() first.
+/// SIGTERM (in `signals`) calls stop() first, and ends the process
+/// kStopGraceSeconds later if stop() has not returned by then.
 void serve_until_stopped(const char *command, const nlohmann::json &options, int port,
                          const std::string &suffix, const sigset_t &signals,
                          const std::function<void()> &stop, const std::function<void()> &wait);

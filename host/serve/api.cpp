@@ -2,6 +2,7 @@
 
 #include "rl/core/error.hpp"
 #include "rl/core/names.hpp"
+#include "rl/core/json.hpp"
 
 #include <c10/util/Exception.h>
 
@@ -64,15 +65,8 @@ json json_body(const Request &req, bool allow_empty) {
         throw ApiError(400, "the request body is empty; a JSON object is expected");
     }
     json j;
-    try {
-        j = json::parse(req.body);
-    } catch (const json::parse_error &e) {
-        // e.what(): "[json.exception.parse_error.101] parse error at line 1, column 7: ..."
-        std::string what = e.what();
-        const size_t at = what.find("parse error");
-        throw ApiError(400, "the request body is not valid JSON: " +
-                                (at == std::string::npos ? what : what.substr(at)));
-    }
+    std::string error;
+    if (!core::try_parse_json(req.body, j, "the request body", &error)) throw ApiError(400, error);
     if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
     return j;
 }
@@ -108,8 +102,7 @@ void Fields::only(const std::vector<std::string_view> &known) const {
 void read_options(const std::string &text, const std::string &what,
                   const std::function<void(const Fields &)> &read) {
     if (text.empty()) return;
-    const json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) throw core::Error(what + ": not valid JSON");
+    const json j = core::parse_json(text, what);
     if (j.is_null()) return;
     if (!j.is_object()) throw core::Error(what + ": a JSON object is expected");
     try {

@@ -6,6 +6,7 @@
 #include "rl/core/error.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/update_group.hpp"
+#include "rl/core/json.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -56,7 +57,7 @@ int free_port(const std::string &address) {
 
 // The server's message in an error body, else the body itself (short).
 std::string message_of(const std::string &body) {
-    const json j = json::parse(body, nullptr, false);
+    const json j = rl::core::parse_json_or_discarded(body);
     if (j.is_object()) {
         if (j.contains("error") && j["error"].is_object() && j["error"].contains("message"))
             return j["error"]["message"].dump();
@@ -165,7 +166,7 @@ json InferenceClient::call(const std::string &method, const std::string &path, c
                     method + " " + options_.url + path + ": HTTP " + std::to_string(r.status) +
                         ": " + message_of(r.body));
     if (r.body.empty()) return nullptr;
-    json j = json::parse(r.body, nullptr, false);
+    json j = rl::core::parse_json_or_discarded(r.body);
     if (j.is_discarded()) return r.body; // plain text (SGLang's /flush_cache)
     return j;
 }

@@ -43,9 +43,17 @@ std::vector<double> float_list(const json &j, const std::string &name) {
     return out;
 }
 
-int64_t product(const std::vector<int64_t> &shape) {
+// The number of values a shape holds; a negative dimension, or a product past
+// kMaxTensorValues (which also keeps the product from overflowing), is refused.
+int64_t product(const std::vector<int64_t> &shape, const std::string &name) {
     int64_t n = 1;
-    for (int64_t d : shape) n *= d;
+    for (int64_t d : shape) {
+        if (d < 0) bad(name + ".shape", name + ".shape has a negative dimension");
+        if (d != 0 && n > kMaxTensorValues / d)
+            bad(name + ".shape", name + ".shape " + json(shape).dump() + " holds more than " +
+                                     std::to_string(kMaxTensorValues) + " values");
+        n *= d;
+    }
     return n;
 }
 
@@ -54,22 +62,27 @@ void densify(Tensor &t, const std::vector<int64_t> &crow, const std::vector<int6
              const std::string &name) {
     if (t.shape.size() != 2) bad(name, name + ": a sparse CSR tensor needs a 2-D shape");
     const int64_t rows = t.shape[0], cols = t.shape[1];
+    const size_t n = static_cast<size_t>(product(t.shape, name));
     if (static_cast<int64_t>(crow.size()) != rows + 1)
         bad(name, name + ".sparse_crow_indices must hold rows + 1 = " + std::to_string(rows + 1) +
                       " values, not " + std::to_string(crow.size()));
     const size_t nnz = t.numel();
-    if (col.size() != nnz || crow.front() != 0 || static_cast<size_t>(crow.back()) != nnz)
+    if (col.size() != nnz || crow.front() != 0 || crow.back() != static_cast<int64_t>(nnz))
         bad(name, name + ": the CSR indices do not match the " + std::to_string(nnz) + " values");
+    // Every row's range must lie inside the values before any is read.
+    for (int64_t r = 0; r < rows; ++r)
+        if (crow[r] > crow[r + 1] || crow[r + 1] > static_cast<int64_t>(nnz))
+            bad(name, name + ".sparse_crow_indices[" + std::to_string(r + 1) + "] = " +
+                          std::to_string(crow[r + 1]) + " must lie in [" + std::to_string(crow[r]) +
+                          ", " + std::to_string(nnz) + "] (non-decreasing, within the values)");
     Tensor d;
     d.is_int = t.is_int;
     d.shape = t.shape;
-    const size_t n = static_cast<size_t>(rows * cols);
     if (t.is_int)
         d.ints.assign(n, 0);
     else
         d.floats.assign(n, 0.0);
     for (int64_t r = 0; r < rows; ++r) {
-        if (crow[r] > crow[r + 1]) bad(name, name + ".sparse_crow_indices must not decrease");
         for (int64_t k = crow[r]; k < crow[r + 1]; ++k) {
             if (col[k] < 0 || col[k] >= cols)
                 bad(name, name + ".sparse_col_indices[" + std::to_string(k) +
@@ -118,8 +131,7 @@ Tensor tensor_from_json(const json &j, const std::string &name) {
     }
     if (auto s = j.find("shape"); s != j.end() && !s->is_null()) {
         t.shape = int_list(*s, name + ".shape");
-        for (int64_t d : t.shape)
-            if (d < 0) bad(name + ".shape", name + ".shape has a negative dimension");
+        product(t.shape, name);
     }
     auto crow = j.find("sparse_crow_indices");
     if (crow != j.end() && !crow->is_null()) {
@@ -132,9 +144,9 @@ Tensor tensor_from_json(const json &j, const std::string &name) {
         return t;
     }
     if (t.shape.empty()) t.shape = {static_cast<int64_t>(t.numel())};
-    if (product(t.shape) != static_cast<int64_t>(t.numel()))
+    if (product(t.shape, name) != static_cast<int64_t>(t.numel()))
         bad(name + ".shape", name + ".shape " + json(t.shape).dump() + " holds " +
-                                 std::to_string(product(t.shape)) + " values but data has " +
+                                 std::to_string(product(t.shape, name)) + " values but data has " +
                                  std::to_string(t.numel()));
     return t;
 }
@@ -402,8 +414,8 @@ Tensor tensor_from_proto(std::string_view b, const std::string &name) {
         return t;
     }
     if (t.shape.empty()) t.shape = {static_cast<int64_t>(t.numel())};
-    if (product(t.shape) != static_cast<int64_t>(t.numel()))
-        bad(name + ".shape", name + ".shape holds " + std::to_string(product(t.shape)) +
+    if (product(t.shape, name) != static_cast<int64_t>(t.numel()))
+        bad(name + ".shape", name + ".shape holds " + std::to_string(product(t.shape, name)) +
                                  " values but the tensor has " + std::to_string(t.numel()));
     return t;
 }

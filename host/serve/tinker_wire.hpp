@@ -26,6 +26,11 @@ namespace rl::serve::tinker {
 
 using nlohmann::json;
 
+/// The most values one TensorData may hold once dense (2^26: a sparse CSR
+/// tensor [tokens, vocab] is densified, so its shape alone could otherwise ask
+/// for any amount of memory). A larger shape is refused with 400.
+inline constexpr int64_t kMaxTensorValues = int64_t{1} << 26;
+
 /// A TensorData, dense and row-major: int64 or float (float32 on the wire).
 struct Tensor {
     bool is_int = false;

@@ -6,6 +6,7 @@
 
 #include "rl/core/engine.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/json.hpp"
 #include "rl/core/lora.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/text.hpp"
@@ -31,6 +32,7 @@
 #include <random>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 namespace rl::serve {
@@ -208,7 +210,9 @@ void write_text(const fs::path &p, const std::string &text) {
 json read_json_file(const fs::path &p) {
     std::ifstream f(p, std::ios::binary);
     if (!f) return json();
-    return json::parse(f, nullptr, false);
+    std::ostringstream text;
+    text << f.rdbuf();
+    return core::parse_json_or_discarded(text.str());
 }
 
 /// A checkpoint reference: tinker://<model>/<kind>/<name> (or xorl://), or

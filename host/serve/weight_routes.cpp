@@ -4,6 +4,7 @@
 
 #include "server.hpp"
 #include "weight_update.hpp"
+#include "rl/core/json.hpp"
 
 #include <ATen/ATen.h>
 
@@ -28,8 +29,9 @@ struct BadField : std::runtime_error {
 // The request body as a JSON object whose keys are all in `known`.
 json body_of(const Request &req, const std::set<std::string> &known) {
     if (req.body.empty()) return json::object();
-    json j = json::parse(req.body, nullptr, false);
-    if (j.is_discarded()) throw BadField("", "the request body is not valid JSON");
+    json j;
+    std::string error;
+    if (!rl::core::try_parse_json(req.body, j, "the request body", &error)) throw BadField("", error);
     if (!j.is_object()) throw BadField("", "the request body must be a JSON object");
     for (const auto &[k, v] : j.items())
         if (!known.count(k)) throw BadField(k, "unknown field '" + k + "'");

@@ -5,6 +5,7 @@
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
+#include "rl/core/json.hpp"
 
 #include <rl/sdk/transport.hpp>
 
@@ -75,7 +76,7 @@ bool ignorable(const std::string &name, const core::ModelConfig &c) {
 }
 
 std::map<std::string, uint32_t> read_checksums_file(const std::string &path) {
-    const json j = json::parse(core::read_file(path), nullptr, false);
+    const json j = rl::core::parse_json_or_discarded(core::read_file(path));
     if (!j.is_object() || j.value("algorithm", "") != "crc32c" || !j.contains("tensors") ||
         !j["tensors"].is_object())
         refuse(path + ": expected {\"algorithm\": \"crc32c\", \"tensors\": {name: crc}}");
@@ -327,6 +328,12 @@ UpdateOutcome WeightUpdater::swap_in(std::vector<std::pair<std::string, at::Tens
             at::Tensor &p = params[name];
             bytes += static_cast<uint64_t>(t.nbytes());
             staged.emplace_back(p, t.to(p.device(), p.scalar_type()).contiguous());
+            // Checked in the model's dtype: a finite float32 can overflow a float16.
+            try {
+                core::require_finite(staged.back().second, "tensor '" + name + "'");
+            } catch (const core::Error &e) {
+                refuse(std::string(e.what()) + "; nothing was swapped, the weights in use are kept");
+            }
         }
     }
     int64_t version = policy_->version() + 1;

@@ -15,6 +15,9 @@ char kNullKey = 0;
 char kArrayMtKey = 0;
 
 constexpr int kMaxDepth = 64;
+// The deepest JSON text rl.json.decode (and every result read into Lua)
+// takes: the runtime's own limit for JSON from outside (docs/reliability.md).
+constexpr int kMaxDecodeDepth = 128;
 
 std::string path_join(const std::string &path, const std::string &key) {
     return path.empty() ? key : path + "." + key;
@@ -219,9 +222,24 @@ std::string to_json(lua_State *L, int idx, const std::string &what) {
 }
 
 void push_json(lua_State *L, const std::string &text, const char *what) {
-    json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) luaL_error(L, "%s: invalid JSON text", what);
-    push_json_value(L, j);
+    // push_json_value recurses once per level: a text nested 100,000 deep
+    // would overflow the C stack, so deeper than kMaxDecodeDepth is refused.
+    bool too_deep = false;
+    {
+        const json j = json::parse(
+            text,
+            [&](int depth, json::parse_event_t, json &) {
+                if (depth > kMaxDecodeDepth) too_deep = true;
+                return !too_deep;
+            },
+            false);
+        if (!j.is_discarded() && !too_deep) {
+            push_json_value(L, j);
+            return;
+        }
+    } // the document is freed before luaL_error jumps out of this frame
+    if (too_deep) luaL_error(L, "%s: JSON nested deeper than %d levels", what, kMaxDecodeDepth);
+    luaL_error(L, "%s: invalid JSON text", what);
 }
 
 void push_null(lua_State *L) {

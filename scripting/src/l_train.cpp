@@ -671,6 +671,22 @@ int b_stats(lua_State *L) {
     });
 }
 
+// buffer:save(path): everything the buffer holds, atomically (rl_buffer_save).
+int b_save(lua_State *L) {
+    rl_buffer_t *b = buffer_of(L);
+    const char *path = luaL_checkstring(L, 2);
+    check_status(L, rl_buffer_save(b, path), "buffer:save");
+    return 0;
+}
+
+// buffer:load(path): back into a buffer that took nothing yet (rl_buffer_load).
+int b_load(lua_State *L) {
+    rl_buffer_t *b = buffer_of(L);
+    const char *path = luaL_checkstring(L, 2);
+    check_status(L, rl_buffer_load(b, path), "buffer:load");
+    return 0;
+}
+
 // buffer:push_rollouts(rollouts) -> number pushed
 int b_push_rollouts(lua_State *L) {
     rl_buffer_t *b = buffer_of(L);
@@ -964,6 +980,8 @@ void open_train(lua_State *L, int M) {
                                               RL_LUA_FN("push_rollouts", b_push_rollouts),
                                               RL_LUA_FN("pop_train_batch", b_pop_train_batch),
                                               RL_LUA_FN("stats", b_stats),
+                                              RL_LUA_FN("save", b_save),
+                                              RL_LUA_FN("load", b_load),
                                               {nullptr, nullptr}};
     define_handle_type(L, kBufferMT, buffer_methods);
     static const luaL_Reg rollouts_methods[] = {RL_LUA_FN("score", ro_score),

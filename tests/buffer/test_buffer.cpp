@@ -416,3 +416,95 @@ TEST(BufferReport, DropLogSaysWhichGroupWasDroppedAndWhy) {
 }
 
 } // namespace
+
+// ---- state (a restarted orchestrator, docs/buffer.md) -----------------------------------
+
+namespace state_test {
+
+// The state of a buffer that took pending and ready groups, dropped one, was
+// moved to version 2 and popped once.
+RolloutBuffer &filled(RolloutBuffer &buf) {
+    buf.set_policy_version(2);
+    Rollout odd = ro(7, 0.25, 1, 4);
+    odd.extras["advantages"] = {0.1f, -0.2f, 0.3f, 1.0f / 3.0f};
+    odd.sampling_temperature = 0.7;
+    odd.task = R"({"prompt": "ab"})";
+    odd.completion = "ba \xc3\xa9";
+    buf.push(odd);                           // pending: 1 of 3
+    buf.push_group(group_of(3, {1.0, 0.0})); // ready
+    buf.push_group(group_of(4, {0.5, 0.5})); // dropped: zero variance
+    buf.push_group(group_of(5, {0.0, 1.0, 0.5}, 2));
+    EXPECT_EQ(buf.pop_groups(1).size(), 1u); // group 3 leaves
+    return buf;
+}
+
+} // namespace state_test
+
+TEST(BufferState, ARestoredBufferHoldsAndCountsExactlyWhatTheSavedOneDid) {
+    RolloutBuffer a(config(3));
+    state_test::filled(a);
+    const std::string state = a.state_json();
+    RolloutBuffer b(config(3));
+    b.restore(state, "state.json");
+    EXPECT_EQ(b.state_json(), state);
+    EXPECT_EQ(b.policy_version(), 2);
+    EXPECT_EQ(b.pending_rollouts(), 1u);
+    EXPECT_EQ(b.ready_groups(), 1u);
+    EXPECT_EQ(b.stats().popped_groups, 1);
+    EXPECT_EQ(dropped(b.stats(), "zero_variance"), 1);
+    // Both go on identically: the pending group completes, both pop the same.
+    for (RolloutBuffer *buf : {&a, &b}) {
+        buf->push(ro(7, 1.0, 2, 4));
+        buf->push(ro(7, 0.0, 2, 4));
+    }
+    const auto ga = a.pop_groups(10), gb = b.pop_groups(10);
+    ASSERT_EQ(ga.size(), 2u);
+    ASSERT_EQ(gb.size(), 2u);
+    for (size_t i = 0; i < ga.size(); ++i) {
+        EXPECT_EQ(ga[i].group_id, gb[i].group_id);
+        ASSERT_EQ(ga[i].rollouts.size(), gb[i].rollouts.size());
+        for (size_t k = 0; k < ga[i].rollouts.size(); ++k) {
+            const Rollout &x = ga[i].rollouts[k], &y = gb[i].rollouts[k];
+            EXPECT_EQ(x.token_ids, y.token_ids);
+            EXPECT_EQ(x.logprobs, y.logprobs); // bit for bit
+            EXPECT_EQ(x.loss_mask, y.loss_mask);
+            EXPECT_EQ(x.extras, y.extras);
+            EXPECT_EQ(x.reward, y.reward);
+            EXPECT_EQ(x.policy_version, y.policy_version);
+            EXPECT_EQ(x.sampling_temperature, y.sampling_temperature);
+            EXPECT_EQ(x.task, y.task);
+            EXPECT_EQ(x.completion, y.completion);
+        }
+    }
+    EXPECT_EQ(a.take_drop_log().size(), b.take_drop_log().size());
+}
+
+TEST(BufferState, BadStatesAreRefusedNamingTheFieldAndTheBufferIsUnchanged) {
+    RolloutBuffer a(config(3));
+    state_test::filled(a);
+    const std::string good = a.state_json();
+    auto error_of = [](const std::string &text, RolloutBuffer &into) {
+        try {
+            into.restore(text, "orch/buffer.json");
+        } catch (const rl::core::Error &e) {
+            return std::string(e.what());
+        }
+        return std::string("(no error)");
+    };
+    RolloutBuffer b(config(3));
+    EXPECT_NE(error_of("{", b).find("orch/buffer.json: not valid JSON"), std::string::npos);
+    EXPECT_NE(error_of(R"({"format": "x"})", b).find("not a rl.buffer_state/1 state"),
+              std::string::npos);
+    std::string wrong = good;
+    wrong.replace(wrong.find("\"token_ids\":["), 13, "\"token_ids\":[\"x\",");
+    EXPECT_NE(error_of(wrong, b).find("orch/buffer.json.pending[0].rollouts[0].token_ids has the "
+                                      "wrong type"),
+              std::string::npos)
+        << error_of(wrong, b);
+    EXPECT_EQ(b.pending_rollouts(), 0u);
+    EXPECT_EQ(b.ready_groups(), 0u);
+    // Only into a buffer that took nothing.
+    EXPECT_NE(error_of(good, a).find("restored into a new buffer only"), std::string::npos);
+    b.restore(good, "orch/buffer.json");
+    EXPECT_EQ(b.state_json(), good);
+}

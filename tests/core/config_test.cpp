@@ -1,5 +1,6 @@
 // config.json parsing for the supported architectures, and refusals.
 #include "rl/core/config.hpp"
+#include "rl/core/json.hpp"
 #include "rl/core/error.hpp"
 #include "test_util.hpp"
 
@@ -153,13 +154,29 @@ TEST(Config, MissingRequiredKeysAndBadJsonAreErrors) {
     Json j = qwen3();
     j.erase("hidden_size");
     EXPECT_NE(error_of([&] { parse(j); }).find("'hidden_size' is required"), std::string::npos);
-    EXPECT_NE(error_of([] { ModelConfig::parse("{", "x.json"); }).find("x.json: invalid JSON"),
+    EXPECT_NE(error_of([] { ModelConfig::parse("{", "x.json"); }).find("x.json: not valid JSON"),
               std::string::npos);
     EXPECT_NE(error_of([] { ModelConfig::parse("[]", "x.json"); }).find("not a JSON object"),
               std::string::npos);
     EXPECT_NE(error_of([] {
                   ModelConfig::load("/nonexistent/config.json");
               }).find("/nonexistent/config.json"),
+              std::string::npos);
+}
+
+// A config.json nested 100,000 deep parses (nlohmann's parser is iterative) but
+// copying or printing it would overflow the stack: refused before parsing.
+TEST(Config, DeeplyNestedJsonAndNumbersOutOfRangeAreRefusedNamingTheFile) {
+    const std::string deep = R"({"architectures": )" + std::string(100000, '[') +
+                             std::string(100000, ']') + "}";
+    EXPECT_NE(error_of([&] { ModelConfig::parse(deep, "deep/config.json"); })
+                  .find("deep/config.json: JSON nested deeper than 128 levels (at byte 145)"),
+              std::string::npos)
+        << error_of([&] { ModelConfig::parse(deep, "deep/config.json"); });
+    // Brackets inside strings do not count.
+    EXPECT_EQ(rl::core::json_nesting_depth(R"({"a": "[[[[\"[[", "b": [[1]]})", 128), 3u);
+    EXPECT_NE(error_of([] { ModelConfig::parse(R"({"rms_norm_eps": 1e400})", "big.json"); })
+                  .find("big.json: a number is out of range"),
               std::string::npos);
 }
 

@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -589,6 +591,10 @@ TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
             kill(worker, SIGKILL);
             waitpid(worker, nullptr, 0);
             killed = true;
+            // A late restart (a slow machine, a sanitized build): by then the
+            // trainer has sent its newest weights and waits for a batch, which
+            // needs rollouts; the new worker must still get those weights.
+            std::this_thread::sleep_for(std::chrono::seconds(4));
             worker = spawn_rlhost({"run"}, with_role(args, "rollout"), dir, dir + "/worker2.log",
                                   dir + "/worker2.log");
         }
@@ -605,6 +611,7 @@ TEST(ThreeRoleFaults, AWorkerKilledOverZmqAndRestartedLosesNoBatch) {
     EXPECT_EQ(rl.back().at("duplicate_batches").get<int64_t>(), 0);
     EXPECT_NE(read_file(dir + "/orchestrator.log").find("worker 0 restarted"), std::string::npos)
         << logs;
+    EXPECT_NE(p.out.find("sent again to worker 0"), std::string::npos) << p.out;
 }
 
 // The trainer killed -9 mid-run and started again with run.resume=true: it
@@ -651,6 +658,119 @@ TEST(ThreeRoleFaults, ATrainerKilledAndRestartedResumesFromItsCheckpoint) {
     EXPECT_NE(read_file(dir + "/worker.log").find("the trainer restarted at version 4"),
               std::string::npos)
         << logs;
+}
+
+// kill -9 of roles at random moments, several times in one run, each restarted
+// (the trainer and the orchestrator with run.resume=true): every step is still
+// trained once, on its own batch. The moments come from a seed printed with
+// any failure, so a failing schedule can be replayed (RL_TEST_KILL_SEED).
+struct KillPlan {
+    std::string role;
+    size_t at_line; // kill once metrics.jsonl has had this many lines
+};
+
+void run_with_kills(const std::string &transport, int steps, std::vector<KillPlan> plan,
+                    const std::string &seed_text) {
+    const std::string dir = temp_dir();
+    auto args = disaggregated_args(transport, transport, 60 * kTimeScale);
+    args.insert(args.end(), {"--set", "run.steps=" + std::to_string(steps), "--set",
+                             "run.checkpoint_every=3"});
+    const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
+    std::map<std::string, pid_t> pids;
+    std::map<std::string, int> starts;
+    auto start = [&](const std::string &role) {
+        auto a = with_role(args, role);
+        if (starts[role] > 0 && role != "rollout") a.insert(a.end(), {"--set", "run.resume=true"});
+        const std::string log = dir + "/" + role + std::to_string(++starts[role]) + ".log";
+        pids[role] = spawn_rlhost({"run"}, a, dir, log, log);
+    };
+    auto logs = [&] {
+        std::string all = "kill seed " + seed_text + "\n";
+        for (const auto &[role, n] : starts)
+            for (int i = 1; i <= n; ++i) {
+                const std::string log = dir + "/" + role + std::to_string(i) + ".log";
+                const std::string text = exists(log) ? read_file(log) : "";
+                all += "---- " + log + " (last 3000 bytes)\n" +
+                       text.substr(text.size() > 3000 ? text.size() - 3000 : 0);
+            }
+        return all;
+    };
+    start("orchestrator");
+    start("rollout");
+    start("trainer");
+    size_t seen = 0; // the most lines metrics.jsonl had (a resumed trainer rewrites it)
+    int trainer_status = -1;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600 * kTimeScale);
+    while (std::chrono::steady_clock::now() < deadline) {
+        int status = 0;
+        if (waitpid(pids["trainer"], &status, WNOHANG) == pids["trainer"]) {
+            trainer_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+            break;
+        }
+        const std::string text = exists(metrics) ? read_file(metrics) : "";
+        seen = std::max(seen, static_cast<size_t>(std::count(text.begin(), text.end(), '\n')));
+        if (!plan.empty() && seen >= plan.front().at_line) {
+            const std::string role = plan.front().role;
+            plan.erase(plan.begin());
+            kill(pids[role], SIGKILL);
+            waitpid(pids[role], nullptr, 0);
+            start(role);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (trainer_status == -1) {
+        kill(pids["trainer"], SIGKILL);
+        waitpid(pids["trainer"], nullptr, 0);
+    }
+    const int orch_exit = wait_role(pids["orchestrator"]), worker_exit = wait_role(pids["rollout"]);
+    ASSERT_EQ(trainer_status, 0) << logs();
+    EXPECT_TRUE(plan.empty()) << "the run ended before every kill\n" << logs();
+    EXPECT_EQ(orch_exit, 0) << logs();
+    EXPECT_EQ(worker_exit, 0) << logs();
+    const auto rl = expect_every_step_once(dir, logs());
+    ASSERT_EQ(rl.size(), static_cast<size_t>(steps)) << logs();
+    for (const auto &[role, n] : starts) {
+        if (role == "orchestrator")
+            EXPECT_EQ(rl.back().at("orchestrator_restarts").get<int64_t>(), n - 1) << logs();
+        if (role == "rollout" && n > 1)
+            EXPECT_GE(rl.back().at("worker_restarts").get<int64_t>(), 1) << logs();
+    }
+}
+
+// A seed for the kill moments: RL_TEST_KILL_SEED, else a fresh one.
+uint32_t kill_seed(std::string &text) {
+    const char *env = std::getenv("RL_TEST_KILL_SEED");
+    const uint32_t seed = env ? static_cast<uint32_t>(std::stoul(env)) : std::random_device{}();
+    text = std::to_string(seed);
+    return seed;
+}
+
+// 3 SFT lines come first; RL step k is line 3 + k.
+TEST(ThreeRoleFaults, OrchestratorAndWorkerKilledAtRandomMomentsOverZmqTrainEveryStepOnce) {
+    std::string seed_text;
+    std::mt19937 rng(kill_seed(seed_text));
+    auto at = [&](int lo, int hi) {
+        return static_cast<size_t>(std::uniform_int_distribution<int>(lo, hi)(rng));
+    };
+    const size_t first = at(4, 7), second = at(9, 12), third = at(13, 15);
+    run_with_kills("zmq", 16,
+                   {{"orchestrator", first}, {rng() % 2 ? "rollout" : "orchestrator", second},
+                    {"orchestrator", third}},
+                   seed_text);
+}
+
+TEST(ThreeRoleFaults, OrchestratorAndTrainerKilledAtRandomMomentsOverFilesTrainEveryStepOnce) {
+    std::string seed_text;
+    std::mt19937 rng(kill_seed(seed_text));
+    auto at = [&](int lo, int hi) {
+        return static_cast<size_t>(std::uniform_int_distribution<int>(lo, hi)(rng));
+    };
+    const size_t first = at(4, 7), second = at(9, 12), third = at(13, 15);
+    run_with_kills("filesystem", 16,
+                   {{rng() % 2 ? "trainer" : "orchestrator", first},
+                    {"orchestrator", second},
+                    {"trainer", third}},
+                   seed_text);
 }
 
 // A role whose peers never come (or vanish) fails after its timeout with a

@@ -563,6 +563,21 @@ TEST(ServeErrors, EveryBadRequestGets4xxNamingTheFieldAndTheServerKeepsServing) 
         {"/generate", R"({"input_ids": [[1, 2], [300]]})", "input_ids[1]",
          "outside the vocabulary"},
         {"/pause_generation", R"({"mode": "sideways"})", "mode", "sideways"},
+        // Hostile shapes: nesting that would overflow the stack when the value is
+        // copied or printed, and numbers past a double's range.
+        {"/v1/completions",
+         R"({"prompt": "a", "user": )" + std::string(100000, '[') + std::string(100000, ']') +
+             "}",
+         "", "nested deeper than 128 levels"},
+        {"/v1/chat/completions",
+         R"({"messages": [{"role": "user", "content": "a"}], "tools": )" +
+             std::string(5000, '['),
+         "", "nested deeper than"},
+        {"/v1/completions", R"({"prompt": "a", "temperature": 1e400})", "", "out of range"},
+        {"/generate", R"({"input_ids": [1], "sampling_params": {"top_p": -1e400}})", "",
+         "out of range"},
+        {"/update_weights_from_tensor", R"({"serialized_named_tensors": [1e999]})", "",
+         "out of range"},
     };
     for (const Bad &b : cases) {
         const HttpResponse r = s.post_raw(b.path, b.body);

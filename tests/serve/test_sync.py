@@ -7,11 +7,14 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
+import urllib.request
 
 import rl
 
@@ -145,6 +148,45 @@ class InferenceSync(unittest.TestCase):
         self.assertGreater(trained, 0)
         info = self.client.call("GET", "/get_model_info")
         self.assertEqual(info["weight_version"], str(3 + trained))
+
+
+class StopSignal(unittest.TestCase):
+    """A request that nothing can interrupt must not keep a stopped server alive."""
+
+    def test_sigterm_ends_the_server_while_a_group_waits_for_an_unreachable_master(self):
+        tmp = tempfile.mkdtemp(prefix="rl-serve-stop-")
+        try:
+            model = os.path.join(tmp, "m")
+            rl.init_model("tiny", model, 7)
+            server = ServerProcess(model, os.path.join(tmp, "server.log"))
+            with socket.socket() as s:  # a port where nobody listens
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            body = json.dumps({"master_address": "127.0.0.1", "master_port": port,
+                               "rank_offset": 1, "world_size": 2, "group_name": "stuck",
+                               "backend": "gloo"}).encode()
+            request = urllib.request.Request(server.url + "/init_weights_update_group",
+                                             data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+
+            def join():
+                try:
+                    urllib.request.urlopen(request, timeout=300).read()
+                except Exception:  # the server goes away under it: expected
+                    pass
+
+            threading.Thread(target=join, daemon=True).start()
+            time.sleep(2)  # the group's store connection is now retrying
+            t0 = time.time()
+            rc = server.stop()  # SIGTERM; kills only after 30 s
+            elapsed = time.time() - t0
+            with open(os.path.join(tmp, "server.log")) as f:
+                log = f.read()
+            self.assertLess(elapsed, 25, "SIGTERM did not end the server; log: " + log[-2000:])
+            self.assertEqual(rc, 1, log[-2000:])
+            self.assertIn("requests still running", log)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -452,6 +452,61 @@ TEST(TrainingServer, BadRequestsAreRefusedNamingTheField) {
     EXPECT_FALSE(opt.value("error", "").empty());
 }
 
+// Bodies a hostile client can send: each is a 400 naming the field, and the
+// server stays up for the next request.
+TEST(TrainingServer, HostileBodiesAreRefusedWith400AndTheServerStaysUp) {
+    Srv s;
+    const std::string model = s.model(s.session());
+    const json data = json::array({sft_datum(kText)});
+    const std::string fb = "/api/v1/forward_backward";
+    // 100,000 nested lists in `tokens`: copying or printing it would overflow the stack.
+    std::string body = fb_body(model, 1, data).dump();
+    const std::string tokens = "\"tokens\":[";
+    const size_t at = body.find(tokens);
+    ASSERT_NE(at, std::string::npos);
+    body.insert(at + tokens.size(), std::string(100000, '[') + std::string(100000, ']') + ",");
+    HttpResponse r = s.post_raw(fb, body, {});
+    EXPECT_EQ(r.status, 400) << r.body.substr(0, 300);
+    EXPECT_NE(r.body.find("nested deeper than"), std::string::npos) << r.body.substr(0, 300);
+    // A number past a double's range.
+    r = s.post_raw("/api/v1/optim_step",
+                   R"({"model_id": ")" + model + R"(", "adam_params": {"learning_rate": 1e400}})", {});
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find("out of range"), std::string::npos) << r.body;
+    // Sparse CSR weights whose row pointer runs past the values.
+    json sparse = data;
+    const size_t n = sparse[0]["loss_fn_inputs"]["target_tokens"]["data"].size();
+    std::vector<int64_t> crow(n + 1, 0);
+    crow[1] = 1000000;
+    crow[n] = 1;
+    sparse[0]["loss_fn_inputs"]["weights"] = {{"data", {1.0}},
+                                              {"dtype", "float32"},
+                                              {"shape", {n, 1}},
+                                              {"sparse_crow_indices", crow},
+                                              {"sparse_col_indices", {0}}};
+    expect_refused(s.post(fb, fb_body(model, 1, sparse)), 400,
+                   "forward_backward_input.data[0].loss_fn_inputs.weights",
+                   "sparse_crow_indices[1] = 1000000");
+    // A huge sparse shape with no values would densify to 2^60 values.
+    sparse[0]["loss_fn_inputs"]["weights"] = {{"data", json::array()},
+                                              {"dtype", "float32"},
+                                              {"shape", {1, int64_t{1} << 60}},
+                                              {"sparse_crow_indices", {0, 0}},
+                                              {"sparse_col_indices", json::array()}};
+    expect_refused(s.post(fb, fb_body(model, 1, sparse)), 400,
+                   "forward_backward_input.data[0].loss_fn_inputs.weights.shape", "more than");
+    // A dense shape whose product overflows 64 bits to the number of values (0).
+    json wrap = data;
+    wrap[0]["loss_fn_inputs"]["weights"] = {{"data", json::array()},
+                                            {"dtype", "float32"},
+                                            {"shape", {int64_t{1} << 32, int64_t{1} << 32}}};
+    expect_refused(s.post(fb, fb_body(model, 1, wrap)), 400,
+                   "forward_backward_input.data[0].loss_fn_inputs.weights.shape", "more than");
+    // The server still trains.
+    const json ok = s.call(fb, fb_body(model, 1, data));
+    EXPECT_TRUE(ok.contains("loss_fn_outputs")) << ok.dump().substr(0, 300);
+}
+
 TEST(TrainingServer, ExpiredSessionsAreRefusedWith410) {
     Srv s(json{{"session_timeout_s", 0.5}});
     const std::string session = s.session();

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 
 namespace rl::serve {
 namespace {
@@ -177,15 +178,17 @@ TEST_F(ServeWeights, ADistributedChecksumMismatchIsRefusedAfterTheBroadcast) {
     EXPECT_EQ(post("/destroy_weights_update_group", json::object()).status, 200);
 }
 
-TEST_F(ServeWeights, TensorsInTheRequestReplaceNamedWeights) {
-    // model.norm.weight set to 2.0 through base64 float32 bytes.
-    const auto weights = policy->model().named_weights();
-    at::Tensor norm;
-    for (const auto &[n, w] : weights)
-        if (n == "model.norm.weight") norm = w;
-    ASSERT_TRUE(norm.defined());
-    std::vector<float> twos(static_cast<size_t>(norm.numel()), 2.0f);
-    std::string raw(reinterpret_cast<const char *>(twos.data()), twos.size() * sizeof(float));
+// The served model's final norm weight (a view of the parameter).
+at::Tensor norm_weight(const std::shared_ptr<core::Policy> &policy) {
+    for (const auto &[n, w] : policy->model().named_weights())
+        if (n == "model.norm.weight") return w;
+    return {};
+}
+
+// An /update_weights_from_tensor body setting model.norm.weight to `values`
+// (float32 bytes, base64 as SGLang's named_tensors carry them).
+json norm_update(const std::vector<float> &values) {
+    std::string raw(reinterpret_cast<const char *>(values.data()), values.size() * sizeof(float));
     static const char *b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     std::string enc;
     for (size_t i = 0; i < raw.size(); i += 3) {
@@ -197,13 +200,41 @@ TEST_F(ServeWeights, TensorsInTheRequestReplaceNamedWeights) {
         enc += i + 1 < raw.size() ? b64[(v >> 6) & 63] : '=';
         enc += i + 2 < raw.size() ? b64[v & 63] : '=';
     }
-    const HttpResponse r = post("/update_weights_from_tensor", {{"named_tensors",
-                                                                 {{{"name", "model.norm.weight"},
-                                                                   {"dtype", "float32"},
-                                                                   {"shape", {norm.numel()}},
-                                                                   {"data", enc}}}}});
+    return {{"named_tensors",
+             {{{"name", "model.norm.weight"},
+               {"dtype", "float32"},
+               {"shape", {values.size()}},
+               {"data", enc}}}}};
+}
+
+TEST_F(ServeWeights, TensorsInTheRequestReplaceNamedWeights) {
+    const at::Tensor norm = norm_weight(policy);
+    ASSERT_TRUE(norm.defined());
+    const HttpResponse r = post("/update_weights_from_tensor",
+                                norm_update(std::vector<float>(norm.numel(), 2.0f)));
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_TRUE(at::allclose(norm, at::full_like(norm, 2.0)));
+}
+
+TEST_F(ServeWeights, NonFiniteWeightsAreRefusedBeforeTheSwapAndTheOldWeightsKeepServing) {
+    const at::Tensor norm = norm_weight(policy);
+    ASSERT_TRUE(norm.defined());
+    const at::Tensor before = norm.clone();
+    const int64_t version = policy->version();
+    for (float poison : {std::numeric_limits<float>::quiet_NaN(),
+                         std::numeric_limits<float>::infinity()}) {
+        std::vector<float> values(norm.numel(), 1.0f);
+        values[3] = poison;
+        const HttpResponse r = post("/update_weights_from_tensor", norm_update(values));
+        EXPECT_EQ(r.status, 400) << r.body;
+        EXPECT_NE(r.body.find("tensor 'model.norm.weight' holds 1 NaN or infinite value(s) (the "
+                              "first at flat index 3)"),
+                  std::string::npos)
+            << r.body;
+        EXPECT_TRUE(at::equal(norm, before));
+        EXPECT_EQ(policy->version(), version);
+    }
+    EXPECT_EQ(served(), want_a);
 }
 
 TEST_F(ServeWeights, BadWeightRequestsAre400sNamingTheFieldAndTheServerKeepsServing) {

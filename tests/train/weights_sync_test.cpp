@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <limits>
 
 using namespace rl_train_test;
 using nlohmann::json;
@@ -204,6 +205,42 @@ TEST(WeightSyncFilesystem, CorruptedWeightsAreRefusedAndTheNextVersionIsTaken) {
     RL_ASSERT_OK(rl_weights_recv(worker.get(), e.rx.get(), 20000, nullptr, got.out()));
     EXPECT_EQ(got.scalar("version"), 2.0);
     EXPECT_EQ(logprobs_of(worker.get()), logprobs_of(src.get()));
+}
+
+// A sender whose weights went NaN (diverged training, a bad checkpoint): the
+// set arrives intact, checksums and all, and is refused before the swap.
+TEST_P(WeightSync, NonFiniteWeightsAreRefusedAndTheModelKeepsItsVersion) {
+    // A copy of the tiny model with one NaN in model.norm.weight.
+    TempDir poisoned("weights-nan");
+    fs::copy(tiny_model_dir(), poisoned.path(), fs::copy_options::recursive);
+    const fs::path file = fs::path(poisoned.path()) / "model.safetensors";
+    {
+        std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+        uint64_t header_len = 0;
+        f.read(reinterpret_cast<char *>(&header_len), 8);
+        std::string header(header_len, '\0');
+        f.read(header.data(), static_cast<std::streamsize>(header_len));
+        const json h = json::parse(header);
+        ASSERT_EQ(h.at("model.norm.weight").at("dtype"), "F32");
+        const uint64_t begin = h.at("model.norm.weight").at("data_offsets")[0].get<uint64_t>();
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        f.seekp(static_cast<std::streamoff>(8 + header_len + begin + 2 * sizeof(float)));
+        f.write(reinterpret_cast<const char *>(&nan), sizeof nan);
+    }
+    ModelPtr src = load_model(poisoned.path());
+    ModelPtr worker = load_model();
+    const auto before = logprobs_of(worker.get());
+    Ends e = ends();
+    Result sent, r;
+    RL_ASSERT_OK(rl_weights_send(src.get(), e.tx.get(), 4, nullptr, sent.out()));
+    EXPECT_EQ(rl_weights_recv(worker.get(), e.rx.get(), 20000, nullptr, r.out()), RL_ERR_NUMERIC);
+    const std::string err = rl_last_error();
+    EXPECT_NE(err.find("tensor 'model.norm.weight' holds 1 NaN or infinite value(s) (the first "
+                       "at flat index 2)"),
+              std::string::npos)
+        << err;
+    EXPECT_EQ(policy_version(worker.get()), 0);
+    EXPECT_EQ(logprobs_of(worker.get()), before);
 }
 
 // A trainer restarted from its checkpoint broadcasts an older version: the

@@ -2,6 +2,7 @@
 
 #include "rl/core/error.hpp"
 #include "rl/core/names.hpp"
+#include "rl/core/json.hpp"
 
 #include <cmath>
 #include <sstream>
@@ -177,7 +178,7 @@ json read_params(const json &object, const std::vector<ParamSpec> &specs,
 json read_params_text(const std::string &text, const std::vector<ParamSpec> &specs,
                       const std::string &section, const std::string &what) {
     if (text.empty()) return read_params(json(), specs, section, what);
-    const json j = json::parse(text, nullptr, false);
+    const json j = rl::core::parse_json_or_discarded(text);
     if (j.is_discarded()) throw Error(ErrorKind::InvalidArgument, what + ": not valid JSON");
     return read_params(j, specs, section, what);
 }

@@ -2,6 +2,7 @@
 #include "rl/core/buffer.hpp"
 
 #include "rl/core/error.hpp"
+#include "rl/core/json.hpp"
 #include "rl/core/names.hpp"
 #include "rl/core/params.hpp"
 
@@ -438,6 +439,211 @@ std::vector<DropRecord> RolloutBuffer::take_drop_log() {
     std::vector<DropRecord> out(log_.begin(), log_.end());
     log_.clear();
     return out;
+}
+
+// ---- state ------------------------------------------------------------------------------
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char *kStateFormat = "rl.buffer_state/1";
+
+json rollout_state(const Rollout &r) {
+    json j = {{"group_id", r.group_id},   {"policy_version", r.policy_version},
+              {"reward", r.reward},       {"token_ids", r.token_ids},
+              {"logprobs", r.logprobs},   {"loss_mask", r.loss_mask},
+              {"extras", r.extras},       {"task", r.task},
+              {"completion", r.completion}};
+    if (r.sampling_temperature) j["sampling_temperature"] = *r.sampling_temperature;
+    return j;
+}
+
+json stats_state(const BufferStats &s) {
+    json dropped = json::object();
+    for (const auto &[name, c] : s.dropped) dropped[name] = {c.groups, c.rollouts};
+    return {{"pushed_rollouts", s.pushed_rollouts}, {"completed_groups", s.completed_groups},
+            {"ready_groups", s.ready_groups},       {"popped_groups", s.popped_groups},
+            {"popped_rollouts", s.popped_rollouts}, {"dropped", dropped}};
+}
+
+// Reads fields of one object of the state, naming `where` in errors.
+struct StateReader {
+    const json &j;
+    std::string where;
+
+    const json &at(const char *key) const {
+        if (!j.is_object() || !j.contains(key))
+            bad(where + ": '" + key + "' is missing");
+        return j[key];
+    }
+    template <class T>
+    T get(const char *key) const {
+        try {
+            return at(key).get<T>();
+        } catch (const json::exception &) {
+            bad(where + "." + key + " has the wrong type (" + at(key).type_name() + ")");
+        }
+    }
+};
+
+Rollout rollout_from_state(const json &j, const std::string &where) {
+    const StateReader f{j, where};
+    Rollout r;
+    r.group_id = f.get<int64_t>("group_id");
+    r.policy_version = f.get<int64_t>("policy_version");
+    r.reward = f.get<double>("reward");
+    r.token_ids = f.get<std::vector<int64_t>>("token_ids");
+    r.logprobs = f.get<std::vector<float>>("logprobs");
+    r.loss_mask = f.get<std::vector<uint8_t>>("loss_mask");
+    r.extras = f.get<std::map<std::string, std::vector<float>>>("extras");
+    r.task = f.get<std::string>("task");
+    r.completion = f.get<std::string>("completion");
+    if (j.contains("sampling_temperature"))
+        r.sampling_temperature = f.get<double>("sampling_temperature");
+    return r;
+}
+
+BufferStats stats_from_state(const json &j, const std::string &where) {
+    const StateReader f{j, where};
+    BufferStats s = empty_stats();
+    s.pushed_rollouts = f.get<int64_t>("pushed_rollouts");
+    s.completed_groups = f.get<int64_t>("completed_groups");
+    s.ready_groups = f.get<int64_t>("ready_groups");
+    s.popped_groups = f.get<int64_t>("popped_groups");
+    s.popped_rollouts = f.get<int64_t>("popped_rollouts");
+    const auto dropped = f.get<std::map<std::string, std::pair<int64_t, int64_t>>>("dropped");
+    for (const auto &[name, c] : dropped) {
+        if (!s.dropped.count(name)) bad(where + ".dropped: unknown reason '" + name + "'");
+        s.dropped[name] = DropCount{c.first, c.second};
+    }
+    return s;
+}
+
+} // namespace
+
+std::string RolloutBuffer::state_json() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    json pending = json::array();
+    // Sorted by group id: the same holdings give the same text.
+    std::vector<int64_t> ids;
+    for (const auto &kv : pending_) ids.push_back(kv.first);
+    std::sort(ids.begin(), ids.end());
+    for (int64_t id : ids) {
+        const Pending &p = pending_.at(id);
+        json rs = json::array();
+        for (const auto &r : p.rollouts) rs.push_back(rollout_state(r));
+        pending.push_back({{"group_id", id},
+                           {"arrived", p.arrived},
+                           {"expected", p.expected},
+                           {"rollouts", rs}});
+    }
+    json ready = json::array();
+    for (const auto &g : ready_) {
+        json rs = json::array();
+        for (const auto &r : g.rollouts) rs.push_back(rollout_state(r));
+        ready.push_back({{"group_id", g.group_id}, {"rollouts", rs}});
+    }
+    json log = json::array();
+    for (const auto &d : log_)
+        log.push_back({{"group_id", d.group_id},
+                       {"reason", drop_reason_name(d.reason)},
+                       {"rollouts", d.rollouts},
+                       {"mean_reward", d.mean_reward},
+                       {"policy_version", d.policy_version},
+                       {"current_version", d.current_version}});
+    const json state = {{"format", kStateFormat},       {"policy_version", version_},
+                        {"pending", pending},           {"ready", ready},
+                        {"total", stats_state(total_)}, {"interval", stats_state(interval_)},
+                        {"drop_log", log}};
+    // Texts of rollouts are UTF-8 by the time they are pushed; replace keeps
+    // a state with a stray byte writable rather than losing it all.
+    return state.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void RolloutBuffer::restore(const std::string &state_text, const std::string &source) {
+    const json j = parse_json(state_text, source);
+    const StateReader top{j, source};
+    if (top.get<std::string>("format") != kStateFormat)
+        bad(source + ": not a " + kStateFormat + " state (format '" +
+            top.get<std::string>("format") + "')");
+    // Everything is read and checked before the buffer changes.
+    std::unordered_map<int64_t, Pending> pending;
+    std::deque<Group> ready;
+    const json &pj = top.at("pending");
+    if (!pj.is_array()) bad(source + ".pending must be a list");
+    for (size_t i = 0; i < pj.size(); ++i) {
+        const std::string where = source + ".pending[" + std::to_string(i) + "]";
+        const StateReader f{pj[i], where};
+        Pending p;
+        p.arrived = f.get<size_t>("arrived");
+        p.expected = f.get<size_t>("expected");
+        const json &rs = f.at("rollouts");
+        if (!rs.is_array()) bad(where + ".rollouts must be a list");
+        for (size_t k = 0; k < rs.size(); ++k) {
+            p.rollouts.push_back(
+                rollout_from_state(rs[k], where + ".rollouts[" + std::to_string(k) + "]"));
+        }
+        if (!pending.emplace(f.get<int64_t>("group_id"), std::move(p)).second)
+            bad(where + ": group " + std::to_string(f.get<int64_t>("group_id")) + " twice");
+    }
+    const json &rj = top.at("ready");
+    if (!rj.is_array()) bad(source + ".ready must be a list");
+    for (size_t i = 0; i < rj.size(); ++i) {
+        const std::string where = source + ".ready[" + std::to_string(i) + "]";
+        const StateReader f{rj[i], where};
+        Group g;
+        g.group_id = f.get<int64_t>("group_id");
+        const json &rs = f.at("rollouts");
+        if (!rs.is_array() || rs.empty()) bad(where + ".rollouts must be a non-empty list");
+        for (size_t k = 0; k < rs.size(); ++k) {
+            g.rollouts.push_back(
+                rollout_from_state(rs[k], where + ".rollouts[" + std::to_string(k) + "]"));
+        }
+        ready.push_back(std::move(g));
+    }
+    std::deque<DropRecord> log;
+    const json &lj = top.at("drop_log");
+    if (!lj.is_array()) bad(source + ".drop_log must be a list");
+    for (size_t i = 0; i < lj.size(); ++i) {
+        const StateReader f{lj[i], source + ".drop_log[" + std::to_string(i) + "]"};
+        DropRecord d;
+        d.group_id = f.get<int64_t>("group_id");
+        const std::string reason = f.get<std::string>("reason");
+        bool known = false;
+        for (DropReason r : kReasons)
+            if (reason == drop_reason_name(r)) d.reason = r, known = true;
+        if (!known) bad(f.where + ".reason: unknown reason '" + reason + "'");
+        d.rollouts = f.get<size_t>("rollouts");
+        d.mean_reward = f.get<double>("mean_reward");
+        d.policy_version = f.get<int64_t>("policy_version");
+        d.current_version = f.get<int64_t>("current_version");
+        log.push_back(d);
+    }
+    const BufferStats total = stats_from_state(top.at("total"), source + ".total");
+    const BufferStats interval = stats_from_state(top.at("interval"), source + ".interval");
+    const int64_t version = top.get<int64_t>("policy_version");
+
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!pending_.empty() || !ready_.empty() || total_.pushed_rollouts != 0)
+        bad(source + ": a state is restored into a new buffer only (this one took rollouts)");
+    const int64_t own_version = version_;
+    version_ = version; // the rollouts are checked against the saved version
+    try {
+        for (const auto &kv : pending)
+            for (const auto &r : kv.second.rollouts) validate_rollout(r, "restore");
+        for (const auto &g : ready)
+            for (const auto &r : g.rollouts) validate_rollout(r, "restore");
+    } catch (...) {
+        version_ = own_version;
+        throw;
+    }
+    pending_ = std::move(pending);
+    ready_ = std::move(ready);
+    total_ = total;
+    interval_ = interval;
+    log_ = std::move(log);
+    cv_.notify_all();
 }
 
 } // namespace rl::core

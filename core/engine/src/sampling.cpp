@@ -2,6 +2,7 @@
 
 #include "rl/core/policy.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/json.hpp"
 
 #include <ATen/ATen.h>
 
@@ -39,7 +40,7 @@ double number(const json &v, const std::string &key) {
 SamplingParams SamplingParams::from_json(const std::string &text) {
     SamplingParams p;
     if (text.empty()) return p;
-    const json j = json::parse(text, nullptr, false);
+    const json j = rl::core::parse_json_or_discarded(text);
     if (j.is_discarded()) bad("not valid JSON");
     if (j.is_null()) return p;
     if (!j.is_object()) bad("must be a JSON object");

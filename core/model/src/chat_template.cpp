@@ -2,6 +2,7 @@
 
 #include "jinja.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/json.hpp"
 #include "unicode.hpp"
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 Json parse_json_arg(const std::string &text, const std::string &what) {
+    check_json_depth(text, what);
     try {
         return Json::parse(text);
     } catch (const Json::exception &e) {

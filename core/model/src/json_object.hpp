@@ -3,6 +3,7 @@
 #pragma once
 
 #include "rl/core/error.hpp"
+#include "rl/core/json.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -13,12 +14,7 @@ namespace rl::core {
 /// Parses `text` from `source` (named in errors): text that is not JSON, or
 /// JSON whose top level is not an object, is an error.
 inline nlohmann::json parse_json_object(const std::string &text, const std::string &source) {
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception &e) {
-        throw Error(source + ": invalid JSON: " + e.what());
-    }
+    const nlohmann::json j = parse_json(text, source);
     if (!j.is_object()) throw Error(source + ": top level is not a JSON object");
     return j;
 }

@@ -5,6 +5,7 @@
 #include "rl/core/model.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/tensor_io.hpp"
+#include "rl/core/json.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -175,7 +176,9 @@ bool LoraConfig::targets(LoraTarget t) const {
 }
 
 void LoraConfig::validate() const {
-    if (rank < 1) invalid("lora.rank must be an integer >= 1, got " + std::to_string(rank));
+    if (rank < 1 || rank > kMaxLoraRank)
+        invalid("lora.rank must be an integer in [1, " + std::to_string(kMaxLoraRank) + "], got " +
+                std::to_string(rank));
     if (!(alpha > 0) || !std::isfinite(alpha))
         invalid("lora.alpha must be a finite number > 0, got " + json(alpha).dump());
     if (!(dropout >= 0 && dropout < 1))
@@ -186,8 +189,7 @@ void LoraConfig::validate() const {
 LoraConfig LoraConfig::from_json(const std::string &text) {
     LoraConfig c;
     if (text.empty()) return c;
-    const json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) invalid("lora config is not valid JSON");
+    const json j = parse_json(text, "lora config");
     if (j.is_null()) return c;
     if (!j.is_object()) invalid("lora config must be a JSON object");
     auto key = [](const std::string &k) { return "lora." + k; };
@@ -419,7 +421,7 @@ LoraConfig read_adapter_config(const std::string &dir) {
     const std::string path = (fs::path(dir) / kConfigFile).string();
     if (!fs::exists(path))
         throw Error(ErrorKind::NotFound, "LoRA adapter '" + dir + "' has no " + kConfigFile);
-    const json j = json::parse(read_file(path), nullptr, false);
+    const json j = rl::core::parse_json_or_discarded(read_file(path));
     auto bad = [&](const std::string &msg) -> Error {
         return Error(ErrorKind::InvalidArgument, "'" + path + "': " + msg);
     };

@@ -95,4 +95,15 @@ void save_safetensors(const std::string &path,
     write_safetensors(path, std::move(bytes), metadata);
 }
 
+void require_finite(const at::Tensor &t, const std::string &what) {
+    if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return;
+    const at::Tensor bad = at::logical_not(at::isfinite(t)).reshape(-1);
+    if (!bad.any().item<bool>()) return;
+    const int64_t first = bad.nonzero()[0][0].item<int64_t>();
+    const int64_t count = bad.sum().item<int64_t>();
+    throw Error(ErrorKind::Numeric, what + " holds " + std::to_string(count) +
+                                        " NaN or infinite value(s) (the first at flat index " +
+                                        std::to_string(first) + ")");
+}
+
 } // namespace rl::core

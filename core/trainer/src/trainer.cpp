@@ -12,6 +12,7 @@
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
+#include "rl/core/json.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -839,7 +840,7 @@ void Trainer::collect_state(std::vector<std::pair<std::string, at::Tensor>> &opt
 std::string Trainer::save_checkpoint(const std::string &dir, const std::string &state_json) {
     json state = json::object();
     if (!state_json.empty()) {
-        state = json::parse(state_json, nullptr, false);
+        state = rl::core::parse_json_or_discarded(state_json);
         if (state.is_discarded() || !(state.is_object() || state.is_null()))
             invalid("checkpoint state must be a JSON object");
         if (state.is_null()) state = json::object();
@@ -967,7 +968,7 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
                      "checkpoint '" + (root / file).string() + "': " + msg);
     };
 
-    const json meta = json::parse(read_file((root / "trainer.json").string()), nullptr, false);
+    const json meta = rl::core::parse_json_or_discarded(read_file((root / "trainer.json").string()));
     if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") ||
         meta["format"] != kCheckpointFormat)
         throw bad_file("trainer.json", std::string("not a ") + kCheckpointFormat + " file");
@@ -976,7 +977,7 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
             throw bad_file("trainer.json",
                            std::string("'") + key + "' is missing or not an integer >= 0");
     const std::string state_text = read_file((root / "state.json").string());
-    const json state = json::parse(state_text, nullptr, false);
+    const json state = rl::core::parse_json_or_discarded(state_text);
     if (state.is_discarded()) throw bad_file("state.json", "not valid JSON");
 
     const std::string layout = meta.value("layout", "consolidated");

@@ -3,6 +3,7 @@
 #include "rl/core/error.hpp"
 #include "rl/core/names.hpp"
 #include "rl/core/params.hpp"
+#include "rl/core/json.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -25,7 +26,7 @@ constexpr Named<LrSchedule> kLrSchedules[] = {{LrSchedule::Constant, "constant"}
 
 json parse_object(const std::string &text, const std::string &what) {
     if (text.empty()) return json::object();
-    json j = json::parse(text, nullptr, false);
+    json j = rl::core::parse_json_or_discarded(text);
     if (j.is_discarded()) bad(what + ": not valid JSON");
     if (j.is_null()) return json::object();
     if (!j.is_object()) bad(what + ": must be a JSON object, got " + std::string(j.type_name()));

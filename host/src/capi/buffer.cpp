@@ -2,6 +2,8 @@
 #include "batch.hpp"
 #include "train_common.hpp"
 
+#include "rl/core/atomic_file.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -178,6 +180,22 @@ RL_API rl_status_t rl_buffer_pop_batch(rl_buffer_t *buffer, uint64_t min_rollout
                 ? buffer->impl->pop_batch(min_rollouts)
                 : buffer->impl->wait_batch(min_rollouts, std::chrono::milliseconds(timeout_ms));
         *out_result = new_result(batch_sink(std::move(groups)));
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_buffer_save(rl_buffer_t *buffer, const char *path) {
+    return train_boundary([&] {
+        require(buffer && path && *path, "rl_buffer_save: buffer and path are required");
+        core::atomic_write_file(path, buffer->impl->state_json());
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_buffer_load(rl_buffer_t *buffer, const char *path) {
+    return train_boundary([&] {
+        require(buffer && path && *path, "rl_buffer_load: buffer and path are required");
+        buffer->impl->restore(core::read_file(path), path);
         return RL_OK;
     });
 }

@@ -2,6 +2,7 @@
 // schema).
 #include "common.hpp"
 #include "rl/host/config.hpp"
+#include "rl/core/json.hpp"
 
 using namespace rl::host::capi;
 using nlohmann::json;
@@ -33,10 +34,10 @@ RL_API rl_status_t rl_config_declare(const char *config_json, const char *declar
     return boundary([&] {
         require(config_json && declarations_json && out_result,
                 "rl_config_declare: config_json, declarations_json and out_result are required");
-        const json config = json::parse(config_json, nullptr, false);
+        const json config = rl::core::parse_json_or_discarded(config_json);
         require(!config.is_discarded() && config.is_object(),
                 "rl_config_declare: config_json is not a JSON object");
-        const json decl = json::parse(declarations_json, nullptr, false);
+        const json decl = rl::core::parse_json_or_discarded(declarations_json);
         require(!decl.is_discarded(), "rl_config_declare: declarations_json is not valid JSON");
         CallSink sink;
         sink.texts["config"] =

@@ -5,6 +5,7 @@
 #include "rl/host/config.hpp"
 #include "rl/host/runtime.hpp"
 #include "rl/sdk/error.hpp"
+#include "rl/core/json.hpp"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -125,7 +126,7 @@ RL_API rl_status_t rl_instance_params(rl_instance_t *instance, rl_result_t **out
             auto it = sink.texts.find("params");
             const nlohmann::json j = it == sink.texts.end()
                                          ? nlohmann::json()
-                                         : nlohmann::json::parse(it->second, nullptr, false);
+                                         : rl::core::parse_json_or_discarded(it->second);
             if (!j.is_object())
                 throw HostError{RL_ERR_INTERNAL,
                                 inst.record().path + ": " + inst.who() +
@@ -244,7 +245,7 @@ RL_API rl_status_t rl_env_sample(rl_instance_t *instance, uint64_t n, uint64_t s
         auto it = sink.texts.find("tasks");
         if (it == sink.texts.end())
             throw HostError{RL_ERR_INTERNAL, inst.who() + ": sample() emitted no 'tasks' text"};
-        nlohmann::json tasks = nlohmann::json::parse(it->second, nullptr, false);
+        nlohmann::json tasks = rl::core::parse_json_or_discarded(it->second);
         if (tasks.is_discarded() || !tasks.is_array() || tasks.size() != n)
             throw HostError{RL_ERR_INTERNAL, inst.who() + ": sample() must emit a JSON array of " +
                                                  std::to_string(n) + " tasks"};

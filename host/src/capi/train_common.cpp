@@ -1,4 +1,5 @@
 #include "train_common.hpp"
+#include "rl/core/json.hpp"
 
 namespace rl::host::capi {
 
@@ -78,8 +79,9 @@ encode_chat_plain(const core::Tokenizer &tok, const std::vector<core::ChatMessag
 
 json parse_json(const char *text, const std::string &what) {
     if (text == nullptr) return json();
-    json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) throw HostError{RL_ERR_INVALID_ARG, what + ": not valid JSON"};
+    json j;
+    std::string error;
+    if (!rl::core::try_parse_json(text, j, what, &error)) throw HostError{RL_ERR_INVALID_ARG, error};
     return j;
 }
 

@@ -14,6 +14,8 @@
 // leaves the model as it was (the previous version keeps serving); a failure
 // during the swap restores the previous tensors.
 #include "train_common.hpp"
+#include "rl/core/json.hpp"
+#include "rl/core/tensor_io.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -201,7 +203,7 @@ RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, 
             }
             std::unique_ptr<rl_result_t, decltype(&rl_result_destroy)> msg(raw, &rl_result_destroy);
             const CallSink &in = msg->sink;
-            const json header = json::parse(in.texts.at("header"), nullptr, false);
+            const json header = rl::core::parse_json_or_discarded(in.texts.at("header"));
             if (!header.is_object() || header.value("kind", "") != kKind ||
                 !header.contains("version") || !header["version"].is_number_integer())
                 throw HostError{RL_ERR_INVALID_ARG,
@@ -258,6 +260,14 @@ RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, 
                                   at::TensorOptions().dtype(scalar_type_of(
                                       o.dtype, fn_msg(fn, "tensor '" + name + "'"))));
                 staged.push_back(in_place.to(p.options(), /*non_blocking=*/false, /*copy=*/true));
+                try {
+                    rl::core::require_finite(staged.back(), "tensor '" + name + "'");
+                } catch (const rl::core::Error &e) {
+                    throw HostError{RL_ERR_NUMERIC,
+                                    fn_msg(fn, "weights version " + std::to_string(version) +
+                                                   " refused, the model keeps " + in_use(model) +
+                                                   ": " + e.what())};
+                }
                 bytes += o.bytes.size();
             }
             // Swap: every parameter at once; undo on any failure.

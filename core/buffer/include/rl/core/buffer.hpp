@@ -161,6 +161,16 @@ public:
     BufferStats take_stats();  // since the previous take_stats()
     std::vector<DropRecord> take_drop_log();
 
+    // Everything the buffer holds and has counted (policy version, pending and
+    // ready groups with every field of their rollouts, counters, drop log) as
+    // one JSON text, so a process that restarts loses nothing it had taken in
+    // (docs/buffer.md). Floats are written exactly (shortest round trip).
+    std::string state_json() const;
+    // Restores state_json() into this buffer, which must hold nothing yet;
+    // its config is its own (the saved one is not read). Malformed state is an
+    // Error naming `source` and the field; the buffer is unchanged then.
+    void restore(const std::string &state_json, const std::string &source);
+
 private:
     struct Pending {
         std::vector<Rollout> rollouts;

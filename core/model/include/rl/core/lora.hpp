@@ -42,8 +42,13 @@ const char *lora_target_name(LoraTarget t);
 /// The parent module in the HF name: "self_attn" or "mlp".
 const char *lora_target_parent(LoraTarget t);
 
+/// The largest adapter rank accepted (a rank past it is refused naming the
+/// key): PEFT and Tinker use 8-256; rank 65536 on a 1B model would allocate
+/// gigabytes per adapter from one request field.
+inline constexpr int64_t kMaxLoraRank = 1024;
+
 struct LoraConfig {
-    int64_t rank = 8;   ///< r >= 1
+    int64_t rank = 8;   ///< 1 <= r <= kMaxLoraRank
     double alpha = 16;  ///< lora_alpha > 0
     double dropout = 0; ///< on the adapter's input while training, in [0, 1)
     bool use_rslora = false;

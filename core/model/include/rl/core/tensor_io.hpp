@@ -26,6 +26,12 @@ DType to_dtype(at::ScalarType t, const std::string &what);
 /// the data is aligned for its element type, else a copy.
 at::Tensor tensor_from_file(const std::shared_ptr<SafetensorsFile> &file, const TensorInfo &info);
 
+/// Throws Error (Numeric) naming `what` when a floating-point tensor holds a
+/// NaN or an infinity (the first one's flat index is named). Weight swaps call
+/// it before anything is replaced: a checksum only proves the bytes arrived as
+/// sent, not that the sender's values are usable.
+void require_finite(const at::Tensor &t, const std::string &what);
+
 /// Every tensor of a file, by name.
 std::map<std::string, at::Tensor> load_safetensors(const std::string &path);
 
