@@ -25,12 +25,51 @@ namespace {
 
 using json = nlohmann::json;
 
+// `s` with every byte outside a valid UTF-8 sequence, and every control
+// character, written as \xNN: what a plugin put in a name, a reason or a
+// message is printed, never sent to the terminal as is.
+std::string printable(const std::string &s) {
+    std::string out;
+    const auto *p = reinterpret_cast<const unsigned char *>(s.data());
+    const size_t n = s.size();
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = p[i];
+        size_t len = c < 0x80                 ? 1
+                     : c >= 0xC2 && c <= 0xDF ? 2
+                     : c >= 0xE0 && c <= 0xEF ? 3
+                     : c >= 0xF0 && c <= 0xF4 ? 4
+                                              : 0;
+        if (len > n - i) len = 0;
+        for (size_t k = 1; k < len; ++k) {
+            // the second byte's range excludes overlong forms, surrogates and > U+10FFFF
+            const unsigned char lo = k > 1 ? 0x80 : c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+            const unsigned char hi = k > 1 ? 0xBF : c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+            if (p[i + k] < lo || p[i + k] > hi) len = 0;
+        }
+        const bool control = (len == 1 && (c < 0x20 || c == 0x7F)) ||
+                             (len == 2 && c == 0xC2 && p[i + 1] <= 0x9F); // C0, DEL, C1
+        if (len == 0 || control) {
+            const size_t bad = len == 0 ? 1 : len;
+            for (size_t k = 0; k < bad; ++k) {
+                char buf[8];
+                std::snprintf(buf, sizeof buf, "\\x%02x", p[i + k]);
+                out += buf;
+            }
+            i += bad;
+        } else {
+            out.append(s, i, len);
+            i += len;
+        }
+    }
+    return out;
+}
+
 struct Report {
     int failed = 0;
     std::string file;
     void line(const char *verdict, const std::string &check, const std::string &detail) {
-        std::printf("%s %s %s%s%s\n", verdict, file.c_str(), check.c_str(),
-                    detail.empty() ? "" : ": ", detail.c_str());
+        std::printf("%s %s %s%s%s\n", verdict, printable(file).c_str(), printable(check).c_str(),
+                    detail.empty() ? "" : ": ", printable(detail).c_str());
         std::fflush(stdout);
     }
     void pass(const std::string &check, const std::string &detail = "") {
@@ -317,8 +356,14 @@ int validate_file(const std::string &path, const std::map<std::string, std::stri
     }
     rep.pass("load", "entry, ABI version, init and factory accepted");
     Result list;
-    rl_runtime_list_plugins(rt, &list.r);
-    const json j = json::parse(list.text("plugins"), nullptr, false);
+    st = rl_runtime_list_plugins(rt, &list.r);
+    const json j = st == RL_OK ? json::parse(list.text("plugins"), nullptr, false) : json();
+    if (!j.is_object() || !j.contains("plugins") || !j.contains("refused")) {
+        rep.fail("descriptors", st == RL_OK ? "the plugin list is not valid JSON"
+                                            : "cannot list the plugins: " + status_msg(st));
+        rl_runtime_destroy(rt);
+        return rep.failed;
+    }
     for (const auto &r : j["refused"]) rep.fail("descriptor", r.value("reason", ""));
     if (j["plugins"].empty() && j["refused"].empty())
         rep.fail("descriptors", "the library holds no plugins");

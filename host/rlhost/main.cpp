@@ -97,18 +97,34 @@ int cmd_plugins(const Options &o) {
         std::cout << text << "\n";
         return 0;
     }
-    auto j = nlohmann::json::parse(text);
+    // librl writes valid UTF-8 (descriptors with bad strings are refused, reasons
+    // escaped); control characters, as in a file name, are still escaped here.
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_object() || !j.contains("plugins") || !j.contains("refused"))
+        return fail("plugins: the runtime's plugin list is not valid JSON");
+    auto field = [](const nlohmann::json &o, const char *key) {
+        std::string out;
+        for (const char c : o.value(key, std::string())) {
+            const auto b = static_cast<unsigned char>(c);
+            if (b < 0x20 || b == 0x7F) {
+                char buf[8];
+                std::snprintf(buf, sizeof buf, "\\x%02x", b);
+                out += buf;
+            } else {
+                out += c;
+            }
+        }
+        return out;
+    };
     std::printf("%-10s %-22s %-8s %-6s %s\n", "KIND", "NAME", "VERSION", "ABI", "PATH");
     for (const auto &p : j["plugins"])
-        std::printf("%-10s %-22s %-8s %-6s %s\n", p["kind"].get<std::string>().c_str(),
-                    p["name"].get<std::string>().c_str(), p["version"].get<std::string>().c_str(),
-                    p["abi_version"].get<std::string>().c_str(),
-                    p["path"].get<std::string>().c_str());
+        std::printf("%-10s %-22s %-8s %-6s %s\n", field(p, "kind").c_str(),
+                    field(p, "name").c_str(), field(p, "version").c_str(),
+                    field(p, "abi_version").c_str(), field(p, "path").c_str());
     if (!j["refused"].empty()) {
         std::printf("\nrefused:\n");
         for (const auto &r : j["refused"])
-            std::printf("  %s: %s\n", r["path"].get<std::string>().c_str(),
-                        r["reason"].get<std::string>().c_str());
+            std::printf("  %s: %s\n", field(r, "path").c_str(), field(r, "reason").c_str());
     }
     return 0;
 }

@@ -4,6 +4,21 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,6 +26,8 @@
 namespace {
 
 const std::string kFixtures = RL_TEST_FIXTURE_DIR;
+// Fixtures no folder scan meets (fixture_broken_huge_count).
+const std::string kUnscannedFixtures = RL_TEST_UNSCANNED_FIXTURE_DIR;
 
 std::string fixture(const std::string &name) {
     return kFixtures + "/" + name + ".so";
@@ -107,7 +124,8 @@ TEST(Loader, RefusesLibraryWithoutEntrySymbol) {
 TEST(Loader, RefusesGarbageFileNamedSo) {
     Runtime rt(fixture("fixture_garbage"));
     const std::string why = rt.refusal_for("fixture_garbage.so");
-    EXPECT_NE(why.find("cannot load the library"), std::string::npos) << why;
+    EXPECT_NE(why.find("not an ELF file: it does not start with the ELF magic"), std::string::npos)
+        << why;
 }
 
 TEST(Loader, RefusesDuplicatePluginNameAndKeepsTheFirst) {
@@ -133,9 +151,15 @@ TEST(Loader, FolderScanLoadsGoodLibrariesAndRecordsEveryBrokenOne) {
     Runtime rt(kFixtures);
     auto j = rt.list();
     // good (2), plain C, throws, old minor, and the broken ones that only fail
-    // later (bad_id, dup_id's first, null_slot, small_iface, small_plugin)
-    EXPECT_EQ(j["plugins"].size(), 10u) << j.dump(2);
-    EXPECT_EQ(j["refused"].size(), 9u) << j.dump(2);
+    // later (bad_id, dup_id's first, null_slot, small_iface, small_plugin,
+    // bad_text's good one)
+    EXPECT_EQ(j["plugins"].size(), 11u) << j.dump(2);
+    // 9, and bad_text's four descriptors, too_many and the two truncated copies
+    // of fixture_good (refused before dlopen, which would fault)
+    EXPECT_EQ(j["refused"].size(), 16u) << j.dump(2);
+    EXPECT_NE(rt.refusal_for("fixture_truncated_head.so").find("the file is truncated or corrupt"),
+              std::string::npos)
+        << j.dump(2);
 }
 
 TEST(Loader, ExplicitLoadOfBrokenFileFailsWithTheReason) {
@@ -398,6 +422,296 @@ TEST(HostExtensions, KnownIdsAnswerAndUnknownIdsAreNull) {
     EXPECT_EQ(metric(r, "ext.control_thread"), 0.0);
     rl_result_destroy(r);
     rl_instance_destroy(inst);
+}
+
+// ---- hostile or broken files and strings -----------------------------------
+
+namespace fs = std::filesystem;
+
+// A scratch folder, removed with everything in it on scope exit.
+struct ScratchDir {
+    fs::path path;
+    ScratchDir() {
+        std::string tmpl = (fs::temp_directory_path() / "rl_loader_test_XXXXXX").string();
+        path = ::mkdtemp(tmpl.data()) ? fs::path(tmpl) : fs::path();
+        EXPECT_FALSE(path.empty()) << std::strerror(errno);
+    }
+    ~ScratchDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+    std::string operator/(const std::string &name) const { return (path / name).string(); }
+};
+
+std::vector<char> read_bytes(const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string &path, const std::vector<char> &bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// fixture_good.so's bytes, to cut or patch.
+std::vector<char> good_library() {
+    auto bytes = read_bytes(fixture("fixture_good"));
+    EXPECT_GT(bytes.size(), sizeof(ElfW(Ehdr)));
+    return bytes;
+}
+
+template <typename T>
+void patch(std::vector<char> &bytes, size_t offset, T value) {
+    std::memcpy(bytes.data() + offset, &value, sizeof value);
+}
+
+// rl_runtime_load_plugin's status and message for one file.
+std::pair<rl_status_t, std::string> explicit_load(const std::string &path) {
+    Runtime rt("");
+    const rl_status_t st = rl_runtime_load_plugin(rt.rt, path.c_str());
+    return {st, rl_last_error()};
+}
+
+// Runs `f` on a thread; should it block on the FIFO at `fifo` (the regression:
+// dlopen opening a FIFO waits for a writer forever), opens the FIFO for writing
+// so that it returns, and fails the test.
+template <typename F>
+auto without_blocking_on(const std::string &fifo, F f) {
+    auto done = std::async(std::launch::async, f);
+    if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+        ADD_FAILURE() << "blocked opening the FIFO " << fifo;
+        while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+            const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+            if (fd >= 0) ::close(fd);
+        }
+    }
+    return done.get();
+}
+
+TEST(LoaderHostileFiles, TruncatedLibrariesInAFolderAreRefusedAndTheOthersLoad) {
+    ScratchDir dir;
+    const auto bytes = good_library();
+    write_bytes(dir / "a_good.so", bytes);
+    write_bytes(dir / "head.so", {bytes.begin(), bytes.begin() + 3000});
+    const size_t half = bytes.size() / 2;
+    write_bytes(dir / "half.so", {bytes.begin(), bytes.begin() + static_cast<long>(half)});
+    write_bytes(dir / "short_header.so", {bytes.begin(), bytes.begin() + 40});
+    Runtime rt(dir.path.string());
+    const auto j = rt.list();
+    EXPECT_EQ(j["plugins"].size(), 2u) << j.dump(2);
+    EXPECT_EQ(j["refused"].size(), 3u) << j.dump(2);
+    std::string why = rt.refusal_for("head.so");
+    EXPECT_NE(why.find("the file is truncated or corrupt: segment "), std::string::npos) << why;
+    EXPECT_NE(why.find("(PT_LOAD, "), std::string::npos) << why;
+    EXPECT_NE(why.find("ends past the end of the file (3000 bytes)"), std::string::npos) << why;
+    why = rt.refusal_for("half.so");
+    EXPECT_NE(why.find("the file is truncated or corrupt: "), std::string::npos) << why;
+    EXPECT_NE(why.find("ends past the end of the file (" + std::to_string(half) + " bytes)"),
+              std::string::npos)
+        << why;
+    why = rt.refusal_for("short_header.so");
+    EXPECT_NE(why.find("the ELF header (64 bytes at offset 0) ends past the end of the file (40 "
+                       "bytes)"),
+              std::string::npos)
+        << why;
+}
+
+TEST(LoaderHostileFiles, ExplicitTruncatedLibraryFailsNamingTheFile) {
+    ScratchDir dir;
+    const auto bytes = good_library();
+    write_bytes(dir / "head.so", {bytes.begin(), bytes.begin() + 3000});
+    const auto [st, msg] = explicit_load(dir / "head.so");
+    EXPECT_EQ(st, RL_ERR_IO);
+    EXPECT_NE(msg.find(dir / "head.so" + ": the file is truncated or corrupt: segment"),
+              std::string::npos)
+        << msg;
+}
+
+TEST(LoaderHostileFiles, HeaderTablesPastTheEndOfTheFileAreRefused) {
+    ScratchDir dir;
+    const auto bytes = good_library();
+    const uint64_t size = bytes.size();
+    auto ph = bytes;
+    patch<ElfW(Off)>(ph, offsetof(ElfW(Ehdr), e_phoff), size - 8);
+    write_bytes(dir / "ph.so", ph);
+    auto [st, msg] = explicit_load(dir / "ph.so");
+    EXPECT_EQ(st, RL_ERR_IO);
+    EXPECT_NE(msg.find("its program header table ("), std::string::npos) << msg;
+    EXPECT_NE(msg.find("at offset " + std::to_string(size - 8) + ") ends past the end of the file"),
+              std::string::npos)
+        << msg;
+    auto sh = bytes;
+    patch<ElfW(Off)>(sh, offsetof(ElfW(Ehdr), e_shoff), size - 8);
+    write_bytes(dir / "sh.so", sh);
+    std::tie(st, msg) = explicit_load(dir / "sh.so");
+    EXPECT_EQ(st, RL_ERR_IO);
+    EXPECT_NE(msg.find("its section header table ("), std::string::npos) << msg;
+    EXPECT_NE(msg.find("at offset " + std::to_string(size - 8) + ") ends past the end of the file"),
+              std::string::npos)
+        << msg;
+    // A segment whose offset + size wraps around 2^64 is past the end too.
+    auto wrap = bytes;
+    const auto *eh = reinterpret_cast<const ElfW(Ehdr) *>(bytes.data());
+    patch<ElfW(Off)>(wrap, eh->e_phoff + offsetof(ElfW(Phdr), p_offset), ~ElfW(Off){0});
+    write_bytes(dir / "wrap.so", wrap);
+    std::tie(st, msg) = explicit_load(dir / "wrap.so");
+    EXPECT_EQ(st, RL_ERR_IO);
+    EXPECT_NE(msg.find("segment 0 ("), std::string::npos) << msg;
+}
+
+TEST(LoaderHostileFiles, LibraryForAnotherClassByteOrderMachineOrTypeIsIncompatible) {
+    ScratchDir dir;
+    const auto bytes = good_library();
+    const auto *eh = reinterpret_cast<const ElfW(Ehdr) *>(bytes.data());
+    struct Case {
+        const char *file;
+        size_t offset;
+        uint16_t value;
+        bool one_byte;
+        const char *expect;
+    };
+    const uint16_t other_machine = eh->e_machine == EM_AARCH64 ? EM_X86_64 : EM_AARCH64;
+    const Case cases[] = {
+        {"class.so", EI_CLASS, ELFCLASS32, true,
+         "the library is 32-bit (ELFCLASS32); this host "
+         "loads 64-bit (ELFCLASS64) libraries"},
+        {"order.so", EI_DATA, ELFDATA2MSB, true, "the library's byte order is big-endian"},
+        {"machine.so", offsetof(ElfW(Ehdr), e_machine), other_machine, false,
+         "the library is built for "},
+        {"type.so", offsetof(ElfW(Ehdr), e_type), ET_EXEC, false,
+         "not a shared object: ELF type 2 (an executable), expected ET_DYN"},
+    };
+    for (const Case &c : cases) {
+        auto patched = bytes;
+        if (c.one_byte)
+            patched[c.offset] = static_cast<char>(c.value);
+        else
+            patch<uint16_t>(patched, c.offset, c.value);
+        write_bytes(dir / c.file, patched);
+        const auto [st, msg] = explicit_load(dir / c.file);
+        EXPECT_EQ(st, RL_ERR_INCOMPATIBLE) << c.file << ": " << msg;
+        EXPECT_NE(msg.find(dir / c.file + ": " + c.expect), std::string::npos) << msg;
+    }
+}
+
+TEST(LoaderHostileFiles, ExplicitFifoAndDeviceAreRefusedWithoutBlocking) {
+    ScratchDir dir;
+    const std::string fifo = dir / "fifo.so";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+    const auto [st, msg] = without_blocking_on(fifo, [&] { return explicit_load(fifo); });
+    EXPECT_EQ(st, RL_ERR_INVALID_ARG);
+    EXPECT_NE(msg.find(fifo + ": the file is a FIFO (named pipe), not a regular file"),
+              std::string::npos)
+        << msg;
+    const auto [dst, dmsg] = explicit_load("/dev/null");
+    EXPECT_EQ(dst, RL_ERR_INVALID_ARG);
+    EXPECT_NE(dmsg.find("/dev/null: the file is a character device, not a regular file"),
+              std::string::npos)
+        << dmsg;
+}
+
+TEST(LoaderHostileFiles, FolderScanRefusesFifoSocketAndDeviceAndLoadsTheRest) {
+    ScratchDir dir;
+    write_bytes(dir / "good.so", good_library());
+    const std::string fifo = dir / "fifo.so";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+    fs::create_symlink(fifo, dir / "link_to_fifo.so");
+    fs::create_symlink("/dev/null", dir / "null.so");
+    fs::create_directory(dir / "folder.so"); // folders are not scanned, nor refused
+    const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    ASSERT_GE(sock, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string sock_path = dir / "sock.so";
+    ASSERT_LT(sock_path.size(), sizeof addr.sun_path);
+    std::strcpy(addr.sun_path, sock_path.c_str());
+    ASSERT_EQ(::bind(sock, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0)
+        << std::strerror(errno);
+    const nlohmann::json j = without_blocking_on(fifo, [&] {
+        Runtime rt(dir.path.string());
+        return rt.list();
+    });
+    ::close(sock);
+    EXPECT_EQ(j["plugins"].size(), 2u) << j.dump(2);
+    std::vector<std::string> refused;
+    for (const auto &r : j["refused"]) {
+        const std::string why = r["reason"].get<std::string>();
+        refused.push_back(fs::path(r["path"].get<std::string>()).filename().string() + ": " +
+                          why.substr(0, why.find(", not a regular file")));
+    }
+    // link_to_fifo.so is refused under its target's name, null.so under /dev/null
+    EXPECT_EQ(refused, (std::vector<std::string>{"fifo.so: the file is a FIFO (named pipe)",
+                                                 "fifo.so: the file is a FIFO (named pipe)",
+                                                 "null: the file is a character device",
+                                                 "sock.so: the file is a socket"}))
+        << j.dump(2);
+}
+
+TEST(LoaderHostileStrings, DescriptorStringsThatAreNotTextAreRefusedEscaped) {
+    Runtime rt(fixture("fixture_broken_bad_text"));
+    const auto j = rt.list(); // a valid JSON document (it used to fail: type_error 316)
+    ASSERT_EQ(j["plugins"].size(), 1u) << j.dump(2);
+    EXPECT_EQ(j["plugins"][0]["name"], "fixture_text_ok");
+    std::vector<std::string> reasons;
+    for (const auto &r : j["refused"]) reasons.push_back(r["reason"].get<std::string>());
+    const std::string digits = "0123456789012345678901234567890123456789012345678901234567890123";
+    EXPECT_EQ(
+        reasons,
+        (std::vector<std::string>{
+            R"(plugin 0: descriptor field 'name' is not valid UTF-8 (byte 0xff at offset 8): "fixture_\xff\xfe_name")",
+            R"(plugin 1: descriptor field 'id' contains the control character U+001B at offset 12: "org.rl.test.\x1b[31mred")",
+            "plugin 2: descriptor field 'version' is longer than 256 bytes: \"" + digits + "...\"",
+            R"(plugin 3: descriptor field 'description' is not valid UTF-8 (byte 0xc3 at offset 18): "half a character: \xc3")"}))
+        << j.dump(2);
+}
+
+TEST(LoaderHostileStrings, PluginNamesTextsAndMessagesThatAreNotTextStayReadable) {
+    Runtime rt(fixture("fixture_broken_bad_text"));
+    rl_instance_t *inst = nullptr;
+    EXPECT_EQ(rl_instance_create(rt.rt, "loss", "fixture_text_ok", "{\"fail\": 1}", &inst),
+              RL_ERR_INVALID_ARG);
+    EXPECT_EQ(std::string(rl_last_error()), R"(refused \xff\x1b[2J here)");
+    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "fixture_text_ok", nullptr, &inst), RL_OK)
+        << rl_last_error();
+    rl_result_t *r = nullptr;
+    ASSERT_EQ(rl_loss_signature(inst, &r), RL_OK) << rl_last_error();
+    rl_string_view_t s{};
+    ASSERT_EQ(rl_result_text(r, "signature", &s), RL_OK);
+    const auto sig = nlohmann::json::parse(std::string(s.data, s.length));
+    EXPECT_EQ(sig["optional"][0], "weight_\xEF\xBF\xBD") << sig.dump(); // U+FFFD
+    rl_result_destroy(r);
+    LossBatch b(false);
+    ASSERT_EQ(rl_loss_compute(inst, &b.in, 0, &r), RL_OK) << rl_last_error();
+    ASSERT_EQ(rl_result_json(r, &s), RL_OK) << rl_last_error();
+    const auto out = nlohmann::json::parse(std::string(s.data, s.length));
+    EXPECT_EQ(out["metrics"]["tokens_\xEF\xBF\xBD"], 3.0) << out.dump();
+    EXPECT_EQ(out["texts"]["note_\xEF\xBF\xBD"], "\xEF\xBF\xBD(") << out.dump();
+    double tokens = 0;
+    EXPECT_EQ(rl_result_metric(r, "tokens_\xfe", &tokens), RL_OK); // the name as emitted
+    EXPECT_EQ(tokens, 3.0);
+    rl_result_destroy(r);
+    rl_instance_destroy(inst);
+}
+
+// The reason a library of `file` (under `dir`) was refused, when it was the only one.
+std::string only_refusal(const std::string &dir, const std::string &file) {
+    Runtime rt(dir + "/" + file + ".so");
+    const auto j = rt.list();
+    EXPECT_TRUE(j["plugins"].empty()) << j.dump(2);
+    EXPECT_EQ(j["refused"].size(), 1u) << file; // one refusal, not one per descriptor
+    return j["refused"].empty() ? "" : j["refused"][0]["reason"].get<std::string>();
+}
+
+TEST(LoaderLimits, LibraryReportingMorePluginsThanTheLimitIsRefusedAsAWhole) {
+    const std::string limit = " one library may hold; the library is refused as a whole";
+    ASSERT_EQ(only_refusal(kFixtures, "fixture_broken_too_many"),
+              "the plugin factory's count() reports 4097 plugins, more than the 4096" + limit);
+    // 2^32-1 descriptors (asked only when the limit holds: without it, walking and
+    // refusing them one by one would fill the memory). Its folder is not scanned
+    // by the other tests.
+    EXPECT_EQ(only_refusal(kUnscannedFixtures, "fixture_broken_huge_count"),
+              "the plugin factory's count() reports 4294967295 plugins, more than the 4096" +
+                  limit);
 }
 
 TEST(StatusNames, EveryStatusHasAStableName) {

@@ -151,7 +151,8 @@ RL_API rl_status_t rl_loss_signature(rl_instance_t *instance, rl_result_t **out_
                             {"differentiable", sig.differentiable}};
         CallSink sink;
         sink.who = inst.who();
-        sink.texts["signature"] = j.dump();
+        // The input names are the plugin's bytes (invalid UTF-8 becomes U+FFFD).
+        sink.texts["signature"] = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
         *out_result = new_result(std::move(sink));
         return RL_OK;
     });

@@ -1,6 +1,8 @@
 // The rl_host_api_t table: services a plugin reaches through its host pointer.
 #include "rl/host/runtime.hpp"
 
+#include "untrusted.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -52,11 +54,14 @@ void RL_ABI api_log(const rl_host_api_t *, rl_log_level_t level, const char *msg
     // kept as the last plugin error.
     static constexpr spdlog::level::level_enum below_error[] = {
         spdlog::level::trace, spdlog::level::debug, spdlog::level::info, spdlog::level::warn};
+    // The text is the plugin's: escaped (invalid UTF-8, terminal control
+    // sequences) and cut at kMaxPluginMessageBytes before it is logged or kept.
     if (level >= RL_LOG_TRACE && level < RL_LOG_ERROR) {
-        spdlog::log(below_error[level], "[plugin] {}", msg);
+        if (spdlog::should_log(below_error[level]))
+            spdlog::log(below_error[level], "[plugin] {}", plugin_message(msg));
     } else {
-        g_last_plugin_log = msg;
-        spdlog::error("[plugin] {}", msg);
+        g_last_plugin_log = plugin_message(msg);
+        spdlog::error("[plugin] {}", g_last_plugin_log);
     }
 }
 
@@ -64,7 +69,7 @@ rl_status_t RL_ABI api_fail(const rl_call_ctx_t *ctx, rl_status_t status, const 
     if (CallSink *s = sink_of(ctx)) {
         s->failed = true;
         s->fail_status = status;
-        s->fail_message = msg ? msg : "";
+        s->fail_message = msg ? plugin_message(msg) : ""; // escaped and cut, as for log()
     }
     return status == RL_OK ? RL_ERR_UNKNOWN : status;
 }

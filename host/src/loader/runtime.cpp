@@ -2,6 +2,7 @@
 #include "rl/host/runtime.hpp"
 
 #include "kinds.hpp"
+#include "untrusted.hpp"
 
 #define BOOST_DLL_USE_STD_FS 1
 #include <boost/dll/shared_library.hpp>
@@ -78,9 +79,13 @@ size_t Runtime::load_path(const std::string &path, bool explicit_request) {
     fs::path p(path);
     if (fs::is_directory(p, ec)) {
         std::vector<std::string> files;
-        for (const auto &e : fs::directory_iterator(p, ec))
-            if (e.path().extension() == ".so" && (e.is_regular_file() || e.is_symlink()))
+        // Every *.so but folders (not searched recursively): a FIFO, socket or
+        // device named *.so is refused by load_library, not skipped silently.
+        for (const auto &e : fs::directory_iterator(p, ec)) {
+            std::error_code type_ec;
+            if (e.path().extension() == ".so" && !e.is_directory(type_ec))
                 files.push_back(e.path().string());
+        }
         std::sort(files.begin(), files.end());
         size_t n = 0;
         for (const auto &f : files) n += load_path(f, false);
@@ -107,7 +112,43 @@ size_t Runtime::load_path(const std::string &path, bool explicit_request) {
     return plugins_.size() - before;
 }
 
+// Why descriptor `d`'s strings are refused ("" when they are not): each field
+// named, with its bytes escaped.
+static std::string descriptor_text_problem(const rl_plugin_desc_t *d) {
+    struct Field {
+        std::string name;
+        const char *value;
+        size_t max_bytes;
+        bool multiline;
+    };
+    std::vector<Field> fields = {{"id", d->id, kMaxDescriptorFieldBytes, false},
+                                 {"kind", d->kind, kMaxDescriptorFieldBytes, false},
+                                 {"name", d->name, kMaxDescriptorFieldBytes, false},
+                                 {"version", d->version, kMaxDescriptorFieldBytes, false}};
+    if (d->description)
+        fields.push_back({"description", d->description, kMaxDescriptionBytes, true});
+    size_t n_features = 0;
+    for (const char *const *f = d->features; f && *f; ++f) {
+        if (++n_features > kMaxDescriptorFeatures)
+            return "features list holds more than " + std::to_string(kMaxDescriptorFeatures) +
+                   " strings (or is not NULL-terminated)";
+    }
+    for (size_t i = 0; i < n_features; ++i)
+        fields.push_back({"features[" + std::to_string(i) + "]", d->features[i],
+                          kMaxDescriptorFieldBytes, false});
+    for (const Field &f : fields) {
+        const std::string problem = text_problem(f.value, f.max_bytes, f.multiline);
+        if (problem.empty()) continue;
+        // Show no more than the limit allows (a longer string may be unterminated).
+        const size_t shown = ::strnlen(f.value, f.max_bytes);
+        return "field '" + f.name + "' " + problem + ": \"" +
+               escape_text(std::string_view(f.value, shown), f.multiline, 64) + "\"";
+    }
+    return "";
+}
+
 Library *Runtime::load_library(const std::string &path) {
+    check_library_file(path); // before dlopen maps anything of it
     boost::dll::shared_library lib;
     try {
         lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -158,6 +199,11 @@ Library *Runtime::load_library(const std::string &path) {
     auto owned = std::make_unique<Library>(path, std::move(lib), entry, factory);
     Library *library = owned.get();
     const uint32_t n = factory->count(factory);
+    if (n > kMaxPluginsPerLibrary) // `owned` going away deinits and unloads the library
+        throw HostError{RL_ERR_INCOMPATIBLE,
+                        "the plugin factory's count() reports " + std::to_string(n) +
+                            " plugins, more than the " + std::to_string(kMaxPluginsPerLibrary) +
+                            " one library may hold; the library is refused as a whole"};
     size_t registered = 0;
     for (uint32_t i = 0; i < n; ++i) {
         const rl_plugin_desc_t *d = factory->get_desc(factory, i);
@@ -180,6 +226,10 @@ Library *Runtime::load_library(const std::string &path) {
                 if (!value) missing += (missing.empty() ? "" : ", ") + std::string(field);
             refuse(path, where + ": descriptor is incomplete: " + missing +
                              " is NULL (id, kind, name and version are mandatory)");
+            continue;
+        }
+        if (const std::string bad = descriptor_text_problem(d); !bad.empty()) {
+            refuse(path, where + ": descriptor " + bad);
             continue;
         }
         where = std::string(d->kind) + " '" + d->name + "'";
@@ -243,7 +293,8 @@ std::string Runtime::plugins_json() const {
                                 {"features", r.features}});
     j["refused"] = nlohmann::json::array();
     for (const auto &r : refused_) j["refused"].push_back({{"path", r.path}, {"reason", r.reason}});
-    return j.dump();
+    // Descriptors and reasons are checked or escaped; a path need not be UTF-8.
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::unique_ptr<Instance> Runtime::create(const std::string &kind, const std::string &name,

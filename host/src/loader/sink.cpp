@@ -114,7 +114,9 @@ std::string CallSink::to_json() const {
     for (const auto &kv : tensors)
         j["tensors"][kv.first] = {{"dtype", dtype_string(kv.second.dtype)},
                                   {"shape", kv.second.shape}};
-    return j.dump();
+    // Names and texts are a plugin's bytes: invalid UTF-8 becomes U+FFFD
+    // rather than a type_error 316 from dump().
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 } // namespace rl::host
