@@ -212,6 +212,227 @@ TEST(Jinja, TheModelTemplateSeesMessagesToolsAndSpecialTokens) {
     EXPECT_EQ(t.render({{"user", "q"}}, o), "[user:q]1 toolsFalse");
 }
 
+// ---- hostile templates: each limit is an error naming the line, never a crash or a hang
+
+std::string repeat(const std::string &s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+}
+
+// `err` renders and expects an rl::core::Error whose message holds `what`.
+void expect_error(const std::string &tmpl, const std::string &what) {
+    const std::string e = error_of([&] { render(tmpl); });
+    EXPECT_NE(e.find(what), std::string::npos) << "got: " << e.substr(0, 300);
+}
+
+TEST(Jinja, FiltersMethodsTestsAndFunctionsRefuseMissingOrExtraArguments) {
+    expect_error("\n{{ 'a'|replace('a') }}", "t line 2: replace() missing required argument 'new'");
+    expect_error("{{ 'a'|replace }}", "replace() missing required argument 'old'");
+    expect_error("{{ 'a'.replace('a') }}", "replace() missing required argument 'new'");
+    expect_error("{{ 'a'|replace('a', 'b', 'c') }}", "replace: count must be an integer");
+    expect_error("{{ 'a'|safe(1) }}", "safe() takes at most 0 arguments (1 given)");
+    expect_error("{{ 'a'|upper(1) }}", "upper() takes at most 0 arguments");
+    expect_error("{{ [1]|first(1) }}", "first() takes at most 0 arguments");
+    expect_error("{{ 'a'|int(0, 16) }}", "int() takes at most 1 argument (2 given)");
+    expect_error("{{ [1]|map(1, attribute='a') }}", "map: a filter name and attribute=");
+    expect_error("{{ [1]|select('odd', x=1) }}", "select: unexpected keyword argument 'x'");
+    expect_error("{{ 1 is eq }}", "test 'eq' takes 1 argument (0 given)");
+    expect_error("{{ 1 is eq(1, 2) }}", "test 'eq' takes 1 argument (2 given)");
+    expect_error("{{ 1 is defined(1) }}", "test 'defined' takes no argument (1 given)");
+    expect_error("{{ [1, 2]|select('divisibleby')|list }}", "test 'divisibleby' takes 1 argument");
+    expect_error("{{ 'a'.startswith() }}", "startswith() missing required argument 'prefix'");
+    expect_error("{{ 'a'.find() }}", "find() missing required argument 'sub'");
+    expect_error("{{ ','.join() }}", "join() missing required argument 'iterable'");
+    expect_error("{{ 'a'.title(1) }}", "title() takes at most 0 arguments");
+    expect_error("{{ 'a'.isdigit(1) }}", "isdigit() takes at most 0 arguments");
+    expect_error("{{ d.get() }}", "get() missing required argument 'key'");
+    expect_error("{{ [1].index() }}", "index() missing required argument 'x'");
+    expect_error("{{ [1].count(1, 2) }}", "count() takes at most 1 argument (2 given)");
+    expect_error("{{ 'a'.split(',', maxsplit='x') }}", "split() maxsplit must be an integer");
+    expect_error("{{ 'a'.replace('a', 'b', old='c') }}", "got multiple values for argument 'old'");
+    expect_error("{{ raise_exception() }}", "raise_exception() missing required argument");
+    expect_error("{{ strftime_now() }}", "strftime_now() missing required argument 'format'");
+    // Valid calls are unchanged.
+    EXPECT_EQ(render("{{ 'aaa'|replace('a', 'b', 2) }}|{{ 'aaa'.replace('a', 'b', 1) }}|"
+                     "{{ [1, 2, 3]|select('divisibleby', 3)|list }}|{{ 'a' is eq('a') }}|"
+                     "{{ [{'n': 1}, {'n': 2}]|sum(attribute='n', start=10) }}"),
+              "bba|baa|[3]|True|13");
+}
+
+TEST(Jinja, LongChainsAndDeepNestingAreRefusedAtLoad) {
+    const int n = 50000; // parsed in a loop, but each link nests the tree one deeper
+    const std::string chains[] = {
+        "{{ 1" + repeat(" + 1", n) + " }}",
+        "{{ s" + repeat("|trim", n) + " }}",
+        "{{ d" + repeat(".b", n) + " }}",
+        "{{ d" + repeat("['b']", n) + " }}",
+        "{{ s" + repeat("[0]", n) + " }}",
+        "{{ range" + repeat("()", n) + " }}",
+        "{{ 'a'" + repeat(" ~ 'a'", n) + " }}",
+        "{{ 1" + repeat(" and 1", n) + " }}",
+        "{{ 1" + repeat(" or 1", n) + " }}",
+        "{% filter trim" + repeat("|trim", n) + " %}x{% endfilter %}",
+    };
+    for (const auto &t : chains) {
+        const std::string e = error_of([&] { ChatTemplate(t, "t"); });
+        EXPECT_NE(e.find("t line 1: unsupported: an expression nested deeper than 256 levels"),
+                  std::string::npos)
+            << t.substr(0, 40) << ": " << e.substr(0, 200);
+    }
+    for (const std::string &t :
+         {"{{ " + repeat("(", n) + "1" + repeat(")", n) + " }}",
+          "{{ " + repeat("[", n) + repeat("]", n) + " }}", "{{ " + repeat("not ", n) + "1 }}",
+          "{{ " + repeat("1 if x else ", n) + "1 }}", "{{ " + repeat("-", n) + "1 }}"})
+        EXPECT_NE(error_of([&] {
+                      ChatTemplate(t, "t");
+                  }).find("t line 1: unsupported: nesting deeper than 200 levels"),
+                  std::string::npos)
+            << t.substr(0, 40);
+    // Chains of a realistic length render as before.
+    EXPECT_EQ(render("{{ 1" + repeat(" + 1", 200) + " }}|{{ ' a '" + repeat("|trim", 100) + " }}|" +
+                     "{{ " + repeat("(", 20) + "2" + repeat(")", 20) + " }}"),
+              "201|a|2");
+}
+
+TEST(Jinja, DeeplyNestedValuesFailToPrintCompareOrSerialiseAndAreFreedWithoutRecursion) {
+    auto nested = [](int depth) {
+        return "{% set ns = namespace(x=[]) %}{% for i in range(" + std::to_string(depth) +
+               ") %}{% set ns.x = [ns.x] %}{% endfor %}\n";
+    };
+    const std::string build = nested(2000);
+    expect_error(build + "{{ ns.x }}", "t line 2: printing a value: lists / dicts nested deeper "
+                                       "than 512 levels");
+    expect_error(build + "{{ ns.x|string }}", "t line 2: printing a value");
+    expect_error(build + "{{ ns.x|tojson }}", "t line 2: tojson: lists / dicts nested deeper");
+    expect_error(build + "{{ ns.x == [ns.x] }}", "t line 2: comparing values: lists / dicts");
+    expect_error(build + "{{ [ns.x] < [[ns.x]] }}", "t line 2: comparing values");
+    expect_error(build + "{{ ns.x in [[ns.x]] }}", "t line 2: comparing values");
+    // Built and dropped, never printed: freed without recursion (a namespace
+    // can also chain them).
+    EXPECT_EQ(render(nested(100000) + "{{ ns.x|length }}"), "1");
+    EXPECT_EQ(render("{% set ns = namespace(x=none) %}{% for i in range(100000) %}"
+                     "{% set ns = namespace(x=ns) %}{% endfor %}done"),
+              "done");
+    // A value from the context too deep to walk.
+    std::string deep = repeat("[", 10000) + repeat("]", 10000);
+    ChatTemplateOptions o;
+    EXPECT_NE(error_of([&] {
+                  ChatTemplate("{{ messages }}", "t").render("[{\"content\": " + deep + "}]", o);
+              }).find("the template context: lists / dicts nested deeper than 512 levels"),
+              std::string::npos);
+    o.variables_json = "{\"v\": " + deep + "}";
+    o.tools_json = "[" + deep + "]";
+    EXPECT_NE(error_of([&] {
+                  ChatTemplate("{{ v }}", "t").render("[]", o);
+              }).find("the template context: lists / dicts nested deeper than 512 levels"),
+              std::string::npos);
+    // Namespace cycles render (and are freed at the end: LeakSanitizer checks).
+    EXPECT_EQ(render("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns.x }}"),
+              "[<Namespace>]");
+    EXPECT_EQ(render("{% set ns = namespace(x=[]) %}{% for i in range(100) %}{% set ns.x = "
+                     "[ns.x] %}{% endfor %}{{ (ns.x|tojson)|length }}"),
+              "202");
+}
+
+TEST(Jinja, HugeRepetitionPowersAndRangesFailFastInsteadOfHanging) {
+    EXPECT_EQ(render("{{ 1 ** 9223372036854775807 }}|{{ (-1) ** 9223372036854775807 }}|"
+                     "{{ 2 ** 62 }}|{{ (-2) ** 63 }}|{{ 2 ** -2 }}|{{ '' * 9223372036854775807 }}|"
+                     "{{ [] * 9223372036854775807 }}|{{ 'ab' * 2 }}|{{ [1] * 2 }}|{{ 'a' * -3 }}"),
+              "1|-1|4611686018427387904|-9223372036854775808|0.25||[]|abab|[1, 1]|");
+    expect_error("\n{{ 2 ** 63 }}", "t line 2: unsupported: integer overflow beyond 64 bits");
+    expect_error("{{ 3 ** 9223372036854775807 }}", "integer overflow beyond 64 bits");
+    expect_error("{{ 0 ** -1 }}", "0.0 cannot be raised to a negative power");
+    expect_error("{{ 10.0 ** 400 }}", "** overflows a float");
+    expect_error("{{ (-8) ** 0.5 }}", "a negative number raised to a fractional power");
+    expect_error("{{ 'ab' * 10**12 }}", "repetition: the result would be longer than 64 MiB");
+    expect_error("{{ 'ab' * 9223372036854775807 }}", "longer than 64 MiB");
+    expect_error("{{ [1] * 9223372036854775807 }}",
+                 "repetition: the result would be longer than 1000000 items");
+    expect_error("{{ range(9223372036854775807) }}", "range(): more than 1000000 items");
+    expect_error("{{ range(-9223372036854775807 - 1, 9223372036854775807) }}",
+                 "range(): more than 1000000 items");
+    expect_error("{{ [1] * 600000 + [1] * 600000 }}", "+: the list would have more than 1000000");
+    // Bounds near the 64-bit edges step without overflowing.
+    EXPECT_EQ(
+        render("{{ range(9223372036854775800, 9223372036854775807, 5)|list }}|"
+               "{{ range(-9223372036854775807, 9223372036854775807, 9223372036854775807)"
+               "|list }}|{{ range(5, -9223372036854775807 - 1, -9223372036854775807)|list }}"),
+        "[9223372036854775800, 9223372036854775805]|[-9223372036854775807, 0]|[5, "
+        "-9223372036854775802]");
+    // Slicing with huge steps gives one item, as in Python.
+    EXPECT_EQ(
+        render("{{ [1, 2, 3][::9223372036854775807] }}{{ [1, 2, 3][::-9223372036854775807 - 1] }}"
+               "{{ 'abc'[1::-9223372036854775807] }}{{ 'abc'[-9223372036854775807:2] }}"),
+        "[1][3]bab");
+}
+
+TEST(Jinja, IntegerEdgeCasesFollowPythonOrFail) {
+    expect_error("{{ 1 % 0 }}", "integer division or modulo by zero");
+    expect_error("{{ 1 // 0 }}", "integer division or modulo by zero");
+    expect_error("{{ 1.5 % 0.0 }}", "modulo by zero");
+    expect_error("{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow beyond 64 bits");
+    expect_error("{{ (-9223372036854775807 - 1) % -1 }}", "integer overflow beyond 64 bits");
+    expect_error("{{ -(-9223372036854775807 - 1) }}", "integer overflow beyond 64 bits");
+    expect_error("{{ (-9223372036854775807 - 1)|abs }}", "integer overflow beyond 64 bits");
+    expect_error("{{ 9223372036854775807 + 1 }}", "integer overflow beyond 64 bits");
+    expect_error("\n{{ 99999999999999999999 }}",
+                 "t line 2: unsupported: integer literal 99999999999999999999 does not fit");
+    expect_error("{{ '99999999999999999999'|int }}", "does not fit in 64 bits");
+    expect_error("{{ 1e30|int }}", "does not fit in 64 bits");
+    // INT64_MIN % -1 traps in C++; Python says it divides.
+    EXPECT_EQ(render("{{ (-9223372036854775807 - 1) is divisibleby(-1) }}|{{ 'nan'|int(7) }}|"
+                     "{{ 'inf'|int }}|{{ '-12'|int }}|{{ '2.9'|int }}|{{ 9223372036854775807 }}"),
+              "True|7|0|-12|2|9223372036854775807");
+}
+
+TEST(Jinja, RecursionThroughMacrosIsBounded) {
+    expect_error("{% macro f(n) %}{{ f(n) }}{% endmacro %}\n{{ f(1) }}",
+                 "t line 1: macro 'f': calls nested deeper than 100");
+    // Each call deep in an expression: the evaluation depth (or the stack a
+    // sanitizer build uses) runs out before the macro depth.
+    expect_error("{% macro f(n) %}{% if n > 0 %}{{ (f(n - 1) ~ 'x')" + repeat("|trim", 240) +
+                     " }}{% endif %}{% endmacro %}{{ f(99)|length }}",
+                 "the template recurses too deep");
+    expect_error("{% macro f(n) %}{% if n > 0 %}" + repeat("{% if true %}", 190) +
+                     "{{ f(n - 1) }}" + repeat("{% endif %}", 190) +
+                     "{% endif %}{% endmacro %}{{ f(99) }}",
+                 "the template recurses too deep");
+    expect_error("{% set ns = namespace(x=[]) %}{% for i in range(1200) %}{% set ns.x = [ns.x] %}"
+                 "{% endfor %}{{ ns.x|map(" +
+                     repeat("'map', ", 1200) + "'list')|list }}",
+                 "the template recurses too deep");
+    // Moderate recursion renders.
+    EXPECT_EQ(render("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}"
+                     "{{ f(30)|length }}"),
+              "51");
+}
+
+TEST(Jinja, OutputSizeAndWorkAreBounded) {
+    expect_error("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+                 "t line 1: the rendered text is longer than 64 MiB");
+    expect_error("{% set b %}{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}{% endset %}",
+                 "longer than 64 MiB");
+    expect_error("{{ ('a\\n' * 1000000)|indent(1024) }}",
+                 "indent: the result is longer than 64 MiB");
+    expect_error("{{ ('a' * 1000000)|replace('', 'x' * 100) }}", "replace(): the result is longer");
+    expect_error("{{ (['x' * 100] * 1000000)|join('x' * 1000) }}", "join: the result is longer");
+    expect_error("{% set ns = namespace(x=[]) %}{% for i in range(500) %}{% set ns.x = [ns.x] %}"
+                 "{% endfor %}{{ ([ns.x] * 1000000)|tojson(indent=64) }}",
+                 "tojson: the result is longer than 64 MiB");
+    expect_error("{{ (['x' * 1000] * 100000)|string }}", "printing a value: the result is longer");
+    // Nested loops, and work on large strings, stop with an error.
+    const std::string too_much = "the template does too much work (over 20000000 steps";
+    expect_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                 "{% endfor %}",
+                 too_much);
+    expect_error("{% set a = 'a' * 60000000 %}{% for i in range(1000) %}{% set b = a|trim %}"
+                 "{% endfor %}",
+                 too_much);
+    expect_error("{% set a = 'a' * 33554432 %}{{ ('a' * 16777216 ~ 'b') in a }}", too_much);
+    expect_error("{{ ('a ' * 30000000).split()|length }}", too_much);
+}
+
 // A template that uses most of the engine, mutated at random (bytes dropped,
 // inserted, duplicated, truncated): every variant renders or fails with
 // rl::core::Error; nothing else escapes and nothing hangs.

@@ -82,24 +82,34 @@ std::string ChatTemplate::render(const std::string &messages_json,
                                  const std::string &special_tokens_json) const {
     Json messages = parse_json_arg(messages_json, where_ + ": messages");
     if (!messages.is_array()) throw Error(where_ + ": messages must be a JSON array");
-    Json ctx = Json::object();
-    // The variables transformers' apply_chat_template passes, in its order.
-    ctx["messages"] = std::move(messages);
-    ctx["tools"] = nullptr;
+    Json tools = nullptr;
     if (!options.tools_json.empty()) {
-        Json tools = parse_json_arg(options.tools_json, where_ + ": tools");
+        tools = parse_json_arg(options.tools_json, where_ + ": tools");
         if (!tools.is_array() && !tools.is_null())
             throw Error(where_ + ": tools must be a JSON array of tool schemas");
-        ctx["tools"] = std::move(tools);
     }
-    ctx["documents"] = nullptr;
-    ctx["add_generation_prompt"] = options.add_generation_prompt;
+    std::vector<Json> extras;
+    size_t keys = 4;
     for (const std::string *extra : {&special_tokens_json, &options.variables_json}) {
         if (extra->empty()) continue;
-        Json vars = parse_json_arg(*extra, where_ + ": template variables");
-        if (!vars.is_object()) throw Error(where_ + ": template variables must be a JSON object");
-        for (auto it = vars.begin(); it != vars.end(); ++it) ctx[it.key()] = it.value();
+        extras.push_back(parse_json_arg(*extra, where_ + ": template variables"));
+        if (!extras.back().is_object())
+            throw Error(where_ + ": template variables must be a JSON object");
+        keys += extras.back().size();
     }
+    // The variables transformers' apply_chat_template passes, in its order.
+    // Every value is moved in, and the object's room reserved first: an
+    // ordered_json object is a vector, and growing it copies its values, which
+    // nlohmann does recursively (a deeply nested message would overflow the
+    // stack).
+    Json ctx = Json::object();
+    ctx.get_ref<Json::object_t &>().reserve(keys);
+    ctx["messages"] = std::move(messages);
+    ctx["tools"] = std::move(tools);
+    ctx["documents"] = nullptr;
+    ctx["add_generation_prompt"] = options.add_generation_prompt;
+    for (Json &vars : extras)
+        for (auto it = vars.begin(); it != vars.end(); ++it) ctx[it.key()] = std::move(it.value());
     jinja::RenderOptions ro;
     ro.now = options.now;
     return impl_->render(ctx, ro);

@@ -8,16 +8,20 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <ctime>
 #include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
 #include <vector>
+
+#include <pthread.h>
 
 namespace rl::core::jinja {
 namespace {
@@ -32,6 +36,70 @@ struct JError {
 
 [[noreturn]] void fail(const std::string &msg) {
     throw JError{msg, 0};
+}
+
+// ---------------------------------------------------------------------------
+// Limits. A chat template comes with a model and is rendered inside the server
+// on every chat request, so a broken or hostile one must fail with an error
+// naming its line, never overflow the stack, hang, or exhaust the memory. Each
+// limit is far above what real templates need (documented in docs/model.md,
+// "Limits of the engine").
+
+// Statements nested in each other, plus parentheses and unary operators nested
+// in one expression (the parser's own recursion).
+constexpr int kMaxNesting = 200;
+// Depth of one expression's tree: every operator, filter, test, call, attribute,
+// subscript and parenthesis level counts one (`1+1+...+1` with 300 `+` is 300).
+constexpr int kMaxExprDepth = 256;
+// Lists / dicts nested in each other that are printed, serialised (tojson),
+// compared or read from the context.
+constexpr int kMaxValueDepth = 512;
+// Macro calls nested in each other (recursion).
+constexpr int kMaxMacroDepth = 100;
+// Evaluation frames nested at run time (expressions, statements, filters and
+// macro calls together).
+constexpr int kMaxRecursion = 1000;
+// The stack one render may use below its start, whatever the build (a frame
+// takes ~1 KiB optimised, ~6 KiB in an -O0 sanitizer build); less where the
+// thread has less left, keeping kStackMargin for the C++ library and the
+// error's unwinding.
+constexpr uintptr_t kMaxStackBytes = uintptr_t{4} << 20;
+constexpr uintptr_t kStackMargin = uintptr_t{256} << 10;
+// Any string a template builds (repetition, concatenation, join, replace,
+// indent, tojson, printing a list, ...).
+constexpr size_t kMaxStringBytes = size_t{64} << 20;
+// The rendered text, and the text of a {% set %} / {% filter %} block or macro.
+constexpr size_t kMaxOutputBytes = size_t{64} << 20;
+// Items of any list a template builds (repetition, concatenation, range(), a
+// filter's result).
+constexpr size_t kMaxListItems = 1000000;
+// Work one render may do, in units of about 50 ns: one expression or statement
+// evaluated, one loop iteration, one item visited by a built-in, one byte of a
+// string split into characters (trim, upper, slicing, ...) or 32 bytes of one
+// copied or searched. About a second of CPU time; a chat template on a long
+// conversation uses a few hundred thousand.
+constexpr int64_t kMaxWork = 20000000;
+
+std::string mib(size_t bytes) {
+    return std::to_string(bytes >> 20) + " MiB";
+}
+
+// The work left to the render running on this thread.
+thread_local int64_t work_left = kMaxWork;
+
+void charge(int64_t units) {
+    work_left -= units;
+    if (work_left < 0)
+        fail("the template does too much work (over " + std::to_string(kMaxWork) +
+             " steps: a loop, repetition or operation on too large an input)");
+}
+void charge_bytes(size_t bytes) {
+    charge(static_cast<int64_t>(bytes / 32) + 1);
+}
+// Fails on a string a template builds past kMaxStringBytes.
+void check_size(const std::string &s, const char *what) {
+    if (s.size() > kMaxStringBytes)
+        fail(std::string(what) + ": the result is longer than " + mib(kMaxStringBytes));
 }
 
 // ---------------------------------------------------------------------------
@@ -77,10 +145,16 @@ struct Value {
     static Value boolean(bool x) { return of(Bool, &Value::b, x); }
     static Value integer(int64_t x) { return of(Int, &Value::i, x); }
     static Value real(double x) { return of(Float, &Value::f, x); }
-    static Value str(std::string x) { return of(Str, &Value::s, std::move(x)); }
-    static Value list(List x = {}) {
-        return of(ListK, &Value::l, std::make_shared<List>(std::move(x)));
+    // A string or list the template builds: counted as work, refused past the
+    // limits. The context's values and the template's literals are not (raw).
+    static Value str(std::string x) {
+        check_size(x, "string");
+        charge_bytes(x.size());
+        return raw_str(std::move(x));
     }
+    static Value raw_str(std::string x) { return of(Str, &Value::s, std::move(x)); }
+    static Value list(List x = {});
+    static Value raw_list(List x);
     static Value gen(List x) {
         Value v = list(std::move(x));
         v.generator = true;
@@ -93,12 +167,15 @@ struct Value {
 struct Dict {
     std::vector<std::pair<std::string, Value>> items;
     bool is_namespace = false;
+    // Linear (dicts in chat templates are small); counted as work.
     const Value *find(const std::string &key) const {
+        charge(static_cast<int64_t>(items.size() / 16) + 1);
         for (const auto &kv : items)
             if (kv.first == key) return &kv.second;
         return nullptr;
     }
     void set(const std::string &key, Value v) {
+        charge(static_cast<int64_t>(items.size() / 16) + 1);
         for (auto &kv : items)
             if (kv.first == key) {
                 kv.second = std::move(v);
@@ -108,8 +185,56 @@ struct Dict {
     }
 };
 
+// Lists and dicts are freed through a queue rather than recursively, so that
+// dropping a value nested 100,000 deep (a namespace can chain them without
+// bound) cannot overflow the stack: a container whose last owner goes while
+// another one is being freed waits in the queue.
+struct Reaper {
+    std::vector<List *> lists;
+    std::vector<Dict *> dicts;
+    bool draining = false;
+};
+thread_local Reaper reaper;
+
+template <class C>
+void reap(C *c, std::vector<C *> &queue) noexcept {
+    if (reaper.draining) {
+        queue.push_back(c);
+        return;
+    }
+    reaper.draining = true;
+    delete c;
+    while (!reaper.lists.empty() || !reaper.dicts.empty()) {
+        if (!reaper.lists.empty()) {
+            List *l = reaper.lists.back();
+            reaper.lists.pop_back();
+            delete l;
+        } else {
+            Dict *d = reaper.dicts.back();
+            reaper.dicts.pop_back();
+            delete d;
+        }
+    }
+    reaper.draining = false;
+}
+
+Value Value::raw_list(List x) {
+    return of(ListK, &Value::l, std::shared_ptr<List>(new List(std::move(x)), [](List *l) {
+                  reap(l, reaper.lists);
+              }));
+}
+
+Value Value::list(List x) {
+    if (x.size() > kMaxListItems)
+        fail("a list of more than " + std::to_string(kMaxListItems) + " items");
+    charge(static_cast<int64_t>(x.size()) + 1);
+    return raw_list(std::move(x));
+}
+
 Value Value::dict() {
-    return of(DictK, &Value::d, std::make_shared<Dict>());
+    charge(1);
+    return of(DictK, &Value::d,
+              std::shared_ptr<Dict>(new Dict(), [](Dict *d) { reap(d, reaper.dicts); }));
 }
 
 struct Args {
@@ -123,16 +248,30 @@ struct Args {
             if (kv.first == name) return &kv.second;
         return nullptr;
     }
-    // Refuses arguments beyond the names a function takes.
-    void expect(const char *fn, std::initializer_list<const char *> names) const {
+    // Refuses arguments beyond the names a function takes, a name given twice,
+    // and a missing one of the first `required` names.
+    void expect(const std::string &fn, std::initializer_list<const char *> names,
+                size_t required = 0) const {
         if (pos.size() > names.size())
-            fail(std::string(fn) + "() takes at most " + std::to_string(names.size()) +
-                 " arguments (" + std::to_string(pos.size()) + " given)");
+            fail(fn + "() takes at most " + std::to_string(names.size()) + " argument" +
+                 (names.size() == 1 ? "" : "s") + " (" + std::to_string(pos.size()) + " given)");
         for (const auto &kv : kw) {
-            bool ok = false;
-            for (const char *n : names) ok = ok || kv.first == n;
-            if (!ok)
-                fail(std::string(fn) + "() got an unexpected keyword argument '" + kv.first + "'");
+            size_t at = names.size();
+            size_t i = 0;
+            for (const char *n : names) {
+                if (kv.first == n) at = i;
+                ++i;
+            }
+            if (at == names.size())
+                fail(fn + "() got an unexpected keyword argument '" + kv.first + "'");
+            if (at < pos.size())
+                fail(fn + "() got multiple values for argument '" + kv.first + "'");
+        }
+        size_t i = 0;
+        for (const char *n : names) {
+            if (i >= required) break;
+            if (!get(i, n)) fail(fn + "() missing required argument '" + n + "'");
+            ++i;
         }
     }
 };
@@ -239,6 +378,14 @@ std::string py_float(double d) {
 
 std::string py_repr(const Value &v);
 
+// Fails where a recursive walk over a value (printing, tojson, ==, <, reading
+// the context) would go deeper than kMaxValueDepth.
+void check_depth(int depth, const char *what) {
+    if (depth > kMaxValueDepth)
+        fail(std::string(what) + ": lists / dicts nested deeper than " +
+             std::to_string(kMaxValueDepth) + " levels");
+}
+
 // Python's str().
 std::string to_str(const Value &v) {
     switch (v.k) {
@@ -267,6 +414,7 @@ std::string to_str(const Value &v) {
 }
 
 std::string py_str_repr(const std::string &s) {
+    charge_bytes(s.size());
     const bool dq = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
     const char q = dq ? '"' : '\'';
     std::string out(1, q);
@@ -291,29 +439,51 @@ std::string py_str_repr(const std::string &s) {
     return out + q;
 }
 
-std::string py_repr(const Value &v) {
+void repr_into(const Value &v, std::string &out, int depth) {
+    charge(1);
     switch (v.k) {
         case Value::Str:
-            return py_str_repr(v.s);
+            out += py_str_repr(v.s);
+            break;
         case Value::ListK: {
-            std::string out = v.tuple ? "(" : "[";
-            for (size_t i = 0; i < v.l->size(); ++i) out += (i ? ", " : "") + py_repr((*v.l)[i]);
+            check_depth(depth + 1, "printing a value");
+            out += v.tuple ? "(" : "[";
+            for (size_t i = 0; i < v.l->size(); ++i) {
+                if (i) out += ", ";
+                repr_into((*v.l)[i], out, depth + 1);
+                check_size(out, "printing a value");
+            }
             if (v.tuple && v.l->size() == 1) out += ",";
-            return out + (v.tuple ? ")" : "]");
+            out += v.tuple ? ")" : "]";
+            break;
         }
         case Value::DictK: {
-            if (v.d->is_namespace) return "<Namespace>";
-            std::string out = "{";
+            if (v.d->is_namespace) {
+                out += "<Namespace>";
+                break;
+            }
+            check_depth(depth + 1, "printing a value");
+            out += "{";
             bool first = true;
             for (const auto &kv : v.d->items) {
-                out += (first ? "" : ", ") + py_str_repr(kv.first) + ": " + py_repr(kv.second);
+                if (!first) out += ", ";
+                out += py_str_repr(kv.first) + ": ";
+                repr_into(kv.second, out, depth + 1);
+                check_size(out, "printing a value");
                 first = false;
             }
-            return out + "}";
+            out += "}";
+            break;
         }
         default:
-            return to_str(v);
+            out += to_str(v);
     }
+}
+
+std::string py_repr(const Value &v) {
+    std::string out;
+    repr_into(v, out, 0);
+    return out;
 }
 
 // markupsafe.escape.
@@ -345,6 +515,7 @@ std::string html_escape(const std::string &s) {
 
 // Python's json.dumps(ensure_ascii=False) of a string.
 std::string json_string(const std::string &s, bool ensure_ascii) {
+    charge_bytes(s.size());
     std::string out = "\"";
     for (size_t i = 0; i < s.size(); ++i) {
         const unsigned char c = static_cast<unsigned char>(s[i]);
@@ -408,6 +579,7 @@ struct JsonStyle {
 };
 
 void to_json(const Value &v, const JsonStyle &st, int depth, std::string &out) {
+    charge(1);
     switch (v.k) {
         case Value::None:
             out += "null";
@@ -434,6 +606,7 @@ void to_json(const Value &v, const JsonStyle &st, int depth, std::string &out) {
             const bool is_list = v.k == Value::ListK;
             if (is_list && v.generator) fail("Object of type generator is not JSON serializable");
             if (!is_list && v.d->is_namespace) fail("tojson: a namespace is not JSON serializable");
+            check_depth(depth + 1, "tojson");
             const size_t n = is_list ? v.l->size() : v.d->items.size();
             if (n == 0) {
                 out += is_list ? "[]" : "{}";
@@ -461,6 +634,7 @@ void to_json(const Value &v, const JsonStyle &st, int depth, std::string &out) {
                     out += json_string(kv.first, st.ensure_ascii) + st.key_sep;
                     to_json(kv.second, st, depth + 1, out);
                 }
+                check_size(out, "tojson");
             }
             newline(depth);
             out += is_list ? "]" : "}";
@@ -479,7 +653,9 @@ Value pair(std::string k, Value v) {
     return p;
 }
 
-Value from_json(const Json &j) {
+// The context's values are taken as they are (no size limits: the caller's
+// input), only their depth is bounded.
+Value from_json(const Json &j, int depth = 0) {
     switch (j.type()) {
         case Json::value_t::null:
             return Value::none();
@@ -492,16 +668,21 @@ Value from_json(const Json &j) {
         case Json::value_t::number_float:
             return Value::real(j.get<double>());
         case Json::value_t::string:
-            return Value::str(j.get<std::string>());
+            return Value::raw_str(j.get<std::string>());
         case Json::value_t::array: {
+            check_depth(depth + 1, "the template context");
             List l;
-            for (const auto &e : j) l.push_back(from_json(e));
-            return Value::list(std::move(l));
+            l.reserve(j.size());
+            for (const auto &e : j) l.push_back(from_json(e, depth + 1));
+            return Value::raw_list(std::move(l));
         }
         case Json::value_t::object: {
+            check_depth(depth + 1, "the template context");
             Value d = Value::dict();
+            // A JSON object's keys are unique: no look-up per key.
+            d.d->items.reserve(j.size());
             for (auto it = j.begin(); it != j.end(); ++it)
-                d.d->set(it.key(), from_json(it.value()));
+                d.d->items.emplace_back(it.key(), from_json(it.value(), depth + 1));
             return d;
         }
         default:
@@ -509,7 +690,8 @@ Value from_json(const Json &j) {
     }
 }
 
-bool equal(const Value &a, const Value &b) {
+bool equal(const Value &a, const Value &b, int depth = 0) {
+    charge(1);
     if (is_number(a) && is_number(b)) {
         if (is_intlike(a) && is_intlike(b)) return as_int(a) == as_int(b);
         return as_double(a) == as_double(b);
@@ -520,19 +702,23 @@ bool equal(const Value &a, const Value &b) {
         case Value::None:
             return true;
         case Value::Str:
+            if (a.s.size() == b.s.size()) charge_bytes(a.s.size());
             return a.s == b.s;
         case Value::ListK:
+            if (a.l == b.l) return true; // Python: the same items are equal
             if (a.l->size() != b.l->size()) return false;
+            check_depth(depth + 1, "comparing values");
             for (size_t i = 0; i < a.l->size(); ++i)
-                if (!equal((*a.l)[i], (*b.l)[i])) return false;
+                if (!equal((*a.l)[i], (*b.l)[i], depth + 1)) return false;
             return true;
         case Value::DictK:
             if (a.d == b.d) return true;
             if (a.d->is_namespace || b.d->is_namespace) return false;
             if (a.d->items.size() != b.d->items.size()) return false;
+            check_depth(depth + 1, "comparing values");
             for (const auto &kv : a.d->items) {
                 const Value *o = b.d->find(kv.first);
-                if (!o || !equal(kv.second, *o)) return false;
+                if (!o || !equal(kv.second, *o, depth + 1)) return false;
             }
             return true;
         case Value::Func:
@@ -543,18 +729,23 @@ bool equal(const Value &a, const Value &b) {
 }
 
 // -1, 0, 1; fails for types Python does not order.
-int compare(const Value &a, const Value &b, const char *op) {
+int compare(const Value &a, const Value &b, const char *op, int depth = 0) {
+    charge(1);
     if (is_number(a) && is_number(b)) {
         if (is_intlike(a) && is_intlike(b))
             return as_int(a) < as_int(b) ? -1 : as_int(a) > as_int(b) ? 1 : 0;
         const double x = as_double(a), y = as_double(b);
         return x < y ? -1 : x > y ? 1 : 0;
     }
-    if (a.k == Value::Str && b.k == Value::Str) return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
+    if (a.k == Value::Str && b.k == Value::Str) {
+        charge_bytes(std::min(a.s.size(), b.s.size()));
+        return a.s.compare(b.s) < 0 ? -1 : a.s == b.s ? 0 : 1;
+    }
     if (a.k == Value::ListK && b.k == Value::ListK) {
+        check_depth(depth + 1, "comparing values");
         for (size_t i = 0; i < a.l->size() && i < b.l->size(); ++i) {
-            if (equal((*a.l)[i], (*b.l)[i])) continue;
-            return compare((*a.l)[i], (*b.l)[i], op);
+            if (equal((*a.l)[i], (*b.l)[i], depth + 1)) continue;
+            return compare((*a.l)[i], (*b.l)[i], op, depth + 1);
         }
         return a.l->size() < b.l->size() ? -1 : a.l->size() > b.l->size() ? 1 : 0;
     }
@@ -563,7 +754,9 @@ int compare(const Value &a, const Value &b, const char *op) {
 }
 
 // UTF-8 code points of a string (each as its bytes).
+// (About 40 ns a byte: one unit of work each.)
 std::vector<std::string> chars_of(const std::string &s) {
+    charge(static_cast<int64_t>(s.size()) + 1);
     std::vector<std::string> out;
     for (size_t i = 0; i < s.size();) {
         const size_t n = std::max<size_t>(1, std::min(unicode::char_len(s, i), s.size() - i));
@@ -585,6 +778,7 @@ std::vector<Value> iterate(const Value &v) {
         case Value::Undefined:
             return {};
         case Value::ListK:
+            charge(static_cast<int64_t>(v.l->size()));
             return *v.l;
         case Value::DictK: {
             if (v.d->is_namespace) fail("'namespace' object is not iterable");
@@ -606,8 +800,13 @@ int64_t length(const Value &v) {
     switch (v.k) {
         case Value::Undefined:
             return 0;
-        case Value::Str:
-            return static_cast<int64_t>(chars_of(v.s).size());
+        case Value::Str: {
+            charge_bytes(v.s.size());
+            int64_t n = 0;
+            for (size_t i = 0; i < v.s.size(); ++n)
+                i += std::max<size_t>(1, std::min(unicode::char_len(v.s, i), v.s.size() - i));
+            return n;
+        }
         case Value::ListK:
             if (v.generator) fail("object of type 'generator' has no len()");
             return static_cast<int64_t>(v.l->size());
@@ -618,6 +817,14 @@ int64_t length(const Value &v) {
     }
 }
 
+// Counts an upper bound of the cost of looking for `needle` in `hay`
+// (std::string::find is O(n m) at worst) before the search.
+void charge_search(const std::string &hay, const std::string &needle) {
+    const int64_t h = static_cast<int64_t>(hay.size() / 32) + 1;
+    const int64_t n = static_cast<int64_t>(needle.size() / 32) + 1;
+    charge(n > kMaxWork / h ? kMaxWork + 1 : h * n);
+}
+
 bool contains(const Value &container, const Value &item) {
     switch (container.k) {
         case Value::Undefined:
@@ -626,6 +833,7 @@ bool contains(const Value &container, const Value &item) {
             if (item.k != Value::Str)
                 fail(std::string("'in <string>' requires string as left operand, not ") +
                      type_name(item));
+            charge_search(container.s, item.s);
             return container.s.find(item.s) != std::string::npos;
         case Value::ListK:
             for (const auto &e : *container.l)
@@ -642,6 +850,12 @@ bool contains(const Value &container, const Value &item) {
 std::string str_arg(const Value *v, const char *what) {
     if (!v || v->k != Value::Str) fail(std::string(what) + " must be a string");
     return v->s;
+}
+
+int64_t int_arg(const Value *v, const char *what, int64_t dflt) {
+    if (!v || v->k == Value::None) return dflt;
+    if (!is_intlike(*v)) fail(std::string(what) + " must be an integer, not " + type_name(*v));
+    return as_int(*v);
 }
 
 // Python str.strip / lstrip / rstrip with an optional set of characters.
@@ -712,17 +926,22 @@ std::vector<std::string> py_split(const std::string &s, const Value *sep, int64_
             std::string w;
             while (i < cs.size() && !unicode::is_space(decode_cp(cs[i]))) w += cs[i++];
             out.push_back(w);
+            if (out.size() > kMaxListItems)
+                fail("split(): more than " + std::to_string(kMaxListItems) + " parts");
         }
         return out;
     }
     const std::string sp = str_arg(sep, "split() separator");
     if (sp.empty()) fail("split(): empty separator");
+    charge_search(s, sp);
     size_t start = 0;
     while (true) {
         if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) break;
         const size_t k = s.find(sp, start);
         if (k == std::string::npos) break;
         out.push_back(s.substr(start, k - start));
+        if (out.size() > kMaxListItems)
+            fail("split(): more than " + std::to_string(kMaxListItems) + " parts");
         start = k + sp.size();
     }
     out.push_back(s.substr(start));
@@ -742,19 +961,24 @@ std::string py_replace(const std::string &s, const std::string &a, const std::st
                 ++n;
             }
             if (i < cs.size()) out += cs[i];
+            check_size(out, "replace()");
         }
         return out;
     }
+    charge_search(s, a);
     size_t start = 0;
     int64_t n = 0;
     while (count < 0 || n < count) {
         const size_t k = s.find(a, start);
         if (k == std::string::npos) break;
-        out += s.substr(start, k - start) + b;
+        out.append(s, start, k - start);
+        out += b;
+        check_size(out, "replace()");
         start = k + a.size();
         ++n;
     }
-    return out + s.substr(start);
+    out.append(s, start, std::string::npos);
+    return out;
 }
 
 // Python slice semantics over n elements.
@@ -779,8 +1003,18 @@ std::vector<int64_t> slice_indices(int64_t n, const Value &a, const Value &b, co
         start = start_o ? clamp(*start_o, -1, n - 1) : n - 1;
         stop = stop_o ? clamp(*stop_o, -1, n - 1) : -1;
     }
+    // start and stop lie in [-1, n]: their distance fits, and so does each
+    // index; a huge step gives one index (no overflow stepping past the end).
+    uint64_t count = 0;
+    if (step > 0 && stop > start)
+        count = (static_cast<uint64_t>(stop - start) - 1) / static_cast<uint64_t>(step) + 1;
+    else if (step < 0 && start > stop)
+        count = (static_cast<uint64_t>(start - stop) - 1) / (0 - static_cast<uint64_t>(step)) + 1;
+    charge(static_cast<int64_t>(count));
     std::vector<int64_t> idx;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) idx.push_back(i);
+    idx.reserve(count);
+    // (k * step stays within the distance: k is 0, or the step is below it.)
+    for (uint64_t k = 0; k < count; ++k) idx.push_back(start + static_cast<int64_t>(k) * step);
     return idx;
 }
 
@@ -819,6 +1053,7 @@ std::string py_format(const std::string &fmt, const Args &args) {
                 if (!v) fail("format(): no argument named '" + field + "'");
             }
             out += to_str(*v);
+            check_size(out, "format()");
             i = e;
         } else if (c == '}') {
             if (i + 1 < fmt.size() && fmt[i + 1] == '}') ++i;
@@ -995,10 +1230,15 @@ struct Lexer {
                 for (size_t q = pos; q < e; ++q)
                     if (src[q] != '_') num += src[q];
                 Tok t{is_float ? T::Float : T::Int, num, at};
-                if (is_float)
+                if (is_float) {
                     t.f = std::strtod(num.c_str(), nullptr);
-                else
+                } else {
+                    errno = 0;
                     t.i = std::strtoll(num.c_str(), nullptr, 10);
+                    if (errno == ERANGE)
+                        error(at,
+                              "unsupported: integer literal " + num + " does not fit in 64 bits");
+                }
                 out.push_back(t);
                 advance_to(e);
             } else if (c == '\'' || c == '"') {
@@ -1132,6 +1372,28 @@ struct Expr {
     std::vector<std::pair<std::string, ExprP>> kw;
     std::vector<std::string> ops;
     bool negated = false;
+    int depth = 1; // of the tree under this node (Parser::sealed)
+
+    Expr() = default;
+    Expr(const Expr &) = delete;
+    Expr &operator=(const Expr &) = delete;
+    // Frees the subtree through a list rather than recursively: no tree,
+    // however deep, can overflow the stack when it goes.
+    ~Expr() {
+        std::vector<ExprP> pending;
+        auto take = [&pending](Expr &e) {
+            for (auto &c : e.a)
+                if (c) pending.push_back(std::move(c));
+            for (auto &kv : e.kw)
+                if (kv.second) pending.push_back(std::move(kv.second));
+        };
+        take(*this);
+        while (!pending.empty()) {
+            ExprP x = std::move(pending.back());
+            pending.pop_back();
+            take(*x);
+        }
+    }
 };
 
 struct Node;
@@ -1179,8 +1441,9 @@ struct Parser {
     struct Nest {
         Parser *ps;
         explicit Nest(Parser *x) : ps(x) {
-            if (++ps->nesting > 200)
-                ps->error(ps->peek().line, "unsupported: nesting deeper than 200 levels");
+            if (++ps->nesting > kMaxNesting)
+                ps->error(ps->peek().line, "unsupported: nesting deeper than " +
+                                               std::to_string(kMaxNesting) + " levels");
         }
         ~Nest() { --ps->nesting; }
     };
@@ -1235,6 +1498,25 @@ struct Parser {
         auto e = std::make_unique<Expr>();
         e->k = k;
         e->line = line;
+        return e;
+    }
+
+    // `e` with its children in place: records the depth of its tree, refused
+    // past kMaxExprDepth (the evaluator recurses that deep). Chains (`a+b+c`,
+    // `x|f|g`, `a.b.c`, `f()()`) are parsed in a loop but nest, so this is the
+    // bound on them, applied as each link is added.
+    ExprP sealed(ExprP e) {
+        int d = 0;
+        for (const auto &c : e->a)
+            if (c) d = std::max(d, c->depth);
+        for (const auto &kv : e->kw)
+            if (kv.second) d = std::max(d, kv.second->depth);
+        e->depth = d + 1;
+        if (e->depth > kMaxExprDepth)
+            error(e->line, "unsupported: an expression nested deeper than " +
+                               std::to_string(kMaxExprDepth) +
+                               " levels (each operator, filter, test, call, attribute and "
+                               "subscript in a chain counts one)");
         return e;
     }
 
@@ -1428,10 +1710,11 @@ struct Parser {
             if (peek().t == T::VarEnd || peek().t == T::BlockEnd) break;
             t->a.push_back(parse_expression());
         }
-        return t;
+        return sealed(std::move(t));
     }
 
     ExprP parse_expression(bool no_cond = false) {
+        Nest guard(this); // `a if b else c if d else ...` recurses here
         if (no_cond) return parse_or();
         ExprP e = parse_or();
         while (is_name("if")) {
@@ -1445,7 +1728,7 @@ struct Parser {
                 c->a.push_back(parse_expression());
             } else
                 c->a.push_back(nullptr);
-            e = std::move(c);
+            e = sealed(std::move(c));
         }
         return e;
     }
@@ -1455,7 +1738,7 @@ struct Parser {
         e->name = std::move(op);
         e->a.push_back(std::move(l));
         e->a.push_back(std::move(r));
-        return e;
+        return sealed(std::move(e));
     }
 
     // One precedence level, left-associative: operand (op operand)*, where op
@@ -1491,7 +1774,7 @@ struct Parser {
         if (is_name("not")) {
             auto e = mk(Expr::Not, next().line);
             e->a.push_back(parse_not());
-            return e;
+            return sealed(std::move(e));
         }
         return parse_compare();
     }
@@ -1518,7 +1801,7 @@ struct Parser {
             cmp->ops.push_back(op);
             cmp->a.push_back(parse_math1());
         }
-        return cmp ? std::move(cmp) : std::move(first);
+        return cmp ? sealed(std::move(cmp)) : std::move(first);
     }
     ExprP parse_math1() {
         return op_chain({"+", "-"}, [this] { return parse_concat(); });
@@ -1539,6 +1822,7 @@ struct Parser {
             const Tok t = next();
             e = mk(t.s == "-" ? Expr::Neg : Expr::Pos, t.line);
             e->a.push_back(parse_unary(false));
+            e = sealed(std::move(e));
         } else {
             e = parse_primary();
         }
@@ -1567,7 +1851,7 @@ struct Parser {
             case T::Str: {
                 std::string s = t.s;
                 while (peek().t == T::Str) s += next().s;
-                return lit(Value::str(s));
+                return lit(Value::raw_str(s));
             }
             case T::Int:
                 return lit(Value::integer(t.i));
@@ -1588,7 +1872,7 @@ struct Parser {
                             if (is_op(")")) break;
                             tu->a.push_back(parse_expression());
                         }
-                        e = std::move(tu);
+                        e = sealed(std::move(tu));
                     }
                     expect_op(")");
                     return e;
@@ -1596,7 +1880,7 @@ struct Parser {
                 if (t.s == "[") {
                     auto e = mk(Expr::ListE, t.line);
                     comma_list("]", [&] { e->a.push_back(parse_expression()); });
-                    return e;
+                    return sealed(std::move(e));
                 }
                 if (t.s == "{") {
                     auto e = mk(Expr::DictE, t.line);
@@ -1605,7 +1889,7 @@ struct Parser {
                         expect_op(":");
                         e->a.push_back(parse_expression());
                     });
-                    return e;
+                    return sealed(std::move(e));
                 }
                 break;
             default:
@@ -1619,7 +1903,7 @@ struct Parser {
         auto c = mk(Expr::Call, peek().line);
         c->a.push_back(std::move(callee));
         parse_call_args(*c);
-        return c;
+        return sealed(std::move(c));
     }
 
     // Items separated by ',' (a trailing one allowed), each read by item(), up
@@ -1661,12 +1945,12 @@ struct Parser {
                     auto idx = mk(Expr::Lit, line);
                     idx->lit = Value::integer(next().i);
                     it->a.push_back(std::move(idx));
-                    e = std::move(it);
+                    e = sealed(std::move(it));
                 } else {
                     auto at = mk(Expr::Attr, line);
                     at->name = expect_name();
                     at->a.push_back(std::move(e));
-                    e = std::move(at);
+                    e = sealed(std::move(at));
                 }
             } else if (is_op("[")) {
                 const int line = next().line;
@@ -1683,12 +1967,12 @@ struct Parser {
                     auto it = mk(Expr::Item, line);
                     it->a.push_back(std::move(e));
                     it->a.push_back(std::move(parts[0]));
-                    e = std::move(it);
+                    e = sealed(std::move(it));
                 } else {
                     auto sl = mk(Expr::Slice, line);
                     sl->a.push_back(std::move(e));
                     for (auto &x : parts) sl->a.push_back(std::move(x));
-                    e = std::move(sl);
+                    e = sealed(std::move(sl));
                 }
             } else if (is_op("(")) {
                 e = parse_call(std::move(e));
@@ -1711,7 +1995,7 @@ struct Parser {
         f->name = name;
         f->a.push_back(std::move(obj));
         if (is_op("(")) parse_call_args(*f);
-        return f;
+        return sealed(std::move(f));
     }
 
     ExprP parse_filter_expr(ExprP e) {
@@ -1739,7 +2023,7 @@ struct Parser {
                     ExprP arg = parse_primary();
                     t->a.push_back(parse_postfix(std::move(arg)));
                 }
-                e = std::move(t);
+                e = sealed(std::move(t));
             } else if (is_op("(")) {
                 e = parse_call(std::move(e));
             } else
@@ -1758,7 +2042,29 @@ using Frame = std::unordered_map<std::string, Value>;
 struct Evaluator {
     std::vector<std::shared_ptr<Frame>> frames;
     RenderOptions options;
-    int depth = 0;
+    int depth = 0;             // macro calls nested
+    int recursion = 0;         // evaluation frames nested (kMaxRecursion)
+    uintptr_t stack_floor = 0; // the lowest stack address frames may use
+
+    // One nested evaluation frame; refused past kMaxRecursion, or past the
+    // stack the render may use (frames are larger in debug and sanitizer builds).
+    struct Frame_ {
+        Evaluator *ev;
+        explicit Frame_(Evaluator *e) : ev(e) {
+            const auto here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+            const bool deep_stack = here < ev->stack_floor;
+            if (++ev->recursion > kMaxRecursion || deep_stack) {
+                --ev->recursion;
+                fail("the template recurses too deep (over " +
+                     (deep_stack ? mib(kMaxStackBytes) + " of stack"
+                                 : std::to_string(kMaxRecursion) + " nested evaluations") +
+                     ": macro calls, filters and expressions nested in each other)");
+            }
+        }
+        ~Frame_() { --ev->recursion; }
+        Frame_(const Frame_ &) = delete;
+        Frame_ &operator=(const Frame_ &) = delete;
+    };
 
     const Value *lookup(const std::string &name) const {
         for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
@@ -1772,6 +2078,8 @@ struct Evaluator {
     // ---- expressions
     Value eval(const Expr &e) {
         try {
+            Frame_ guard(this);
+            charge(1);
             return eval_inner(e);
         } catch (JError &err) {
             if (err.line == 0) err.line = e.line;
@@ -1860,6 +2168,9 @@ struct Evaluator {
             }
             if (l.k == Value::Str && r.k == Value::Str) return Value::str(l.s + r.s);
             if (l.k == Value::ListK && r.k == Value::ListK) {
+                if (l.l->size() + r.l->size() > kMaxListItems)
+                    fail("+: the list would have more than " + std::to_string(kMaxListItems) +
+                         " items");
                 List out = *l.l;
                 out.insert(out.end(), r.l->begin(), r.l->end());
                 return Value::list(std::move(out));
@@ -1869,17 +2180,26 @@ struct Evaluator {
             const Value *s = l.k == Value::Str || l.k == Value::ListK ? &l : &r;
             const Value *n = s == &l ? &r : &l;
             if ((s->k == Value::Str || s->k == Value::ListK) && is_intlike(*n)) {
-                const int64_t times = std::max<int64_t>(0, as_int(*n));
-                const size_t unit = s->k == Value::Str ? s->s.size() : s->l->size();
-                if (unit > 0 && static_cast<uint64_t>(times) > (size_t{1} << 26) / unit)
-                    fail("repetition too large");
-                if (s->k == Value::Str) {
+                if (s->k == Value::ListK && s->generator)
+                    fail("unsupported operand type(s) for *: 'generator' and 'int'");
+                // An empty unit gives an empty result however many times.
+                const bool str = s->k == Value::Str;
+                const size_t unit = str ? s->s.size() : s->l->size();
+                const uint64_t times =
+                    unit == 0 ? 0 : static_cast<uint64_t>(std::max<int64_t>(0, as_int(*n)));
+                const size_t cap = str ? kMaxStringBytes : kMaxListItems;
+                if (times > cap / std::max<size_t>(unit, 1))
+                    fail(std::string("repetition: the result would be longer than ") +
+                         (str ? mib(kMaxStringBytes) : std::to_string(kMaxListItems) + " items"));
+                if (str) {
                     std::string out;
-                    for (int64_t k = 0; k < times; ++k) out += s->s;
-                    return Value::str(out);
+                    out.reserve(unit * times);
+                    for (uint64_t k = 0; k < times; ++k) out += s->s;
+                    return Value::str(std::move(out));
                 }
                 List out;
-                for (int64_t k = 0; k < times; ++k)
+                out.reserve(unit * times);
+                for (uint64_t k = 0; k < times; ++k)
                     out.insert(out.end(), s->l->begin(), s->l->end());
                 return Value::list(std::move(out));
             }
@@ -1920,13 +2240,27 @@ struct Evaluator {
         }
         if (op == "**") {
             if (ints && as_int(r) >= 0) {
-                int64_t out = 1;
-                for (int64_t k = 0; k < as_int(r); ++k)
-                    if (__builtin_mul_overflow(out, as_int(l), &out))
+                // By squaring: 64 steps at most, whatever the exponent.
+                int64_t base = as_int(l), out = 1;
+                for (int64_t e = as_int(r);;) {
+                    if ((e & 1) && __builtin_mul_overflow(out, base, &out))
                         fail("unsupported: integer overflow beyond 64 bits");
+                    e >>= 1;
+                    if (e == 0) break;
+                    // The result takes base^2 at least: its overflow is the result's.
+                    if (__builtin_mul_overflow(base, base, &base))
+                        fail("unsupported: integer overflow beyond 64 bits");
+                }
                 return Value::integer(out);
             }
-            return Value::real(std::pow(as_double(l), as_double(r)));
+            const double a = as_double(l), b = as_double(r);
+            if (a == 0 && b < 0) fail("0.0 cannot be raised to a negative power");
+            if (a < 0 && std::isfinite(b) && b != std::floor(b))
+                fail("unsupported: a negative number raised to a fractional power (complex)");
+            const double out = std::pow(a, b);
+            if (std::isinf(out) && std::isfinite(a) && std::isfinite(b))
+                fail("** overflows a float (Numerical result out of range)");
+            return Value::real(out);
         }
         return bad();
     }
@@ -2019,6 +2353,8 @@ struct Evaluator {
                     fail(std::string("bad operand type for unary ") +
                          (e.k == Expr::Neg ? "-" : "+") + ": '" + type_name(v) + "'");
                 if (e.k == Expr::Pos) return is_intlike(v) ? Value::integer(as_int(v)) : v;
+                if (is_intlike(v) && as_int(v) == INT64_MIN)
+                    fail("unsupported: integer overflow beyond 64 bits");
                 return is_intlike(v) ? Value::integer(-as_int(v)) : Value::real(-v.f);
             }
             case Expr::Not:
@@ -2082,13 +2418,12 @@ struct Evaluator {
         if (obj.k == Value::Str) {
             const std::string &s = obj.s;
             if (m == "strip" || m == "lstrip" || m == "rstrip") {
-                args.expect(m.c_str(), {"chars"});
+                args.expect(m, {"chars"});
                 return Value::str(py_strip(s, args.get(0, "chars"), m != "rstrip", m != "lstrip"));
             }
             if (m == "split" || m == "rsplit") {
-                args.expect(m.c_str(), {"sep", "maxsplit"});
-                const Value *mx = args.get(1, "maxsplit");
-                const int64_t maxsplit = mx ? as_int(*mx) : -1;
+                args.expect(m, {"sep", "maxsplit"});
+                const int64_t maxsplit = int_arg(args.get(1, "maxsplit"), "split() maxsplit", -1);
                 if (m == "rsplit" && maxsplit >= 0) fail("unsupported: rsplit() with maxsplit");
                 List out;
                 for (auto &x : py_split(s, args.get(0, "sep"), maxsplit))
@@ -2096,9 +2431,8 @@ struct Evaluator {
                 return Value::list(std::move(out));
             }
             if (m == "startswith" || m == "endswith") {
-                args.expect(m.c_str(), {"prefix"});
+                args.expect(m, {"prefix"}, 1);
                 const Value *a = args.get(0, "prefix");
-                if (!a) fail(m + "() takes at least 1 argument");
                 std::vector<std::string> cands;
                 if (a->k == Value::ListK) {
                     for (const auto &x : *a->l)
@@ -2114,21 +2448,23 @@ struct Evaluator {
                 return Value::boolean(false);
             }
             if (m == "replace") {
-                args.expect("replace", {"old", "new", "count"});
-                const Value *c = args.get(2, "count");
+                args.expect("replace", {"old", "new", "count"}, 2);
                 return Value::str(py_replace(s, str_arg(args.get(0, "old"), "replace() old"),
                                              str_arg(args.get(1, "new"), "replace() new"),
-                                             c ? as_int(*c) : -1));
+                                             int_arg(args.get(2, "count"), "replace() count", -1)));
             }
             if (m == "upper" || m == "lower") {
-                args.expect(m.c_str(), {});
+                args.expect(m, {});
                 return Value::str(map_case(s, m == "upper" ? 1 : 0));
             }
-            if (m == "title") return Value::str(title(s));
-            if (m == "capitalize") return Value::str(capitalize(s));
+            if (m == "title" || m == "capitalize") {
+                args.expect(m, {});
+                return Value::str(m == "title" ? title(s) : capitalize(s));
+            }
             if (m == "find" || m == "count") {
-                args.expect(m.c_str(), {"sub"});
+                args.expect(m, {"sub"}, 1);
                 const std::string sub = str_arg(args.get(0, "sub"), (m + "() argument").c_str());
+                charge_search(s, sub);
                 if (m == "find") {
                     const size_t k = s.find(sub);
                     return Value::integer(
@@ -2145,19 +2481,20 @@ struct Evaluator {
             }
             if (m == "format") return Value::str(py_format(s, args));
             if (m == "join") {
-                args.expect("join", {"iterable"});
-                const Value *it = args.get(0, "iterable");
-                if (!it) fail("join() takes exactly one argument");
+                args.expect("join", {"iterable"}, 1);
                 std::string out;
                 bool first = true;
-                for (const auto &x : iterate(*it)) {
+                for (const auto &x : iterate(*args.get(0, "iterable"))) {
                     if (x.k != Value::Str) fail("join(): sequence item is not a string");
-                    out += (first ? "" : s) + x.s;
+                    if (!first) out += s;
+                    out += x.s;
+                    check_size(out, "join()");
                     first = false;
                 }
-                return Value::str(out);
+                return Value::str(std::move(out));
             }
             if (m == "isdigit" || m == "isspace" || m == "isalpha" || m == "isalnum") {
+                args.expect(m, {});
                 if (s.empty()) return Value::boolean(false);
                 for (const auto &c : chars_of(s)) {
                     const auto cp = static_cast<utf8proc_int32_t>(decode_cp(c));
@@ -2184,7 +2521,7 @@ struct Evaluator {
         }
         if (obj.k == Value::DictK) {
             if (m == "items" || m == "keys" || m == "values") {
-                args.expect(m.c_str(), {});
+                args.expect(m, {});
                 List out;
                 for (const auto &kv : obj.d->items) {
                     if (m == "items")
@@ -2195,9 +2532,8 @@ struct Evaluator {
                 return Value::list(std::move(out));
             }
             if (m == "get") {
-                args.expect("get", {"key", "default"});
+                args.expect("get", {"key", "default"}, 1);
                 const Value *k = args.get(0, "key");
-                if (!k) fail("get() takes at least 1 argument");
                 if (k->k == Value::Str)
                     if (const Value *v = obj.d->find(k->s)) return *v;
                 const Value *d = args.get(1, "default");
@@ -2213,8 +2549,8 @@ struct Evaluator {
                 m == "clear" || m == "sort" || m == "reverse")
                 fail("list." + m + "() is not allowed (the template sandbox is immutable)");
             if (m == "index" || m == "count") {
+                args.expect(m, {"x"}, 1);
                 const Value *x = args.get(0, "x");
-                if (!x) fail(m + "() takes exactly one argument");
                 int64_t n = 0;
                 for (size_t i = 0; i < obj.l->size(); ++i)
                     if (equal((*obj.l)[i], *x)) {
@@ -2243,10 +2579,16 @@ struct Evaluator {
     }
 
     Value apply_filter(const std::string &name, const Value &v, Args &args) {
+        Frame_ guard(this); // map() applies filters within filters
         auto need_str = [&](const Value &x) -> std::string {
             if (x.k == Value::Undefined) return "";
             return to_str(x);
         };
+        // The filters that take no argument besides the value.
+        static const std::set<std::string> kNoArgs = {
+            "safe",      "string", "length", "count", "upper", "lower",   "capitalize", "title",
+            "wordcount", "items",  "list",   "first", "last",  "reverse", "abs"};
+        if (kNoArgs.count(name)) args.expect(name, {});
         if (name == "safe") {
             Value out = Value::str(to_str(v));
             out.markup = true;
@@ -2265,11 +2607,10 @@ struct Evaluator {
         if (name == "wordcount")
             return Value::integer(static_cast<int64_t>(py_split(need_str(v), nullptr, -1).size()));
         if (name == "replace") {
-            args.expect("replace", {"old", "new", "count"});
-            const Value *c = args.get(2, "count");
+            args.expect("replace", {"old", "new", "count"}, 2);
             return Value::str(py_replace(need_str(v), to_str(*args.get(0, "old")),
                                          to_str(*args.get(1, "new")),
-                                         c && c->k != Value::None ? as_int(*c) : -1));
+                                         int_arg(args.get(2, "count"), "replace: count", -1)));
         }
         if (name == "default" || name == "d") {
             args.expect("default", {"default_value", "boolean"});
@@ -2341,12 +2682,14 @@ struct Evaluator {
             const Value *attr = args.get(1, "attribute");
             std::string out;
             bool first = true;
+            const std::string between = sep ? to_str(*sep) : "";
             for (const auto &x : iterate(v)) {
-                out += (first ? "" : (sep ? to_str(*sep) : "")) +
-                       to_str(attr && attr->k != Value::None ? attr_path(x, to_str(*attr)) : x);
+                if (!first) out += between;
+                out += to_str(attr && attr->k != Value::None ? attr_path(x, to_str(*attr)) : x);
+                check_size(out, "join");
                 first = false;
             }
-            return Value::str(out);
+            return Value::str(std::move(out));
         }
         if (name == "list") return Value::list(iterate(v));
         if (name == "first" || name == "last") {
@@ -2376,6 +2719,8 @@ struct Evaluator {
                 if (args.pos.empty()) fail(name + ": missing the attribute");
                 path = to_str(args.pos[k++]);
             }
+            if (!args.kw.empty())
+                fail(name + ": unexpected keyword argument '" + args.kw[0].first + "'");
             std::string test;
             if (k < args.pos.size()) test = to_str(args.pos[k++]);
             if (!test.empty() && !kTests.count(test))
@@ -2403,6 +2748,7 @@ struct Evaluator {
                 else
                     fail("map: unexpected keyword argument '" + kv.first + "'");
             }
+            if (attr && !args.pos.empty()) fail("map: a filter name and attribute= together");
             if (!truthy(v)) return Value::gen({}); // Jinja: `if value:` first
             if (attr) {
                 for (const auto &x : iterate(v)) {
@@ -2483,31 +2829,50 @@ struct Evaluator {
             return items[best];
         }
         if (name == "sum") {
-            Value acc = Value::integer(0);
-            for (const auto &x : iterate(v)) acc = binop("+", acc, x);
+            args.expect("sum", {"attribute", "start"});
+            const Value *attr = args.get(0, "attribute");
+            const Value *start = args.get(1, "start");
+            Value acc = start ? *start : Value::integer(0);
+            for (const auto &x : iterate(v))
+                acc = binop("+", acc,
+                            attr && attr->k != Value::None ? attr_path(x, to_str(*attr)) : x);
             return acc;
         }
         if (name == "abs") {
             if (!is_number(v)) fail("abs: not a number");
+            if (is_intlike(v) && as_int(v) == INT64_MIN)
+                fail("unsupported: integer overflow beyond 64 bits");
             return is_intlike(v) ? Value::integer(std::llabs(as_int(v)))
                                  : Value::real(std::fabs(v.f));
         }
         if (name == "int" || name == "float") {
+            args.expect(name, {"default"});
             const Value *dv = args.get(0, "default");
             const Value fallback = dv ? *dv : (name == "int" ? Value::integer(0) : Value::real(0));
+            // Python's int(float): NaN and infinities have none (Jinja gives the
+            // default); one past 64 bits would be a big integer.
+            auto to_int = [&](double d) -> Value {
+                if (!std::isfinite(d)) return fallback;
+                if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0))
+                    fail("int: unsupported: " + py_float(d) + " does not fit in 64 bits");
+                return Value::integer(static_cast<int64_t>(d));
+            };
             if (is_number(v))
-                return name == "int"
-                           ? Value::integer(is_intlike(v) ? as_int(v) : static_cast<int64_t>(v.f))
-                           : Value::real(as_double(v));
+                return name == "int" ? (is_intlike(v) ? Value::integer(as_int(v)) : to_int(v.f))
+                                     : Value::real(as_double(v));
             if (v.k == Value::Str) {
                 const std::string t = unicode::strip(v.s);
                 char *end = nullptr;
                 if (name == "int") {
+                    errno = 0;
                     const long long x = std::strtoll(t.c_str(), &end, 10);
-                    if (!t.empty() && end && *end == '\0') return Value::integer(x);
+                    if (!t.empty() && end && *end == '\0') {
+                        if (errno == ERANGE)
+                            fail("int: unsupported: " + t + " does not fit in 64 bits");
+                        return Value::integer(x);
+                    }
                     const double d = std::strtod(t.c_str(), &end);
-                    if (!t.empty() && end && *end == '\0')
-                        return Value::integer(static_cast<int64_t>(d));
+                    if (!t.empty() && end && *end == '\0') return to_int(d);
                 } else {
                     const double d = std::strtod(t.c_str(), &end);
                     if (!t.empty() && end && *end == '\0') return Value::real(d);
@@ -2532,24 +2897,33 @@ struct Evaluator {
             // Jinja: lines joined with "\n" + pad, blank lines skipped unless blank=True.
             const std::vector<std::string> lines = split(s, '\n');
             const bool keep_blank = blank && truthy(*blank);
+            if (first && truthy(*first)) out = pad;
             for (size_t i = 0; i < lines.size(); ++i) {
                 if (i > 0) {
                     out += "\n";
                     if (keep_blank || !unicode::strip(lines[i]).empty()) out += pad;
                 }
                 out += lines[i];
+                check_size(out, "indent");
             }
-            if (first && truthy(*first)) out = pad + out;
-            return Value::str(out);
+            return Value::str(std::move(out));
         }
         fail("unsupported filter '" + name + "'");
     }
 
     bool apply_test(const std::string &name, const Value &v, const Args &args) {
-        auto arg0 = [&]() -> const Value & {
-            if (args.pos.empty()) fail("test '" + name + "' needs an argument");
-            return args.pos[0];
-        };
+        // The tests that compare with one argument; the others take none.
+        static const std::set<std::string> kOneArg = {
+            "divisibleby", "eq", "equalto", "==", "ne", "!=", "sameas", "in",
+            "lt",          "<",  "le",      "<=", "gt", ">",  "ge",     ">="};
+        const size_t want = kOneArg.count(name) ? 1 : 0;
+        if (!args.kw.empty())
+            fail("test '" + name + "' got an unexpected keyword argument '" + args.kw[0].first +
+                 "'");
+        if (args.pos.size() != want)
+            fail("test '" + name + "' takes " + (want ? "1 argument" : "no argument") + " (" +
+                 std::to_string(args.pos.size()) + " given)");
+        auto arg0 = [&]() -> const Value & { return args.pos[0]; };
         if (name == "defined") return v.k != Value::Undefined;
         if (name == "undefined") return v.k == Value::Undefined;
         if (name == "none") return v.k == Value::None;
@@ -2578,6 +2952,7 @@ struct Evaluator {
             const Value &d = arg0();
             if (!is_intlike(v) || !is_intlike(d) || as_int(d) == 0)
                 fail("divisibleby: bad operands");
+            if (as_int(d) == -1) return true; // (INT64_MIN % -1 traps)
             return as_int(v) % as_int(d) == 0;
         }
         if (name == "lower" || name == "upper") {
@@ -2615,7 +2990,12 @@ struct Evaluator {
 
     Flow exec(const Node &n, std::string &out) {
         try {
-            return exec_inner(n, out);
+            Frame_ guard(this);
+            charge(1);
+            const Flow f = exec_inner(n, out);
+            if (out.size() > kMaxOutputBytes)
+                fail("the rendered text is longer than " + mib(kMaxOutputBytes));
+            return f;
         } catch (JError &err) {
             if (err.line == 0) err.line = n.line;
             throw;
@@ -2670,6 +3050,7 @@ struct Evaluator {
                 }
                 const int64_t len = static_cast<int64_t>(items.size());
                 for (int64_t i = 0; i < len; ++i) {
+                    charge(1);
                     Value loop = Value::dict();
                     Dict &d = *loop.d;
                     d.set("index", Value::integer(i + 1));
@@ -2753,7 +3134,10 @@ struct Evaluator {
         if (a.pos.size() > m.targets.size())
             fail("macro '" + m.text + "' takes " + std::to_string(m.targets.size()) +
                  " arguments (" + std::to_string(a.pos.size()) + " given)");
-        if (++depth > 100) fail("macro recursion too deep");
+        if (depth + 1 > kMaxMacroDepth)
+            fail("macro '" + m.text + "': calls nested deeper than " +
+                 std::to_string(kMaxMacroDepth) + " (recursion too deep)");
+        ++depth;
         auto saved = std::move(frames);
         frames = root;
         frames.push_back(std::make_shared<Frame>());
@@ -2786,13 +3170,37 @@ struct Evaluator {
     }
 };
 
-Frame make_globals(const RenderOptions &options) {
+// The lowest stack address a render starting here may reach: kMaxStackBytes
+// below, or less where the thread's stack ends sooner (keeping kStackMargin).
+uintptr_t stack_floor() {
+    const auto here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    uintptr_t floor = here > kMaxStackBytes ? here - kMaxStackBytes : 0;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+        void *addr = nullptr;
+        size_t size = 0;
+        if (pthread_attr_getstack(&attr, &addr, &size) == 0) {
+            const auto lowest = reinterpret_cast<uintptr_t>(addr) + kStackMargin;
+            floor = std::max(floor, std::min(lowest, here));
+        }
+        pthread_attr_destroy(&attr);
+    }
+    return floor;
+}
+
+// The namespaces a render made. A namespace is the one mutable value, so the
+// only way to a reference cycle (`{% set ns.x = [ns] %}`); the render empties
+// those left at its end, which frees the cycles.
+using Namespaces = std::vector<std::weak_ptr<Dict>>;
+
+Frame make_globals(const RenderOptions &options, const std::shared_ptr<Namespaces> &made) {
     Frame g;
     g["raise_exception"] = Value::func([](Args &a) -> Value {
-        fail("raise_exception: " + (a.pos.empty() ? std::string() : to_str(a.pos[0])));
+        a.expect("raise_exception", {"message"}, 1);
+        fail("raise_exception: " + to_str(*a.get(0, "message")));
     });
     g["strftime_now"] = Value::func([options](Args &a) -> Value {
-        a.expect("strftime_now", {"format"});
+        a.expect("strftime_now", {"format"}, 1);
         const std::string fmt = str_arg(a.get(0, "format"), "strftime_now() format");
         std::tm tm{};
         if (options.now) {
@@ -2819,7 +3227,11 @@ Frame make_globals(const RenderOptions &options) {
         for (const auto &kv : a.kw) d.d->set(kv.first, kv.second);
         return d;
     };
-    g["namespace"] = Value::func([dict_of](Args &a) { return dict_of(a, true); });
+    g["namespace"] = Value::func([dict_of, made](Args &a) {
+        Value ns = dict_of(a, true);
+        made->push_back(ns.d);
+        return ns;
+    });
     g["dict"] = Value::func([dict_of](Args &a) { return dict_of(a, false); });
     g["range"] = Value::func([](Args &a) -> Value {
         if (a.pos.empty() || a.pos.size() > 3 || !a.kw.empty())
@@ -2835,11 +3247,24 @@ Frame make_globals(const RenderOptions &options) {
             if (a.pos.size() == 3) step = as_int(a.pos[2]);
         }
         if (step == 0) fail("range() step must not be zero");
+        // The count first (in 64-bit unsigned arithmetic: no overflow whatever
+        // the bounds), then the items start + k * step, each within [start, stop).
+        uint64_t count = 0;
+        if (step > 0 && stop > start)
+            count = (static_cast<uint64_t>(stop) - static_cast<uint64_t>(start) - 1) /
+                        static_cast<uint64_t>(step) +
+                    1;
+        else if (step < 0 && start > stop)
+            count = (static_cast<uint64_t>(start) - static_cast<uint64_t>(stop) - 1) /
+                        (0 - static_cast<uint64_t>(step)) +
+                    1;
+        if (count > kMaxListItems)
+            fail("range(): more than " + std::to_string(kMaxListItems) + " items");
         List out;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-            out.push_back(Value::integer(i));
-            if (out.size() > 100000) fail("range() too large");
-        }
+        out.reserve(count);
+        for (uint64_t k = 0; k < count; ++k)
+            out.push_back(Value::integer(static_cast<int64_t>(static_cast<uint64_t>(start) +
+                                                              k * static_cast<uint64_t>(step))));
         return Value::list(std::move(out));
     });
     return g;
@@ -2863,16 +3288,35 @@ Template::Template(const std::string &source, const std::string &where)
     parser.toks = std::move(lex.out);
     parser.where = where;
     std::string found;
-    impl_->body = parser.parse_body({}, &found, 1, "");
+    try {
+        impl_->body = parser.parse_body({}, &found, 1, "");
+    } catch (const JError &e) {
+        throw Error(where + ": " + e.msg);
+    }
 }
 
 Template::~Template() = default;
 
 std::string Template::render(const nlohmann::ordered_json &context,
                              const RenderOptions &options) const {
+    // This render's work budget (kMaxWork), and its namespaces emptied at the end.
+    struct Scope {
+        int64_t saved = work_left;
+        std::shared_ptr<Namespaces> made = std::make_shared<Namespaces>();
+        Scope() { work_left = kMaxWork; }
+        ~Scope() {
+            for (const auto &w : *made)
+                if (auto d = w.lock()) {
+                    auto items = std::move(d->items);
+                    d->items.clear();
+                }
+            work_left = saved;
+        }
+    } scope;
     Evaluator ev;
+    ev.stack_floor = stack_floor();
     ev.options = options;
-    ev.frames.push_back(std::make_shared<Frame>(make_globals(options)));
+    ev.frames.push_back(std::make_shared<Frame>(make_globals(options, scope.made)));
     auto root = std::make_shared<Frame>();
     try {
         if (!context.is_null()) {

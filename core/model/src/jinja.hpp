@@ -8,6 +8,11 @@
 // {% generation %}, the filters, tests, string / dict methods and operators
 // listed in docs/model.md. Anything else is an error naming the construct and
 // the template line, at parse time where it can be known then.
+//
+// Templates come with models and render inside the server: nesting, size and
+// work are bounded (the limits at the top of jinja.cpp, listed in
+// docs/model.md), and passing one is an error naming the line, never a stack
+// overflow, a hang or an out-of-range read.
 #pragma once
 
 #include <nlohmann/json.hpp>
