@@ -314,18 +314,18 @@ TEST(Jinja, DeeplyNestedValuesFailToPrintCompareOrSerialiseAndAreFreedWithoutRec
     EXPECT_EQ(render("{% set ns = namespace(x=none) %}{% for i in range(100000) %}"
                      "{% set ns = namespace(x=ns) %}{% endfor %}done"),
               "done");
-    // A value from the context too deep to walk.
+    // A value from the context too deep to walk: refused when its JSON is read.
     std::string deep = repeat("[", 10000) + repeat("]", 10000);
     ChatTemplateOptions o;
     EXPECT_NE(error_of([&] {
                   ChatTemplate("{{ messages }}", "t").render("[{\"content\": " + deep + "}]", o);
-              }).find("the template context: lists / dicts nested deeper than 512 levels"),
+              }).find("t: messages: JSON nested deeper than 128 levels"),
               std::string::npos);
     o.variables_json = "{\"v\": " + deep + "}";
     o.tools_json = "[" + deep + "]";
     EXPECT_NE(error_of([&] {
                   ChatTemplate("{{ v }}", "t").render("[]", o);
-              }).find("the template context: lists / dicts nested deeper than 512 levels"),
+              }).find("JSON nested deeper than 128 levels"),
               std::string::npos);
     // Namespace cycles render (and are freed at the end: LeakSanitizer checks).
     EXPECT_EQ(render("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns.x }}"),
