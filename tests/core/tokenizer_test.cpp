@@ -518,5 +518,115 @@ TEST(Tokenizer, FromFolderReadsTheChatTemplateAndSpecialTokens) {
               std::string::npos);
 }
 
+// `levels` Sequences, each the only part of the one around it, around
+// `leaf`: JSON text (nlohmann's dump() would recurse as deep).
+std::string nested_sequence(const std::string &list, int levels, const std::string &leaf) {
+    std::string open, close;
+    for (int i = 0; i < levels; ++i) {
+        open += R"({"type": "Sequence", ")" + list + R"(": [)";
+        close += "]}";
+    }
+    return open + leaf + close;
+}
+
+// The text of `j` with its top-level `key` set to the JSON text `value`.
+std::string with_text(Json j, const std::string &key, const std::string &value) {
+    j[key] = "@value@";
+    std::string s = j.dump();
+    s.replace(s.find("\"@value@\""), 9, value);
+    return s;
+}
+
+// A Sequence nested 30,000 deep was read recursively (one stack frame and
+// one ever longer key per level) until the process crashed.
+TEST(Tokenizer, DeeplyNestedSequencesAreRefusedNamingThePath) {
+    Spec base;
+    base.pre_tokenizer = pre(nullptr);
+    const Json j = make_json(base);
+    const std::string nfc = R"({"type": "NFC"})", byte_level = R"({"type": "ByteLevel"})";
+    struct Case {
+        std::string key, list, leaf;
+    };
+    for (const Case &c : {Case{"normalizer", "normalizers", nfc},
+                          Case{"pre_tokenizer", "pretokenizers", byte_level},
+                          Case{"decoder", "decoders", byte_level},
+                          Case{"post_processor", "processors", byte_level}}) {
+        const std::string text = with_text(j, c.key, nested_sequence(c.list, 30000, c.leaf));
+        const std::string msg = error_of([&] { Tokenizer::from_json(text, "deep.json"); });
+        const std::string path = c.key + "." + c.list + "[0]." + c.list + "[0]";
+        EXPECT_NE(msg.find("deep.json: '" + path), std::string::npos) << msg.substr(0, 200);
+        EXPECT_NE(msg.find("' is nested deeper than 64 levels"), std::string::npos)
+            << msg.substr(0, 200);
+    }
+    // Ten levels (20 deep) are read as one flat sequence.
+    const std::string text =
+        with_text(Json::parse(with_text(j, "normalizer", nested_sequence("normalizers", 10, nfc))),
+                  "pre_tokenizer",
+                  nested_sequence("pretokenizers", 10,
+                                  R"({"type": "ByteLevel", "add_prefix_space": false})"));
+    auto t = Tokenizer::from_json(text, "nested.json");
+    EXPECT_EQ(t->decode(t->encode("e\xCC\x81 x")), "\xC3\xA9 x"); // NFC composes e + U+0301
+}
+
+// Values of the wrong JSON type, read with nlohmann's value(), escaped as its
+// type_error (RL_ERR_INTERNAL at the C API) naming neither file nor key.
+TEST(Tokenizer, ValuesOfTheWrongTypeAreErrorsNamingTheKeyAndTheType) {
+    Spec base;
+    base.pre_tokenizer = pre(kQwen2);
+    base.merges = {{"a", "b"}};
+    const std::vector<BadJson> cases = {
+        {"vocab a number", [](Json &j) { j["model"]["vocab"] = 5; },
+         "'model.vocab' must be an object, got number"},
+        {"merge a number", [](Json &j) { j["model"]["merges"].push_back(5); },
+         "'model.merges[1]' must be \"a b\" or [\"a\", \"b\"], got number"},
+        {"added id a string",
+         [](Json &j) {
+             j["added_tokens"] = Json::array({Json{{"id", "x"}}});
+         },
+         "'added_tokens[0].id' must be a non-negative integer, got string"},
+        {"model type a number", [](Json &j) { j["model"]["type"] = 5; },
+         "'model.type' must be a string, got number"},
+        {"byte fallback a string", [](Json &j) { j["model"]["byte_fallback"] = "no"; },
+         "'model.byte_fallback' must be true or false, got string"},
+        {"behavior a number",
+         [](Json &j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = 3; },
+         "'pre_tokenizer.pretokenizers[0].behavior' must be a string, got number"},
+        {"normalizer type a list",
+         [](Json &j) {
+             j["normalizer"] = {{"type", Json::array()}};
+         },
+         "'normalizer.type' must be a string, got array"},
+        {"vocab id past the limit", [](Json &j) { j["model"]["vocab"]["q"] = 5000000; },
+         "'model.vocab['q']' = 5000000 must be an id in [0, 4194303]"},
+        {"added id past the limit",
+         [](Json &j) { j["added_tokens"] = Json::array({added_token(1 << 29, "<x>", true)}); },
+         "'added_tokens[0].id' = 536870912 must be an id in [0, 4194303]"},
+    };
+    for (const auto &c : cases) {
+        Json j = make_json(base);
+        c.edit(j);
+        const std::string msg = error_of([&] { Tokenizer::from_json(j.dump(), "tokenizer.json"); });
+        EXPECT_NE(msg.find("tokenizer.json: " + c.expect), std::string::npos)
+            << c.what << ": " << msg;
+    }
+}
+
+// A chat_template list item whose name is not a string is no "default" (it
+// was a type_error from nlohmann's value()).
+TEST(Tokenizer, ChatTemplateItemsWithANonStringNameAreSkipped) {
+    test::TempDir d;
+    Spec s;
+    s.pre_tokenizer = pre(kQwen2);
+    test::spit(d / "tokenizer.json", make_json(s).dump());
+    test::spit(d / "tokenizer_config.json",
+               Json{{"chat_template", Json::array({Json{{"name", 5}, {"template", "no"}},
+                                                   Json{{"name", "default"}, {"template", "ok"}}})}}
+                   .dump());
+    std::shared_ptr<Tokenizer> t;
+    EXPECT_NO_THROW(t = Tokenizer::from_folder(d.path()));
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->chat_template_source(), "ok");
+}
+
 } // namespace
 } // namespace rl::core

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -60,6 +63,37 @@ Loaded load(const std::string &file, const std::vector<std::string> &sets = {}) 
     if (ok) return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
            << file << ": status " << l.status << ", error: " << l.error;
+}
+
+// `text` written to a file named `name` in the test's temporary folder (so
+// that errors name it); removed when the test's load is done.
+struct YamlFile {
+    std::string path;
+    YamlFile(const std::string &name, const std::string &text)
+        : path(::testing::TempDir() + std::to_string(getpid()) + "_" + name) {
+        std::ofstream(path, std::ios::binary) << text;
+    }
+    ~YamlFile() { std::remove(path.c_str()); }
+    YamlFile(const YamlFile &) = delete;
+    YamlFile &operator=(const YamlFile &) = delete;
+};
+
+// Loading `text` (as file `name`) must be refused as an invalid argument with
+// an error that contains every one of `needles`.
+::testing::AssertionResult text_refused(const std::string &name, const std::string &text,
+                                        const std::vector<std::string> &needles) {
+    const YamlFile f(name, text);
+    rl_result_t *r = nullptr;
+    const rl_status_t st = rl_config_load(f.path.c_str(), nullptr, 0, &r);
+    if (st == RL_OK) {
+        rl_result_destroy(r);
+        return ::testing::AssertionFailure() << name << " was loaded";
+    }
+    const std::string error = rl_last_error();
+    bool ok = st == RL_ERR_INVALID_ARG;
+    for (const auto &n : needles) ok = ok && error.find(n) != std::string::npos;
+    if (ok) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << name << ": status " << st << ", error: " << error;
 }
 
 // The override `set` alone must be refused with an error containing `needle`.
@@ -281,6 +315,177 @@ TEST(Config, AHostKeyTypoStaysAnErrorAtLoad) {
     Declared d = declare(l.config, "[]");
     EXPECT_NE(d.error.find("unknown key 'trainr'"), std::string::npos) << d.error;
     EXPECT_TRUE(set_refused("trainr=1", "unknown key 'trainr'; valid keys at the top level"));
+}
+
+// yaml-cpp gives an alias the node of its anchor, so an alias inside its own
+// anchor is a cyclic graph; converting it walked forever (stack overflow).
+TEST(Config, AnAliasInsideItsOwnAnchorIsRefusedNamingFileLineAndKey) {
+    EXPECT_TRUE(text_refused("cycle.yaml", "sft: &a {x: *a}",
+                             {"cycle.yaml:1:10: key 'sft.x' is an alias of the mapping at line 1, "
+                              "column 6, which contains it"}));
+    EXPECT_TRUE(
+        text_refused("cycle_params.yaml", "env:\n  params: &p\n    deeper: [1, *p]\n",
+                     {"cycle_params.yaml:", "key 'env.params.deeper[1]'", "which contains it"}));
+    EXPECT_TRUE(text_refused("cycle_list.yaml", "filters: [{name: f, params: {l: &l [*l]}}]",
+                             {"cycle_list.yaml:1:", "key 'filters[0].params.l[0]' is an alias of "
+                                                    "the list"}));
+    EXPECT_TRUE(set_refused("sft.x=&a {x: *a}", "--set sft.x=&a {x: *a} (at 1:5 of the value): key "
+                                                "'sft.x.x' is an alias of the mapping"));
+    EXPECT_TRUE(
+        set_refused("env.params=&a {x: [*a]}", "key 'env.params.x[0]' is an alias of the mapping"));
+    // The same anchor used twice side by side is no cycle.
+    Loaded l = load("", {"ppo.shared=[&s {a: 1}, *s]"});
+    ASSERT_EQ(l.status, RL_OK) << l.error;
+    EXPECT_EQ(l.config["ppo"]["shared"][1]["a"], 1);
+}
+
+// A '<<' merge key whose alias leads back to a mapping around it.
+TEST(Config, AMergeKeyThatLeadsBackIsRefused) {
+    EXPECT_TRUE(text_refused("merge.yaml",
+                             "env:\n  params: &base\n    inner:\n      <<: *base\n      x: 1\n",
+                             {"merge.yaml:4:7: key 'env.params.inner.<<' is an alias of the "
+                              "mapping at line 2, column 11"}));
+    EXPECT_TRUE(
+        text_refused("merge_chain.yaml", "ppo:\n  a: &a\n    b: &b\n      c:\n        <<: [*b]\n",
+                     {"merge_chain.yaml:5:13: key 'ppo.a.b.c.<<[0]'", "which contains it"}));
+    EXPECT_TRUE(set_refused("ppo.m=&m {k: {<<: *m}}", "key 'ppo.m.k.<<' is an alias"));
+}
+
+// Ten levels of ten aliases each stand for 10^10 values in 300 bytes: the
+// conversion stops at kMaxConfigNodes instead of exhausting memory.
+TEST(Config, AliasExpansionIsBoundedByANodeLimit) {
+    std::string laughs = "ppo:\n  l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n";
+    for (int i = 1; i < 10; ++i) {
+        laughs += "  l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+        for (int k = 0; k < 10; ++k) laughs += (k ? ", *l" : "*l") + std::to_string(i - 1);
+        laughs += "]\n";
+    }
+    EXPECT_TRUE(
+        text_refused("laughs.yaml", laughs,
+                     {"laughs.yaml:", "key 'ppo.l5[", "expands to more than 1000000 values"}));
+    // Four levels (10^4 values) is a large but legal configuration.
+    std::string small = laughs.substr(0, laughs.find("  l4:"));
+    const YamlFile f("small_laughs.yaml", small);
+    rl_result_t *r = nullptr;
+    ASSERT_EQ(rl_config_load(f.path.c_str(), nullptr, 0, &r), RL_OK) << rl_last_error();
+    const auto config = nlohmann::json::parse(text_of(r, "config"));
+    rl_result_destroy(r);
+    EXPECT_EQ(config["ppo"]["l3"][9][9][9][9], "x");
+}
+
+TEST(Config, NestingIsBoundedNamingTheKeyPath) {
+    auto nested = [](int lists) {
+        return "ppo:\n  x: " + std::string(lists, '[') + std::string(lists, ']') + "\n";
+    };
+    // 'ppo.x' is a list holding 126 more: the innermost is at 128 levels, the limit.
+    Loaded ok = load("", {"ppo.x=" + std::string(127, '[') + std::string(127, ']')});
+    EXPECT_EQ(ok.status, RL_OK) << ok.error;
+    const YamlFile f("deep_ok.yaml", nested(127));
+    rl_result_t *r = nullptr;
+    ASSERT_EQ(rl_config_load(f.path.c_str(), nullptr, 0, &r), RL_OK) << rl_last_error();
+    rl_result_destroy(r);
+    EXPECT_TRUE(text_refused("deep.yaml", nested(128),
+                             {"deep.yaml:2:", "key 'ppo.x[0][0]", "is nested deeper than 128"}));
+    EXPECT_TRUE(text_refused("deeper.yaml", nested(5000),
+                             {"deeper.yaml:", "nested too deeply for the YAML parser"}));
+    std::string key = "ppo";
+    for (int i = 0; i < 200; ++i) key += ".k";
+    EXPECT_TRUE(set_refused(key + "=1", "the key has 201 parts; at most 128"));
+}
+
+TEST(Config, NumbersOutsideTheirRangeAreRefusedNamingTheKey) {
+    EXPECT_TRUE(text_refused("huge_int.yaml", "run:\n  seed: 99999999999999999999\n",
+                             {"huge_int.yaml:2:9: key 'run.seed' must be an integer, got "
+                              "'99999999999999999999', outside the 64-bit range"}));
+    EXPECT_TRUE(set_refused("run.seed=0x1ffffffffffffffff", "outside the 64-bit range"));
+    EXPECT_TRUE(text_refused("huge_float.yaml", "trainer:\n  learning_rate: 1e400\n",
+                             {"huge_float.yaml:2:18: key 'trainer.learning_rate' must be a "
+                              "number, got '1e400', outside the range of a double"}));
+    EXPECT_TRUE(set_refused("trainer.learning_rate=.inf",
+                            "key 'trainer.learning_rate' must be a finite number, got '.inf'"));
+    // Free-form values were passed on as the string "1e400", or as null for
+    // .nan (JSON has neither).
+    EXPECT_TRUE(text_refused("params_float.yaml", "env:\n  params:\n    scale: 1e400\n",
+                             {"params_float.yaml:3:5: key 'env.params.scale' is the number "
+                              "'1e400', outside the range of a double"}));
+    EXPECT_TRUE(set_refused("env.params.x=.nan", "key 'env.params.x' is '.nan': JSON has no"));
+    EXPECT_TRUE(set_refused("ppo.seed=18446744073709551616",
+                            "key 'ppo.seed' is the integer '18446744073709551616', outside"));
+    // Small magnitudes and quoted numbers are fine.
+    Loaded l = load("", {"env.params.tiny=1e-400", "env.params.big='1e400'",
+                         "env.params.i=-9223372036854775808"});
+    ASSERT_EQ(l.status, RL_OK) << l.error;
+    EXPECT_EQ(l.config["env"]["params"]["tiny"], 0.0);
+    EXPECT_EQ(l.config["env"]["params"]["big"], "1e400");
+    EXPECT_EQ(l.config["env"]["params"]["i"], INT64_MIN);
+}
+
+// Ill-formed UTF-8 reached nlohmann's dump(), whose type_error came out as
+// RL_ERR_INTERNAL naming nothing.
+TEST(Config, IllFormedUtf8IsRefusedNamingTheKey) {
+    EXPECT_TRUE(text_refused("utf8_key.yaml", "env:\n  params:\n    \"b\xC3\": 1\n",
+                             {"utf8_key.yaml:3:5: a key under 'env.params' is not valid UTF-8 "
+                              "(byte 1 of 'b\\xC3')"}));
+    EXPECT_TRUE(text_refused("utf8_value.yaml", "run:\n  name: \"ok\xFF\"\n",
+                             {"utf8_value.yaml:2:9: key 'run.name' is not valid UTF-8 (byte 2"}));
+    EXPECT_TRUE(text_refused("utf8_list.yaml", "ppo:\n  words: [fine, \"x\xED\xA0\x80\"]\n",
+                             {"key 'ppo.words[1]' is not valid UTF-8 (byte 1"}));
+    EXPECT_TRUE(set_refused("run.name=caf\xC3", "--set run.name=caf\\xC3: is not valid UTF-8"));
+    EXPECT_TRUE(set_refused("ppo.\xFF=1", "is not valid UTF-8 (byte 4)"));
+    Loaded l = load("", {"run.name=caf\xC3\xA9 \xF0\x9F\x98\x80"});
+    ASSERT_EQ(l.status, RL_OK) << l.error;
+    EXPECT_EQ(l.config["run"]["name"], "caf\xC3\xA9 \xF0\x9F\x98\x80");
+}
+
+// A list or mapping as a key made yaml-cpp's as<std::string>() throw
+// (RL_ERR_INTERNAL).
+TEST(Config, KeysThatAreNotNamesAreRefused) {
+    EXPECT_TRUE(text_refused("list_key.yaml", "env:\n  params:\n    ? [1, 2]\n    : 3\n",
+                             {"list_key.yaml:3:7: keys must be plain names; a key under "
+                              "'env.params' is a list"}));
+    EXPECT_TRUE(set_refused("loss.params={{a: 1}: 2}", "a key under 'loss.params' is a mapping"));
+}
+
+// rl_config_declare copies the configuration it is given; a JSON value nested
+// a million deep overflowed the stack in that copy.
+TEST(Config, DeclareRefusesConfigurationsNestedTooDeeply) {
+    // (Built as text: nlohmann's own dump() would recurse as deep.)
+    const std::string deep =
+        R"({"ppo": {"x": )" + std::string(1000000, '[') + std::string(1000000, ']') + "}}";
+    rl_result_t *r = nullptr;
+    ASSERT_EQ(rl_config_declare(deep.c_str(), kPpoKeys, &r), RL_ERR_INVALID_ARG);
+    const std::string error = rl_last_error();
+    EXPECT_NE(error.find("configuration: key 'ppo.x[0][0]"), std::string::npos)
+        << error.substr(0, 200);
+    EXPECT_NE(error.find("is nested deeper than 128 levels"), std::string::npos) << error;
+    const std::string decl = R"([{"key": "ppo.epochs", "type": "mapping", "default": {"a": )" +
+                             std::string(1000000, '[') + std::string(1000000, ']') + "}}]";
+    ASSERT_EQ(rl_config_declare(R"({"ppo": {}})", decl.c_str(), &r), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("config declarations: '[0].default.a[0]"),
+              std::string::npos)
+        << std::string(rl_last_error()).substr(0, 200);
+}
+
+// Declaration fields of the wrong type came out of nlohmann's value() as a
+// type_error (RL_ERR_INTERNAL).
+TEST(Config, DeclarationFieldsOfTheWrongTypeAreRefusedNamingThem) {
+    const nlohmann::json config = load("").config;
+    Declared doc = declare(config, R"([{"key": "ppo.epochs", "type": "integer", "default": 1,
+                                        "doc": 5}])");
+    EXPECT_EQ(doc.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(doc.error.find("config declarations item 1: 'doc' must be a string, got number"),
+              std::string::npos)
+        << doc.error;
+    Declared nullable = declare(config, R"([{"key": "ppo.epochs", "type": "integer",
+                                             "default": 1, "nullable": "yes"}])");
+    EXPECT_EQ(nullable.status, RL_ERR_INVALID_ARG);
+    EXPECT_NE(nullable.error.find("'nullable' must be true or false, got string"),
+              std::string::npos)
+        << nullable.error;
+    Declared open = declare(config, R"([{"key": "ppo.epochs", "type": "integer", "default": 1,
+                                         "min": 0, "min_open": 1}])");
+    EXPECT_NE(open.error.find("'min_open' must be true or false, got number"), std::string::npos)
+        << open.error;
 }
 
 } // namespace

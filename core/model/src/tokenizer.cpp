@@ -26,6 +26,73 @@ constexpr const char *kGpt2Pattern =
 
 constexpr size_t kCacheLimit = 1 << 16;
 
+// Nesting depth of tokenizer.json (a value at `a.b[0]` is at depth 3). Real
+// files nest 7 levels at most; the limit keeps the recursive readers (a
+// Sequence inside a Sequence ...) off the end of the stack.
+constexpr size_t kMaxJsonDepth = 64;
+// The largest token id (vocabulary or added token): the id tables are dense
+// vectors, so one id is memory for every id below it. The largest public
+// vocabularies have ~262k ids.
+constexpr int64_t kMaxTokenId = (int64_t{1} << 22) - 1;
+
+// ", got <JSON type>" for messages about a value of the wrong type.
+std::string got(const Json &v) {
+    return std::string(", got ") + v.type_name();
+}
+
+// The member `key` of object `o`, or null: no copy, as nlohmann's value() makes.
+const Json &member(const Json &o, const char *key) {
+    static const Json null;
+    if (!o.is_object()) return null;
+    const auto it = o.find(key);
+    return it == o.end() ? null : *it;
+}
+
+// The path ("a.b[2]") of the first value of `j` nested deeper than `limit`,
+// or "" when there is none. Iterative, so any depth can be measured.
+std::string too_deep(const Json &j, size_t limit) {
+    struct Frame {
+        const Json *node;
+        Json::const_iterator it;
+        size_t index;
+    };
+    if (!j.is_structured()) return "";
+    std::vector<Frame> stack{{&j, j.cbegin(), 0}};
+    while (!stack.empty()) {
+        Frame &f = stack.back();
+        if (f.it == f.node->cend()) {
+            stack.pop_back();
+            continue;
+        }
+        const Json &child = *f.it;
+        ++f.it;
+        ++f.index;
+        if (!child.is_structured()) continue;
+        if (stack.size() + 1 > limit) {
+            std::string path;
+            for (const Frame &g : stack) {
+                if (g.node->is_object())
+                    path += (path.empty() ? "" : ".") + std::prev(g.it).key();
+                else
+                    path += "[" + std::to_string(g.index - 1) + "]";
+            }
+            return path;
+        }
+        stack.push_back({&child, child.cbegin(), 0});
+    }
+    return "";
+}
+
+// The object of `text` from `source`, nested at most kMaxJsonDepth deep.
+Json parse_bounded(const std::string &text, const std::string &source) {
+    Json j = parse_json_object(text, source);
+    const std::string deep = too_deep(j, kMaxJsonDepth);
+    if (!deep.empty())
+        throw Error(source + ": '" + deep + "' is nested deeper than " +
+                    std::to_string(kMaxJsonDepth) + " levels (the limit)");
+    return j;
+}
+
 enum class Behavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
 constexpr Named<Behavior> kBehaviors[] = {{Behavior::Removed, "Removed"},
                                           {Behavior::Isolated, "Isolated"},
@@ -160,12 +227,10 @@ struct Tokenizer::Impl {
 
     void parse_normalizer(const Json &n, const std::string &key) {
         if (n.is_null()) return;
-        if (!n.is_object() || !n.contains("type") || !n["type"].is_string())
-            fail(key, "must be an object with a string 'type'");
-        const std::string type = n["type"].get<std::string>();
+        const std::string type = type_of(n, key);
         if (type == "Sequence") {
             if (!n.contains("normalizers") || !n["normalizers"].is_array())
-                fail(key + ".normalizers", "must be a list");
+                fail(key + ".normalizers", "must be a list" + got(member(n, "normalizers")));
             for (size_t i = 0; i < n["normalizers"].size(); ++i)
                 parse_normalizer(n["normalizers"][i],
                                  key + ".normalizers[" + std::to_string(i) + "]");
@@ -183,8 +248,9 @@ struct Tokenizer::Impl {
 
     // The "type" of the component object `p` at `key`.
     std::string type_of(const Json &p, const std::string &key) const {
-        if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
-            fail(key, "must be an object with a string 'type'");
+        if (!p.is_object()) fail(key, "must be an object with a string 'type'" + got(p));
+        if (!p.contains("type") || !p["type"].is_string())
+            fail(key + ".type", "must be a string" + got(member(p, "type")));
         return p["type"].get<std::string>();
     }
 
@@ -192,7 +258,8 @@ struct Tokenizer::Impl {
     template <class F>
     void each_part(const Json &p, const char *list, const std::string &key, F parse) {
         const std::string at = key + "." + list;
-        if (!p.contains(list) || !p[list].is_array()) fail(at, "must be a list");
+        if (!p.contains(list) || !p[list].is_array())
+            fail(at, "must be a list" + got(member(p, list)));
         for (size_t i = 0; i < p[list].size(); ++i)
             parse(p[list][i], at + "[" + std::to_string(i) + "]");
     }
@@ -201,7 +268,8 @@ struct Tokenizer::Impl {
         const std::string type = type_of(p, key);
         auto flag = [&](const char *name, bool def) {
             if (!p.contains(name) || p[name].is_null()) return def;
-            if (!p[name].is_boolean()) fail(key + "." + name, "must be true or false");
+            if (!p[name].is_boolean())
+                fail(key + "." + name, "must be true or false" + got(p[name]));
             return p[name].get<bool>();
         };
         PreTokenizer t;
@@ -226,7 +294,10 @@ struct Tokenizer::Impl {
             } catch (const Error &e) {
                 fail(key + ".pattern", e.what());
             }
-            const std::string b = p.value("behavior", std::string("Isolated"));
+            const Json &bj = member(p, "behavior");
+            if (!bj.is_null() && !bj.is_string())
+                fail(key + ".behavior", "must be a string" + got(bj));
+            const std::string b = bj.is_null() ? "Isolated" : bj.get<std::string>();
             const auto behavior = value_in(kBehaviors, b);
             if (!behavior) fail(key + ".behavior", "'" + b + "' is not a split behavior");
             t.behavior = *behavior;
@@ -274,7 +345,7 @@ struct Tokenizer::Impl {
                  "'" + type + "' is not supported (ByteLevel, TemplateProcessing, Sequence)");
         if (!p.contains("single") || !p["single"].is_array())
             fail(key + ".single", "must be a list");
-        const Json specials = p.value("special_tokens", Json::object());
+        const Json &specials = member(p, "special_tokens");
         bool seen_sequence = false;
         prefix.clear();
         suffix.clear();
@@ -315,8 +386,11 @@ struct Tokenizer::Impl {
     }
 
     void parse_model(const Json &m) {
-        if (!m.is_object()) fail("model", "must be an object");
-        const std::string type = m.value("type", std::string("BPE"));
+        if (!m.is_object()) fail("model", "must be an object" + got(m));
+        const Json &type_json = member(m, "type");
+        if (!type_json.is_null() && !type_json.is_string())
+            fail("model.type", "must be a string" + got(type_json));
+        const std::string type = type_json.is_null() ? "BPE" : type_json.get<std::string>();
         if (type != "BPE") fail("model.type", "'" + type + "' is not supported (BPE)");
         if (m.contains("dropout") && !m["dropout"].is_null() &&
             !(m["dropout"].is_number() && m["dropout"].get<double>() == 0.0))
@@ -326,16 +400,23 @@ struct Tokenizer::Impl {
                 !(m[k].is_string() && m[k].get<std::string>().empty()))
                 fail(std::string("model.") + k, "is not supported by byte-level BPE");
         }
-        if (m.value("byte_fallback", false))
+        const Json &byte_fallback = member(m, "byte_fallback");
+        if (!byte_fallback.is_null() && !byte_fallback.is_boolean())
+            fail("model.byte_fallback", "must be true or false" + got(byte_fallback));
+        if (byte_fallback.is_boolean() && byte_fallback.get<bool>())
             fail("model.byte_fallback", "is true: SentencePiece byte fallback is not supported");
         ignore_merges = m.contains("ignore_merges") && m["ignore_merges"].is_boolean() &&
                         m["ignore_merges"].get<bool>();
         if (!m.contains("vocab") || !m["vocab"].is_object())
-            fail("model.vocab", "must be an object");
+            fail("model.vocab", "must be an object" + got(member(m, "vocab")));
         for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-            if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-                it.value().get<int64_t>() > (int64_t{1} << 30))
-                fail("model.vocab['" + it.key() + "']", "must be a non-negative integer id");
+            if (!it.value().is_number_integer())
+                fail("model.vocab['" + it.key() + "']",
+                     "must be a non-negative integer id" + got(it.value()));
+            if (it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > kMaxTokenId)
+                fail("model.vocab['" + it.key() + "']", "= " + it.value().dump() +
+                                                            " must be an id in [0, " +
+                                                            std::to_string(kMaxTokenId) + "]");
             const auto id = static_cast<int32_t>(it.value().get<int64_t>());
             if (static_cast<size_t>(id) < in_vocab.size() && in_vocab[id])
                 fail("model.vocab['" + it.key() + "']",
@@ -349,7 +430,7 @@ struct Tokenizer::Impl {
             unk_id = it->second;
         }
         if (!m.contains("merges") || m["merges"].is_null()) return;
-        if (!m["merges"].is_array()) fail("model.merges", "must be a list");
+        if (!m["merges"].is_array()) fail("model.merges", "must be a list" + got(m["merges"]));
         const Json &ms = m["merges"];
         for (size_t i = 0; i < ms.size(); ++i) {
             const std::string key = "model.merges[" + std::to_string(i) + "]";
@@ -367,7 +448,7 @@ struct Tokenizer::Impl {
                 a = ms[i][0].get<std::string>();
                 b = ms[i][1].get<std::string>();
             } else {
-                fail(key, "must be \"a b\" or [\"a\", \"b\"]");
+                fail(key, "must be \"a b\" or [\"a\", \"b\"]" + got(ms[i]));
             }
             auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
             if (ia == vocab.end()) fail(key, "uses '" + a + "', which is not in the vocabulary");
@@ -381,16 +462,19 @@ struct Tokenizer::Impl {
 
     void parse_added(const Json &list) {
         if (list.is_null()) return;
-        if (!list.is_array()) fail("added_tokens", "must be a list");
+        if (!list.is_array()) fail("added_tokens", "must be a list" + got(list));
         for (size_t i = 0; i < list.size(); ++i) {
             const Json &t = list[i];
             const std::string key = "added_tokens[" + std::to_string(i) + "]";
-            if (!t.is_object()) fail(key, "must be an object");
-            if (!t.contains("id") || !t["id"].is_number_integer() || t["id"].get<int64_t>() < 0 ||
-                t["id"].get<int64_t>() > (int64_t{1} << 30))
-                fail(key + ".id", "must be a non-negative integer");
-            if (!t.contains("content") || !t["content"].is_string() ||
-                t["content"].get<std::string>().empty())
+            if (!t.is_object()) fail(key, "must be an object" + got(t));
+            if (!t.contains("id") || !t["id"].is_number_integer())
+                fail(key + ".id", "must be a non-negative integer" + got(member(t, "id")));
+            if (t["id"].get<int64_t>() < 0 || t["id"].get<int64_t>() > kMaxTokenId)
+                fail(key + ".id", "= " + t["id"].dump() + " must be an id in [0, " +
+                                      std::to_string(kMaxTokenId) + "]");
+            if (!t.contains("content") || !t["content"].is_string())
+                fail(key + ".content", "must be a non-empty string" + got(member(t, "content")));
+            if (t["content"].get<std::string>().empty())
                 fail(key + ".content", "must be a non-empty string");
             AddedToken a;
             a.id = static_cast<int32_t>(t["id"].get<int64_t>());
@@ -398,7 +482,8 @@ struct Tokenizer::Impl {
             if (!unicode::valid_utf8(a.content)) fail(key + ".content", "is not valid UTF-8");
             auto flag = [&](const char *name) {
                 if (!t.contains(name) || t[name].is_null()) return false;
-                if (!t[name].is_boolean()) fail(key + "." + name, "must be true or false");
+                if (!t[name].is_boolean())
+                    fail(key + "." + name, "must be true or false" + got(t[name]));
                 return t[name].get<bool>();
             };
             a.special = flag("special");
@@ -657,7 +742,7 @@ Tokenizer::~Tokenizer() = default;
 
 std::shared_ptr<Tokenizer> Tokenizer::from_json(const std::string &json_text,
                                                 const std::string &source) {
-    Json j = parse_json_object(json_text, source);
+    const Json j = parse_bounded(json_text, source);
     std::shared_ptr<Tokenizer> t(new Tokenizer());
     Impl &m = *t->impl_;
     m.source = source;
@@ -666,8 +751,8 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(const std::string &json_text,
     m.init_byte_table();
     if (!j.contains("model")) m.fail("model", "is required");
     m.parse_model(j["model"]);
-    m.parse_added(j.value("added_tokens", Json::array()));
-    m.parse_normalizer(j.value("normalizer", Json()), "normalizer");
+    m.parse_added(member(j, "added_tokens"));
+    m.parse_normalizer(member(j, "normalizer"), "normalizer");
     m.index_added();
     m.parse_pretokenizer(j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()
                              ? j["pre_tokenizer"]
@@ -679,8 +764,8 @@ std::shared_ptr<Tokenizer> Tokenizer::from_json(const std::string &json_text,
     if (!byte_level)
         m.fail("pre_tokenizer",
                "has no ByteLevel step: only byte-level BPE tokenizers are supported");
-    m.parse_decoder(j.value("decoder", Json()), "decoder");
-    m.parse_post_processor(j.value("post_processor", Json()), "post_processor");
+    m.parse_decoder(member(j, "decoder"), "decoder");
+    m.parse_post_processor(member(j, "post_processor"), "post_processor");
     return t;
 }
 
@@ -695,7 +780,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_folder(const std::string &dir) {
     std::string chat_template;
     if (fs::exists(cfg_path)) {
         const std::string where = cfg_path.string();
-        Json cfg = parse_json_object(read_file(where), where);
+        const Json cfg = parse_json_object(read_file(where), where);
         auto token = [&](const char *key) -> std::optional<int32_t> {
             if (!cfg.contains(key) || cfg[key].is_null()) return std::nullopt;
             std::string content;
@@ -744,8 +829,8 @@ std::shared_ptr<Tokenizer> Tokenizer::from_folder(const std::string &dir) {
                 chat_template = ct.get<std::string>();
             else if (ct.is_array()) {
                 for (const auto &e : ct)
-                    if (e.is_object() && e.value("name", "") == "default" &&
-                        e.contains("template") && e["template"].is_string())
+                    if (member(e, "name") == "default" && e.contains("template") &&
+                        e["template"].is_string())
                         chat_template = e["template"].get<std::string>();
             }
         }

@@ -4,13 +4,19 @@
 #include "rl/core/names.hpp"
 #include "rl/host/runtime.hpp"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 namespace rl::host {
 namespace {
@@ -61,70 +67,291 @@ std::string join(const std::vector<std::string> &xs) {
     return s;
 }
 
-// A YAML value of free-form data (plugin params) as JSON.
-json to_json(const YAML::Node &n) {
-    switch (n.Type()) {
-        case YAML::NodeType::Null:
-        case YAML::NodeType::Undefined:
-            return nullptr;
-        case YAML::NodeType::Sequence: {
-            json a = json::array();
-            for (const auto &x : n) a.push_back(to_json(x));
-            return a;
-        }
-        case YAML::NodeType::Map: {
-            json o = json::object();
-            for (const auto &kv : n) o[kv.first.as<std::string>()] = to_json(kv.second);
-            return o;
-        }
-        case YAML::NodeType::Scalar:
-            break;
+// Limits on what one YAML source (the file, or one --set value) may expand
+// to. yaml-cpp gives each alias the very node of its anchor, so a few hundred
+// bytes can stand for billions of values (aliases of aliases: "billion
+// laughs"), and an alias inside its own anchor (`a: &x {b: *x}`, or a merge
+// key `<<: *x` that points back) for an infinite tree. The conversion to JSON
+// walks the tree as written out: it refuses a node that is one of its own
+// ancestors and counts what it visits.
+//
+// Nodes (scalars, lists, mappings; a node reached through N aliases counts N
+// times) one source may expand to: run configurations hold hundreds; a
+// million is ~100 MB of JSON.
+constexpr size_t kMaxConfigNodes = 1'000'000;
+// Nesting depth: the most parts of a key path (`env.params.a` has 3; a list
+// item counts as a part), in a file and in a --set key plus its value.
+constexpr size_t kMaxConfigDepth = 128;
+// Characters of a user's value quoted in a message before it is cut.
+constexpr size_t kMaxShownChars = 80;
+
+// Length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no overlong
+// forms, no surrogates, nothing past U+10FFFF), 0 if there is none.
+size_t utf8_seq(const std::string &s, size_t i) {
+    const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+    const unsigned char c = b(i);
+    if (c < 0x80) return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xBF; // the range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+        n = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else {
+        return 0;
     }
-    const std::string s = n.Scalar();
-    if (n.Tag() == "!") return s; // quoted: always a string
-    long long i;
-    double d;
-    bool b;
-    if (YAML::convert<long long>::decode(n, i)) return i;
-    if (YAML::convert<double>::decode(n, d)) return d;
-    if (YAML::convert<bool>::decode(n, b)) return b;
-    if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
-    return s;
+    if (i + n > s.size() || b(i + 1) < lo || b(i + 1) > hi) return 0;
+    for (size_t k = 2; k < n; ++k)
+        if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
+    return n;
+}
+
+// The byte offset of the first ill-formed UTF-8 in `s`, or npos.
+size_t bad_utf8_at(const std::string &s) {
+    for (size_t i = 0; i < s.size();) {
+        const size_t n = utf8_seq(s, i);
+        if (n == 0) return i;
+        i += n;
+    }
+    return std::string::npos;
+}
+
+// `s` for a message: control characters and ill-formed UTF-8 as \xHH, cut
+// after kMaxShownChars characters.
+std::string printable(const std::string &s) {
+    std::string out;
+    size_t chars = 0;
+    for (size_t i = 0; i < s.size(); ++chars) {
+        if (chars == kMaxShownChars) return out + "...";
+        const size_t n = utf8_seq(s, i);
+        const auto c = static_cast<unsigned char>(s[i]);
+        if (n == 0 || c < 0x20 || c == 0x7F) {
+            static const char *hex = "0123456789ABCDEF";
+            out += std::string("\\x") + hex[c >> 4] + hex[c & 15];
+            ++i;
+        } else {
+            out.append(s, i, n);
+            i += n;
+        }
+    }
+    return out;
 }
 
 std::string shown(const YAML::Node &n) {
-    if (n.IsScalar()) return "'" + n.Scalar() + "'";
+    if (n.IsScalar()) return "'" + printable(n.Scalar()) + "'";
     if (n.IsSequence()) return "a list";
     if (n.IsMap()) return "a mapping";
     return "nothing";
 }
 
+// A scalar that is a whole number as yaml-cpp reads one (decimal, 0x hex,
+// 0 octal) but too large for 64 bits.
+bool integer_overflows(const std::string &s) {
+    if (s.empty() || s.find_first_not_of("+-0123456789abcdefABCDEFxX") != std::string::npos)
+        return false;
+    char *end = nullptr;
+    errno = 0;
+    (void)std::strtoll(s.c_str(), &end, 0);
+    return end == s.c_str() + s.size() && errno == ERANGE;
+}
+
+// A scalar written as a number whose magnitude no double holds ("1e400").
+bool double_overflows(const std::string &s) {
+    if (s.empty() || s.find_first_not_of("+-.0123456789eE") != std::string::npos) return false;
+    char *end = nullptr;
+    errno = 0;
+    const double d = std::strtod(s.c_str(), &end);
+    return end == s.c_str() + s.size() && errno == ERANGE && std::isinf(d);
+}
+
+// One YAML source (the file, or a --set value) as the conversion walks it.
+// Each node goes through enter(), which counts it against kMaxConfigNodes,
+// bounds the nesting by kMaxConfigDepth and refuses a list or mapping that
+// contains itself. Errors name the source, the line and column, and the key.
+class Walk {
+public:
+    // `origin`: the file path, or "--set ITEM" (is_file false).
+    Walk(std::string origin, bool is_file) : origin_(std::move(origin)), is_file_(is_file) {}
+
+    // Where `m` is in the source.
+    std::string at(const YAML::Mark &m) const {
+        if (m.line < 0) return origin_;
+        const std::string lc = std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+        return is_file_ ? origin_ + ":" + lc : origin_ + " (at " + lc + " of the value)";
+    }
+
+    [[noreturn]] void fail(const YAML::Mark &m, const std::string &what) const { bad(at(m), what); }
+
+    // Leaves the node entered on destruction.
+    class Scope {
+    public:
+        explicit Scope(Walk *w) : w_(w) {}
+        Scope(Scope &&o) noexcept : w_(o.w_) { o.w_ = nullptr; }
+        Scope(const Scope &) = delete;
+        Scope &operator=(const Scope &) = delete;
+        Scope &operator=(Scope &&) = delete;
+        ~Scope() {
+            if (w_) w_->open_.pop_back();
+        }
+
+    private:
+        Walk *w_;
+    };
+
+    // Enters `n`, found at key `path` (`depth` parts) written at `site`.
+    [[nodiscard]] Scope enter(const YAML::Node &n, const std::string &path, size_t depth,
+                              const YAML::Mark &site) {
+        if (++nodes_ > kMaxConfigNodes)
+            fail(site, "key '" + path + "': the YAML expands to more than " +
+                           std::to_string(kMaxConfigNodes) +
+                           " values through its aliases (the limit)");
+        if (depth > kMaxConfigDepth)
+            fail(site, "key '" + path + "' is nested deeper than " +
+                           std::to_string(kMaxConfigDepth) + " levels (the limit)");
+        if (!n.IsMap() && !n.IsSequence()) return Scope(nullptr);
+        for (const auto &o : open_) {
+            if (o.is(n)) {
+                const YAML::Mark m = n.Mark();
+                // A list item has no key to point at, and an alias has the
+                // mark of its anchor: point at the list holding it instead.
+                const bool item = site.line == m.line && site.column == m.column;
+                fail(item ? open_.back().Mark() : site,
+                     "key '" + path + "' is an alias of the " + (n.IsMap() ? "mapping" : "list") +
+                         " at line " + std::to_string(m.line + 1) + ", column " +
+                         std::to_string(m.column + 1) +
+                         ", which contains it: an alias inside its own anchor (or a '<<' "
+                         "merge that leads back to it) makes an endless value");
+            }
+        }
+        open_.push_back(n);
+        return Scope(this);
+    }
+
+    // The name of mapping key `k` under `prefix`: a plain UTF-8 scalar.
+    std::string key(const YAML::Node &k, const std::string &prefix) const {
+        const std::string where = prefix.empty() ? "the top level" : "'" + prefix + "'";
+        if (!k.IsScalar())
+            fail(k.Mark(), "keys must be plain names; a key under " + where + " is " + shown(k));
+        const size_t b = bad_utf8_at(k.Scalar());
+        if (b != std::string::npos)
+            fail(k.Mark(), "a key under " + where + " is not valid UTF-8 (byte " +
+                               std::to_string(b) + " of '" + printable(k.Scalar()) + "')");
+        return prefix.empty() ? k.Scalar() : prefix + "." + k.Scalar();
+    }
+
+    // The text of scalar `n` (at `path`), checked to be UTF-8.
+    std::string text(const YAML::Node &n, const std::string &path, const YAML::Mark &site) const {
+        const size_t b = bad_utf8_at(n.Scalar());
+        if (b != std::string::npos)
+            fail(site, "key '" + path + "' is not valid UTF-8 (byte " + std::to_string(b) + " of " +
+                           shown(n) + ")");
+        return n.Scalar();
+    }
+
+    // A YAML value of free-form data (plugin params, a script's section) as
+    // JSON; `n` is at `path` (`depth` parts), written at `site`.
+    json to_json(const YAML::Node &n, const std::string &path, size_t depth,
+                 const YAML::Mark &site) {
+        const Scope scope = enter(n, path, depth, site);
+        switch (n.Type()) {
+            case YAML::NodeType::Null:
+            case YAML::NodeType::Undefined:
+                return nullptr;
+            case YAML::NodeType::Sequence: {
+                json a = json::array();
+                size_t i = 0;
+                for (const auto &x : n) {
+                    a.push_back(
+                        to_json(x, path + "[" + std::to_string(i++) + "]", depth + 1, x.Mark()));
+                }
+                return a;
+            }
+            case YAML::NodeType::Map: {
+                json o = json::object();
+                for (const auto &kv : n) {
+                    const std::string full = key(kv.first, path);
+                    o[kv.first.Scalar()] = to_json(kv.second, full, depth + 1, kv.first.Mark());
+                }
+                return o;
+            }
+            case YAML::NodeType::Scalar:
+                break;
+        }
+        const std::string &s = n.Scalar();
+        if (n.Tag() == "!") return text(n, path, site); // quoted: always a string
+        long long i;
+        double d;
+        bool b;
+        if (YAML::convert<long long>::decode(n, i)) return i;
+        if (integer_overflows(s))
+            fail(site, "key '" + path + "' is the integer " + shown(n) +
+                           ", outside the 64-bit range; quote it to pass it as a string");
+        if (YAML::convert<double>::decode(n, d)) {
+            if (!std::isfinite(d))
+                fail(site, "key '" + path + "' is " + shown(n) +
+                               ": JSON has no infinity or NaN; quote it to pass it as a string");
+            return d;
+        }
+        if (double_overflows(s))
+            fail(site, "key '" + path + "' is the number " + shown(n) +
+                           ", outside the range of a double; quote it to pass it as a string");
+        if (YAML::convert<bool>::decode(n, b)) return b;
+        if (s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+        return text(n, path, site);
+    }
+
+private:
+    std::string origin_;
+    bool is_file_;
+    size_t nodes_ = 0;
+    std::vector<YAML::Node> open_; // the lists and mappings being converted
+};
+
+size_t parts_of(const std::string &key) {
+    return static_cast<size_t>(std::count(key.begin(), key.end(), '.')) + 1;
+}
+
 // The `filters` list: items {name, params, enforce}.
-json filter_list(const ConfigKey &k, const YAML::Node &v, const std::string &where,
+json filter_list(Walk &w, const ConfigKey &k, const YAML::Node &v, const std::string &where,
                  const std::string &expect) {
     if (!v.IsSequence()) bad(where, expect + ", got " + shown(v));
+    const size_t depth = parts_of(k.key);
     json a = json::array();
+    size_t i = 0;
     for (const auto &item : v) {
+        const std::string path = std::string(k.key) + "[" + std::to_string(i++) + "]";
+        const Walk::Scope scope = w.enter(item, path, depth + 1, item.Mark());
         if (!item.IsMap()) bad(where, expect + "; an item is " + shown(item));
         json o = json::object();
         for (const auto &kv : item) {
+            const std::string full = w.key(kv.first, path);
             const std::string name = kv.first.Scalar();
+            const YAML::Mark site = kv.first.Mark();
             if (name == "name") {
+                const Walk::Scope s = w.enter(kv.second, full, depth + 2, site);
                 if (!kv.second.IsScalar())
                     bad(where, std::string(k.key) + ": 'name' must be a string");
-                o["name"] = kv.second.Scalar();
+                o["name"] = w.text(kv.second, full, site);
             } else if (name == "params") {
                 if (!kv.second.IsMap() && !kv.second.IsNull())
                     bad(where, std::string(k.key) + ": 'params' must be a mapping");
-                o["params"] = kv.second.IsNull() ? json::object() : to_json(kv.second);
+                o["params"] = kv.second.IsNull() ? json::object()
+                                                 : w.to_json(kv.second, full, depth + 2, site);
             } else if (name == "enforce") {
+                const Walk::Scope s = w.enter(kv.second, full, depth + 2, site);
                 bool b;
                 if (!YAML::convert<bool>::decode(kv.second, b))
                     bad(where, std::string(k.key) + ": 'enforce' must be true or false");
                 o["enforce"] = b;
             } else {
-                bad(where, std::string("unknown key '") + name + "' in an item of '" + k.key +
-                               "'; valid keys: name, params, enforce");
+                bad(where, std::string("unknown key '") + printable(name) + "' in an item of '" +
+                               k.key + "'; valid keys: name, params, enforce");
             }
         }
         if (!o.contains("name"))
@@ -136,54 +363,74 @@ json filter_list(const ConfigKey &k, const YAML::Node &v, const std::string &whe
     return a;
 }
 
-// A scalar YAML value read as T; anything else fails with `expect`.
+// A scalar YAML value read as T; anything else fails with `expect` (and says
+// when the value is a number out of T's range).
 template <class T>
 T scalar_as(const YAML::Node &v, const std::string &where, const std::string &expect) {
     T x{};
-    if (!v.IsScalar() || !YAML::convert<T>::decode(v, x)) bad(where, expect + ", got " + shown(v));
-    return x;
+    if (v.IsScalar() && YAML::convert<T>::decode(v, x)) return x;
+    std::string why;
+    if (v.IsScalar() && std::is_same_v<T, long long> && integer_overflows(v.Scalar()))
+        why = ", outside the 64-bit range";
+    if (v.IsScalar() && std::is_floating_point_v<T> && double_overflows(v.Scalar()))
+        why = ", outside the range of a double";
+    bad(where, expect + ", got " + shown(v) + why);
 }
 
 // The YAML value of key `k` as JSON of the key's type, then checked against its
 // declaration (choices, range); errors name `where` (file:line:column or the
 // --set override) and the key.
-json convert(const ConfigKey &k, const YAML::Node &v, const std::string &where) {
+json convert(Walk &w, const ConfigKey &k, const YAML::Node &v, const std::string &where,
+             const YAML::Mark &site) {
     const std::string expect = std::string("key '") + k.key + "' must be " +
                                config_type_name(k.type) + (k.nullable ? " or null" : "");
+    const size_t depth = parts_of(k.key);
     json value;
     if (k.nullable && (v.IsNull() || (v.IsScalar() && v.Tag() != "!" &&
                                       (v.Scalar() == "~" || v.Scalar() == "null")))) {
         value = nullptr;
     } else {
         switch (k.type) {
-            case ConfigType::String:
+            case ConfigType::String: {
+                const Walk::Scope scope = w.enter(v, k.key, depth, site);
                 if (!v.IsScalar()) bad(where, expect + ", got " + shown(v));
-                value = v.Scalar();
+                value = w.text(v, k.key, v.Mark());
                 break;
+            }
             case ConfigType::Integer:
                 value = scalar_as<long long>(v, where, expect);
                 break;
-            case ConfigType::Number:
-                value = scalar_as<double>(v, where, expect);
+            case ConfigType::Number: {
+                const double d = scalar_as<double>(v, where, expect);
+                if (!std::isfinite(d))
+                    bad(where, std::string("key '") + k.key + "' must be a finite number, got " +
+                                   shown(v));
+                value = d;
                 break;
+            }
             case ConfigType::Boolean:
                 value = scalar_as<bool>(v, where, expect);
                 break;
             case ConfigType::StringList: {
+                const Walk::Scope scope = w.enter(v, k.key, depth, site);
                 if (!v.IsSequence()) bad(where, expect + ", got " + shown(v));
                 value = json::array();
+                size_t i = 0;
                 for (const auto &x : v) {
-                    if (!x.IsScalar()) bad(at(where.substr(0, where.find(':')), x), expect);
-                    value.push_back(x.Scalar());
+                    const std::string path = std::string(k.key) + "[" + std::to_string(i++) + "]";
+                    const Walk::Scope s = w.enter(x, path, depth + 1, x.Mark());
+                    if (!x.IsScalar())
+                        w.fail(x.Mark(), expect + "; item " + path + " is " + shown(x));
+                    value.push_back(w.text(x, path, x.Mark()));
                 }
                 break;
             }
             case ConfigType::Object:
                 if (!v.IsMap() && !v.IsNull()) bad(where, expect + ", got " + shown(v));
-                value = v.IsNull() ? json::object() : to_json(v);
+                value = v.IsNull() ? json::object() : w.to_json(v, k.key, depth, site);
                 break;
             case ConfigType::ObjectList:
-                value = filter_list(k, v, where, expect);
+                value = filter_list(w, k, v, where, expect);
                 break;
         }
     }
@@ -208,6 +455,42 @@ void set_path(json &cfg, const std::string &path, json value) {
     (*cur)[parts.back()] = std::move(value);
 }
 
+// The path of the first value in `j` (at `root`) nested more than `limit`
+// levels deep, or "" when there is none. Iterative: a JSON value given
+// through the C API may be nested far deeper than the stack allows.
+std::string too_deep(const json &j, const std::string &root, size_t limit) {
+    struct Frame {
+        const json *node;
+        json::const_iterator it;
+        size_t index;
+    };
+    if (!j.is_structured()) return "";
+    std::vector<Frame> stack{{&j, j.cbegin(), 0}};
+    while (!stack.empty()) {
+        Frame &f = stack.back();
+        if (f.it == f.node->cend()) {
+            stack.pop_back();
+            continue;
+        }
+        const json &child = *f.it;
+        ++f.it;
+        ++f.index;
+        if (!child.is_structured()) continue;
+        if (stack.size() + 1 > limit) {
+            std::string path = root;
+            for (const Frame &g : stack) {
+                if (g.node->is_object())
+                    path += (path.empty() ? "" : ".") + std::prev(g.it).key();
+                else
+                    path += "[" + std::to_string(g.index - 1) + "]";
+            }
+            return path;
+        }
+        stack.push_back({&child, child.cbegin(), 0});
+    }
+    return "";
+}
+
 // Where a loaded configuration's keys come from: the schema, plus what the
 // file and the overrides hold under top-level names the schema does not know
 // (kept for the script to declare).
@@ -222,66 +505,79 @@ struct Loader {
     }
 
     std::string unknown(const std::string &full, const std::string &prefix) const {
-        return "unknown key '" + full + "'; valid keys" +
+        return "unknown key '" + printable(full) + "'; valid keys" +
                (prefix.empty() ? std::string(" at the top level") : " under '" + prefix + "'") +
                ": " + join(children(keys, prefix));
     }
 
-    void apply_map(const YAML::Node &map, const std::string &prefix, const std::string &origin) {
+    // The mapping `map` at key `prefix` (`depth` parts) of the file.
+    void apply_map(Walk &w, const YAML::Node &map, const std::string &prefix, size_t depth,
+                   const YAML::Mark &site) {
+        const Walk::Scope scope = w.enter(map, prefix, depth, site);
         for (const auto &kv : map) {
             const YAML::Node &knode = kv.first;
-            if (!knode.IsScalar()) bad(at(origin, knode), "keys must be plain names");
-            const std::string full =
-                prefix.empty() ? knode.Scalar() : prefix + "." + knode.Scalar();
+            const std::string full = w.key(knode, prefix);
+            const std::string where = w.at(kv.second.Mark());
             if (const ConfigKey *k = find_key(keys, full)) {
-                set_path(cfg, full, convert(*k, kv.second, at(origin, kv.second)));
+                set_path(cfg, full, convert(w, *k, kv.second, where, knode.Mark()));
             } else if (is_section(keys, full)) {
                 if (kv.second.IsNull()) continue;
                 if (!kv.second.IsMap())
-                    bad(at(origin, kv.second),
-                        "key '" + full + "' must be a mapping, got " + shown(kv.second));
-                apply_map(kv.second, full, origin);
+                    bad(where, "key '" + full + "' must be a mapping, got " + shown(kv.second));
+                apply_map(w, kv.second, full, depth + 1, knode.Mark());
             } else if (prefix.empty() && kv.second.IsMap()) {
                 // A section of the script's own ("ppo:"): checked when the
                 // script declares it.
                 json &slot = cfg[full];
                 if (!slot.is_object()) slot = json::object();
-                const json given = to_json(kv.second);
+                const json given = w.to_json(kv.second, full, depth + 1, knode.Mark());
                 for (const auto &item : given.items()) slot[item.key()] = item.value();
                 keep_undeclared(full);
             } else {
-                bad(at(origin, knode), unknown(full, prefix));
+                bad(w.at(knode.Mark()), unknown(full, prefix));
             }
         }
     }
 
     void apply_override(const std::string &item) {
-        const std::string origin = "--set " + item;
+        const size_t bad_byte = bad_utf8_at(item);
+        if (bad_byte != std::string::npos)
+            bad("--set " + printable(item),
+                "is not valid UTF-8 (byte " + std::to_string(bad_byte) + ")");
+        const std::string origin = "--set " + printable(item);
         const size_t eq = item.find('=');
         if (eq == std::string::npos || eq == 0) bad(origin, "expected key=value");
         const std::string key = item.substr(0, eq);
+        const size_t parts = parts_of(key);
+        if (parts > kMaxConfigDepth)
+            bad(origin, "the key has " + std::to_string(parts) + " parts; at most " +
+                            std::to_string(kMaxConfigDepth) + " (the nesting limit)");
         YAML::Node value;
         try {
             value = YAML::Load(item.substr(eq + 1));
+        } catch (const YAML::DeepRecursion &) {
+            bad(origin, "the value is nested too deeply for the YAML parser (at most " +
+                            std::to_string(kMaxConfigDepth) + " levels are allowed)");
         } catch (const YAML::Exception &e) {
             bad(origin, "the value is not valid YAML: " + e.msg);
         }
+        Walk w(origin, false);
         if (const ConfigKey *k = find_key(keys, key)) {
-            set_path(cfg, key, convert(*k, value, origin));
+            set_path(cfg, key, convert(w, *k, value, origin, value.Mark()));
             return;
         }
         // Inside a free-form mapping: env.params.min_len=3.
         for (const auto &k : keys) {
             const std::string p = k.key;
             if (k.type == ConfigType::Object && key.compare(0, p.size() + 1, p + ".") == 0) {
-                set_path(cfg, key, to_json(value));
+                set_path(cfg, key, w.to_json(value, key, parts, value.Mark()));
                 return;
             }
         }
         const std::string head = key.substr(0, key.find('.'));
         if (key.find('.') != std::string::npos && !find_key(keys, head) &&
             !is_section(keys, head)) {
-            set_path(cfg, key, to_json(value)); // the script's own section
+            set_path(cfg, key, w.to_json(value, key, parts, value.Mark())); // the script's own
             keep_undeclared(head);
             return;
         }
@@ -325,6 +621,11 @@ LoadedConfig load_config(const std::string &path, const std::vector<std::string>
         YAML::Node root;
         try {
             root = YAML::Load(in);
+        } catch (const YAML::DeepRecursion &e) {
+            bad(path + ":" + std::to_string(e.mark.line + 1) + ":" +
+                    std::to_string(e.mark.column + 1),
+                "malformed YAML: nested too deeply for the YAML parser (at most " +
+                    std::to_string(kMaxConfigDepth) + " levels are allowed)");
         } catch (const YAML::ParserException &e) {
             bad(path + ":" + std::to_string(e.mark.line + 1) + ":" +
                     std::to_string(e.mark.column + 1),
@@ -334,7 +635,8 @@ LoadedConfig load_config(const std::string &path, const std::vector<std::string>
         }
         if (root.IsDefined() && !root.IsNull()) {
             if (!root.IsMap()) bad(at(path, root), "the top level must be a mapping of keys");
-            l.apply_map(root, "", path);
+            Walk w(path, true);
+            l.apply_map(w, root, "", 0, root.Mark());
         }
     }
     for (const auto &o : overrides) l.apply_override(o);
@@ -344,6 +646,10 @@ LoadedConfig load_config(const std::string &path, const std::vector<std::string>
 std::vector<ConfigKey> parse_declarations(const json &list) {
     const std::string what = "config declarations";
     if (!list.is_array()) bad(what, "must be a JSON array of {key, type, default, doc, ...}");
+    const std::string deep = too_deep(list, "", kMaxConfigDepth);
+    if (!deep.empty())
+        bad(what, "'" + deep + "' is nested deeper than " + std::to_string(kMaxConfigDepth) +
+                      " levels (the limit)");
     std::vector<ConfigKey> out;
     for (size_t i = 0; i < list.size(); ++i) {
         const json &d = list[i];
@@ -359,9 +665,20 @@ std::vector<ConfigKey> parse_declarations(const json &list) {
         if (find_key(config_schema(), head) || is_section(config_schema(), head))
             bad(where, "key '" + k.key + "' is in the host's section '" + head +
                            "'; a script declares keys of its own sections");
+        if (parts_of(k.key) > kMaxConfigDepth)
+            bad(where, "key '" + printable(k.key) + "' has more than " +
+                           std::to_string(kMaxConfigDepth) + " parts (the nesting limit)");
         k.type = type_named(d["type"].get<std::string>(), where);
-        k.doc = d.value("doc", std::string());
-        k.nullable = d.value("nullable", false);
+        // An optional field of type `is` (named `type` in messages), or `def`.
+        auto field = [&](const char *name, auto def, bool (json::*is)() const, const char *type) {
+            if (!d.contains(name) || d[name].is_null()) return def;
+            if (!(d[name].*is)())
+                bad(where,
+                    std::string("'") + name + "' must be " + type + ", got " + d[name].type_name());
+            return d[name].get<decltype(def)>();
+        };
+        k.doc = field("doc", std::string(), &json::is_string, "a string");
+        k.nullable = field("nullable", false, &json::is_boolean, "true or false");
         if (d.contains("choices")) {
             if (!d["choices"].is_array()) bad(where, "'choices' must be a list of strings");
             for (const auto &c : d["choices"]) {
@@ -374,8 +691,8 @@ std::vector<ConfigKey> parse_declarations(const json &list) {
                 bad(where, std::string("'") + f + "' must be a number");
         if (d.contains("min")) k.range.lo = d["min"].get<double>();
         if (d.contains("max")) k.range.hi = d["max"].get<double>();
-        k.range.lo_open = d.value("min_open", false);
-        k.range.hi_open = d.value("max_open", false);
+        k.range.lo_open = field("min_open", false, &json::is_boolean, "true or false");
+        k.range.hi_open = field("max_open", false, &json::is_boolean, "true or false");
         const json fallback = d.contains("default") ? d["default"] : json();
         try {
             k.fallback = rl::core::check_param(k, fallback, k.key);
@@ -390,6 +707,11 @@ std::vector<ConfigKey> parse_declarations(const json &list) {
 }
 
 json declare_config(const json &config, const std::vector<ConfigKey> &declared) {
+    // Before the copy below, which recurses as deep as the value is nested.
+    const std::string deep = too_deep(config, "", kMaxConfigDepth);
+    if (!deep.empty())
+        bad("configuration", "key '" + deep + "' is nested deeper than " +
+                                 std::to_string(kMaxConfigDepth) + " levels (the limit)");
     json out = config;
     std::set<std::string> sections;
     for (const auto &k : declared) sections.insert(k.key.substr(0, k.key.find('.')));
