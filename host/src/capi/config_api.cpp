@@ -34,11 +34,15 @@ RL_API rl_status_t rl_config_declare(const char *config_json, const char *declar
     return boundary([&] {
         require(config_json && declarations_json && out_result,
                 "rl_config_declare: config_json, declarations_json and out_result are required");
-        const json config = rl::core::parse_json_or_discarded(config_json);
-        require(!config.is_discarded() && config.is_object(),
-                "rl_config_declare: config_json is not a JSON object");
-        const json decl = rl::core::parse_json_or_discarded(declarations_json);
-        require(!decl.is_discarded(), "rl_config_declare: declarations_json is not valid JSON");
+        std::string error;
+        json config, decl;
+        require(rl::core::try_parse_json(config_json, config, "rl_config_declare: config_json",
+                                         &error),
+                error);
+        require(config.is_object(), "rl_config_declare: config_json is not a JSON object");
+        require(rl::core::try_parse_json(declarations_json, decl,
+                                         "rl_config_declare: declarations_json", &error),
+                error);
         CallSink sink;
         sink.texts["config"] =
             rl::host::declare_config(config, rl::host::parse_declarations(decl)).dump();
