@@ -34,6 +34,8 @@ const char *kUsage =
     "  training-server --model DIR [--port P] [--checkpoint-dir D] [...]\n"
     "                                      train the model over HTTP with the Tinker API\n"
     "                                      (rlhost training-server --help)\n"
+    "  init-model --preset tiny --out DIR [--seed N]\n"
+    "                                      write the built-in model as a Hugging Face folder\n"
     "  plugins [--json]                    list loaded plugins and refused libraries\n"
     "  config [--config FILE] [--set K=V]...  print the resolved run configuration (JSON)\n"
     "  config --schema                     print every configuration key (JSON)\n"
@@ -56,6 +58,45 @@ int fail(const std::string &what) {
 
 int fail_rl(const std::string &what) {
     return fail(what + ": " + rl_last_error());
+}
+
+// rlhost init-model --preset tiny --out DIR [--seed N]: a model folder without
+// writing a script (docs/model.md, "The tiny preset").
+int cmd_init_model(const std::vector<std::string> &args) {
+    const char *usage = "usage: rlhost init-model --preset tiny --out DIR [--seed N]";
+    std::string preset, out;
+    uint64_t seed = 0;
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string &a = args[i];
+        if (a == "--help" || a == "-h") {
+            std::cout << usage << "\n";
+            return 0;
+        }
+        if (i + 1 >= args.size()) return fail("init-model: " + a + " needs a value\n" + usage);
+        const std::string &v = args[++i];
+        if (a == "--preset") {
+            preset = v;
+        } else if (a == "--out") {
+            out = v;
+        } else if (a == "--seed") {
+            size_t used = 0;
+            try {
+                seed = std::stoull(v, &used);
+            } catch (const std::exception &) {
+                used = 0;
+            }
+            if (used == 0 || used != v.size() || v[0] == '-')
+                return fail("init-model: --seed must be an integer >= 0, got '" + v + "'");
+        } else {
+            return fail("init-model: unknown option '" + a + "'\n" + usage);
+        }
+    }
+    if (preset.empty() || out.empty())
+        return fail(std::string("init-model: --preset and --out are required\n") + usage);
+    if (rl_model_init_preset(preset.c_str(), out.c_str(), seed) != RL_OK)
+        return fail_rl("init-model");
+    std::cout << "rlhost init-model: wrote the '" << preset << "' model to " << out << "\n";
+    return 0;
 }
 
 std::string text_of(rl_result_t *r, const char *name) {
@@ -221,6 +262,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (o.command == "plugins") return cmd_plugins(o);
+    if (o.command == "init-model") return cmd_init_model(o.args);
     if (o.command == "config") return cmd_config(o);
     if (o.command == "launch") {
         std::vector<std::string> host_args;

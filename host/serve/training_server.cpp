@@ -727,6 +727,43 @@ void TrainingServer::Impl::add_routes() {
         session_locked(id, "session_id");
         send_json(r, {{"type", "session_heartbeat"}, {"session_id", id}});
     });
+    // tinker >= 0.38: ServiceClient.close() (and leaving `with ServiceClient()`)
+    // finishes its session: {"reason": {"type": "success" | "errored" |
+    // "interrupted"}, "detail": str | null}. The session becomes terminal
+    // (later calls on it and its models get 410 naming the reason); the first
+    // reason wins, a second finish changes nothing.
+    route("/api/v1/sessions/*", [this](const Request &req, Responder &r) {
+        const std::string rest = req.path.substr(std::string("/api/v1/sessions/").size());
+        const size_t slash = rest.find('/');
+        if (slash == std::string::npos || rest.substr(slash) != "/finish" || slash == 0)
+            throw ApiError(404, "unknown route '" + req.path +
+                                    "' (sessions have /api/v1/sessions/{session_id}/finish)");
+        const std::string id = rest.substr(0, slash);
+        json body = json_body(req, true);
+        Fields f(body);
+        f.only({"reason", "detail"});
+        std::string reason = "success";
+        if (const json *rj = f.get("reason"); rj && !rj->is_null()) {
+            Fields rf(*rj, "reason.");
+            rf.only({"type"});
+            reason = rf.string("type").value_or("success");
+            if (reason != "success" && reason != "errored" && reason != "interrupted")
+                throw ApiError(400,
+                               "reason.type must be success, errored or interrupted, not '" +
+                                   reason + "'",
+                               "reason.type");
+        }
+        const std::string detail = f.string("detail").value_or("");
+        std::lock_guard<std::mutex> lock(mu);
+        if (gone_sessions.count(id) && gone_sessions[id].rfind("was finished", 0) == 0) {
+            send_json(r, {{"type", "session_finished"}, {"session_id", id}});
+            return;
+        }
+        session_locked(id, "session_id");
+        expire_locked(id, "was finished by its client (" + reason +
+                              (detail.empty() ? std::string() : ": " + detail) + ")");
+        send_json(r, {{"type", "session_finished"}, {"session_id", id}});
+    });
     route("/api/v1/session_info",
           [this](const Request &, Responder &r) {
               std::lock_guard<std::mutex> lock(mu);

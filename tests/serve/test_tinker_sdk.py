@@ -58,7 +58,23 @@ class TinkerSdkTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.stop()
+        try:
+            if hasattr(cls.service, "close"):  # tinker >= 0.38 finishes its session
+                cls.service.close("success").result()
+        finally:
+            cls.server.stop()
+
+    def test_closing_a_service_client_finishes_its_session(self):
+        if not hasattr(tinker.ServiceClient, "close"):
+            self.skipTest("this tinker release has no ServiceClient.close()")
+        service = tinker.ServiceClient(base_url=self.url, api_key=API_KEY)
+        trainer = ready(service.create_lora_training_client(base_model="tiny", rank=4))
+        data = [datum(encode("ab"), encode("ba"))]
+        trainer.forward_backward(data, "cross_entropy").result()
+        service.close("success", detail="done").result()  # POST /api/v1/sessions/{id}/finish
+        with self.assertRaises(Exception) as e:
+            trainer.forward_backward(data, "cross_entropy").result()
+        self.assertIn("was finished by its client (success: done)", str(e.exception))
 
     def test_lora_sft_then_sampling(self):
         caps = self.service.get_server_capabilities()

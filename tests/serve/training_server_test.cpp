@@ -507,6 +507,30 @@ TEST(TrainingServer, HostileBodiesAreRefusedWith400AndTheServerStaysUp) {
     EXPECT_TRUE(ok.contains("loss_fn_outputs")) << ok.dump().substr(0, 300);
 }
 
+// tinker >= 0.38 finishes its session from ServiceClient.close().
+TEST(TrainingServer, AFinishedSessionIsTerminalAndTheFirstReasonWins) {
+    Srv s;
+    const std::string session = s.session();
+    const std::string model = s.model(session);
+    const std::string finish = "/api/v1/sessions/" + session + "/finish";
+    HttpResponse r = s.post(finish, {{"reason", {{"type", "interrupted"}}}, {"detail", "ctrl-c"}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    r = s.post(finish, {{"reason", {{"type", "success"}}}, {"detail", nullptr}});
+    EXPECT_EQ(r.status, 200) << r.body; // a second finish changes nothing
+    expect_refused(
+        s.post("/api/v1/forward_backward", fb_body(model, 1, json::array({sft_datum(kText)}))),
+        410, "model_id", "was finished by its client (interrupted: ctrl-c)");
+    expect_refused(s.post("/api/v1/session_heartbeat", {{"session_id", session}}), 410,
+                   "session_id", "was finished by its client (interrupted: ctrl-c)");
+    expect_refused(s.post("/api/v1/sessions/session-nope/finish", json::object()), 404,
+                   "session_id", "unknown session");
+    const std::string other = s.session();
+    expect_refused(s.post("/api/v1/sessions/" + other + "/finish",
+                          {{"reason", {{"type", "exploded"}}}}),
+                   400, "reason.type", "exploded");
+    EXPECT_EQ(s.post("/api/v1/sessions/" + other + "/stop", json::object()).status, 404);
+}
+
 TEST(TrainingServer, ExpiredSessionsAreRefusedWith410) {
     Srv s(json{{"session_timeout_s", 0.5}});
     const std::string session = s.session();
