@@ -6,6 +6,8 @@
 #   make build                     configure + build only
 #   make test RL_SANITIZE=address,undefined   sanitizer build in build-san/
 #   make bench                     the benchmarks in bench/
+#   make fuzz                      every fuzz target for FUZZ_SECONDS (600) each, clang
+#                                  build in build-fuzz/ (docs/reliability.md, "Fuzzing")
 #   make format                    clang-format every C/C++ file
 
 BUILD ?= build
@@ -25,7 +27,7 @@ endif
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: all deps configure build test run bench format clean
+.PHONY: all deps configure build test run bench fuzz format clean
 
 all: build
 
@@ -50,8 +52,13 @@ run: build
 bench: build
 	bash scripts/run-bench.sh $(BUILD)
 
+# The fuzz targets of fuzz/ need no libtorch and not the main build.
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	bash scripts/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
 format:
 	git ls-files '*.c' '*.h' '*.cpp' '*.hpp' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD) build-san
+	rm -rf $(BUILD) build-san build-fuzz

@@ -20,6 +20,7 @@ packages=(
   python3 python3-venv python3-numpy
   libpcre2-dev libutf8proc-dev
   libgloo-dev
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -10,7 +10,7 @@
 // ("forward_backward_input.data[2].loss_fn_inputs.weights").
 #pragma once
 
-#include "api.hpp"
+#include "fields.hpp"
 
 #include <nlohmann/json.hpp>
 
