@@ -15,6 +15,8 @@
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -205,6 +207,18 @@ void write_text(const fs::path &p, const std::string &text) {
     std::ofstream f(p, std::ios::binary | std::ios::trunc);
     f << text;
     if (!f) throw core::Error(core::ErrorKind::Io, "cannot write " + p.string());
+}
+
+// "2026-11-27T07:31:02.123456+00:00" (Python's datetime.isoformat in UTC).
+std::string iso_time_utc(int64_t microseconds) {
+    const std::time_t secs = static_cast<std::time_t>(microseconds / 1000000);
+    std::tm tm{};
+    gmtime_r(&secs, &tm);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06d+00:00", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<int>(microseconds % 1000000));
+    return buf;
 }
 
 json read_json_file(const fs::path &p) {
@@ -1523,7 +1537,9 @@ void TrainingServer::Impl::list_checkpoints(const Request &req, Responder &r) {
     Fields f(body);
     const std::string model_id = model_id_of(f);
     if (!valid_model_id(model_id)) throw ApiError(400, "model_id is not a valid id", "model_id");
-    json out = json::array();
+    // Newest first, each with its time (ISO 8601, UTC: when its tinker.json,
+    // written last, was) and size, as xorl's and Tinker's Checkpoint carry them.
+    std::vector<std::pair<int64_t, json>> found; // (microseconds since the epoch, entry)
     for (const char *kind : {"weights", "sampler_weights"}) {
         const fs::path dir = fs::path(cfg.checkpoint_dir) / model_id / kind;
         std::error_code ec;
@@ -1531,13 +1547,28 @@ void TrainingServer::Impl::list_checkpoints(const Request &req, Responder &r) {
         for (const auto &e : fs::directory_iterator(dir, ec)) {
             if (!e.is_directory()) continue;
             const std::string name = e.path().filename().string();
-            out.push_back(
-                {{"checkpoint_id", std::string(kind) + "/" + name},
-                 {"checkpoint_type", std::string(kind) == "weights" ? "training" : "sampler"},
-                 {"tinker_path", checkpoint_uri(model_id, kind, name)},
-                 {"path", checkpoint_uri(model_id, kind, name)}});
+            struct stat st {};
+            if (::stat((e.path() / "tinker.json").c_str(), &st) != 0) continue; // not complete
+            const int64_t us = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000 +
+                               static_cast<int64_t>(st.st_mtim.tv_nsec / 1000);
+            uint64_t bytes = 0;
+            for (const auto &f : fs::recursive_directory_iterator(e.path(), ec))
+                if (f.is_regular_file(ec)) bytes += f.file_size(ec);
+            found.emplace_back(
+                us, json{{"checkpoint_id", std::string(kind) + "/" + name},
+                         {"checkpoint_type", std::string(kind) == "weights" ? "training" : "sampler"},
+                         {"time", iso_time_utc(us)},
+                         {"size_bytes", bytes},
+                         {"tinker_path", checkpoint_uri(model_id, kind, name)},
+                         {"path", checkpoint_uri(model_id, kind, name)}});
         }
     }
+    std::stable_sort(found.begin(), found.end(), [](const auto &a, const auto &b) {
+        return a.first != b.first ? a.first > b.first
+                                  : a.second["checkpoint_id"] < b.second["checkpoint_id"];
+    });
+    json out = json::array();
+    for (auto &[us, entry] : found) out.push_back(std::move(entry));
     send_json(r, {{"checkpoints", out}});
 }
 

@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <regex>
+
 #include <unistd.h>
 
 #include <chrono>
@@ -685,6 +687,22 @@ TEST(TrainingServer, SaveStateAndLoadItBack) {
         "/api/v1/create_sampling_session",
         {{"session_id", s.session()}, {"sampling_session_seq_id", 0}, {"model_path", sw["path"]}});
     EXPECT_EQ(ss.status, 200) << ss.body;
+    // The list, newest first, each with its ISO time and size (xorl-client reads
+    // checkpoint_id, checkpoint_type, time, path, size_bytes).
+    const HttpResponse list = s.post("/api/v1/list_checkpoints", {{"model_id", model}});
+    ASSERT_EQ(list.status, 200) << list.body;
+    const json cks = json::parse(list.body)["checkpoints"];
+    ASSERT_EQ(cks.size(), 2u) << list.body;
+    EXPECT_EQ(cks[0]["checkpoint_id"], "sampler_weights/s1") << list.body;
+    EXPECT_EQ(cks[0]["checkpoint_type"], "sampler");
+    EXPECT_EQ(cks[1]["checkpoint_id"], "weights/ckpt1");
+    EXPECT_EQ(cks[1]["path"], saved["path"]);
+    const std::regex iso(R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}\+00:00)");
+    for (const auto &c : cks) {
+        EXPECT_TRUE(std::regex_match(c["time"].get<std::string>(), iso)) << c.dump();
+        EXPECT_GT(c["size_bytes"].get<int64_t>(), 10000) << c.dump();
+    }
+    EXPECT_GE(cks[0]["time"].get<std::string>(), cks[1]["time"].get<std::string>());
 }
 
 TEST(TrainingServer, BackPressureApiKeyAndDisconnects) {
