@@ -766,8 +766,9 @@ local function orchestrated_trainer()
             local m = inbox:recv(200)
             if m and m.header.kind == "rl.weights_wanted" then
                 -- A worker (re)started: the weights in use, to it alone.
-                broadcast(version, m.header.worker)
-                print(("trainer: weights version %d sent again to worker %d"):format(version, m.header.worker))
+                if broadcast(version, m.header.worker) then
+                    print(("trainer: weights version %d sent again to worker %d"):format(version, m.header.worker))
+                end
             elseif m and m.header.kind == "rl.orchestrator_hello" then
                 -- The orchestrator restarted: where this trainer is (its batches follow).
                 acks:send({ kind = "rl.trainer", trainer_run = trainer_run, version = version,
