@@ -276,6 +276,16 @@ TEST_F(ServeWeights, BadWeightRequestsAre400sNamingTheFieldAndTheServerKeepsServ
     }
     const HttpResponse bad = http_request(server->url(), "POST", "/update_weights_from_disk", "{");
     EXPECT_EQ(bad.status, 400) << bad.body;
+    // Numbers past a double's range and nesting past 128 levels: 400, not 500.
+    const HttpResponse big = http_request(server->url(), "POST", "/update_weights_from_tensor",
+                                          R"({"serialized_named_tensors": [1e999]})");
+    EXPECT_EQ(big.status, 400) << big.body;
+    EXPECT_NE(big.body.find("a number is out of range"), std::string::npos) << big.body;
+    const HttpResponse deep =
+        http_request(server->url(), "POST", "/update_weights_from_disk",
+                     R"({"model_path": )" + std::string(1000, '[') + std::string(1000, ']') + "}");
+    EXPECT_EQ(deep.status, 400) << deep.body;
+    EXPECT_NE(deep.body.find("nested deeper than 128 levels"), std::string::npos) << deep.body;
     EXPECT_EQ(served(), want_a);
 }
 
