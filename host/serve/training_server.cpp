@@ -1554,13 +1554,13 @@ void TrainingServer::Impl::list_checkpoints(const Request &req, Responder &r) {
             uint64_t bytes = 0;
             for (const auto &f : fs::recursive_directory_iterator(e.path(), ec))
                 if (f.is_regular_file(ec)) bytes += f.file_size(ec);
-            found.emplace_back(
-                us, json{{"checkpoint_id", std::string(kind) + "/" + name},
-                         {"checkpoint_type", std::string(kind) == "weights" ? "training" : "sampler"},
-                         {"time", iso_time_utc(us)},
-                         {"size_bytes", bytes},
-                         {"tinker_path", checkpoint_uri(model_id, kind, name)},
-                         {"path", checkpoint_uri(model_id, kind, name)}});
+            found.emplace_back(us, json{{"checkpoint_id", std::string(kind) + "/" + name},
+                                        {"checkpoint_type",
+                                         std::string(kind) == "weights" ? "training" : "sampler"},
+                                        {"time", iso_time_utc(us)},
+                                        {"size_bytes", bytes},
+                                        {"tinker_path", checkpoint_uri(model_id, kind, name)},
+                                        {"path", checkpoint_uri(model_id, kind, name)}});
         }
     }
     std::stable_sort(found.begin(), found.end(), [](const auto &a, const auto &b) {

@@ -31,7 +31,8 @@ json body_of(const Request &req, const std::set<std::string> &known) {
     if (req.body.empty()) return json::object();
     json j;
     std::string error;
-    if (!rl::core::try_parse_json(req.body, j, "the request body", &error)) throw BadField("", error);
+    if (!rl::core::try_parse_json(req.body, j, "the request body", &error))
+        throw BadField("", error);
     if (!j.is_object()) throw BadField("", "the request body must be a JSON object");
     for (const auto &[k, v] : j.items())
         if (!known.count(k)) throw BadField(k, "unknown field '" + k + "'");

@@ -332,7 +332,8 @@ UpdateOutcome WeightUpdater::swap_in(std::vector<std::pair<std::string, at::Tens
             try {
                 core::require_finite(staged.back().second, "tensor '" + name + "'");
             } catch (const core::Error &e) {
-                refuse(std::string(e.what()) + "; nothing was swapped, the weights in use are kept");
+                refuse(std::string(e.what()) +
+                       "; nothing was swapped, the weights in use are kept");
             }
         }
     }

@@ -167,16 +167,18 @@ TEST(Config, MissingRequiredKeysAndBadJsonAreErrors) {
 // A config.json nested 100,000 deep parses (nlohmann's parser is iterative) but
 // copying or printing it would overflow the stack: refused before parsing.
 TEST(Config, DeeplyNestedJsonAndNumbersOutOfRangeAreRefusedNamingTheFile) {
-    const std::string deep = R"({"architectures": )" + std::string(100000, '[') +
-                             std::string(100000, ']') + "}";
-    EXPECT_NE(error_of([&] { ModelConfig::parse(deep, "deep/config.json"); })
-                  .find("deep/config.json: JSON nested deeper than 128 levels (at byte 145)"),
+    const std::string deep =
+        R"({"architectures": )" + std::string(100000, '[') + std::string(100000, ']') + "}";
+    EXPECT_NE(error_of([&] {
+                  ModelConfig::parse(deep, "deep/config.json");
+              }).find("deep/config.json: JSON nested deeper than 128 levels (at byte 145)"),
               std::string::npos)
         << error_of([&] { ModelConfig::parse(deep, "deep/config.json"); });
     // Brackets inside strings do not count.
     EXPECT_EQ(rl::core::json_nesting_depth(R"({"a": "[[[[\"[[", "b": [[1]]})", 128), 3u);
-    EXPECT_NE(error_of([] { ModelConfig::parse(R"({"rms_norm_eps": 1e400})", "big.json"); })
-                  .find("big.json: a number is out of range"),
+    EXPECT_NE(error_of([] {
+                  ModelConfig::parse(R"({"rms_norm_eps": 1e400})", "big.json");
+              }).find("big.json: a number is out of range"),
               std::string::npos);
 }
 

@@ -557,9 +557,10 @@ TEST(Tokenizer, DeeplyNestedSequencesAreRefusedNamingThePath) {
         EXPECT_NE(msg.find("deep.json: JSON nested deeper than 128 levels"), std::string::npos)
             << msg.substr(0, 200);
         // 40 sequences (80 levels): within JSON's limit, past the tokenizer's, named by path.
-        msg = error_of(
-            [&] { Tokenizer::from_json(with_text(j, c.key, nested_sequence(c.list, 40, c.leaf)),
-                                       "deep.json"); });
+        msg = error_of([&] {
+            Tokenizer::from_json(with_text(j, c.key, nested_sequence(c.list, 40, c.leaf)),
+                                 "deep.json");
+        });
         const std::string path = c.key + "." + c.list + "[0]." + c.list + "[0]";
         EXPECT_NE(msg.find("deep.json: '" + path), std::string::npos) << msg.substr(0, 200);
         EXPECT_NE(msg.find("' is nested deeper than 64 levels"), std::string::npos)

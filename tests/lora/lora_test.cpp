@@ -133,8 +133,9 @@ TEST(LoraConfig, ReadsOurAndPeftKeysAndRefusesBadOnes) {
               std::string::npos);
     EXPECT_NE(message(R"({"dropout": 1})").find("lora.dropout"), std::string::npos);
     // A rank from a request field is bounded: 65536 would allocate gigabytes per adapter.
-    EXPECT_NE(message(R"({"rank": 65536})").find("lora.rank must be an integer in [1, 1024], got 65536"),
-              std::string::npos);
+    EXPECT_NE(
+        message(R"({"rank": 65536})").find("lora.rank must be an integer in [1, 1024], got 65536"),
+        std::string::npos);
     EXPECT_EQ(LoraConfig::from_json(R"({"rank": 1024})").rank, 1024);
     EXPECT_NE(message(R"({"rank": 4, "alpha": 1e400})").find("out of range"), std::string::npos);
 }

@@ -678,8 +678,8 @@ void run_with_kills(const std::string &transport, int steps, std::vector<KillPla
                     const std::string &seed_text) {
     const std::string dir = temp_dir();
     auto args = disaggregated_args(transport, transport, 60 * kTimeScale);
-    args.insert(args.end(), {"--set", "run.steps=" + std::to_string(steps), "--set",
-                             "run.checkpoint_every=3"});
+    args.insert(args.end(),
+                {"--set", "run.steps=" + std::to_string(steps), "--set", "run.checkpoint_every=3"});
     const std::string metrics = dir + "/runs/grpo_test/metrics.jsonl";
     std::map<std::string, pid_t> pids;
     std::map<std::string, int> starts;
@@ -761,7 +761,8 @@ TEST(ThreeRoleFaults, OrchestratorAndWorkerKilledAtRandomMomentsOverZmqTrainEver
     };
     const size_t first = at(4, 7), second = at(9, 12), third = at(13, 15);
     run_with_kills("zmq", 16,
-                   {{"orchestrator", first}, {rng() % 2 ? "rollout" : "orchestrator", second},
+                   {{"orchestrator", first},
+                    {rng() % 2 ? "rollout" : "orchestrator", second},
                     {"orchestrator", third}},
                    seed_text);
 }

@@ -566,12 +566,10 @@ TEST(ServeErrors, EveryBadRequestGets4xxNamingTheFieldAndTheServerKeepsServing) 
         // Hostile shapes: nesting that would overflow the stack when the value is
         // copied or printed, and numbers past a double's range.
         {"/v1/completions",
-         R"({"prompt": "a", "user": )" + std::string(100000, '[') + std::string(100000, ']') +
-             "}",
+         R"({"prompt": "a", "user": )" + std::string(100000, '[') + std::string(100000, ']') + "}",
          "", "nested deeper than 128 levels"},
         {"/v1/chat/completions",
-         R"({"messages": [{"role": "user", "content": "a"}], "tools": )" +
-             std::string(5000, '['),
+         R"({"messages": [{"role": "user", "content": "a"}], "tools": )" + std::string(5000, '['),
          "", "nested deeper than"},
         {"/v1/completions", R"({"prompt": "a", "temperature": 1e400})", "", "out of range"},
         {"/generate", R"({"input_ids": [1], "sampling_params": {"top_p": -1e400}})", "",

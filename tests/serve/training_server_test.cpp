@@ -472,7 +472,8 @@ TEST(TrainingServer, HostileBodiesAreRefusedWith400AndTheServerStaysUp) {
     EXPECT_NE(r.body.find("nested deeper than"), std::string::npos) << r.body.substr(0, 300);
     // A number past a double's range.
     r = s.post_raw("/api/v1/optim_step",
-                   R"({"model_id": ")" + model + R"(", "adam_params": {"learning_rate": 1e400}})", {});
+                   R"({"model_id": ")" + model + R"(", "adam_params": {"learning_rate": 1e400}})",
+                   {});
     EXPECT_EQ(r.status, 400) << r.body;
     EXPECT_NE(r.body.find("out of range"), std::string::npos) << r.body;
     // Sparse CSR weights whose row pointer runs past the values.
@@ -520,16 +521,16 @@ TEST(TrainingServer, AFinishedSessionIsTerminalAndTheFirstReasonWins) {
     r = s.post(finish, {{"reason", {{"type", "success"}}}, {"detail", nullptr}});
     EXPECT_EQ(r.status, 200) << r.body; // a second finish changes nothing
     expect_refused(
-        s.post("/api/v1/forward_backward", fb_body(model, 1, json::array({sft_datum(kText)}))),
-        410, "model_id", "was finished by its client (interrupted: ctrl-c)");
+        s.post("/api/v1/forward_backward", fb_body(model, 1, json::array({sft_datum(kText)}))), 410,
+        "model_id", "was finished by its client (interrupted: ctrl-c)");
     expect_refused(s.post("/api/v1/session_heartbeat", {{"session_id", session}}), 410,
                    "session_id", "was finished by its client (interrupted: ctrl-c)");
     expect_refused(s.post("/api/v1/sessions/session-nope/finish", json::object()), 404,
                    "session_id", "unknown session");
     const std::string other = s.session();
-    expect_refused(s.post("/api/v1/sessions/" + other + "/finish",
-                          {{"reason", {{"type", "exploded"}}}}),
-                   400, "reason.type", "exploded");
+    expect_refused(
+        s.post("/api/v1/sessions/" + other + "/finish", {{"reason", {{"type", "exploded"}}}}), 400,
+        "reason.type", "exploded");
     EXPECT_EQ(s.post("/api/v1/sessions/" + other + "/stop", json::object()).status, 404);
 }
 

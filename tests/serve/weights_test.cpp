@@ -210,8 +210,8 @@ json norm_update(const std::vector<float> &values) {
 TEST_F(ServeWeights, TensorsInTheRequestReplaceNamedWeights) {
     const at::Tensor norm = norm_weight(policy);
     ASSERT_TRUE(norm.defined());
-    const HttpResponse r = post("/update_weights_from_tensor",
-                                norm_update(std::vector<float>(norm.numel(), 2.0f)));
+    const HttpResponse r =
+        post("/update_weights_from_tensor", norm_update(std::vector<float>(norm.numel(), 2.0f)));
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_TRUE(at::allclose(norm, at::full_like(norm, 2.0)));
 }
@@ -221,8 +221,8 @@ TEST_F(ServeWeights, NonFiniteWeightsAreRefusedBeforeTheSwapAndTheOldWeightsKeep
     ASSERT_TRUE(norm.defined());
     const at::Tensor before = norm.clone();
     const int64_t version = policy->version();
-    for (float poison : {std::numeric_limits<float>::quiet_NaN(),
-                         std::numeric_limits<float>::infinity()}) {
+    for (float poison :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
         std::vector<float> values(norm.numel(), 1.0f);
         values[3] = poison;
         const HttpResponse r = post("/update_weights_from_tensor", norm_update(values));

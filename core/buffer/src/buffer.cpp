@@ -450,10 +450,10 @@ using json = nlohmann::json;
 constexpr const char *kStateFormat = "rl.buffer_state/1";
 
 json rollout_state(const Rollout &r) {
-    json j = {{"group_id", r.group_id},   {"policy_version", r.policy_version},
-              {"reward", r.reward},       {"token_ids", r.token_ids},
-              {"logprobs", r.logprobs},   {"loss_mask", r.loss_mask},
-              {"extras", r.extras},       {"task", r.task},
+    json j = {{"group_id", r.group_id},    {"policy_version", r.policy_version},
+              {"reward", r.reward},        {"token_ids", r.token_ids},
+              {"logprobs", r.logprobs},    {"loss_mask", r.loss_mask},
+              {"extras", r.extras},        {"task", r.task},
               {"completion", r.completion}};
     if (r.sampling_temperature) j["sampling_temperature"] = *r.sampling_temperature;
     return j;
@@ -473,8 +473,7 @@ struct StateReader {
     std::string where;
 
     const json &at(const char *key) const {
-        if (!j.is_object() || !j.contains(key))
-            bad(where + ": '" + key + "' is missing");
+        if (!j.is_object() || !j.contains(key)) bad(where + ": '" + key + "' is missing");
         return j[key];
     }
     template <class T>
@@ -533,10 +532,8 @@ std::string RolloutBuffer::state_json() const {
         const Pending &p = pending_.at(id);
         json rs = json::array();
         for (const auto &r : p.rollouts) rs.push_back(rollout_state(r));
-        pending.push_back({{"group_id", id},
-                           {"arrived", p.arrived},
-                           {"expected", p.expected},
-                           {"rollouts", rs}});
+        pending.push_back(
+            {{"group_id", id}, {"arrived", p.arrived}, {"expected", p.expected}, {"rollouts", rs}});
     }
     json ready = json::array();
     for (const auto &g : ready_) {
@@ -552,9 +549,12 @@ std::string RolloutBuffer::state_json() const {
                        {"mean_reward", d.mean_reward},
                        {"policy_version", d.policy_version},
                        {"current_version", d.current_version}});
-    const json state = {{"format", kStateFormat},       {"policy_version", version_},
-                        {"pending", pending},           {"ready", ready},
-                        {"total", stats_state(total_)}, {"interval", stats_state(interval_)},
+    const json state = {{"format", kStateFormat},
+                        {"policy_version", version_},
+                        {"pending", pending},
+                        {"ready", ready},
+                        {"total", stats_state(total_)},
+                        {"interval", stats_state(interval_)},
                         {"drop_log", log}};
     // Texts of rollouts are UTF-8 by the time they are pushed; replace keeps
     // a state with a stray byte writable rather than losing it all.

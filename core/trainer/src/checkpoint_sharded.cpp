@@ -149,7 +149,8 @@ void Trainer::read_sharded_checkpoint(const std::string &folder,
         return Error(ErrorKind::InvalidArgument,
                      "checkpoint '" + (shards / file).string() + "': " + msg);
     };
-    const json m = rl::core::parse_json_or_discarded(read_file((shards / "manifest.json").string()));
+    const json m =
+        rl::core::parse_json_or_discarded(read_file((shards / "manifest.json").string()));
     if (m.is_discarded() || !m.is_object() || m.value("format", "") != kManifestFormat)
         throw bad("manifest.json", std::string("not a ") + kManifestFormat + " manifest");
     if (!m.contains("world_size") || !m["world_size"].is_number_unsigned() ||

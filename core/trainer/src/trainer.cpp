@@ -968,7 +968,8 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
                      "checkpoint '" + (root / file).string() + "': " + msg);
     };
 
-    const json meta = rl::core::parse_json_or_discarded(read_file((root / "trainer.json").string()));
+    const json meta =
+        rl::core::parse_json_or_discarded(read_file((root / "trainer.json").string()));
     if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") ||
         meta["format"] != kCheckpointFormat)
         throw bad_file("trainer.json", std::string("not a ") + kCheckpointFormat + " file");

@@ -36,9 +36,9 @@ RL_API rl_status_t rl_config_declare(const char *config_json, const char *declar
                 "rl_config_declare: config_json, declarations_json and out_result are required");
         std::string error;
         json config, decl;
-        require(rl::core::try_parse_json(config_json, config, "rl_config_declare: config_json",
-                                         &error),
-                error);
+        require(
+            rl::core::try_parse_json(config_json, config, "rl_config_declare: config_json", &error),
+            error);
         require(config.is_object(), "rl_config_declare: config_json is not a JSON object");
         require(rl::core::try_parse_json(declarations_json, decl,
                                          "rl_config_declare: declarations_json", &error),

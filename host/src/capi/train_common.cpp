@@ -81,7 +81,8 @@ json parse_json(const char *text, const std::string &what) {
     if (text == nullptr) return json();
     json j;
     std::string error;
-    if (!rl::core::try_parse_json(text, j, what, &error)) throw HostError{RL_ERR_INVALID_ARG, error};
+    if (!rl::core::try_parse_json(text, j, what, &error))
+        throw HostError{RL_ERR_INVALID_ARG, error};
     return j;
 }
 
