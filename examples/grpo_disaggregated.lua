@@ -348,9 +348,10 @@ local function to_worker(k, reading) -- credits
     if fs then return fs_end("credits_" .. k, reading) end
     return zmq_end(P + 2 + k, not reading, reading, 64)
 end
-local function clear(channels)
-    for _, c in ipairs(channels) do
-        local d = batch_dir .. "/" .. c
+-- Removes the folders `names` of `dir` (default: the shared transport folder).
+local function clear(names, dir)
+    for _, c in ipairs(names) do
+        local d = (dir or batch_dir) .. "/" .. c
         if rl.exists(d) == "dir" then rl.remove_tree(d) end
     end
 end
@@ -506,9 +507,13 @@ local function orchestrator_role()
         local old = ("%s/buffer_%d.json"):format(state_dir, generation - 1)
         if rl.exists(old) == "file" then os.remove(old) end
     end
+    local function remove_kept(steps)
+        local names = {}
+        for _, step in ipairs(steps) do names[#names + 1] = "kept_" .. step end
+        clear(names, state_dir)
+    end
     local function keep(step, header, tensors)
-        local dir = state_dir .. "/kept_" .. step
-        if rl.exists(dir) == "dir" then rl.remove_tree(dir) end -- of an attempt that did not commit
+        remove_kept({ step }) -- of an attempt that did not commit
         kept_channel(step):send(header, tensors)
         sent[step] = { header = header, tensors = tensors }
     end
@@ -519,12 +524,6 @@ local function orchestrator_role()
         end
         for _, step in ipairs(gone) do sent[step] = nil end
         return gone
-    end
-    local function remove_kept(steps)
-        for _, step in ipairs(steps) do
-            local dir = state_dir .. "/kept_" .. step
-            if rl.exists(dir) == "dir" then rl.remove_tree(dir) end
-        end
     end
     local resync = false -- after a restart: the trainer's next acknowledgement says what it lacks
     local obsolete = {} -- kept batches the trainer's checkpoint covers, removed after the next save
@@ -585,7 +584,9 @@ local function orchestrator_role()
         if h.seq > s.seq + 1 then stats.lost_chunks = stats.lost_chunks + (h.seq - s.seq - 1) end
         s.seq = h.seq
         stats.chunks = stats.chunks + 1
-        buffer:set_policy_version(math.max(trainer.version, 0))
+        -- A chunk's weights prove the trainer reached their version (a restarted
+        -- orchestrator may not have heard of it yet).
+        buffer:set_policy_version(math.max(trainer.version, 0, h.policy_version or 0))
         local cu = msg.cu_seqlens:totable()
         local rewards, groups, versions = msg.rewards:totable(), msg.group_ids:totable(),
             msg.policy_versions:totable()

@@ -5,9 +5,12 @@ group-normalized advantages computed here) raises the reward on reverse_text. Th
 (tasks and rewards) comes from the rl Python SDK; everything that trains or samples goes
 through the Tinker SDK. Runs under the current SDK (protobuf wire) and under 0.16 (JSON)."""
 
+import json
 import os
 import sys
 import unittest
+import urllib.error
+import urllib.request
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
@@ -72,9 +75,14 @@ class TinkerSdkTest(unittest.TestCase):
         data = [datum(encode("ab"), encode("ba"))]
         trainer.forward_backward(data, "cross_entropy").result()
         service.close("success", detail="done").result()  # POST /api/v1/sessions/{id}/finish
-        with self.assertRaises(Exception) as e:
-            trainer.forward_backward(data, "cross_entropy").result()
-        self.assertIn("was finished by its client (success: done)", str(e.exception))
+        # The closed client no longer calls; the server refuses the model to anyone.
+        request = urllib.request.Request(
+            self.url + "/api/v1/get_info", data=json.dumps({"model_id": trainer.model_id}).encode(),
+            method="POST", headers={"Content-Type": "application/json", "X-API-Key": API_KEY})
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=60)
+        self.assertEqual(e.exception.code, 410)
+        self.assertIn("was finished by its client (success: done)", e.exception.read().decode())
 
     def test_lora_sft_then_sampling(self):
         caps = self.service.get_server_capabilities()

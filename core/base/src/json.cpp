@@ -2,6 +2,9 @@
 
 #include "rl/core/error.hpp"
 
+#include <iterator>
+#include <vector>
+
 namespace rl::core {
 
 std::size_t json_nesting_depth(std::string_view text, std::size_t limit, std::size_t *where) {
@@ -29,6 +32,40 @@ std::size_t json_nesting_depth(std::string_view text, std::size_t limit, std::si
         }
     }
     return deepest;
+}
+
+std::string json_too_deep(const nlohmann::json &j, const std::string &root, std::size_t limit) {
+    using json = nlohmann::json;
+    struct Frame {
+        const json *node;
+        json::const_iterator it;
+        std::size_t index;
+    };
+    if (!j.is_structured()) return "";
+    std::vector<Frame> stack{{&j, j.cbegin(), 0}};
+    while (!stack.empty()) {
+        Frame &f = stack.back();
+        if (f.it == f.node->cend()) {
+            stack.pop_back();
+            continue;
+        }
+        const json &child = *f.it;
+        ++f.it;
+        ++f.index;
+        if (!child.is_structured()) continue;
+        if (stack.size() + 1 > limit) {
+            std::string path = root;
+            for (const Frame &g : stack) {
+                if (g.node->is_object())
+                    path += (path.empty() ? "" : ".") + std::prev(g.it).key();
+                else
+                    path += "[" + std::to_string(g.index - 1) + "]";
+            }
+            return path;
+        }
+        stack.push_back({&child, child.cbegin(), 0});
+    }
+    return "";
 }
 
 namespace {

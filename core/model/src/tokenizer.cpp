@@ -2,6 +2,7 @@
 
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/json.hpp"
 #include "rl/core/names.hpp"
 #include "json_object.hpp"
 #include "unicode.hpp"
@@ -48,45 +49,10 @@ const Json &member(const Json &o, const char *key) {
     return it == o.end() ? null : *it;
 }
 
-// The path ("a.b[2]") of the first value of `j` nested deeper than `limit`,
-// or "" when there is none. Iterative, so any depth can be measured.
-std::string too_deep(const Json &j, size_t limit) {
-    struct Frame {
-        const Json *node;
-        Json::const_iterator it;
-        size_t index;
-    };
-    if (!j.is_structured()) return "";
-    std::vector<Frame> stack{{&j, j.cbegin(), 0}};
-    while (!stack.empty()) {
-        Frame &f = stack.back();
-        if (f.it == f.node->cend()) {
-            stack.pop_back();
-            continue;
-        }
-        const Json &child = *f.it;
-        ++f.it;
-        ++f.index;
-        if (!child.is_structured()) continue;
-        if (stack.size() + 1 > limit) {
-            std::string path;
-            for (const Frame &g : stack) {
-                if (g.node->is_object())
-                    path += (path.empty() ? "" : ".") + std::prev(g.it).key();
-                else
-                    path += "[" + std::to_string(g.index - 1) + "]";
-            }
-            return path;
-        }
-        stack.push_back({&child, child.cbegin(), 0});
-    }
-    return "";
-}
-
 // The object of `text` from `source`, nested at most kMaxJsonDepth deep.
 Json parse_bounded(const std::string &text, const std::string &source) {
     Json j = parse_json_object(text, source);
-    const std::string deep = too_deep(j, kMaxJsonDepth);
+    const std::string deep = json_too_deep(j, "", kMaxJsonDepth);
     if (!deep.empty())
         throw Error(source + ": '" + deep + "' is nested deeper than " +
                     std::to_string(kMaxJsonDepth) + " levels (the limit)");

@@ -1,6 +1,7 @@
 // Run configuration: YAML -> checked JSON with defaults filled in.
 #include "rl/host/config.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/json.hpp"
 #include "rl/core/names.hpp"
 #include "rl/host/runtime.hpp"
 
@@ -455,42 +456,6 @@ void set_path(json &cfg, const std::string &path, json value) {
     (*cur)[parts.back()] = std::move(value);
 }
 
-// The path of the first value in `j` (at `root`) nested more than `limit`
-// levels deep, or "" when there is none. Iterative: a JSON value given
-// through the C API may be nested far deeper than the stack allows.
-std::string too_deep(const json &j, const std::string &root, size_t limit) {
-    struct Frame {
-        const json *node;
-        json::const_iterator it;
-        size_t index;
-    };
-    if (!j.is_structured()) return "";
-    std::vector<Frame> stack{{&j, j.cbegin(), 0}};
-    while (!stack.empty()) {
-        Frame &f = stack.back();
-        if (f.it == f.node->cend()) {
-            stack.pop_back();
-            continue;
-        }
-        const json &child = *f.it;
-        ++f.it;
-        ++f.index;
-        if (!child.is_structured()) continue;
-        if (stack.size() + 1 > limit) {
-            std::string path = root;
-            for (const Frame &g : stack) {
-                if (g.node->is_object())
-                    path += (path.empty() ? "" : ".") + std::prev(g.it).key();
-                else
-                    path += "[" + std::to_string(g.index - 1) + "]";
-            }
-            return path;
-        }
-        stack.push_back({&child, child.cbegin(), 0});
-    }
-    return "";
-}
-
 // Where a loaded configuration's keys come from: the schema, plus what the
 // file and the overrides hold under top-level names the schema does not know
 // (kept for the script to declare).
@@ -646,7 +611,7 @@ LoadedConfig load_config(const std::string &path, const std::vector<std::string>
 std::vector<ConfigKey> parse_declarations(const json &list) {
     const std::string what = "config declarations";
     if (!list.is_array()) bad(what, "must be a JSON array of {key, type, default, doc, ...}");
-    const std::string deep = too_deep(list, "", kMaxConfigDepth);
+    const std::string deep = rl::core::json_too_deep(list, "", kMaxConfigDepth);
     if (!deep.empty())
         bad(what, "'" + deep + "' is nested deeper than " + std::to_string(kMaxConfigDepth) +
                       " levels (the limit)");
@@ -708,7 +673,7 @@ std::vector<ConfigKey> parse_declarations(const json &list) {
 
 json declare_config(const json &config, const std::vector<ConfigKey> &declared) {
     // Before the copy below, which recurses as deep as the value is nested.
-    const std::string deep = too_deep(config, "", kMaxConfigDepth);
+    const std::string deep = rl::core::json_too_deep(config, "", kMaxConfigDepth);
     if (!deep.empty())
         bad("configuration", "key '" + deep + "' is nested deeper than " +
                                  std::to_string(kMaxConfigDepth) + " levels (the limit)");

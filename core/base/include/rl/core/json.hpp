@@ -44,6 +44,12 @@ bool try_parse_json(std::string_view text, nlohmann::json &out, const std::strin
 /// holds a number out of range.
 nlohmann::json parse_json_or_discarded(std::string_view text);
 
+/// The path ("a.b[2]", after `root`) of the first array or object in `j`
+/// nested more than `limit` levels deep, or "" when there is none. Iterative,
+/// so a value of any depth (built in code, or parsed with a larger limit) can
+/// be measured without overflowing the stack.
+std::string json_too_deep(const nlohmann::json &j, const std::string &root, std::size_t limit);
+
 /// Throws Error naming `what` when `text` nests deeper than kMaxJsonDepth (for
 /// callers that parse with their own nlohmann type, e.g. ordered_json).
 void check_json_depth(std::string_view text, const std::string &what);
