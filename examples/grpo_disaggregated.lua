@@ -725,6 +725,7 @@ local function orchestrator_role()
                     for k, s in pairs(w) do
                         if s.granted <= s.seq then
                             s.granted = s.seq + 1
+                            save() -- before it leaves: a restart grants past every credit sent
                             credit(k)
                         end
                     end
