@@ -385,22 +385,39 @@ local function orchestrated_worker()
     -- process existed (or into the connection of the process it replaces), and
     -- sends nothing new until rollouts come; the orchestrator asks it to send
     -- them again for this worker.
-    out:send({ kind = "rl.hello", worker = worker_index, worker_run = worker_run })
+    -- An orchestrator that starts at the same time clears its shared folders: a
+    -- send can fail, or the hello vanish; it is sent again (below) until the
+    -- first credit comes.
+    local function hello()
+        for attempt = 1, 50 do
+            local ok, err = pcall(out.send, out, { kind = "rl.hello", worker = worker_index,
+                worker_run = worker_run })
+            if ok then return end
+            if attempt == 50 then error(err, 0) end
+            rl.sleep(0.1)
+        end
+    end
+    hello()
     if not take(cfg.weight_broadcast.timeout) then
         error(tag .. " no weights from the trainer within weight_broadcast.timeout; is it running?", 0)
     end
     local seq, allowed, min_version, trainer_run, done = 0, 0, 0, nil, false
-    local chunks = 0
+    local chunks, credited = 0, false
     while true do
         -- A credit for the next chunk (or the end).
+        local waited_since = rl.clock()
         while allowed <= seq and not done do
-            local msg = credits:recv(ms(cfg.rollout_transport.timeout))
+            -- Before the first credit, in slices of 2 s with the hello again.
+            local msg = credits:recv(ms(credited and cfg.rollout_transport.timeout or 2))
             if not msg then
-                error(("%s no credit from the orchestrator within rollout_transport.timeout (%gs); is it running?")
-                    :format(tag, cfg.rollout_transport.timeout), 0)
-            end
-            local h = msg.header
-            if h.worker_run == worker_run then -- credits for an earlier process are void
+                if credited or rl.clock() - waited_since > cfg.rollout_transport.timeout then
+                    error(("%s no credit from the orchestrator within rollout_transport.timeout (%gs); is it running?")
+                        :format(tag, cfg.rollout_transport.timeout), 0)
+                end
+                hello()
+            elseif msg.header.worker_run == worker_run then -- credits for an earlier process are void
+                local h = msg.header
+                credited = true
                 if trainer_run ~= nil and h.trainer_run ~= trainer_run then
                     -- The trainer restarted from a checkpoint: take its (older) weights.
                     print(("%s the trainer restarted at version %d"):format(tag, h.trainer_version))
@@ -549,7 +566,11 @@ local function orchestrator_role()
             if not msg then
                 error(("%s the kept batch of step %d is missing from %s"):format(tag, step, state_dir), 0)
             end
-            sent[step] = { header = msg.header, tensors = msg.tensors }
+            local tensors = {} -- a received message holds its tensors by name beside its header
+            for name, t in pairs(msg) do
+                if rl.tensor.is(t) then tensors[name] = t end
+            end
+            sent[step] = { header = msg.header, tensors = tensors }
         end
         stats.orchestrator_restarts = stats.orchestrator_restarts + 1
         print(("%s resumed: next batch for step %s, %d kept batch(es), %d rollout(s) in the buffer")
