@@ -744,41 +744,42 @@ void run_with_kills(const std::string &transport, int steps, std::vector<KillPla
     }
 }
 
-// A seed for the kill moments: RL_TEST_KILL_SEED, else a fresh one.
-uint32_t kill_seed(std::string &text) {
-    const char *env = std::getenv("RL_TEST_KILL_SEED");
-    const uint32_t seed = env ? static_cast<uint32_t>(std::stoul(env)) : std::random_device{}();
-    text = std::to_string(seed);
-    return seed;
-}
+// The kill moments of one run, drawn from RL_TEST_KILL_SEED, else a fresh seed.
+struct KillMoments {
+    std::string seed_text;
+    std::mt19937 rng;
+    KillMoments() {
+        const char *env = std::getenv("RL_TEST_KILL_SEED");
+        const uint32_t seed = env ? static_cast<uint32_t>(std::stoul(env)) : std::random_device{}();
+        seed_text = std::to_string(seed);
+        rng.seed(seed);
+    }
+    size_t at(int lo, int hi) {
+        return static_cast<size_t>(std::uniform_int_distribution<int>(lo, hi)(rng));
+    }
+    // One of two roles.
+    const char *either(const char *a, const char *b) { return rng() % 2 ? a : b; }
+};
 
 // 3 SFT lines come first; RL step k is line 3 + k.
 TEST(ThreeRoleFaults, OrchestratorAndWorkerKilledAtRandomMomentsOverZmqTrainEveryStepOnce) {
-    std::string seed_text;
-    std::mt19937 rng(kill_seed(seed_text));
-    auto at = [&](int lo, int hi) {
-        return static_cast<size_t>(std::uniform_int_distribution<int>(lo, hi)(rng));
-    };
-    const size_t first = at(4, 7), second = at(9, 12), third = at(13, 15);
+    KillMoments m;
+    const size_t first = m.at(4, 7), second = m.at(9, 12), third = m.at(13, 15);
     run_with_kills("zmq", 16,
                    {{"orchestrator", first},
-                    {rng() % 2 ? "rollout" : "orchestrator", second},
+                    {m.either("rollout", "orchestrator"), second},
                     {"orchestrator", third}},
-                   seed_text);
+                   m.seed_text);
 }
 
 TEST(ThreeRoleFaults, OrchestratorAndTrainerKilledAtRandomMomentsOverFilesTrainEveryStepOnce) {
-    std::string seed_text;
-    std::mt19937 rng(kill_seed(seed_text));
-    auto at = [&](int lo, int hi) {
-        return static_cast<size_t>(std::uniform_int_distribution<int>(lo, hi)(rng));
-    };
-    const size_t first = at(4, 7), second = at(9, 12), third = at(13, 15);
+    KillMoments m;
+    const size_t first = m.at(4, 7), second = m.at(9, 12), third = m.at(13, 15);
     run_with_kills("filesystem", 16,
-                   {{rng() % 2 ? "trainer" : "orchestrator", first},
+                   {{m.either("trainer", "orchestrator"), first},
                     {"orchestrator", second},
                     {"trainer", third}},
-                   seed_text);
+                   m.seed_text);
 }
 
 // A role whose peers never come (or vanish) fails after its timeout with a
