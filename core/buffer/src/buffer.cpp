@@ -503,6 +503,16 @@ Rollout rollout_from_state(const json &j, const std::string &where) {
     return r;
 }
 
+// The rollouts of one group of the state (a ready group holds at least one).
+std::vector<Rollout> rollouts_from_state(const json &rs, const std::string &where, bool non_empty) {
+    if (!rs.is_array() || (non_empty && rs.empty()))
+        bad(where + (non_empty ? " must be a non-empty list" : " must be a list"));
+    std::vector<Rollout> out;
+    for (size_t k = 0; k < rs.size(); ++k)
+        out.push_back(rollout_from_state(rs[k], where + "[" + std::to_string(k) + "]"));
+    return out;
+}
+
 BufferStats stats_from_state(const json &j, const std::string &where) {
     const StateReader f{j, where};
     BufferStats s = empty_stats();
@@ -578,12 +588,7 @@ void RolloutBuffer::restore(const std::string &state_text, const std::string &so
         Pending p;
         p.arrived = f.get<size_t>("arrived");
         p.expected = f.get<size_t>("expected");
-        const json &rs = f.at("rollouts");
-        if (!rs.is_array()) bad(where + ".rollouts must be a list");
-        for (size_t k = 0; k < rs.size(); ++k) {
-            p.rollouts.push_back(
-                rollout_from_state(rs[k], where + ".rollouts[" + std::to_string(k) + "]"));
-        }
+        p.rollouts = rollouts_from_state(f.at("rollouts"), where + ".rollouts", false);
         if (!pending.emplace(f.get<int64_t>("group_id"), std::move(p)).second)
             bad(where + ": group " + std::to_string(f.get<int64_t>("group_id")) + " twice");
     }
@@ -594,12 +599,7 @@ void RolloutBuffer::restore(const std::string &state_text, const std::string &so
         const StateReader f{rj[i], where};
         Group g;
         g.group_id = f.get<int64_t>("group_id");
-        const json &rs = f.at("rollouts");
-        if (!rs.is_array() || rs.empty()) bad(where + ".rollouts must be a non-empty list");
-        for (size_t k = 0; k < rs.size(); ++k) {
-            g.rollouts.push_back(
-                rollout_from_state(rs[k], where + ".rollouts[" + std::to_string(k) + "]"));
-        }
+        g.rollouts = rollouts_from_state(f.at("rollouts"), where + ".rollouts", true);
         ready.push_back(std::move(g));
     }
     std::deque<DropRecord> log;
