@@ -7,6 +7,10 @@ CUDA the MFU of the training step (6 N tokens + attention FLOPs over the GPU's
 bf16 peak).
 
 Usage: compare.py BENCH_BINARY [--device cpu|cuda] [--shapes tiny,30m | 0.6b] [--profile]
+                  [--unfused-too]
+
+--unfused-too runs our side a second time with RL_FUSED_KERNELS=0 (the eager
+libtorch path instead of the fused CUDA kernels) and prints it as a second row.
 
 --profile adds, under the table, where each side's time goes: the operators
 with the most self time (ATen operators through RecordFunction on both sides,
@@ -22,6 +26,7 @@ Run through scripts/run-bench-compare.sh, which makes the venv with transformers
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import time
 
@@ -173,6 +178,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--decode-reps", type=int, default=2)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--unfused-too", action="store_true",
+                    help="also run ours with RL_FUSED_KERNELS=0 (the eager libtorch path)")
     args = ap.parse_args()
     gpu = args.device == "cuda"
     shapes = (args.shapes or ("0.6b" if gpu else "tiny,30m")).split(",")
@@ -207,6 +214,12 @@ def main():
                    decode_reps=args.decode_reps, profile=args.profile)
         ours = json.loads(subprocess.run([args.binary, json.dumps(cfg)], check=True,
                                          capture_output=True, text=True).stdout)
+        unfused = None
+        if args.unfused_too:
+            env = dict(os.environ, RL_FUSED_KERNELS="0")
+            unfused = json.loads(subprocess.run([args.binary, json.dumps(dict(cfg, profile=False))],
+                                                check=True, capture_output=True, text=True,
+                                                env=env).stdout)
         model = hf_model(shape, args.device, dtype)
         # On CUDA only our side is profiled (GPU kernels); the CPU operator
         # lists compare the two sides on the CPU.
@@ -224,6 +237,20 @@ def main():
               f"{ours['train_tokens_per_s'] / hf_t:>5.2f}x{mfu:>9} | "
               f"{ours['decode_tokens_per_s']:>17.0f} {hf_d:>12.0f} "
               f"{ours['decode_tokens_per_s'] / hf_d:>5.2f}x", flush=True)
+        if unfused:
+            row = f"{'':<6} {'unfused':>9} | {unfused['train_tokens_per_s']:>16.0f} {'':>12} "
+            row += f"{unfused['train_tokens_per_s'] / hf_t:>5.2f}x"
+            if peak:
+                flops = train_flops_per_token(shape, params, args.seq_len)
+                row += f"{100 * flops * unfused['train_tokens_per_s'] / (peak * 1e12):>8.1f}%"
+            else:
+                row += f"{'':>9}"
+            row += (f" | {unfused['decode_tokens_per_s']:>17.0f} {'':>12} "
+                    f"{unfused['decode_tokens_per_s'] / hf_d:>5.2f}x  (RL_FUSED_KERNELS=0)")
+            print(row, flush=True)
+            if unfused.get("decode_tokens_fnv") != ours.get("decode_tokens_fnv"):
+                print(f"{'':<6} sampled tokens differ with and without the fused kernels "
+                      f"(FNV {ours.get('decode_tokens_fnv')} / {unfused.get('decode_tokens_fnv')})")
         if not gpu:
             # On a shared machine wall time also counts the other processes;
             # process CPU time per step (all threads) counts only the work.

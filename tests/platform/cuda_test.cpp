@@ -7,7 +7,9 @@
 #include "rl/core/device.hpp"
 
 #include "attention.hpp" // core/model/src: the model's own attention and logprob passes
+#include "fused_ops.hpp"
 #include "logprobs.hpp"
+#include "rope.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -200,6 +202,152 @@ TEST_F(Cuda, Bfloat16LogprobsOnTensorCoresFollowFloat32) {
     EXPECT_LT((tc.ent - ref.ent).abs().max().item<double>(), 1e-3);
     EXPECT_LT(relative_difference(tc.dh, ref.dh), 1e-2);
     EXPECT_LT(relative_difference(tc.dw, ref.dw), 1e-2);
+}
+
+// The fused kernels (fused_ops.hpp) against the eager libtorch path they
+// replace, both against a float64 computation on the same values: each
+// fused result is as close to float64 as the eager one (to a factor), and
+// the two agree with each other. Sizes include ones that are not a multiple
+// of the kernels' 8-element packs.
+class FusedKernels : public Cuda {
+protected:
+    void SetUp() override {
+        Cuda::SetUp();
+        if (IsSkipped()) return;
+        if (!fused::compiled()) GTEST_SKIP() << "this build has no fused CUDA kernels";
+    }
+    void TearDown() override { fused::set_enabled(true); }
+    // f run with the fused kernels on, then off.
+    template <typename F>
+    static auto both(F f) {
+        fused::set_enabled(true);
+        auto on = f();
+        fused::set_enabled(false);
+        auto off = f();
+        fused::set_enabled(true);
+        return std::make_pair(on, off);
+    }
+    static at::Tensor f64(const at::Tensor &t) { return t.to(at::kDouble).cpu(); }
+};
+
+TEST_F(FusedKernels, SwigluAndItsGradientsEqualTheEagerPath) {
+    for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        for (const int64_t n : {int64_t{8} * 1000, int64_t{997}}) {
+            SCOPED_TRACE(std::string(c10::toString(dtype)) + " n=" + std::to_string(n));
+            at::manual_seed(n);
+            const auto opts = at::TensorOptions().dtype(dtype).device(gpu);
+            const at::Tensor g0 = 3 * at::randn({2, n}, opts), u0 = at::randn({2, n}, opts);
+            const at::Tensor dy = at::randn({2, n}, opts);
+            EXPECT_TRUE(fused::applies(g0));
+            auto run = [&] {
+                at::Tensor g = g0.clone().requires_grad_(true), u = u0.clone().requires_grad_(true);
+                at::Tensor y = fused::applies(g) ? fused::swiglu(g, u) : at::silu(g) * u;
+                y.backward(dy);
+                return std::vector<at::Tensor>{f64(y), f64(g.grad()), f64(u.grad())};
+            };
+            const auto [on, off] = both(run);
+            // float64 reference on the same (rounded) inputs.
+            at::Tensor g = f64(g0).requires_grad_(true), u = f64(u0).requires_grad_(true);
+            at::Tensor y = at::silu(g) * u;
+            y.backward(f64(dy));
+            const std::vector<at::Tensor> ref{y, g.grad(), u.grad()};
+            const double tol = dtype == at::kFloat ? 1e-6 : 1e-2;
+            for (size_t i = 0; i < ref.size(); ++i) {
+                SCOPED_TRACE("output " + std::to_string(i));
+                const double e_on = relative_difference(on[i], ref[i]);
+                const double e_off = relative_difference(off[i], ref[i]);
+                EXPECT_LT(e_on, tol);
+                EXPECT_LE(e_on, 1.5 * e_off + 1e-7);
+                EXPECT_LT(relative_difference(on[i], off[i]), tol);
+            }
+        }
+    }
+}
+
+TEST_F(FusedKernels, RopeOfQueriesAndKeysAndTheirGradientsEqualTheEagerPath) {
+    ModelConfig c;
+    c.rope_theta = 1e6;
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+        for (const int64_t dim : {int64_t{128}, int64_t{20}}) { // packs of 8 and single lanes
+            SCOPED_TRACE(std::string(c10::toString(dtype)) + " head_dim=" + std::to_string(dim));
+            const int64_t T = 301, heads = 6, kv_heads = 2;
+            at::manual_seed(7 + dim);
+            const auto opts = at::TensorOptions().dtype(dtype).device(gpu);
+            const at::Tensor pos =
+                at::randint(4000, {T}, at::TensorOptions().dtype(at::kLong).device(gpu));
+            ModelConfig cd = c;
+            cd.head_dim = dim;
+            const auto [cos, sin] = RotaryEmbedding(cd).cos_sin(pos, dtype);
+            ASSERT_EQ(cos.size(-1), dim) << "CUDA tables are full width";
+            // A strided query (every other head of a wider tensor).
+            const at::Tensor q0 = at::randn({T, 2 * heads, dim}, opts).narrow(1, 0, heads);
+            const at::Tensor k0 = at::randn({T, kv_heads, dim}, opts);
+            const at::Tensor dq = at::randn({T, heads, dim}, opts);
+            const at::Tensor dk = at::randn({T, kv_heads, dim}, opts);
+            auto run = [&] {
+                at::Tensor q = q0.detach().requires_grad_(true);
+                at::Tensor k = k0.detach().requires_grad_(true);
+                auto [yq, yk] = RotaryEmbedding::apply(q, k, cos, sin);
+                ((yq * dq).sum() + (yk * dk).sum()).backward();
+                return std::vector<at::Tensor>{f64(yq), f64(yk), f64(q.grad()), f64(k.grad())};
+            };
+            const auto [on, off] = both(run);
+            at::Tensor q = f64(q0).requires_grad_(true), k = f64(k0).requires_grad_(true);
+            at::Tensor yq = RotaryEmbedding::apply(q, f64(cos), f64(sin));
+            at::Tensor yk = RotaryEmbedding::apply(k, f64(cos), f64(sin));
+            ((yq * f64(dq)).sum() + (yk * f64(dk)).sum()).backward();
+            const std::vector<at::Tensor> ref{yq, yk, q.grad(), k.grad()};
+            const double tol = dtype == at::kFloat ? 1e-6 : 1e-2;
+            for (size_t i = 0; i < ref.size(); ++i) {
+                SCOPED_TRACE("output " + std::to_string(i));
+                const double e_on = relative_difference(on[i], ref[i]);
+                EXPECT_LT(e_on, tol);
+                EXPECT_LE(e_on, 1.5 * relative_difference(off[i], ref[i]) + 1e-7);
+                EXPECT_LT(relative_difference(on[i], off[i]), tol);
+            }
+        }
+    }
+}
+
+// Logprobs, entropy and log Z with a temperature and ignored labels, and the
+// gradients of all three, through the fused statistics and d-logits kernels
+// against the eager chunk passes: bfloat16 (tensor cores) and float32 models,
+// a vocabulary that packs by 8 and one that does not, a last partial chunk.
+TEST_F(FusedKernels, ChunkedLogprobsAndGradientsEqualTheEagerPath) {
+    for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+        for (const int64_t vocab : {int64_t{5000}, int64_t{4999}}) {
+            SCOPED_TRACE(std::string(c10::toString(dtype)) + " vocab=" + std::to_string(vocab));
+            const int64_t T = 300, hidden = 128;
+            at::manual_seed(vocab);
+            const auto opts = at::TensorOptions().dtype(dtype).device(gpu);
+            const at::Tensor h0 = at::randn({T, hidden}, opts);
+            const at::Tensor w0 = 0.2 * at::randn({vocab, hidden}, opts);
+            at::Tensor labels = at::randint(vocab, {T}, at::TensorOptions().dtype(at::kLong));
+            labels.narrow(0, 10, 5).fill_(-100);
+            labels = labels.to(gpu);
+            const auto fopts = at::TensorOptions().dtype(at::kFloat).device(gpu);
+            const at::Tensor g_lp = at::randn({T}, fopts), g_ent = at::randn({T}, fopts),
+                             g_lse = at::randn({T}, fopts);
+            auto run = [&] {
+                at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+                ChunkedLogprobs r = chunked_logprobs(h, w, labels, 128, 0.7, true, -100, true);
+                ((r.logprobs * g_lp).sum() + (r.entropy * g_ent).sum() +
+                 (r.logsumexp * g_lse).sum())
+                    .backward();
+                return std::vector<at::Tensor>{f64(r.logprobs), f64(r.entropy), f64(r.logsumexp),
+                                               f64(h.grad()), f64(w.grad())};
+            };
+            const auto [on, off] = both(run);
+            EXPECT_EQ(on[0][12].item<double>(), 0.0) << "an ignored label's logprob is 0";
+            for (size_t i = 0; i < 3; ++i) {
+                SCOPED_TRACE("statistic " + std::to_string(i));
+                EXPECT_LT((on[i] - off[i]).abs().max().item<double>(), 2e-4);
+            }
+            const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+            EXPECT_LT(relative_difference(on[3], off[3]), tol) << "d hidden";
+            EXPECT_LT(relative_difference(on[4], off[4]), tol) << "d weight";
+        }
+    }
 }
 
 // A bfloat16 policy on CUDA: the engine's sampling logprobs (KV cache,

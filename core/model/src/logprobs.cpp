@@ -1,5 +1,6 @@
 #include "logprobs.hpp"
 
+#include "fused_ops.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/torch_compat.hpp"
 
@@ -62,6 +63,14 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
         for (int64_t s = 0; s < T; s += chunk) {
             const int64_t n = std::min(chunk, T - s);
             at::Tensor z = chunk_logits(hidden.narrow(0, s, n), w, inv_temp);
+            if (fused::applies(z)) {
+                // One read of the chunk's logits for every statistic.
+                fused::logit_stats(z, safe_labels.narrow(0, s, n), ignore_index, inv_temp,
+                                   lse.narrow(0, s, n), lp.narrow(0, s, n),
+                                   want_entropy ? ent.narrow(0, s, n) : at::Tensor(),
+                                   want_lse ? lse_raw.narrow(0, s, n) : at::Tensor());
+                continue;
+            }
             at::Tensor l = at::logsumexp(z, -1);
             lse.narrow(0, s, n).copy_(l);
             at::Tensor picked = z.gather(1, safe_labels.narrow(0, s, n).unsqueeze(1)).squeeze(1);
@@ -107,7 +116,9 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
         at::Tensor grad_h = need_h ? at::empty_like(hidden) : at::Tensor();
         at::Tensor grad_w =
             need_w ? at::zeros(w.sizes(), w.options().dtype(at::kFloat)) : at::Tensor();
-        if (g_lp.defined()) g_lp = g_lp.to(at::kFloat) * valid.to(at::kFloat);
+        if (g_lp.defined()) g_lp = (g_lp.to(at::kFloat) * valid.to(at::kFloat)).contiguous();
+        if (g_ent.defined()) g_ent = g_ent.to(at::kFloat).contiguous();
+        if (g_lse.defined()) g_lse = g_lse.to(at::kFloat).contiguous();
         // Tensor-core path: d W = sum over tokens of dz^T h, one product per
         // group of chunks (up to kGroupBytes of d logits) rather than one
         // per chunk, so the float32 [vocab, hidden] sum is added to a few
@@ -120,10 +131,42 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
             if (rows > 1)
                 group = at::empty({std::min(rows * chunk, T), weight.size(0)}, w.options());
         }
+        // grad_h and grad_w from the d logits dz of tokens [s, s + n).
+        auto accumulate = [&](const at::Tensor &dz, const at::Tensor &h, int64_t s, int64_t n) {
+            if (low) {
+                if (need_h) grad_h.narrow(0, s, n).copy_(compat::mm_float(dz, w));
+                if (need_w && !group.defined()) grad_w.add_(compat::mm_float(dz.t(), h));
+                if (group.defined() && (s + n - group_start == group.size(0) || s + n == T)) {
+                    const int64_t k = s + n - group_start;
+                    grad_w.add_(compat::mm_float(group.narrow(0, 0, k).t(),
+                                                 hidden.narrow(0, group_start, k)));
+                    group_start = s + n;
+                }
+            } else {
+                if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(dz, w));
+                if (need_w) grad_w.addmm_(dz.t(), as_float(h));
+            }
+        };
         for (int64_t s = 0; s < T; s += chunk) {
             const int64_t n = std::min(chunk, T - s);
             at::Tensor h = hidden.narrow(0, s, n);
             at::Tensor z = chunk_logits(h, w, inv_temp);
+            if (fused::applies(z)) {
+                // d logits in one pass over the chunk's logits, written in
+                // the dtype of the products that read them.
+                at::Tensor dzl = low && group.defined() ? group.narrow(0, s - group_start, n)
+                                                        : at::empty(z.sizes(), w.options());
+                auto rows = [&](const at::Tensor &t) {
+                    return t.defined() ? t.narrow(0, s, n) : at::Tensor();
+                };
+                fused::logit_grad(z, labels.narrow(0, s, n), lse.narrow(0, s, n), rows(g_lp),
+                                  rows(g_ent), g_ent.defined() ? rows(ent) : at::Tensor(),
+                                  rows(g_lse), g_lse.defined() ? rows(lse_raw) : at::Tensor(),
+                                  inv_temp, dzl);
+                z = at::Tensor();
+                accumulate(dzl, h, s, n);
+                continue;
+            }
             at::Tensor logp = z - lse.narrow(0, s, n).unsqueeze(1);
             at::Tensor p = at::exp(logp);
             // d lp_t / d z = onehot(label) - p
@@ -149,22 +192,11 @@ struct ChunkedLogprobFn : public torch::autograd::Function<ChunkedLogprobFn> {
                                     : at::exp(z / inv_temp - lse_raw.narrow(0, s, n).unsqueeze(1));
                 dz = dz + g * p_raw;
             }
-            if (low) {
-                // d logits in the model's dtype, written into the group buffer.
-                at::Tensor dzl = group.defined() ? group.narrow(0, s - group_start, n).copy_(dz)
-                                                 : dz.to(w.scalar_type());
-                if (need_h) grad_h.narrow(0, s, n).copy_(compat::mm_float(dzl, w));
-                if (need_w && !group.defined()) grad_w.add_(compat::mm_float(dzl.t(), h));
-                if (group.defined() && (s + n - group_start == group.size(0) || s + n == T)) {
-                    const int64_t k = s + n - group_start;
-                    grad_w.add_(compat::mm_float(group.narrow(0, 0, k).t(),
-                                                 hidden.narrow(0, group_start, k)));
-                    group_start = s + n;
-                }
-            } else {
-                if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(dz, w));
-                if (need_w) grad_w.addmm_(dz.t(), as_float(h));
-            }
+            // d logits in the model's dtype, written into the group buffer.
+            if (low)
+                dz = group.defined() ? group.narrow(0, s - group_start, n).copy_(dz)
+                                     : dz.to(w.scalar_type());
+            accumulate(dz, h, s, n);
         }
         if (need_w && grad_w.scalar_type() != weight.scalar_type())
             grad_w = grad_w.to(weight.scalar_type());

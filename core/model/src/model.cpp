@@ -2,6 +2,7 @@
 
 #include "attention.hpp"
 #include "decode_linear.hpp"
+#include "fused_ops.hpp"
 #include "logprobs.hpp"
 #include "rope.hpp"
 #include "rl/core/error.hpp"
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <optional>
 #include <set>
+#include <tuple>
 
 namespace rl::core {
 namespace {
@@ -47,6 +49,13 @@ at::Tensor long_tensor(const std::vector<int64_t> &v, at::Device device) {
 
 at::Tensor as_float(const at::Tensor &t) {
     return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
+}
+
+// silu(gate) * up: one fused kernel each way on CUDA (fused_ops.hpp).
+at::Tensor swiglu(const at::Tensor &gate, const at::Tensor &up) {
+    if (fused::applies(gate) && gate.scalar_type() == up.scalar_type())
+        return fused::swiglu(gate, up);
+    return at::silu(gate) * up;
 }
 
 // Float32 logits of a few decoding rows h [M, hidden] against the output
@@ -195,7 +204,7 @@ MLP::MLP(const ModelConfig &c, const ModelOptions &o) {
 }
 
 at::Tensor MLP::forward(const at::Tensor &x) const {
-    return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+    return down_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x)));
 }
 
 DecoderLayer::DecoderLayer(const ModelConfig &c, const ModelOptions &o) {
@@ -346,8 +355,7 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
             q = attn.q_norm->forward(q);
             k = attn.k_norm->forward(k);
         }
-        q = RotaryEmbedding::apply(q, cos, sin);
-        k = RotaryEmbedding::apply(k, cos, sin);
+        std::tie(q, k) = RotaryEmbedding::apply(q, k, cos, sin);
         at::Tensor a = cache != nullptr
                            ? cached_attention(q, k, v, cache->keys(static_cast<int64_t>(i)),
                                               cache->values(static_cast<int64_t>(i)), cached, scale)
@@ -356,8 +364,8 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         at::Tensor y = layer.post_attention_layernorm->forward(hout);
         if (!adapter && cache == nullptr) return hout + layer.mlp->forward(y);
         const MLP &mlp = *layer.mlp;
-        at::Tensor g = at::silu(proj(*mlp.gate_proj, y, LoraTarget::Gate)) *
-                       proj(*mlp.up_proj, y, LoraTarget::Up);
+        at::Tensor g = swiglu(proj(*mlp.gate_proj, y, LoraTarget::Gate),
+                              proj(*mlp.up_proj, y, LoraTarget::Up));
         return hout + proj(*mlp.down_proj, g, LoraTarget::Down);
     };
     // Hooks (a sharded trainer) run around every layer of a training or

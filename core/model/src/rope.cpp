@@ -1,5 +1,7 @@
 #include "rope.hpp"
 
+#include "fused_ops.hpp"
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -59,6 +61,14 @@ at::Tensor RotaryEmbedding::apply(const at::Tensor &x, const at::Tensor &cos,
     // is the same rotation (x1 cos - x2 sin | x2 cos + x1 sin).
     if (cos.size(-1) == x.size(-1)) return at::addcmul(x * c, at::cat({x2, x1}, -1), s);
     return at::cat({x1 * c - x2 * s, x2 * c + x1 * s}, -1);
+}
+
+std::pair<at::Tensor, at::Tensor> RotaryEmbedding::apply(const at::Tensor &q, const at::Tensor &k,
+                                                         const at::Tensor &cos,
+                                                         const at::Tensor &sin) {
+    if (fused::applies(q) && cos.size(-1) == q.size(-1) && k.scalar_type() == q.scalar_type())
+        return fused::rope(q, k, cos, sin);
+    return {apply(q, cos, sin), apply(k, cos, sin)};
 }
 
 } // namespace rl::core

@@ -22,6 +22,10 @@ public:
                                               at::ScalarType dtype) const;
     /// x [T, heads, head_dim] rotated by the tables of cos_sin().
     static at::Tensor apply(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin);
+    /// q and k rotated alike: on CUDA one fused kernel for both
+    /// (fused_ops.hpp), else apply() to each.
+    static std::pair<at::Tensor, at::Tensor> apply(const at::Tensor &q, const at::Tensor &k,
+                                                   const at::Tensor &cos, const at::Tensor &sin);
 
     /// [head_dim / 2] fp32 on the CPU.
     const at::Tensor &inv_freq() const { return inv_freq_; }
