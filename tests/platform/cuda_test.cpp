@@ -309,6 +309,67 @@ TEST_F(FusedKernels, RopeOfQueriesAndKeysAndTheirGradientsEqualTheEagerPath) {
     }
 }
 
+// Qwen3's per-head RMSNorm of q and k then RoPE, in one kernel each way,
+// against at::rms_norm then the rotation, and float64: outputs and the
+// gradients of q, k and both norm weights.
+TEST_F(FusedKernels, QkNormThenRopeAndItsGradientsEqualTheEagerPath) {
+    ModelConfig c;
+    c.rope_theta = 1e6;
+    const double eps = 1e-6;
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+        for (const int64_t dim : {int64_t{128}, int64_t{64}}) {
+            SCOPED_TRACE(std::string(c10::toString(dtype)) + " head_dim=" + std::to_string(dim));
+            const int64_t T = 517, heads = 16, kv_heads = 8;
+            at::manual_seed(11 + dim);
+            const auto opts = at::TensorOptions().dtype(dtype).device(gpu);
+            c.head_dim = dim;
+            const at::Tensor pos =
+                at::randint(4000, {T}, at::TensorOptions().dtype(at::kLong).device(gpu));
+            const auto [cos, sin] = RotaryEmbedding(c).cos_sin(pos, dtype);
+            const at::Tensor q0 = 2 * at::randn({T, heads, dim}, opts);
+            const at::Tensor k0 = at::randn({T, kv_heads, dim}, opts);
+            const at::Tensor wq0 = 1 + 0.3 * at::randn({dim}, opts);
+            const at::Tensor wk0 = 1 + 0.3 * at::randn({dim}, opts);
+            const at::Tensor dq = at::randn({T, heads, dim}, opts);
+            const at::Tensor dk = at::randn({T, kv_heads, dim}, opts);
+            ASSERT_TRUE(fused::norm_rope_applies(q0, wq0));
+            auto run = [&] {
+                at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+                at::Tensor wq = wq0.clone().requires_grad_(true);
+                at::Tensor wk = wk0.clone().requires_grad_(true);
+                at::Tensor yq, yk;
+                if (fused::enabled()) {
+                    std::tie(yq, yk) = fused::qk_norm_rope(q, k, wq, wk, eps, cos, sin);
+                } else {
+                    std::tie(yq, yk) = RotaryEmbedding::apply(
+                        at::rms_norm(q, {dim}, wq, eps), at::rms_norm(k, {dim}, wk, eps), cos, sin);
+                }
+                ((yq * dq).sum() + (yk * dk).sum()).backward();
+                return std::vector<at::Tensor>{f64(yq),       f64(yk),        f64(q.grad()),
+                                               f64(k.grad()), f64(wq.grad()), f64(wk.grad())};
+            };
+            const auto [on, off] = both(run);
+            auto norm64 = [&](const at::Tensor &x, const at::Tensor &w) {
+                return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * w;
+            };
+            at::Tensor q = f64(q0).requires_grad_(true), k = f64(k0).requires_grad_(true);
+            at::Tensor wq = f64(wq0).requires_grad_(true), wk = f64(wk0).requires_grad_(true);
+            at::Tensor yq = RotaryEmbedding::apply(norm64(q, wq), f64(cos), f64(sin));
+            at::Tensor yk = RotaryEmbedding::apply(norm64(k, wk), f64(cos), f64(sin));
+            ((yq * f64(dq)).sum() + (yk * f64(dk)).sum()).backward();
+            const std::vector<at::Tensor> ref{yq, yk, q.grad(), k.grad(), wq.grad(), wk.grad()};
+            const double tol = dtype == at::kFloat ? 1e-5 : 2e-2;
+            for (size_t i = 0; i < ref.size(); ++i) {
+                SCOPED_TRACE("output " + std::to_string(i));
+                const double e_on = relative_difference(on[i], ref[i]);
+                EXPECT_LT(e_on, tol);
+                EXPECT_LE(e_on, 1.5 * relative_difference(off[i], ref[i]) + 1e-6);
+                EXPECT_LT(relative_difference(on[i], off[i]), tol);
+            }
+        }
+    }
+}
+
 // Logprobs, entropy and log Z with a temperature and ignored labels, and the
 // gradients of all three, through the fused statistics and d-logits kernels
 // against the eager chunk passes: bfloat16 (tensor cores) and float32 models,

@@ -30,6 +30,30 @@ int rope(DType t, const void *q, void *q_out, int64_t q_heads, const void *k, vo
          int64_t k_heads, const void *cos, const void *sin, int64_t tokens, int64_t dim,
          bool backward, void *stream);
 
+/// Qwen3's per-head RMSNorm of q and k followed by the rotary embedding, in
+/// one launch for both (one warp per head row):
+///   forward:  y = rope(round(x * rstd * w)), rstd = 1 / sqrt(mean(x^2) + eps)
+///   backward: g = round(rope^T(dy)); dx = rstd (g w - x^ mean(g w x^)),
+///             x^ = x rstd; and d w = sum over rows of g x^, written as one
+///             row of partial sums per block into dw_partial [blocks, 2, dim]
+///             (q's then k's), which the caller sums over blocks.
+/// x [tokens, heads, dim] contiguous, w [dim], tables [tokens, dim] as for
+/// rope(). dim must be 64, 128, 256 or 512 (norm_rope_supports).
+struct NormRopeArgs {
+    const void *q = nullptr, *k = nullptr;
+    const void *q_weight = nullptr, *k_weight = nullptr;
+    void *q_out = nullptr, *k_out = nullptr;     // forward: y; backward: d x
+    const void *q_dy = nullptr, *k_dy = nullptr; // backward: d y
+    int64_t q_heads = 0, k_heads = 0, tokens = 0, dim = 0;
+    const void *cos = nullptr, *sin = nullptr;
+    float eps = 1e-6f;
+    float *dw_partial = nullptr; // null: forward
+    int64_t blocks = 1;          // norm_rope_blocks(rows)
+};
+bool norm_rope_supports(int64_t dim);
+int64_t norm_rope_blocks(int64_t rows);
+int norm_rope(DType t, const NormRopeArgs &a, void *stream);
+
 /// Per-row statistics of float32 logits z [rows, vocab] (contiguous, already
 /// divided by the temperature), in one read of z:
 ///   lse = log sum_j exp z_j;  logprob = z_label - lse (0 where label ==

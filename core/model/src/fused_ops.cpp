@@ -153,6 +153,72 @@ struct RopeFn : public torch::autograd::Function<RopeFn> {
     }
 };
 
+struct NormRopeFn : public torch::autograd::Function<NormRopeFn> {
+    static cuda::NormRopeArgs args(const at::Tensor &q, const at::Tensor &k, const at::Tensor &wq,
+                                   const at::Tensor &wk, const at::Tensor &cos,
+                                   const at::Tensor &sin, double eps) {
+        cuda::NormRopeArgs a;
+        a.q = q.data_ptr();
+        a.k = k.data_ptr();
+        a.q_weight = wq.data_ptr();
+        a.k_weight = wk.data_ptr();
+        a.q_heads = q.size(1);
+        a.k_heads = k.size(1);
+        a.tokens = q.size(0);
+        a.dim = q.size(2);
+        a.cos = cos.data_ptr();
+        a.sin = sin.data_ptr();
+        a.eps = static_cast<float>(eps);
+        a.blocks = cuda::norm_rope_blocks(a.tokens * (a.q_heads + a.k_heads));
+        return a;
+    }
+
+    static variable_list forward(AutogradContext *ctx, const at::Tensor &q_in,
+                                 const at::Tensor &k_in, const at::Tensor &wq_in,
+                                 const at::Tensor &wk_in, const at::Tensor &cos,
+                                 const at::Tensor &sin, double eps) {
+        const c10::cuda::CUDAGuard guard(q_in.device());
+        const auto t = q_in.scalar_type();
+        at::Tensor q = q_in.contiguous(), k = k_in.contiguous();
+        at::Tensor wq = wq_in.contiguous(), wk = wk_in.contiguous();
+        at::Tensor c = cos.to(t).contiguous(), s = sin.to(t).contiguous();
+        at::Tensor yq = at::empty_like(q), yk = at::empty_like(k);
+        cuda::NormRopeArgs a = args(q, k, wq, wk, c, s, eps);
+        a.q_out = yq.data_ptr();
+        a.k_out = yk.data_ptr();
+        check_launch(cuda::norm_rope(dtype_of(q, "q"), a, stream_of(q)), "norm_rope");
+        ctx->save_for_backward({q, k, wq, wk, c, s});
+        ctx->saved_data["eps"] = eps;
+        return {yq, yk};
+    }
+
+    static variable_list backward(AutogradContext *ctx, variable_list grads) {
+        const auto saved = ctx->get_saved_variables();
+        const at::Tensor &q = saved[0], &k = saved[1], &wq = saved[2], &wk = saved[3];
+        const c10::cuda::CUDAGuard guard(q.device());
+        const auto t = q.scalar_type();
+        at::Tensor dyq = grads[0].to(t).contiguous(), dyk = grads[1].to(t).contiguous();
+        at::Tensor dq = at::empty_like(q), dk = at::empty_like(k);
+        cuda::NormRopeArgs a =
+            args(q, k, wq, wk, saved[4], saved[5], ctx->saved_data["eps"].toDouble());
+        at::Tensor partial = at::empty({a.blocks, 2, a.dim}, q.options().dtype(at::kFloat));
+        a.q_out = dq.data_ptr();
+        a.k_out = dk.data_ptr();
+        a.q_dy = dyq.data_ptr();
+        a.k_dy = dyk.data_ptr();
+        a.dw_partial = partial.data_ptr<float>();
+        check_launch(cuda::norm_rope(dtype_of(q, "q"), a, stream_of(q)), "norm_rope backward");
+        at::Tensor dw = partial.sum(0);
+        return {dq,
+                dk,
+                dw[0].to(wq.scalar_type()),
+                dw[1].to(wk.scalar_type()),
+                at::Tensor(),
+                at::Tensor(),
+                at::Tensor()};
+    }
+};
+
 void check_rows(const at::Tensor &t, int64_t n, const char *what) {
     if (!t.defined()) return;
     check_cuda(t, what);
@@ -191,6 +257,31 @@ std::pair<at::Tensor, at::Tensor> rope(const at::Tensor &q, const at::Tensor &k,
               sin.sizes() == cos.sizes(),
           "fused rope: cos and sin must be full-width tables [tokens, head_dim]");
     variable_list out = RopeFn::apply(q, k, cos, sin);
+    return {out[0], out[1]};
+}
+
+bool norm_rope_applies(const at::Tensor &q, const at::Tensor &w) {
+    return applies(q) && q.dim() == 3 && cuda::norm_rope_supports(q.size(2)) && w.defined() &&
+           w.scalar_type() == q.scalar_type() && w.dim() == 1 && w.size(0) == q.size(2);
+}
+
+std::pair<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor &q, const at::Tensor &k,
+                                               const at::Tensor &wq, const at::Tensor &wk,
+                                               double eps, const at::Tensor &cos,
+                                               const at::Tensor &sin) {
+    check_cuda(q, "q");
+    check_cuda(k, "k");
+    check(q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2) &&
+              q.scalar_type() == k.scalar_type() && cuda::norm_rope_supports(q.size(2)),
+          "fused norm + rope: q and k must be [tokens, heads, head_dim] of one dtype with the "
+          "same tokens and a head_dim of 64, 128, 256 or 512");
+    check(wq.dim() == 1 && wq.size(0) == q.size(2) && wk.sizes() == wq.sizes() &&
+              wq.scalar_type() == q.scalar_type() && wk.scalar_type() == q.scalar_type(),
+          "fused norm + rope: the norm weights must be [head_dim] in q's dtype");
+    check(cos.dim() == 2 && cos.size(0) == q.size(0) && cos.size(1) == q.size(2) &&
+              sin.sizes() == cos.sizes(),
+          "fused norm + rope: cos and sin must be full-width tables [tokens, head_dim]");
+    variable_list out = NormRopeFn::apply(q, k, wq, wk, cos, sin, eps);
     return {out[0], out[1]};
 }
 
@@ -268,6 +359,14 @@ at::Tensor swiglu(const at::Tensor &, const at::Tensor &) {
 }
 std::pair<at::Tensor, at::Tensor> rope(const at::Tensor &, const at::Tensor &, const at::Tensor &,
                                        const at::Tensor &) {
+    not_compiled();
+}
+bool norm_rope_applies(const at::Tensor &, const at::Tensor &) {
+    return false;
+}
+std::pair<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor &, const at::Tensor &,
+                                               const at::Tensor &, const at::Tensor &, double,
+                                               const at::Tensor &, const at::Tensor &) {
     not_compiled();
 }
 void logit_stats(const at::Tensor &, const at::Tensor &, int64_t, double, const at::Tensor &,

@@ -35,6 +35,21 @@ at::Tensor swiglu(const at::Tensor &gate, const at::Tensor &up);
 std::pair<at::Tensor, at::Tensor> rope(const at::Tensor &q, const at::Tensor &k,
                                        const at::Tensor &cos, const at::Tensor &sin);
 
+/// Whether qk_norm_rope runs for q [T, heads, head_dim] and norm weight w:
+/// applies(q), a head_dim the kernel takes (64, 128, 256, 512) and w of q's
+/// dtype.
+bool norm_rope_applies(const at::Tensor &q, const at::Tensor &w);
+
+/// Qwen3's q_norm / k_norm (RMSNorm over each head with weights wq, wk and
+/// eps) followed by the rotary embedding (full-width tables as for rope()),
+/// for q and k in one kernel forward and one backward. Differentiable in q,
+/// k, wq and wk. Same values as at::rms_norm then rope() (the normalized
+/// value is rounded to the dtype in between).
+std::pair<at::Tensor, at::Tensor> qk_norm_rope(const at::Tensor &q, const at::Tensor &k,
+                                               const at::Tensor &wq, const at::Tensor &wk,
+                                               double eps, const at::Tensor &cos,
+                                               const at::Tensor &sin);
+
 /// Per-row statistics of float32 logits z [n, vocab] (already divided by the
 /// temperature) in one read: writes lse, logprob (0 where labels ==
 /// ignore_index) and, when defined, entropy and lse_raw (log Z of z /

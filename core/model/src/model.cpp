@@ -351,11 +351,18 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
             proj(*attn.k_proj, x, LoraTarget::K).view({T, c.num_key_value_heads, c.head_dim});
         at::Tensor v =
             proj(*attn.v_proj, x, LoraTarget::V).view({T, c.num_key_value_heads, c.head_dim});
-        if (c.qk_norm) {
-            q = attn.q_norm->forward(q);
-            k = attn.k_norm->forward(k);
+        if (c.qk_norm && cos.size(-1) == c.head_dim &&
+            fused::norm_rope_applies(q, attn.q_norm->weight)) {
+            // Norm and rotation of q and k in one kernel (fused_ops.hpp).
+            std::tie(q, k) = fused::qk_norm_rope(q, k, attn.q_norm->weight, attn.k_norm->weight,
+                                                 attn.q_norm->eps, cos, sin);
+        } else {
+            if (c.qk_norm) {
+                q = attn.q_norm->forward(q);
+                k = attn.k_norm->forward(k);
+            }
+            std::tie(q, k) = RotaryEmbedding::apply(q, k, cos, sin);
         }
-        std::tie(q, k) = RotaryEmbedding::apply(q, k, cos, sin);
         at::Tensor a = cache != nullptr
                            ? cached_attention(q, k, v, cache->keys(static_cast<int64_t>(i)),
                                               cache->values(static_cast<int64_t>(i)), cached, scale)

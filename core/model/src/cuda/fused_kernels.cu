@@ -281,6 +281,154 @@ cudaError_t launch_rope(RopeTensor q, RopeTensor k, const void *cos, const void 
     return cudaGetLastError();
 }
 
+// -- RMSNorm of each head, then RoPE (Qwen3's q_norm / k_norm) ---------------
+
+// One warp per row of dim values (a head of one token). Lane l holds P values
+// of the first half from l * P on (a) and their partners in the second half
+// (b). The normalized value is rounded to T before the rotation, as the
+// unfused norm then rotation do.
+struct NormRopeTensor {
+    const void *x;
+    void *y; // forward: output; backward: d x
+    const void *w;
+    const void *dy; // backward only
+    int64_t heads;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+    return to_float(from_float<T>(v));
+}
+
+constexpr int kNormRopeWarps = kThreads / 32;
+
+template <typename T, int P>
+__global__ void norm_rope_kernel(NormRopeTensor first, NormRopeTensor second, int64_t first_rows,
+                                 int64_t all_rows, const T *cos, const T *sin, int dim, float eps,
+                                 float *dw_partial) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int h = dim / 2;
+    const bool backward = dw_partial != nullptr;
+    float dw_a[2][P] = {}, dw_b[2][P] = {}; // per tensor (q, k), backward only
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * kNormRopeWarps;
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * kNormRopeWarps + warp; r < all_rows;
+         r += warps) {
+        const int which = r < first_rows ? 0 : 1;
+        // Field by field: selecting a whole parameter struct by reference
+        // puts both in local memory.
+        const int64_t heads = which == 0 ? first.heads : second.heads;
+        const int64_t row = which == 0 ? r : r - first_rows;
+        const int64_t token = row / heads;
+        const int d = lane * P;
+        const T *x = static_cast<const T *>(which == 0 ? first.x : second.x) + row * dim;
+        const T *w = static_cast<const T *>(which == 0 ? first.w : second.w);
+        const T *c = cos + token * dim;
+        const T *sn = sin + token * dim;
+        float a[P], b[P], ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < P; ++i) {
+            a[i] = to_float(x[d + i]);
+            b[i] = to_float(x[d + h + i]);
+            ss += a[i] * a[i] + b[i] * b[i];
+        }
+        const float rstd = rsqrtf(warp_sum(ss) / static_cast<float>(dim) + eps);
+        T *y = static_cast<T *>(which == 0 ? first.y : second.y) + row * dim;
+        if (!backward) {
+#pragma unroll
+            for (int i = 0; i < P; ++i) {
+                const float na = round_to<T>(a[i] * rstd * to_float(w[d + i]));
+                const float nb = round_to<T>(b[i] * rstd * to_float(w[d + h + i]));
+                y[d + i] = from_float<T>(na * to_float(c[d + i]) + nb * to_float(sn[d + i]));
+                y[d + h + i] =
+                    from_float<T>(nb * to_float(c[d + h + i]) + na * to_float(sn[d + h + i]));
+            }
+            continue;
+        }
+        // d normalized = RoPE transpose of dy (rounded to T as the unfused
+        // rotation's backward is), then the RMSNorm backward.
+        const T *dy = static_cast<const T *>(which == 0 ? first.dy : second.dy) + row * dim;
+        float ga[P], gb[P], dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < P; ++i) {
+            const float ya = to_float(dy[d + i]), yb = to_float(dy[d + h + i]);
+            ga[i] = round_to<T>(ya * to_float(c[d + i]) + yb * to_float(sn[d + h + i]));
+            gb[i] = round_to<T>(yb * to_float(c[d + h + i]) + ya * to_float(sn[d + i]));
+            dot += ga[i] * to_float(w[d + i]) * a[i] * rstd +
+                   gb[i] * to_float(w[d + h + i]) * b[i] * rstd;
+        }
+        const float mean = warp_sum(dot) / static_cast<float>(dim);
+#pragma unroll
+        for (int i = 0; i < P; ++i) {
+            const float xa = a[i] * rstd, xb = b[i] * rstd;
+            y[d + i] = from_float<T>(rstd * (ga[i] * to_float(w[d + i]) - xa * mean));
+            y[d + h + i] = from_float<T>(rstd * (gb[i] * to_float(w[d + h + i]) - xb * mean));
+            // Static indices keep the sums in registers.
+            if (which == 0) {
+                dw_a[0][i] += ga[i] * xa;
+                dw_b[0][i] += gb[i] * xb;
+            } else {
+                dw_a[1][i] += ga[i] * xa;
+                dw_b[1][i] += gb[i] * xb;
+            }
+        }
+    }
+    if (!backward) return;
+    // d weight: the block's warps summed in shared memory, one row of
+    // partial sums per block (summed over blocks by the caller).
+    __shared__ float part[kNormRopeWarps][2][512];
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+#pragma unroll
+        for (int i = 0; i < P; ++i) {
+            part[warp][which][lane * P + i] = dw_a[which][i];
+            part[warp][which][h + lane * P + i] = dw_b[which][i];
+        }
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < 2 * dim; j += blockDim.x) {
+        const int which = j / dim, e = j % dim;
+        float sum = 0.0f;
+        for (int v = 0; v < kNormRopeWarps; ++v) sum += part[v][which][e];
+        dw_partial[(static_cast<int64_t>(blockIdx.x) * 2 + which) * dim + e] = sum;
+    }
+}
+
+template <typename T, int P>
+void launch_norm_rope_as(const NormRopeArgs &a, cudaStream_t stream) {
+    const NormRopeTensor q{a.q, a.q_out, a.q_weight, a.q_dy, a.q_heads};
+    const NormRopeTensor k{a.k, a.k_out, a.k_weight, a.k_dy, a.k_heads};
+    const int64_t first = a.tokens * a.q_heads, all = first + a.tokens * a.k_heads;
+    norm_rope_kernel<T, P><<<static_cast<unsigned>(a.blocks), kThreads, 0, stream>>>(
+        q, k, first, all, static_cast<const T *>(a.cos), static_cast<const T *>(a.sin),
+        static_cast<int>(a.dim), a.eps, a.dw_partial);
+}
+
+template <typename T>
+cudaError_t launch_norm_rope(const NormRopeArgs &a, cudaStream_t stream) {
+    switch (a.dim / 64) {
+        case 1:
+            launch_norm_rope_as<T, 1>(a, stream);
+            break;
+        case 2:
+            launch_norm_rope_as<T, 2>(a, stream);
+            break;
+        case 4:
+            launch_norm_rope_as<T, 4>(a, stream);
+            break;
+        case 8:
+            launch_norm_rope_as<T, 8>(a, stream);
+            break;
+        default:
+            return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
 // -- log-softmax statistics over the vocabulary --------------------------------
 
 // Running log-sum-exp of a stream of values: m the largest seen, s = sum
@@ -509,6 +657,30 @@ int logit_grad(DType t, const LogitGradArgs &a, void *stream) {
             return launch_logit_grad<__half>(a, s);
         case DType::BFloat16:
             return launch_logit_grad<__nv_bfloat16>(a, s);
+    }
+    return static_cast<int>(cudaErrorInvalidValue);
+}
+
+bool norm_rope_supports(int64_t dim) {
+    return dim == 64 || dim == 128 || dim == 256 || dim == 512;
+}
+
+int64_t norm_rope_blocks(int64_t rows) {
+    const int64_t blocks = (rows + kNormRopeWarps - 1) / kNormRopeWarps;
+    return blocks < 1 ? 1 : (blocks > 2048 ? 2048 : blocks);
+}
+
+int norm_rope(DType t, const NormRopeArgs &a, void *stream) {
+    if (!norm_rope_supports(a.dim)) return static_cast<int>(cudaErrorInvalidValue);
+    if (a.tokens * (a.q_heads + a.k_heads) == 0) return 0;
+    auto s = static_cast<cudaStream_t>(stream);
+    switch (t) {
+        case DType::Float32:
+            return launch_norm_rope<float>(a, s);
+        case DType::Float16:
+            return launch_norm_rope<__half>(a, s);
+        case DType::BFloat16:
+            return launch_norm_rope<__nv_bfloat16>(a, s);
     }
     return static_cast<int>(cudaErrorInvalidValue);
 }
