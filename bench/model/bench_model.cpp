@@ -125,13 +125,18 @@ void BM_PrefillDecode(benchmark::State &state) {
 }
 
 // args: big (0: tiny, 1: the 30M config), rows, kernel (0: at::linear, 1:
-// decode_linear). One decoding step's products: q, k, v, o, gate, up and down
-// of every layer, then the logits, each weight its own tensor (a model's
-// weights do not fit in the caches, as in a real step).
+// decode_linear's AVX2 path, 2: its AVX-512 path). One decoding step's products: q, k, v, o, gate,
+// up and down of every layer, then the logits, each weight its own tensor (a model's weights do not
+// fit in the caches, as in a real step).
 void BM_DecodeProducts(benchmark::State &state) {
     ensure_threads();
     at::NoGradGuard no_grad;
     const bool big = state.range(0) != 0, rows_kernel = state.range(2) != 0;
+    const row_gemm::Isa isa = state.range(2) == 2 ? row_gemm::Isa::Avx512 : row_gemm::Isa::Avx2;
+    if (rows_kernel && !row_gemm::available(isa)) {
+        state.SkipWithError("this CPU lacks the kernel's path");
+        return;
+    }
     const int64_t rows = state.range(1);
     const int64_t hidden = big ? 512 : 256, mlp = 3 * hidden, layers = big ? 8 : 4;
     const int64_t vocab = big ? 8192 : 259, kv = hidden / 2;
@@ -152,7 +157,7 @@ void BM_DecodeProducts(benchmark::State &state) {
     for (auto _ : state) {
         for (const auto &w : weights) {
             const at::Tensor &x = w.size(1) == hidden ? xh : xm;
-            at::Tensor y = rows_kernel ? decode_linear(x, w, at::Tensor()) : at::linear(x, w);
+            at::Tensor y = rows_kernel ? decode_linear(x, w, at::Tensor(), isa) : at::linear(x, w);
             benchmark::DoNotOptimize(y.data_ptr());
         }
     }
@@ -176,7 +181,7 @@ BENCHMARK(BM_PrefillDecode)
     ->MinTime(2.0)
     ->UseRealTime();
 BENCHMARK(BM_DecodeProducts)
-    ->ArgsProduct({{0, 1}, {16, 64}, {0, 1}})
+    ->ArgsProduct({{0, 1}, {16, 64}, {0, 1, 2}})
     ->ArgNames({"big", "rows", "row_kernel"})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0)

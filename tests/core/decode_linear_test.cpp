@@ -13,6 +13,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
 
 namespace rl::core {
 namespace {
@@ -44,6 +47,58 @@ TEST(DecodeLinear, MatchesTheProductOnEveryTileShape) {
         }
     }
 }
+
+// Each instruction-set path of the kernel on its own (decode_linear takes the
+// preferred one): every tile and row-group shape, K around both vector
+// widths, against float64; and any split of the N outputs gives the same bits
+// as one call over all of them.
+class RowGemmPath : public ::testing::TestWithParam<row_gemm::Isa> {
+protected:
+    void SetUp() override {
+        if (!row_gemm::available(GetParam()))
+            GTEST_SKIP() << "this CPU has no "
+                         << (GetParam() == row_gemm::Isa::Avx512 ? "AVX-512F" : "AVX2 + FMA");
+    }
+    static at::Tensor product(row_gemm::Isa isa, const at::Tensor &x, const at::Tensor &w,
+                              const std::vector<int64_t> &cuts) {
+        const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+        at::Tensor y = at::full({M, N}, std::numeric_limits<float>::quiet_NaN());
+        for (size_t i = 0; i + 1 < cuts.size(); ++i)
+            row_gemm::multiply(isa, x.data_ptr<float>(), K, w.data_ptr<float>(), K,
+                               y.data_ptr<float>(), N, M, K, cuts[i], cuts[i + 1]);
+        return y;
+    }
+};
+
+TEST_P(RowGemmPath, MatchesTheProductOnEveryTileShapeAndAnySplit) {
+    at::manual_seed(6);
+    for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 63, 64}) {
+        for (auto [K, N] : std::vector<std::pair<int64_t, int64_t>>{{1, 1},
+                                                                    {7, 3},
+                                                                    {8, 4},
+                                                                    {15, 5},
+                                                                    {16, 6},
+                                                                    {17, 7},
+                                                                    {33, 9},
+                                                                    {256, 259},
+                                                                    {513, 130}}) {
+            const std::string what =
+                "M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+            const at::Tensor x = at::randn({M, K}), w = at::randn({N, K});
+            const at::Tensor whole = product(GetParam(), x, w, {0, N});
+            expect_close(whole, x, w, what);
+            const at::Tensor split = product(GetParam(), x, w, {0, N / 3, N / 2 + 1, N});
+            EXPECT_TRUE(at::equal(whole, split)) << what;
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, RowGemmPath,
+                         ::testing::Values(row_gemm::Isa::Avx2, row_gemm::Isa::Avx512),
+                         [](const ::testing::TestParamInfo<row_gemm::Isa> &i) {
+                             return std::string(i.param == row_gemm::Isa::Avx512 ? "Avx512"
+                                                                                 : "Avx2");
+                         });
 
 TEST(DecodeLinear, KeepsLeadingDimensionsAddsTheBiasAndReadsStridedWeightRows) {
     if (!row_gemm::available()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";

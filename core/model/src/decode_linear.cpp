@@ -76,7 +76,13 @@ bool decode_linear_applies(const at::Tensor &x, const at::Tensor &weight) {
 }
 
 at::Tensor decode_linear(const at::Tensor &x, const at::Tensor &weight, const at::Tensor &bias) {
-    if (!decode_linear_applies(x, weight)) return at::linear(x, weight, bias);
+    return decode_linear(x, weight, bias, row_gemm::preferred());
+}
+
+at::Tensor decode_linear(const at::Tensor &x, const at::Tensor &weight, const at::Tensor &bias,
+                         row_gemm::Isa isa) {
+    if (!decode_linear_applies(x, weight) || !row_gemm::available(isa))
+        return at::linear(x, weight, bias);
     const int64_t K = weight.size(1), N = weight.size(0);
     const at::Tensor a = x.reshape({-1, K}).contiguous();
     const int64_t M = a.size(0);
@@ -98,7 +104,7 @@ at::Tensor decode_linear(const at::Tensor &x, const at::Tensor &weight, const at
     if (chunks < 2) helpers = 0;
     run_chunks(chunks, helpers, [&](int64_t c) {
         const int64_t n0 = c * chunk;
-        row_gemm::multiply(A, K, W, ldw, C, N, M, K, n0, std::min(N, n0 + chunk));
+        row_gemm::multiply(isa, A, K, W, ldw, C, N, M, K, n0, std::min(N, n0 + chunk));
     });
     if (bias.defined()) y.add_(bias);
     return y.view(shape);

@@ -19,13 +19,23 @@ namespace rl::core::row_gemm {
 /// The most rows of A one call takes.
 constexpr int64_t kMaxRows = 64;
 
-/// Whether this CPU runs the kernel (x86-64 with AVX2 and FMA).
-bool available();
+/// The instruction sets the kernel has a path for: AVX2 + FMA (8 lanes) and
+/// AVX-512 (16 lanes). Each path adds every output in one fixed order whatever
+/// the split of the outputs; the two orders differ (the last bits of a
+/// product do).
+enum class Isa { Avx2, Avx512 };
+
+/// Whether this CPU runs that path (x86-64 with AVX2 and FMA; and AVX-512F).
+bool available(Isa isa = Isa::Avx2);
+
+/// The path decoding uses: AVX-512 where the CPU has it, unless
+/// RL_DECODE_GEMM=avx2 is set; else AVX2. (Read once.)
+Isa preferred();
 
 /// C[m][n] = sum_k A[m][k] * W[n][k] for m < M and n in [n_begin, n_end).
 /// Rows are contiguous in k; lda, ldw and ldc are the row strides in
-/// elements. Needs available() and M <= kMaxRows.
-void multiply(const float *A, int64_t lda, const float *W, int64_t ldw, float *C, int64_t ldc,
-              int64_t M, int64_t K, int64_t n_begin, int64_t n_end);
+/// elements. Needs available(isa) and M <= kMaxRows.
+void multiply(Isa isa, const float *A, int64_t lda, const float *W, int64_t ldw, float *C,
+              int64_t ldc, int64_t M, int64_t K, int64_t n_begin, int64_t n_end);
 
 } // namespace rl::core::row_gemm
