@@ -17,7 +17,9 @@ with the most self time (ATen operators through RecordFunction on both sides,
 so the two lists are counted alike; the profiling slows both a little, so the
 tokens/s of a --profile run are not the benchmark's figures).
 
-On the CPU a second line per shape gives the process CPU time (all threads) of
+On the CPU a line per shape gives the matrix products of a training step (their
+GFLOP/s over their share of the step, and that rate against a plain sgemm of the
+step's largest product measured in the same run), and another the process CPU time (all threads) of
 one training step and of one generate call on each side and their ratio
 (transformers / ours): on a machine shared with other work, wall time also
 counts the other processes, CPU time mostly the work itself.
@@ -251,6 +253,13 @@ def main():
             if unfused.get("decode_tokens_fnv") != ours.get("decode_tokens_fnv"):
                 print(f"{'':<6} sampled tokens differ with and without the fused kernels "
                       f"(FNV {ours.get('decode_tokens_fnv')} / {unfused.get('decode_tokens_fnv')})")
+        if "train_matmul_gflops" in ours:
+            m, k, n = ours["train_matmul_largest"]
+            print(f"{'':<6} {'matmuls':>9} | ours: {ours['train_matmul_gflops']:.0f} GFLOP/s over "
+                  f"{100 * ours['train_matmul_share']:.0f}% of the step = "
+                  f"{100 * ours['train_matmul_gflops'] / ours['train_sgemm_largest_gflops']:.0f}% "
+                  f"of a plain sgemm of its largest product {m}x{k}x{n} "
+                  f"({ours['train_sgemm_largest_gflops']:.0f} GFLOP/s)", flush=True)
         if not gpu:
             # On a shared machine wall time also counts the other processes;
             # process CPU time per step (all threads) counts only the work.

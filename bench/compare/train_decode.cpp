@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <cstdio>
 #include <iostream>
@@ -106,6 +107,76 @@ json op_report(double wall) {
                        {"share", v[i].second.first / wall}});
     op_self.clear();
     return {{"wall_ms", 1e3 * wall}, {"ops_ms", 1e3 * in_ops}, {"top", ops}};
+}
+
+// Matrix products of one training step on the CPU: the time and FLOPs of
+// every mm / addmm / bmm / baddbmm (2 M K N each, from the input shapes),
+// and the largest one, whose plain sgemm the report measures beside them.
+struct MatmulShape {
+    int64_t m = 0, k = 0, n = 0;
+    double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(k) * n; }
+};
+struct MatmulClock {
+    std::chrono::steady_clock::time_point start;
+    double flops = 0;
+};
+thread_local std::vector<MatmulClock> mm_stack;
+std::mutex mm_mu;
+double mm_seconds = 0, mm_flops = 0;
+MatmulShape mm_largest;
+
+bool is_matmul(const char *name) {
+    static const std::set<std::string> names{"aten::mm", "aten::addmm", "aten::addmm_",
+                                             "aten::bmm", "aten::baddbmm"};
+    return names.count(name) != 0;
+}
+
+std::unique_ptr<at::ObserverContext> mm_start(const at::RecordFunction &fn) {
+    if (!is_matmul(fn.name())) return nullptr;
+    const auto inputs = fn.inputs();
+    // mm(a, b); addmm(self, a, b); bmm(a, b); baddbmm(self, a, b).
+    const size_t first = std::string(fn.name()).find("add") != std::string::npos ? 1 : 0;
+    MatmulShape s;
+    double batch = 1;
+    if (inputs.size() >= first + 2 && inputs[first].isTensor() && inputs[first + 1].isTensor()) {
+        const at::Tensor &a = inputs[first].toTensor(), &b = inputs[first + 1].toTensor();
+        if (a.dim() == 3) batch = static_cast<double>(a.size(0));
+        s = {a.size(a.dim() - 2), a.size(a.dim() - 1), b.size(b.dim() - 1)};
+    }
+    mm_stack.push_back({std::chrono::steady_clock::now(), batch * s.flops()});
+    std::lock_guard<std::mutex> lk(mm_mu);
+    if (batch == 1 && s.flops() > mm_largest.flops()) mm_largest = s;
+    if (std::getenv("RL_BENCH_LIST_MATMULS") != nullptr)
+        std::cerr << fn.name() << " " << batch << " x " << s.m << "x" << s.k << "x" << s.n << "\n";
+    return nullptr;
+}
+
+void mm_end(const at::RecordFunction &fn, at::ObserverContext *) {
+    if (!is_matmul(fn.name()) || mm_stack.empty()) return;
+    const MatmulClock c = mm_stack.back();
+    mm_stack.pop_back();
+    const double dt =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count();
+    std::lock_guard<std::mutex> lk(mm_mu);
+    // A product inside another (addmm calling mm) is counted once, outermost.
+    if (!mm_stack.empty()) return;
+    mm_seconds += dt;
+    mm_flops += c.flops;
+}
+
+// GFLOP/s of a plain float32 at::mm of shape s (contiguous operands), the
+// median of a few after one warm-up.
+double sgemm_rate(const MatmulShape &s) {
+    const at::Tensor a = at::randn({s.m, s.k}), b = at::randn({s.k, s.n});
+    std::vector<double> rates;
+    for (int i = 0; i < 6; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        at::Tensor c = at::mm(a, b);
+        const double dt = seconds_since(t0);
+        if (i > 0) rates.push_back(s.flops() / dt * 1e-9);
+    }
+    std::sort(rates.begin(), rates.end());
+    return rates[rates.size() / 2];
 }
 
 // GPU profile ("profile": true on CUDA): time of every CUDA kernel, summed by
@@ -234,6 +305,25 @@ int main(int argc, char **argv) {
                     cpu += process_cpu_seconds() - c0;
                 }
                 op_recording = false;
+            }
+            if (!device.is_cuda() && !profile) {
+                // One more step with the matrix products clocked (their time and
+                // FLOPs), then a plain sgemm of the largest of them.
+                auto handle = at::addGlobalCallback(at::RecordFunctionCallback(&mm_start, &mm_end)
+                                                        .needsInputs(true)
+                                                        .scopes({at::RecordScope::FUNCTION}));
+                const auto t0 = std::chrono::steady_clock::now();
+                trainer.forward_backward(b, loss);
+                trainer.optim_step();
+                const double step = seconds_since(t0);
+                at::removeCallback(handle);
+                if (mm_seconds > 0) {
+                    out["train_matmul_share"] = mm_seconds / step;
+                    out["train_matmul_gflops"] = mm_flops / mm_seconds * 1e-9;
+                    out["train_matmul_gflop"] = mm_flops * 1e-9;
+                    out["train_matmul_largest"] = {mm_largest.m, mm_largest.k, mm_largest.n};
+                    out["train_sgemm_largest_gflops"] = sgemm_rate(mm_largest);
+                }
             }
             out["train_cpu_s"] = cpu / static_cast<double>(steps);
             if (profile && device.is_cuda()) out["train_gpu_profile"] = gpu_profile_stop(t);
