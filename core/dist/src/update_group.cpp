@@ -31,6 +31,24 @@ std::string short_what(const std::exception &e) {
     return std::string(e.what()).substr(0, 300);
 }
 
+constexpr const char *kSequenceNumberKey = "SEQ_NUM_STORE_KEY";
+
+// The store a group's backend sees, prefixed as Python torch prefixes it, so
+// that a peer that forms the group in Python (SGLang's
+// init_custom_process_group, which verl and slime use too) meets ours:
+// PrefixStore(group_name) around the rendezvous store, then
+// torch.distributed's _new_process_group_helper adds "<group_name>/" and
+// "<device>/" (cpu for Gloo, the first device Gloo is registered for; cuda
+// for NCCL). Keys end up as "<g>/<g>//<device>//<key>" (PrefixStore joins
+// with "/"). Checked against the Python code of torch 2.11 and 2.15.
+c10::intrusive_ptr<c10d::Store> group_store(const c10::intrusive_ptr<c10d::Store> &store,
+                                            const std::string &group_name,
+                                            const std::string &device) {
+    auto named = c10::make_intrusive<c10d::PrefixStore>(group_name, store);
+    auto helper = c10::make_intrusive<c10d::PrefixStore>(group_name + "/", named);
+    return c10::make_intrusive<c10d::PrefixStore>(device + "/", helper);
+}
+
 } // namespace
 
 Rendezvous::Rendezvous(const std::string &address, int port, bool server,
@@ -98,7 +116,11 @@ void UpdateGroup::form(const UpdateGroupOptions &o, bool own_store) {
     so.port = static_cast<uint16_t>(o.master_port);
     so.isServer = o.rank == 0;
     so.numWorkers = o.world_size;
-    so.waitWorkers = false; // the trainer must not wait: servers join while it does
+    // A joining rank counts itself in the store's worker key as every TCPStore
+    // of Python's rendezvous does (a client's "wait" is only that count), so
+    // a master made by Python torch, which waits for world_size of them, sees
+    // it. Rank 0 does not wait: the servers join while it forms the group.
+    so.waitWorkers = o.rank != 0;
     so.timeout = o.timeout;
     try {
         if (own_store) impl_->store = c10::make_intrusive<c10d::TCPStore>(o.master_address, so);
@@ -109,8 +131,13 @@ void UpdateGroup::form(const UpdateGroupOptions &o, bool own_store) {
                 (o.rank == 0 ? " cannot host the store at " : " cannot reach the store at ") +
                 where_of(o) + " (master_address:master_port): " + short_what(e));
     }
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(o.group_name, impl_->store);
+    auto prefixed = group_store(impl_->store, o.group_name, o.backend == "gloo" ? "cpu" : "cuda");
     try {
+        // A rank > 0 of torch <= 2.11 waits for rank 0's sequence number of
+        // the group (_set_sequence_number_for_group); later versions neither
+        // write nor read it.
+        if (o.rank == 0)
+            prefixed->set(kSequenceNumberKey, std::vector<uint8_t>{1, 0, 0, 0, 0, 0, 0, 0});
         if (o.backend == "gloo") {
             auto go = c10d::ProcessGroupGloo::Options::create(o.timeout);
             if (o.master_address == "127.0.0.1" || o.master_address == "localhost")
