@@ -647,6 +647,26 @@ TEST(LoaderHostileFiles, FolderScanRefusesFifoSocketAndDeviceAndLoadsTheRest) {
         << j.dump(2);
 }
 
+TEST(LoaderHostileFiles, DanglingSymlinkIsRefusedNamingItsTargetNotSkipped) {
+    ScratchDir dir;
+    write_bytes(dir / "good.so", good_library());
+    const std::string link = dir / "gone.so";
+    fs::create_symlink(dir / "removed_build/rl-loss-x.so", link);
+    Runtime rt(dir.path.string());
+    const nlohmann::json j = rt.list();
+    EXPECT_EQ(j["plugins"].size(), 2u) << j.dump(2); // good.so's two
+    ASSERT_EQ(j["refused"].size(), 1u) << j.dump(2);
+    EXPECT_EQ(j["refused"][0]["path"], link);
+    EXPECT_NE(j["refused"][0]["reason"].get<std::string>().find(
+                  "a symbolic link to '" + (dir / "removed_build/rl-loss-x.so") +
+                  "', which does not exist"),
+              std::string::npos)
+        << j.dump(2);
+    const auto [st, msg] = explicit_load(link);
+    EXPECT_EQ(st, RL_ERR_NOT_FOUND);
+    EXPECT_NE(msg.find(link + ": a symbolic link to"), std::string::npos) << msg;
+}
+
 TEST(LoaderHostileStrings, DescriptorStringsThatAreNotTextAreRefusedEscaped) {
     Runtime rt(fixture("fixture_broken_bad_text"));
     const auto j = rt.list(); // a valid JSON document (it used to fail: type_error 316)

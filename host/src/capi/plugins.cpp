@@ -8,10 +8,12 @@
 #include "rl/core/json.hpp"
 
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <set>
 
@@ -64,6 +66,10 @@ RL_API rl_status_t rl_runtime_create(const rl_runtime_desc_t *desc, rl_runtime_t
             require(desc->struct_size >= offsetof(rl_runtime_desc_t, log_level) + sizeof(void *),
                     "rl_runtime_create: desc->struct_size is too small (use RL_RUNTIME_DESC_INIT)");
         static bool logger_ready = [] {
+            // Logs go to stderr: stdout belongs to the program (rlhost's
+            // --json listings, an embedder's own output).
+            spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+                "rl", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
             spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
             if (const char *env = std::getenv("RL_LOG_LEVEL")) spdlog_level(env);
             return true;

@@ -92,6 +92,15 @@ size_t Runtime::load_path(const std::string &path, bool explicit_request) {
         return n;
     }
     if (!fs::exists(p, ec)) {
+        if (fs::is_symlink(fs::symlink_status(p, ec))) {
+            // A plugin the user dropped in as a link whose target is gone: refused
+            // with the reason, never skipped silently.
+            const std::string why = "a symbolic link to '" + fs::read_symlink(p, ec).string() +
+                                    "', which does not exist";
+            refuse(path, why);
+            if (explicit_request) throw HostError{RL_ERR_NOT_FOUND, path + ": " + why};
+            return 0;
+        }
         if (explicit_request)
             throw HostError{RL_ERR_NOT_FOUND, "plugin path '" + path + "' does not exist"};
         spdlog::debug("plugin path {} does not exist; skipped", path);
