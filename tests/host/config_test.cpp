@@ -34,11 +34,10 @@ struct Loaded {
     nlohmann::json config;
 };
 
-Loaded load(const std::string &file, const std::vector<std::string> &sets = {}) {
+Loaded load_path(const std::string &path, const std::vector<std::string> &sets = {}) {
     std::vector<const char *> ptrs;
     for (const auto &s : sets) ptrs.push_back(s.c_str());
     rl_result_t *r = nullptr;
-    const std::string path = file.empty() ? "" : kData + "/" + file;
     Loaded out{rl_config_load(path.empty() ? nullptr : path.c_str(), ptrs.data(), ptrs.size(), &r),
                "",
                {}};
@@ -51,6 +50,10 @@ Loaded load(const std::string &file, const std::vector<std::string> &sets = {}) 
     out.config = nlohmann::json::parse(std::string(s.data, s.length));
     rl_result_destroy(r);
     return out;
+}
+
+Loaded load(const std::string &file, const std::vector<std::string> &sets = {}) {
+    return load_path(file.empty() ? "" : kData + "/" + file, sets);
 }
 
 // Loading `file` must be refused as an invalid argument with an error that
@@ -349,6 +352,37 @@ TEST(Config, AMergeKeyThatLeadsBackIsRefused) {
         text_refused("merge_chain.yaml", "ppo:\n  a: &a\n    b: &b\n      c:\n        <<: [*b]\n",
                      {"merge_chain.yaml:5:13: key 'ppo.a.b.c.<<[0]'", "which contains it"}));
     EXPECT_TRUE(set_refused("ppo.m=&m {k: {<<: *m}}", "key 'ppo.m.k.<<' is an alias"));
+}
+
+// YAML merge keys: `<<: *base` (or a list of them) adds the keys the mapping
+// does not set itself, in known sections and in free-form ones alike.
+TEST(Config, MergeKeysAddTheMergedKeysTheMappingDoesNotSet) {
+    const YamlFile f("merge_ok.yaml", "base: &base\n"
+                                      "  learning_rate: 3.0e-5\n"
+                                      "  gradient_clip: 0.5\n"
+                                      "other: &other\n"
+                                      "  gradient_clip: 9.0\n"
+                                      "  warmup_steps: 7\n"
+                                      "trainer:\n"
+                                      "  <<: [*base, *other]\n"
+                                      "  gradient_clip: 1.0\n"
+                                      "ppo:\n"
+                                      "  <<: *other\n"
+                                      "  own: 2\n");
+    const Loaded l = load_path(f.path);
+    ASSERT_EQ(l.status, RL_OK) << l.error;
+    EXPECT_EQ(l.config["trainer"]["learning_rate"], 3.0e-5); // from base
+    EXPECT_EQ(l.config["trainer"]["gradient_clip"], 1.0);    // its own wins
+    EXPECT_EQ(l.config["trainer"]["warmup_steps"], 7);       // from the second source
+    EXPECT_EQ(l.config["ppo"]["gradient_clip"], 9.0);
+    EXPECT_EQ(l.config["ppo"]["own"], 2);
+    EXPECT_FALSE(l.config["ppo"].contains("<<"));
+    EXPECT_TRUE(text_refused("merge_scalar.yaml", "trainer:\n  <<: 3\n",
+                             {"merge_scalar.yaml:2:3: key 'trainer.<<' (a YAML merge) must be a "
+                              "mapping or a list of mappings, got"}));
+    // A merged key is checked like a written one.
+    EXPECT_TRUE(text_refused("merge_unknown.yaml", "b: &b {nope: 1}\ntrainer:\n  <<: *b\n",
+                             {"unknown key 'trainer.nope'"}));
 }
 
 // Ten levels of ten aliases each stand for 10^10 values in 300 bytes: the

@@ -246,6 +246,54 @@ public:
         return prefix.empty() ? k.Scalar() : prefix + "." + k.Scalar();
     }
 
+    // Mapping `map` (at `path`, already entered) with YAML merge keys applied:
+    // `<<: *base` (or a list of mappings) adds every key of the merged
+    // mapping(s) that `map` does not set itself, the first source winning
+    // over later ones, merges inside the sources applied too. A merge that
+    // leads back to a mapping being read is refused by enter().
+    YAML::Node merged(const YAML::Node &map, const std::string &path, size_t depth) {
+        bool has_merge = false;
+        for (const auto &kv : map)
+            if (is_merge_key(kv.first)) has_merge = true;
+        if (!has_merge) return map;
+        YAML::Node out(YAML::NodeType::Map);
+        std::set<std::string> seen;
+        for (const auto &kv : map) // the mapping's own keys win
+            if (!is_merge_key(kv.first) && seen.insert(kv.first.Scalar()).second)
+                out.force_insert(kv.first, kv.second);
+        auto take = [&](const YAML::Node &src, const std::string &src_path, size_t d) {
+            for (const auto &e : merged(src, src_path, d))
+                if (seen.insert(e.first.Scalar()).second) out.force_insert(e.first, e.second);
+        };
+        for (const auto &kv : map) {
+            if (!is_merge_key(kv.first)) continue;
+            const std::string where = (path.empty() ? std::string() : path + ".") + "<<";
+            const std::string expect =
+                "key '" + where + "' (a YAML merge) must be a mapping or a list of mappings";
+            if (kv.second.IsMap()) {
+                const Scope scope = enter(kv.second, where, depth + 1, kv.first.Mark());
+                take(kv.second, where, depth + 1);
+            } else if (kv.second.IsSequence()) {
+                const Scope scope = enter(kv.second, where, depth + 1, kv.first.Mark());
+                size_t i = 0;
+                for (const auto &item : kv.second) {
+                    const std::string at_item = where + "[" + std::to_string(i++) + "]";
+                    const Scope item_scope = enter(item, at_item, depth + 2, item.Mark());
+                    if (!item.IsMap())
+                        fail(kv.first.Mark(), expect + "; an item is " + shown(item));
+                    take(item, at_item, depth + 2);
+                }
+            } else {
+                fail(kv.first.Mark(), expect + ", got " + shown(kv.second));
+            }
+        }
+        return out;
+    }
+
+    static bool is_merge_key(const YAML::Node &k) {
+        return k.IsScalar() && k.Scalar() == "<<" && k.Tag() != "!";
+    }
+
     // The text of scalar `n` (at `path`), checked to be UTF-8.
     std::string text(const YAML::Node &n, const std::string &path, const YAML::Mark &site) const {
         const size_t b = bad_utf8_at(n.Scalar());
@@ -275,7 +323,7 @@ public:
             }
             case YAML::NodeType::Map: {
                 json o = json::object();
-                for (const auto &kv : n) {
+                for (const auto &kv : merged(n, path, depth)) {
                     const std::string full = key(kv.first, path);
                     o[kv.first.Scalar()] = to_json(kv.second, full, depth + 1, kv.first.Mark());
                 }
@@ -479,7 +527,7 @@ struct Loader {
     void apply_map(Walk &w, const YAML::Node &map, const std::string &prefix, size_t depth,
                    const YAML::Mark &site) {
         const Walk::Scope scope = w.enter(map, prefix, depth, site);
-        for (const auto &kv : map) {
+        for (const auto &kv : w.merged(map, prefix, depth)) {
             const YAML::Node &knode = kv.first;
             const std::string full = w.key(knode, prefix);
             const std::string where = w.at(kv.second.Mark());
