@@ -44,6 +44,9 @@ std::vector<ConfigKey> build() {
               "Steps between checkpoints (0: only at the end).", Range::at_least(0)),
         choice_param("run.progress", "auto", {"auto", "bar", "lines"},
                      "Progress display: a bar on a terminal, plain lines otherwise."),
+        param("run.tensorboard", T::Boolean, true,
+              "Write TensorBoard event files to the run folder's tensorboard/ (every step's "
+              "numeric metrics as scalars <phase>/<key>, the same steps as metrics.jsonl)."),
         param("run.overwrite", T::Boolean, false,
               "Without run.resume, replace the checkpoints an earlier run left in the run folder "
               "(else that is an error)."),

@@ -23,6 +23,9 @@
 --   run:finish()
 local rl = require("rl")
 local fmt = require("rl.metrics")
+local tensorboard = require("rl.tensorboard")
+-- Fields of a step record that are not curves.
+local TB_SKIP = { phase = true, step = true }
 
 local M = {}
 
@@ -82,6 +85,7 @@ function M.new(cfg)
     self.checkpoint_dir = self.dir .. "/checkpoints"
     self.metrics_path = self.dir .. "/metrics.jsonl"
     self.checkpoint_every = r.checkpoint_every
+    self.tensorboard_dir = r.tensorboard and (self.dir .. "/tensorboard") or nil
     self.resume = r.resume
     self.phases = {}  -- phase -> completed steps
     self.history = {} -- phase -> list of step records (this process)
@@ -130,7 +134,7 @@ function Run:_open_folder()
         end
     end
     rl.write_file(self.dir .. "/config.json", rl.json.encode(self.cfg, 2) .. "\n")
-    if not r.resume then rl.write_file(self.metrics_path, "") end
+    if not r.resume then self:_reset_metrics({}) end
 end
 
 -- ---- console -------------------------------------------------------------------------
@@ -193,7 +197,7 @@ function Run:attach(trainer)
     local ck = trainer:load_checkpoint(self.checkpoint_dir)
     if not ck then
         self:print("resume: no checkpoint in " .. self.checkpoint_dir .. "; starting fresh")
-        if self.main then rl.write_file(self.metrics_path, "") end
+        if self.main then self:_reset_metrics({}) end
         return nil
     end
     local state = type(ck.state) == "table" and ck.state or {}
@@ -214,14 +218,27 @@ function Run:attach(trainer)
         end
         f:close()
     end
-    if self.main then
-        rl.write_file(self.metrics_path, #kept > 0 and table.concat(kept, "\n") .. "\n" or "")
-    end
+    if self.main then self:_reset_metrics(kept) end
     local where = {}
     for k, v in pairs(self.phases) do where[#where + 1] = k .. " step " .. v end
     table.sort(where)
     self:print(("resumed from %s (%s)"):format(ck.path, table.concat(where, ", ")))
     return self.data
+end
+
+-- metrics.jsonl becomes `lines` (the records a checkpoint covers, or none),
+-- and the TensorBoard folder is written again from them, so that both hold
+-- the same steps.
+function Run:_reset_metrics(lines)
+    rl.write_file(self.metrics_path, #lines > 0 and table.concat(lines, "\n") .. "\n" or "")
+    if not self.tensorboard_dir then return end
+    if self.tb then self.tb:close() end
+    if rl.exists(self.tensorboard_dir) then rl.remove_tree(self.tensorboard_dir) end
+    self.tb = tensorboard.open(self.tensorboard_dir)
+    for _, line in ipairs(lines) do
+        local rec = rl.json.decode(line)
+        self.tb:scalars(rec.step, tensorboard.flatten(rec.phase, rec, TB_SKIP))
+    end
 end
 
 --- run:checkpoint(): saves a checkpoint now (no-op without an attached
@@ -298,6 +315,10 @@ function Run:_end_step()
     end
     self.metrics_file:write(rl.json.encode(rec), "\n")
     self.metrics_file:flush()
+    if self.tensorboard_dir then
+        if not self.tb then self.tb = tensorboard.open(self.tensorboard_dir) end
+        self.tb:scalars(rec.step, tensorboard.flatten(rec.phase, rec, TB_SKIP))
+    end
     self:_clear_bar()
     io.stdout:write(self:_step_line(rec), "\n")
     io.stdout:flush()

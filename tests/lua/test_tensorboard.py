@@ -1,0 +1,98 @@
+"""The run folder's TensorBoard files, read by TensorBoard's own reader (the
+`tensorboard` package from PyPI, in a test venv): `rlhost run` of the GRPO
+example writes every numeric field of every metrics.jsonl record as a scalar
+`<phase>/<key>` at its step; after a resume both hold the same steps again,
+each once; `run.tensorboard: false` writes none."""
+
+import json
+import os
+import struct
+import subprocess
+import tempfile
+import unittest
+
+try:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+except ImportError:
+    print("the tensorboard package is not installed in this venv (no PyPI?): skipped")
+    raise SystemExit(77)
+
+RLHOST = os.environ["RL_TEST_RLHOST"]
+SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
+
+
+def f32(v):
+    return struct.unpack("<f", struct.pack("<f", float(v)))[0]
+
+
+class TensorBoardFiles(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="rl-tb-")
+        self.run_dir = os.path.join(self.tmp.name, "runs", "grpo")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def rlhost_run(self, *sets):
+        args = [RLHOST, "run", "examples/grpo.lua", "--config", "examples/grpo.yaml",
+                "--set", "sft.steps=3", "--set", "run.progress=lines",
+                "--set", f"run.dir={self.tmp.name}/runs",
+                "--set", f"model.init_dir={self.tmp.name}/tiny"]
+        for s in sets:
+            args += ["--set", s]
+        p = subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+
+    def records(self):
+        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def expect_same(self):
+        acc = EventAccumulator(os.path.join(self.run_dir, "tensorboard"),
+                               size_guidance={"scalars": 0})
+        acc.Reload()
+        scalars = {tag: acc.Scalars(tag) for tag in acc.Tags()["scalars"]}
+        want = {}
+        for rec in self.records():
+            for key, value in rec.items():
+                if key in ("phase", "step") or isinstance(value, bool) or \
+                        not isinstance(value, (int, float)):
+                    continue
+                want[(f"{rec['phase']}/{key}", rec["step"])] = f32(value)
+        got = {}
+        for tag, events in scalars.items():
+            for e in events:
+                self.assertNotIn((tag, e.step), got, f"{tag} step {e.step} written twice")
+                got[(tag, e.step)] = e.value
+        self.assertGreater(len(want), 50)
+        self.assertEqual(set(got), set(want))
+        for k, v in want.items():
+            self.assertEqual(got[k], v, k)
+        return scalars
+
+    def test_every_metric_of_every_step_is_a_scalar_and_a_resume_keeps_them_once(self):
+        self.rlhost_run("run.steps=4")
+        scalars = self.expect_same()
+        self.assertIn("rl/reward", scalars)
+        self.assertIn("sft/loss", scalars)
+        self.assertEqual([e.step for e in scalars["rl/reward"]], [1, 2, 3, 4])
+        # What a process killed after its last checkpoint leaves: events the
+        # resumed run redoes (here a second copy of every step so far).
+        tb = os.path.join(self.run_dir, "tensorboard")
+        (first,) = os.listdir(tb)
+        with open(os.path.join(tb, first), "rb") as f:
+            stale = f.read()
+        with open(os.path.join(tb, "events.out.tfevents.1.stale.rl"), "wb") as f:
+            f.write(stale)
+        self.rlhost_run("run.steps=6", "run.resume=true")
+        scalars = self.expect_same()
+        self.assertEqual([e.step for e in scalars["rl/reward"]], [1, 2, 3, 4, 5, 6])
+
+    def test_run_tensorboard_false_writes_no_event_files(self):
+        self.rlhost_run("run.steps=1", "run.tensorboard=false")
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir, "tensorboard")))
+        self.assertEqual(len([r for r in self.records() if r["phase"] == "rl"]), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
