@@ -8,10 +8,12 @@
 -- 2. each RL step: sample prompts, generate rollout.n completions per prompt,
 --    score them, run the filters, drop groups without signal (the buffer),
 --    compute group-relative advantages, take one optimizer step and sync the
---    engine's weights.
+--    engine's weights. With ref.model set, a frozen reference scores the
+--    batch's tokens first (ref_logprobs) for the loss's KL term
+--    (loss.params.kl_coef) and the ref_kl metric.
 local rl = require("rl")
 
-local cfg = rl.config(rl.sft_keys()) -- this script's own settings, checked like the host's
+local cfg = rl.config(rl.ref_keys(rl.sft_keys())) -- this script's own settings, checked like the host's
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
 local tok = model:tokenizer()
@@ -28,6 +30,7 @@ local buffer = rl.buffer(rl.buffer_config(cfg))
 -- 1. supervised warm-up (sft.steps > 0) -----------------------------------------------
 rl.sft_warmup(cfg, run, trainer, tok, env)
 engine:sync_weights(buffer)
+local ref = rl.reference(cfg, model, run) -- nil unless ref.model is set
 
 -- 2. GRPO ----------------------------------------------------------------------------
 for step in run:steps("rl", cfg.run.steps) do
@@ -43,10 +46,12 @@ for step in run:steps("rl", cfg.run.steps) do
     local batch = buffer:pop_train_batch(cfg.buffer.min_rollouts)
     if batch then
         batch:compute_advantages(advantage)
+        if ref then ref:score(batch) end
         local out = trainer:forward_backward(batch, loss)
         local opt = trainer:optim_step()
         engine:sync_weights(buffer)
         for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
+        record.ref_kl = out.metrics and out.metrics.ref_kl
         record.mask_frac = record.mask_frac or flagged.masked / r.rollouts
         record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
         record.groups = batch:info().groups

@@ -63,6 +63,55 @@ function M.sft_keys(keys)
     return out
 end
 
+--- rl.ref_keys([keys]) -> the declaration of ref.model (the frozen reference
+--- model of the KL terms) followed by `keys`, for rl.config:
+---
+---   local cfg = rl.config(rl.ref_keys(rl.sft_keys()))
+function M.ref_keys(keys)
+    local out = {
+        { "ref.model", "string", "",
+          "Frozen reference model whose logprobs the losses' KL terms (loss.params.kl_coef) "
+          .. "use: '' none, 'initial' the policy's weights when RL starts (after any warm-up), "
+          .. "else a model folder." },
+    }
+    for _, k in ipairs(keys or {}) do out[#out + 1] = k end
+    return out
+end
+
+--- rl.reference(cfg, model, run) -> ref, or nil when ref.model is '': a second,
+--- frozen copy of a model whose forward passes give the batch its
+--- `ref_logprobs` (ref:score(batch)). 'initial' saves the policy's weights as
+--- they are now to <run folder>/reference (kept on resume: the reference of a
+--- resumed run is the one it started with) and loads them; any other value is
+--- a model folder. The reference shares the policy's vocabulary, device and
+--- dtype; it is never stepped.
+function M.reference(cfg, model, run)
+    local which = cfg.ref and cfg.ref.model or ""
+    if which == "" then return nil end
+    local dir = which
+    if which == "initial" then
+        dir = run.dir .. "/reference"
+        if run.main and not rl.exists(dir .. "/config.json") then model:save(dir) end
+        if run.world > 1 then rl.dist.barrier() end -- every rank loads it after rank 0 wrote it
+    elseif not rl.exists(dir .. "/config.json") then
+        error("ref.model: '" .. dir .. "' is not a model folder (no config.json); use '', "
+            .. "'initial' or a model folder", 2)
+    end
+    local m = cfg.model
+    local ref_model = rl.model(dir, { threads = m.threads, device = m.device, dtype = m.dtype })
+    if ref_model:info().vocab_size ~= model:info().vocab_size then
+        error("ref.model: '" .. dir .. "' has a vocabulary of " .. ref_model:info().vocab_size
+            .. " tokens, the policy " .. model:info().vocab_size, 2)
+    end
+    local forward = ref_model:trainer {} -- forward passes only; never stepped
+    local ref = { model = ref_model, dir = dir }
+    --- ref:score(batch): sets the batch's ref_logprobs from the reference.
+    function ref.score(_, batch)
+        batch:set("ref_logprobs", forward:forward(batch).logprobs)
+    end
+    return ref
+end
+
 --- rl.sft_warmup(cfg, run, trainer, tokenizer, env): the supervised warm-up
 --- on the env's reference answers before RL (cfg.sft.steps steps of
 --- cfg.sft.batch_size tasks, causallm_loss, learning rate

@@ -1,0 +1,75 @@
+"""A frozen reference model in the GRPO example (ref.model): the batch's
+ref_logprobs come from it, so the loss reports ref_kl, exactly 0 on the first
+trained step (the reference is the policy as RL starts) and above 0 once the
+policy moved; a resumed run keeps the reference it started with; a folder
+that is no model is refused naming the key; without ref.model nothing
+changes."""
+
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+RLHOST = os.environ["RL_TEST_RLHOST"]
+SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
+
+
+class ReferenceModel(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="rl-ref-")
+        self.run_dir = os.path.join(self.tmp.name, "runs", "grpo")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def rlhost_run(self, *sets, ok=True):
+        args = [RLHOST, "run", "examples/grpo.lua", "--config", "examples/grpo.yaml",
+                "--set", "sft.steps=3", "--set", "run.progress=lines",
+                "--set", "run.tensorboard=false",
+                "--set", f"run.dir={self.tmp.name}/runs",
+                "--set", f"model.init_dir={self.tmp.name}/tiny"]
+        for s in sets:
+            args += ["--set", s]
+        p = subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=600)
+        if ok:
+            self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+        return p
+
+    def trained_steps(self):
+        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+        return [r for r in recs if r["phase"] == "rl" and "grad_norm" in r]
+
+    def test_initial_reference_scores_every_trained_batch_and_survives_a_resume(self):
+        self.rlhost_run("run.steps=4", "ref.model=initial", "loss.params.kl_coef=0.05")
+        steps = self.trained_steps()
+        self.assertGreaterEqual(len(steps), 2)
+        self.assertTrue(all("ref_kl" in r for r in steps), steps)
+        self.assertEqual(steps[0]["ref_kl"], 0.0, "the reference is the policy as RL starts")
+        self.assertGreater(steps[-1]["ref_kl"], 0.0)
+        weights = os.path.join(self.run_dir, "reference", "model.safetensors")
+        before = os.stat(weights).st_mtime_ns
+        self.rlhost_run("run.steps=7", "run.resume=true", "ref.model=initial",
+                        "loss.params.kl_coef=0.05")
+        self.assertEqual(os.stat(weights).st_mtime_ns, before, "the reference is not rewritten")
+        resumed = [r for r in self.trained_steps() if r["step"] > 4]
+        self.assertTrue(resumed)
+        self.assertTrue(all(r["ref_kl"] > 0.0 for r in resumed), resumed)
+
+    def test_a_reference_that_is_no_model_folder_is_refused_naming_the_key(self):
+        missing = os.path.join(self.tmp.name, "nowhere")
+        p = self.rlhost_run("run.steps=1", f"ref.model={missing}", ok=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(f"ref.model: '{missing}' is not a model folder", p.stdout + p.stderr)
+
+    def test_without_ref_model_the_batches_carry_no_reference(self):
+        self.rlhost_run("run.steps=2")
+        steps = self.trained_steps()
+        self.assertTrue(steps)
+        self.assertTrue(all("ref_kl" not in r for r in steps), steps)
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir, "reference")))
+
+
+if __name__ == "__main__":
+    unittest.main()
