@@ -46,7 +46,10 @@ build: deps $(BUILD)/build.ninja
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-run: build
+# Only what the example runs (rlhost and the shipped plugins), not the tests
+# and benchmarks.
+run: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target rl_run_targets
 	bash scripts/run-example.sh $(BUILD)
 
 bench: build
