@@ -1,4 +1,4 @@
-/* abi/rl_api.h: the C ABI of the RL runtime, version 0.2.
+/* abi/rl_api.h: the C ABI of the RL runtime (its version: RL_ABI_VERSION in rl/version.h).
  *
  * Pure C11 with no dependency beyond stdint.h, stddef.h and stdbool.h. Plugins
  * include it (usually through sdk/); embedders include it and link librl.
