@@ -46,6 +46,7 @@ for step in run:steps("rl", cfg.run.steps) do
     local batch = buffer:pop_train_batch(cfg.buffer.min_rollouts)
     if batch then
         batch:compute_advantages(advantage)
+        run:log_samples(batch) -- every run.samples_every steps, to samples.jsonl
         if ref then ref:score(batch) end
         local out = trainer:forward_backward(batch, loss)
         local opt = trainer:optim_step()

@@ -47,6 +47,10 @@ std::vector<ConfigKey> build() {
         param("run.tensorboard", T::Boolean, true,
               "Write TensorBoard event files to the run folder's tensorboard/ (every step's "
               "numeric metrics as scalars <phase>/<key>, the same steps as metrics.jsonl)."),
+        param("run.samples_every", T::Integer, 10,
+              "Every N steps, the trained sequences (task, completion, reward, advantage) go to "
+              "the run folder's samples.jsonl (0: never).",
+              Range::at_least(0)),
         param("run.overwrite", T::Boolean, false,
               "Without run.resume, replace the checkpoints an earlier run left in the run folder "
               "(else that is an error)."),

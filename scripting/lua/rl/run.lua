@@ -84,6 +84,8 @@ function M.new(cfg)
     self.dir = r.dir .. "/" .. r.name
     self.checkpoint_dir = self.dir .. "/checkpoints"
     self.metrics_path = self.dir .. "/metrics.jsonl"
+    self.samples_path = self.dir .. "/samples.jsonl"
+    self.samples_every = r.samples_every or 0
     self.checkpoint_every = r.checkpoint_every
     self.tensorboard_dir = r.tensorboard and (self.dir .. "/tensorboard") or nil
     self.resume = r.resume
@@ -231,6 +233,7 @@ end
 -- the same steps.
 function Run:_reset_metrics(lines)
     rl.write_file(self.metrics_path, #lines > 0 and table.concat(lines, "\n") .. "\n" or "")
+    self:_reset_samples()
     if not self.tensorboard_dir then return end
     if self.tb then self.tb:close() end
     if rl.exists(self.tensorboard_dir) then rl.remove_tree(self.tensorboard_dir) end
@@ -239,6 +242,78 @@ function Run:_reset_metrics(lines)
         local rec = rl.json.decode(line)
         self.tb:scalars(rec.step, tensorboard.flatten(rec.phase, rec, TB_SKIP))
     end
+end
+
+-- samples.jsonl keeps the lines of the steps the run's progress covers.
+function Run:_reset_samples()
+    if self.samples_file then
+        self.samples_file:close()
+        self.samples_file = nil
+    end
+    local kept = {}
+    local f = io.open(self.samples_path, "r")
+    if f then
+        for line in f:lines() do
+            local ok, rec = pcall(rl.json.decode, line)
+            if ok and type(rec) == "table" and self.phases[rec.phase]
+                and rec.step <= self.phases[rec.phase] then
+                kept[#kept + 1] = line
+            end
+        end
+        f:close()
+    end
+    rl.write_file(self.samples_path, #kept > 0 and table.concat(kept, "\n") .. "\n" or "")
+end
+
+-- `s` with every byte that is not part of valid UTF-8 written as \xNN.
+local function printable(s)
+    local out, i = {}, 1
+    while i <= #s do
+        local n, bad = utf8.len(s, i)
+        if n then
+            out[#out + 1] = s:sub(i)
+            break
+        end
+        out[#out + 1] = s:sub(i, bad - 1) .. ("\\x%02x"):format(s:byte(bad))
+        i = bad + 1
+    end
+    return table.concat(out)
+end
+
+--- run:log_samples(batch): on every run.samples_every-th step of the phase,
+--- each sequence of the training batch as a line of samples.jsonl:
+--- {phase, step, group, task, completion, reward, advantage} (the task as the
+--- env gave it, the advantage of the sequence's first trained token; bytes
+--- that are not UTF-8 as \xNN). Call it after batch:compute_advantages.
+function Run:log_samples(batch)
+    local every = self.samples_every
+    if not self.main or every <= 0 or not self.step or self.step % every ~= 0 then return end
+    local info, t = batch:info(), batch:tensors()
+    local cu, mask, adv = t.cu_seqlens, t.loss_mask, t.advantages
+    if not self.samples_file then self.samples_file = assert(io.open(self.samples_path, "a")) end
+    for i = 1, info.rollouts do
+        local advantage
+        if adv and cu then
+            for p = cu[i] + 1, cu[i + 1] do
+                if not mask or mask[p] > 0 then
+                    advantage = adv[p]
+                    break
+                end
+            end
+        end
+        local task = info.tasks and info.tasks[i]
+        local ok, decoded = pcall(rl.json.decode, task or "null")
+        local rec = {
+            phase = self.phase, step = self.step,
+            group = info.group_ids and info.group_ids[i],
+            task = ok and decoded or (task and printable(task)),
+            completion = info.completions and printable(info.completions[i]),
+            reward = info.rewards and info.rewards[i],
+            advantage = advantage,
+        }
+        self.samples_file:write(rl.json.encode(rec), "\n")
+    end
+    self.samples_file:flush()
 end
 
 --- run:checkpoint(): saves a checkpoint now (no-op without an attached

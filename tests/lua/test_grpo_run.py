@@ -1,9 +1,13 @@
-"""A frozen reference model in the GRPO example (ref.model): the batch's
-ref_logprobs come from it, so the loss reports ref_kl, exactly 0 on the first
-trained step (the reference is the policy as RL starts) and above 0 once the
-policy moved; a resumed run keeps the reference it started with; a folder
-that is no model is refused naming the key; without ref.model nothing
-changes."""
+"""The GRPO example end to end, on what it leaves besides metrics:
+
+- a frozen reference model (ref.model): the batch's ref_logprobs come from
+  it, so the loss reports ref_kl, exactly 0 on the first trained step (the
+  reference is the policy as RL starts) and above 0 once the policy moved; a
+  resumed run keeps the reference it started with; a folder that is no model
+  is refused naming the key; without ref.model nothing changes;
+- samples.jsonl (run.samples_every): the trained sequences of every N-th step
+  with task, completion, reward and advantage, cut back to the checkpoint on
+  resume."""
 
 import json
 import os
@@ -15,7 +19,7 @@ RLHOST = os.environ["RL_TEST_RLHOST"]
 SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
 
 
-class ReferenceModel(unittest.TestCase):
+class GrpoRun(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="rl-ref-")
         self.run_dir = os.path.join(self.tmp.name, "runs", "grpo")
@@ -41,6 +45,8 @@ class ReferenceModel(unittest.TestCase):
             recs = [json.loads(line) for line in f if line.strip()]
         return [r for r in recs if r["phase"] == "rl" and "grad_norm" in r]
 
+
+class ReferenceModel(GrpoRun):
     def test_initial_reference_scores_every_trained_batch_and_survives_a_resume(self):
         self.rlhost_run("run.steps=4", "ref.model=initial", "loss.params.kl_coef=0.05")
         steps = self.trained_steps()
@@ -69,6 +75,49 @@ class ReferenceModel(unittest.TestCase):
         self.assertTrue(steps)
         self.assertTrue(all("ref_kl" not in r for r in steps), steps)
         self.assertFalse(os.path.exists(os.path.join(self.run_dir, "reference")))
+
+
+class Samples(GrpoRun):
+    def samples(self):
+        with open(os.path.join(self.run_dir, "samples.jsonl")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def test_every_nth_step_writes_its_trained_sequences_and_a_resume_cuts_back(self):
+        self.rlhost_run("run.steps=4", "run.samples_every=2")
+        got = self.samples()
+        trained = {r["step"] for r in self.trained_steps()}
+        self.assertEqual({r["step"] for r in got}, {s for s in trained if s % 2 == 0})
+        self.assertTrue(got)
+        for r in got:
+            self.assertEqual(r["phase"], "rl")
+            self.assertIn("reverse: ", r["task"]["prompt"])
+            self.assertIsInstance(r["completion"], str)
+            self.assertIsInstance(r["reward"], float)
+            self.assertIsInstance(r["advantage"], float)
+        # GRPO: a group's advantages are its rewards centred on the group mean,
+        # so they sum to 0 and follow the rewards' order.
+        groups = {}
+        for r in got:
+            groups.setdefault((r["step"], r["group"]), []).append(r)
+        for members in groups.values():
+            self.assertAlmostEqual(sum(m["advantage"] for m in members), 0.0, places=5)
+            best = max(members, key=lambda m: m["reward"])
+            self.assertEqual(best["advantage"], max(m["advantage"] for m in members))
+        # A process killed after logging step 6's samples but before its
+        # checkpoint; the resumed run starts again from the checkpoint at 4,
+        # and the stale line (step 2's group number: never a step 6 one) goes.
+        stale = dict(got[0], step=6)
+        with open(os.path.join(self.run_dir, "samples.jsonl"), "a") as f:
+            f.write(json.dumps(stale) + "\n")
+        self.rlhost_run("run.steps=6", "run.resume=true", "run.samples_every=2")
+        after = self.samples()
+        self.assertNotIn(stale, after)
+        self.assertEqual(after[:len(got)], got)
+        self.assertEqual({r["step"] for r in after[len(got):]}, {6})
+
+    def test_samples_every_0_writes_none(self):
+        self.rlhost_run("run.steps=2", "run.samples_every=0")
+        self.assertEqual(self.samples(), [])
 
 
 if __name__ == "__main__":
