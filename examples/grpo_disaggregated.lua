@@ -215,6 +215,18 @@ local function weight_broadcaster(model)
     end
 end
 
+-- Mean |a - b| over the loss tokens: how far the proximal policy's logprobs
+-- are from the behaviour policy's.
+local function mean_abs_gap(a, b, mask)
+    local sum, n = 0.0, 0
+    for i = 1, #a do
+        if not mask or mask[i] > 0 then
+            sum, n = sum + math.abs(a[i] - b[i]), n + 1
+        end
+    end
+    return n > 0 and sum / n or 0.0
+end
+
 -- One trainer step on a received batch message (waited for `wait` seconds),
 -- then the weights of `version` broadcast: the batch's header and the step's
 -- record (loss stats, tokens, grad norm, lr, sync metrics and what both modes
@@ -222,6 +234,15 @@ end
 local function train_on(trainer, loss, msg, broadcast, version, wait)
     local h = msg.header
     msg.header, msg.metrics = nil, nil
+    -- AReaL's decoupled PPO: the proximal policy is the trainer's weights as
+    -- they are now, its logprobs recomputed for the batch before the update;
+    -- old_logprobs stay the behaviour policy's (the rollout's, up to
+    -- max_async_level versions old).
+    local prox_gap
+    if cfg.loss.name == "decoupled_ppo" then
+        msg.prox_logprobs = trainer:forward(msg).logprobs
+        prox_gap = mean_abs_gap(msg.prox_logprobs, msg.old_logprobs, msg.loss_mask)
+    end
     local out = trainer:forward_backward(msg, loss)
     local opt = trainer:optim_step()
     local sync = broadcast(version)
@@ -233,6 +254,7 @@ local function train_on(trainer, loss, msg, broadcast, version, wait)
     }
     for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
     record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
+    record.prox_gap = prox_gap
     return h, record
 end
 

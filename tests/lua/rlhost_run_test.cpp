@@ -427,6 +427,40 @@ INSTANTIATE_TEST_SUITE_P(Transports, Disaggregated,
                                     std::to_string(std::get<1>(info.param));
                          });
 
+// AReaL's decoupled PPO in the asynchronous mode: the trainer recomputes the
+// proximal policy's logprobs before each update. Where the batch was sampled
+// by older weights the recomputed logprobs differ from the behaviour ones;
+// where it was sampled by the current weights they agree to rounding; the
+// run learns at max_async_level 2.
+TEST(DisaggregatedDecoupledPpo, ProximalLogprobsAreRecomputedAndTheRunLearnsAtAsyncLevel2) {
+    const std::string dir = temp_dir();
+    std::vector<std::string> args =
+        disaggregated_args("filesystem", "filesystem", 120 * kTimeScale);
+    args.insert(args.end(),
+                {"--set", "loss.name=decoupled_ppo", "--set",
+                 "loss.params={behav_imp_weight_cap: 5}", "--set", "max_async_level=2"});
+    const Proc p =
+        rlhost(args, dir, 900, nullptr, {"launch", "--roles", "trainer,rollout", "--", "run"});
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
+    const std::vector<json> rl = grpo_test_rl_lines(dir, p.out);
+    ASSERT_FALSE(rl.empty()) << p.out;
+    int behind = 0, current = 0;
+    for (const auto &l : rl) {
+        ASSERT_TRUE(l.contains("prox_gap")) << l.dump();
+        const double gap = l.at("prox_gap").get<double>();
+        if (l.at("off_policy_gap").get<int64_t>() >= 1) {
+            ++behind;
+            EXPECT_GT(gap, 1e-4) << "a batch a version behind: prox must differ " << l.dump();
+        } else {
+            ++current;
+            EXPECT_LT(gap, 1e-3) << "a batch of the current weights: prox = behaviour " << l.dump();
+        }
+    }
+    EXPECT_GT(behind, 0) << "no batch was sampled by older weights: nothing recomputed differs";
+    EXPECT_GT(current, 0) << p.out;
+    expect_reward_rises(rl, p.out);
+}
+
 // Settings of the disaggregated mode that cannot work are refused by name
 // before any model or run folder is made.
 TEST(DisaggregatedErrors, ImpossibleSettingsAreNamedBeforeTheRunStarts) {
