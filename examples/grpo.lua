@@ -10,10 +10,12 @@
 --    compute group-relative advantages, take one optimizer step and sync the
 --    engine's weights. With ref.model set, a frozen reference scores the
 --    batch's tokens first (ref_logprobs) for the loss's KL term
---    (loss.params.kl_coef) and the ref_kl metric.
+--    (loss.params.kl_coef) and the ref_kl metric. Every eval.every steps the
+--    same eval tasks are answered (greedy by default) and scored: eval/*.
 local rl = require("rl")
 
-local cfg = rl.config(rl.ref_keys(rl.sft_keys())) -- this script's own settings, checked like the host's
+-- This script's own settings (sft.*, ref.*, eval.*), checked like the host's.
+local cfg = rl.config(rl.eval_keys(rl.ref_keys(rl.sft_keys())))
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
 local tok = model:tokenizer()
@@ -59,6 +61,7 @@ for step in run:steps("rl", cfg.run.steps) do
     end
     local drops = buffer:stats(true)
     record.dropped_groups = drops.dropped_groups
+    for k, v in pairs(rl.evaluate(engine, env, cfg, step) or {}) do record["eval/" .. k] = v end
     run:log(record)
 end
 

@@ -7,7 +7,9 @@
   is refused naming the key; without ref.model nothing changes;
 - samples.jsonl (run.samples_every): the trained sequences of every N-th step
   with task, completion, reward and advantage, cut back to the checkpoint on
-  resume."""
+  resume;
+- online evaluation (eval.*): every N-th step's record carries eval/* over
+  the same tasks (env tasks or a JSON-lines file, whose bad line is named)."""
 
 import json
 import os
@@ -118,6 +120,43 @@ class Samples(GrpoRun):
     def test_samples_every_0_writes_none(self):
         self.rlhost_run("run.steps=2", "run.samples_every=0")
         self.assertEqual(self.samples(), [])
+
+
+class Evaluation(GrpoRun):
+    def records(self):
+        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def test_every_nth_step_records_the_evaluation(self):
+        self.rlhost_run("run.steps=4", "eval.every=2", "eval.tasks=6", "eval.samples=3",
+                        "eval.temperature=1.0", "eval.pass_reward=0.5")
+        rl = [r for r in self.records() if r["phase"] == "rl"]
+        self.assertEqual([r["step"] for r in rl], [1, 2, 3, 4])
+        for r in rl:
+            if r["step"] % 2:
+                self.assertFalse([k for k in r if k.startswith("eval/")], r)
+                continue
+            self.assertEqual(r["eval/tasks"], 6)
+            self.assertEqual(r["eval/k"], 3)
+            self.assertGreaterEqual(r["eval/reward_mean"], 0.0)
+            self.assertLessEqual(r["eval/reward_mean"], 1.0)
+            self.assertIn(r["eval/pass_at_k"], [i / 6 for i in range(7)])
+            self.assertIn("eval/env/exact_match", r)
+
+    def test_tasks_from_a_file_and_a_bad_line_named(self):
+        path = os.path.join(self.tmp.name, "eval.jsonl")
+        tasks = [{"prompt": "reverse: ab\n", "answer": "ba", "metadata": {"text": "ab", "length": 2}},
+                 {"prompt": "reverse: xyz\n", "answer": "zyx", "metadata": {"text": "xyz", "length": 3}}]
+        with open(path, "w") as f:
+            f.write("\n".join(json.dumps(t) for t in tasks) + "\n")
+        self.rlhost_run("run.steps=1", "eval.every=1", f"eval.file={path}")
+        (r,) = [r for r in self.records() if r["phase"] == "rl"]
+        self.assertEqual(r["eval/tasks"], 2)
+        with open(path, "a") as f:
+            f.write("{not json\n")
+        p = self.rlhost_run("run.steps=1", "eval.every=1", f"eval.file={path}", ok=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(f"eval.file: {path}:3 is not a JSON object", p.stdout + p.stderr)
 
 
 if __name__ == "__main__":

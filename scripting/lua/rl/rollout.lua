@@ -112,6 +112,82 @@ function M.reference(cfg, model, run)
     return ref
 end
 
+--- rl.eval_keys([keys]) -> the declarations of the online evaluation's
+--- settings (eval.*) followed by `keys`, for rl.config.
+function M.eval_keys(keys)
+    local out = {
+        { "eval.every", "integer", 0, "RL steps between evaluations (0: none).", min = 0 },
+        { "eval.tasks", "integer", 64, "Env tasks per evaluation (the same ones every time).", min = 1 },
+        { "eval.file", "string", "", "JSON-lines file of tasks to evaluate on instead of env tasks." },
+        { "eval.samples", "integer", 1, "Completions per task (k of pass@k).", min = 1 },
+        { "eval.temperature", "number", 0.0, "Sampling temperature of the evaluation (0: greedy).", min = 0 },
+        { "eval.pass_reward", "number", 1.0, "Reward at or above which a completion passes (pass@k)." },
+    }
+    for _, k in ipairs(keys or {}) do out[#out + 1] = k end
+    return out
+end
+
+-- The evaluation's tasks: eval.file's lines (JSON objects, as the env's
+-- tasks), else eval.tasks env tasks drawn from a stream of their own.
+local function eval_tasks(cfg, env)
+    local e = cfg.eval
+    if e.file == "" then return env:sample(e.tasks, rl.seed(cfg.run.seed, "eval", 0)) end
+    local f, err = io.open(e.file, "r")
+    if not f then error("eval.file: cannot read '" .. e.file .. "': " .. tostring(err), 3) end
+    local tasks, n = {}, 0
+    for line in f:lines() do
+        n = n + 1
+        if line:match("%S") then
+            local ok, task = pcall(rl.json.decode, line)
+            if not ok or type(task) ~= "table" then
+                f:close()
+                error(("eval.file: %s:%d is not a JSON object (%s)"):format(e.file, n,
+                    ok and type(task) or tostring(task)), 3)
+            end
+            tasks[#tasks + 1] = task
+        end
+    end
+    f:close()
+    if #tasks == 0 then error("eval.file: '" .. e.file .. "' holds no tasks", 3) end
+    return tasks
+end
+
+--- rl.evaluate(engine, env, cfg, step) -> {reward_mean, pass_at_k, k, tasks,
+--- [env metrics]} or nil when no evaluation is due at `step` (eval.every).
+--- eval.samples completions of each task at eval.temperature (0: greedy),
+--- scored by the env; pass_at_k is the share of tasks with a completion whose
+--- reward is at least eval.pass_reward.
+function M.evaluate(engine, env, cfg, step)
+    local e = cfg.eval
+    if not e or e.every <= 0 or step % e.every ~= 0 then return nil end
+    local tasks = eval_tasks(cfg, env)
+    local rollouts = engine:rollouts(tasks, {
+        chat_template = cfg.tokenizer.chat_template,
+        sampling = rl.generation_params(cfg, {
+            n = e.samples, temperature = e.temperature,
+            seed = rl.seed(cfg.run.seed, "eval-generate", step),
+        }),
+    })
+    rollouts:score(env)
+    local info = rollouts:info()
+    local best = {}
+    for i = 1, info.rollouts do
+        local g, r = info.group_ids[i], info.rewards[i]
+        if best[g] == nil or r > best[g] then best[g] = r end
+    end
+    local tasks_n, passed = 0, 0
+    for _, r in pairs(best) do
+        tasks_n = tasks_n + 1
+        if r >= e.pass_reward then passed = passed + 1 end
+    end
+    local out = { reward_mean = info.reward_mean, pass_at_k = passed / tasks_n, k = e.samples,
+                  tasks = tasks_n }
+    for k, v in pairs(info) do
+        if type(k) == "string" and k:sub(1, 4) == "env/" and type(v) == "number" then out[k] = v end
+    end
+    return out
+end
+
 --- rl.sft_warmup(cfg, run, trainer, tokenizer, env): the supervised warm-up
 --- on the env's reference answers before RL (cfg.sft.steps steps of
 --- cfg.sft.batch_size tasks, causallm_loss, learning rate
