@@ -1,5 +1,6 @@
 // rlhost: the command-line host. A client of the C API (librl) like any embedder.
 #include "launch.hpp"
+#include "report.hpp"
 #include "run.hpp"
 #include "serve.hpp"
 #include "training_server.hpp"
@@ -36,6 +37,7 @@ const char *kUsage =
     "                                      (rlhost training-server --help)\n"
     "  init-model --preset tiny --out DIR [--seed N]\n"
     "                                      write the built-in model as a Hugging Face folder\n"
+    "  report RUN_DIR [--out FILE]         one HTML page of a run folder: charts, samples\n"
     "  plugins [--json]                    list loaded plugins and refused libraries\n"
     "  config [--config FILE] [--set K=V]...  print the resolved run configuration (JSON)\n"
     "  config --schema                     print every configuration key (JSON)\n"
@@ -263,6 +265,7 @@ int main(int argc, char **argv) {
     }
     if (o.command == "plugins") return cmd_plugins(o);
     if (o.command == "init-model") return cmd_init_model(o.args);
+    if (o.command == "report") return rlhost::cmd_report(o.args);
     if (o.command == "config") return cmd_config(o);
     if (o.command == "launch") {
         std::vector<std::string> host_args;

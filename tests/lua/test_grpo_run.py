@@ -9,10 +9,14 @@
   with task, completion, reward and advantage, cut back to the checkpoint on
   resume;
 - online evaluation (eval.*): every N-th step's record carries eval/* over
-  the same tasks (env tasks or a JSON-lines file, whose bad line is named)."""
+  the same tasks (env tasks or a JSON-lines file, whose bad line is named);
+- `rlhost report`: one HTML page with a chart per metric and phase (as many
+  points as records) and the samples, text escaped, no script; it reads a
+  run that is still writing its last line and names a broken one."""
 
 import json
 import os
+from html.parser import HTMLParser
 import subprocess
 import tempfile
 import unittest
@@ -157,6 +161,76 @@ class Evaluation(GrpoRun):
         p = self.rlhost_run("run.steps=1", "eval.every=1", f"eval.file={path}", ok=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn(f"eval.file: {path}:3 is not a JSON object", p.stdout + p.stderr)
+
+
+class Page(HTMLParser):
+    """Tags, polyline point counts, chart titles and text of a report."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.points, self.titles, self.text = [], [], [], []
+        self._in_title = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        a = dict(attrs)
+        if tag == "polyline":
+            self.points.append(len(a["points"].split()))
+        self._in_title = tag == "title"
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self._in_title:
+            self.titles.append(data)
+            self._in_title = False
+
+
+class Report(GrpoRun):
+    def report(self, ok=True):
+        p = subprocess.run([RLHOST, "report", self.run_dir], capture_output=True, text=True,
+                           timeout=120)
+        if ok:
+            self.assertEqual(p.returncode, 0, p.stderr)
+        return p
+
+    def page(self):
+        page = Page()
+        with open(os.path.join(self.run_dir, "report.html")) as f:
+            page.feed(f.read())
+        return page
+
+    def test_a_chart_per_metric_with_every_step_and_the_samples_escaped(self):
+        self.rlhost_run("run.steps=4", "run.samples_every=1")
+        with open(os.path.join(self.run_dir, "samples.jsonl"), "a") as f:
+            f.write(json.dumps({"phase": "rl", "step": 99, "group": 1, "task": {"prompt": "p"},
+                                "completion": "<b>not a tag</b>", "reward": 1.0,
+                                "advantage": 0.5}) + "\n")
+        self.report()
+        page = self.page()
+        self.assertNotIn("script", page.tags)
+        self.assertNotIn("b", page.tags)
+        self.assertIn("<b>not a tag</b>", "".join(page.text))
+        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+        counts = {}
+        for r in recs:
+            for k, v in r.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    counts[(r["phase"], k)] = counts.get((r["phase"], k), 0) + 1
+        self.assertEqual(len(page.points), len(counts))
+        self.assertEqual(sorted(page.points), sorted(counts.values()))
+        self.assertIn("reward", page.titles)
+        # A run still writing: its last line without a newline is left out.
+        with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
+            f.write('{"phase": "rl", "st')
+        self.report()
+        self.assertEqual(len(self.page().points), len(counts))
+        # A broken line in the middle is named.
+        with open(os.path.join(self.run_dir, "metrics.jsonl"), "a") as f:
+            f.write('\n{"phase": "rl", "step": 5}\n')
+        p = self.report(ok=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(f"metrics.jsonl:{len(recs) + 1} is not a JSON object", p.stderr)
 
 
 if __name__ == "__main__":
