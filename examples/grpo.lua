@@ -14,8 +14,8 @@
 --    same eval tasks are answered (greedy by default) and scored: eval/*.
 local rl = require("rl")
 
--- This script's own settings (sft.*, ref.*, eval.*), checked like the host's.
-local cfg = rl.config(rl.eval_keys(rl.ref_keys(rl.sft_keys())))
+-- This script's own settings (sft.*, ref.*, eval.*, reward.*), checked like the host's.
+local cfg = rl.config(rl.reward_keys(rl.eval_keys(rl.ref_keys(rl.sft_keys()))))
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
 local tok = model:tokenizer()
@@ -37,6 +37,7 @@ local ref = rl.reference(cfg, model, run) -- nil unless ref.model is set
 -- 2. GRPO ----------------------------------------------------------------------------
 for step in run:steps("rl", cfg.run.steps) do
     local rollouts = rl.scored_rollouts(engine, env, cfg, step)
+    local overlong = rl.shape_overlong(cfg, rollouts) -- DAPO's, when reward.overlong_buffer > 0
     local flagged = rollouts:filter(filters)
     buffer:push_rollouts(rollouts) -- the buffer drops groups without signal
 
@@ -44,6 +45,7 @@ for step in run:steps("rl", cfg.run.steps) do
     local record = {
         reward = r.reward_mean, reward_std = r.reward_std,
         exact = r["env/exact_match"], flagged = flagged.flagged, masked = flagged.masked,
+        overlong_penalty = overlong,
     }
     local batch = buffer:pop_train_batch(cfg.buffer.min_rollouts)
     if batch then

@@ -3,6 +3,7 @@
  *
  *   rl_rollouts_generate  tasks -> prompts (chat template) -> n samples each
  *   rl_rollouts_score     env plugin: reward + env metrics per rollout
+ *   rl_rollouts_set_rewards  rewards from elsewhere (reward model, judge, shaping)
  *   rl_rollouts_filter    filter plugins: verdicts; an enforcing filter masks
  *   rl_buffer_push_rollouts   into the rollout buffer (difficulty filter,
  *                         staleness; train.h)
@@ -65,6 +66,15 @@ RL_API void rl_rollouts_destroy(rl_rollouts_t *rollouts);
  * its reward and env metrics. A non-finite reward is an error naming the
  * rollout and the env. */
 RL_API rl_status_t rl_rollouts_score(rl_rollouts_t *rollouts, rl_instance_t *env);
+
+/* [control-thread] Set every rollout's reward: rollout i gets rewards[i] (n
+ * must be the number of rollouts, every value finite; the rewards are copied).
+ * The rollouts count as scored afterwards; env metrics an earlier
+ * rl_rollouts_score recorded stay. For rewards computed outside an env plugin:
+ * a reward model, an LLM judge, or shaping of the env's rewards (read them
+ * with rl_rollouts_info, change, set). Since ABI 0.8. */
+RL_API rl_status_t rl_rollouts_set_rewards(rl_rollouts_t *rollouts, const double *rewards,
+                                           uint64_t n);
 
 /* [control-thread] Run every filter (instances of kind "filter") on every
  * rollout's completion. A flagged rollout records the filter's reason; when the

@@ -40,9 +40,12 @@
  *        with a declared reduction (token / sequence mean with its weight,
  *        sum, min, max) over micro-batches and ranks.
  *   0.7  functions only: rl_buffer_save / rl_buffer_load (a restarted process
- *        takes back what its rollout buffer held). */
+ *        takes back what its rollout buffer held).
+ *   0.8  functions only: rl_rollouts_set_rewards (rewards from outside an env
+ *        plugin: reward models, judges, shaping such as DAPO's overlong
+ *        penalty). */
 #define RL_ABI_VERSION_MAJOR 0
-#define RL_ABI_VERSION_MINOR 7
+#define RL_ABI_VERSION_MINOR 8
 #define RL_ABI_VERSION_PATCH 0
 #define RL_ABI_VERSION                                                                             \
     RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)

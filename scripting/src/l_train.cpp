@@ -733,6 +733,27 @@ int ro_score(lua_State *L) {
     return 0;
 }
 
+// rollouts:set_rewards({r1, r2, ...}): one finite number per rollout
+// (rl_rollouts_set_rewards): rewards from a reward model, a judge or shaping.
+int ro_set_rewards(lua_State *L) {
+    rl_rollouts_t *r = rollouts_of(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const lua_Integer n = static_cast<lua_Integer>(lua_rawlen(L, 2));
+    std::vector<double> rewards;
+    rewards.reserve(static_cast<size_t>(n));
+    for (lua_Integer i = 1; i <= n; ++i) {
+        lua_rawgeti(L, 2, i);
+        if (!lua_isnumber(L, -1))
+            return luaL_error(L, "rollouts:set_rewards: rewards[%d] is a %s, not a number",
+                              static_cast<int>(i), luaL_typename(L, -1));
+        rewards.push_back(static_cast<double>(lua_tonumber(L, -1)));
+        lua_pop(L, 1);
+    }
+    check_status(L, rl_rollouts_set_rewards(r, rewards.data(), rewards.size()),
+                 "rollouts:set_rewards");
+    return 0;
+}
+
 // rollouts:filter(filters) -> {flagged, masked, ["flagged.<reason>"] = n}
 int ro_filter(lua_State *L) {
     rl_rollouts_t *r = rollouts_of(L);
@@ -984,11 +1005,10 @@ void open_train(lua_State *L, int M) {
                                               RL_LUA_FN("load", b_load),
                                               {nullptr, nullptr}};
     define_handle_type(L, kBufferMT, buffer_methods);
-    static const luaL_Reg rollouts_methods[] = {RL_LUA_FN("score", ro_score),
-                                                RL_LUA_FN("filter", ro_filter),
-                                                RL_LUA_FN("info", ro_info),
-                                                RL_LUA_FN("to_batch", ro_to_batch),
-                                                {nullptr, nullptr}};
+    static const luaL_Reg rollouts_methods[] = {
+        RL_LUA_FN("score", ro_score),       RL_LUA_FN("set_rewards", ro_set_rewards),
+        RL_LUA_FN("filter", ro_filter),     RL_LUA_FN("info", ro_info),
+        RL_LUA_FN("to_batch", ro_to_batch), {nullptr, nullptr}};
     define_handle_type(L, kRolloutsMT, rollouts_methods);
     static const luaL_Reg train_batch_methods[] = {
         RL_LUA_FN("compute_advantages", tb_compute_advantages),

@@ -10,6 +10,8 @@
   resume;
 - online evaluation (eval.*): every N-th step's record carries eval/* over
   the same tasks (env tasks or a JSON-lines file, whose bad line is named);
+- DAPO's overlong shaping (reward.overlong_buffer): the formula, and a step's
+  reward moved by exactly its logged penalty (rollouts:set_rewards);
 - `rlhost report`: one HTML page with a chart per metric and phase (as many
   points as records) and the samples, text escaped, no script; it reads a
   run that is still writing its last line and names a broken one."""
@@ -161,6 +163,41 @@ class Evaluation(GrpoRun):
         p = self.rlhost_run("run.steps=1", "eval.every=1", f"eval.file={path}", ok=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn(f"eval.file: {path}:3 is not a JSON object", p.stdout + p.stderr)
+
+
+class OverlongShaping(GrpoRun):
+    def test_the_penalty_follows_dapos_formula(self):
+        script = os.path.join(self.tmp.name, "penalty.lua")
+        with open(script, "w") as f:
+            f.write('local rl = require("rl")\n'
+                    'for _, n in ipairs({4, 5, 6, 7, 8, 9}) do\n'
+                    '  print(n, rl.overlong_penalty(n, 8, 4, 0.5))\n'
+                    'end\n')
+        p = subprocess.run([RLHOST, "run", script], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        got = {int(a): float(b) for a, b in (line.split() for line in p.stdout.split("\n")
+                                               if line.strip() and line.split()[0].isdigit())}
+        # budget 8, buffer 4: free up to 4 tokens, then -(L - 4) / 4 * 0.5
+        self.assertEqual(got, {4: 0.0, 5: -0.125, 6: -0.25, 7: -0.375, 8: -0.5, 9: -0.625})
+
+    def test_a_steps_reward_moves_by_its_logged_penalty(self):
+        self.rlhost_run("run.steps=1", "run.name=plain")
+        plain = self.run_dir.replace("/grpo", "/plain")
+        self.rlhost_run("run.steps=1", "run.name=shaped", "reward.overlong_buffer=4",
+                        "reward.overlong_penalty_factor=0.5")
+        shaped = self.run_dir.replace("/grpo", "/shaped")
+
+        def rl_step(d):
+            with open(os.path.join(d, "metrics.jsonl")) as f:
+                return [json.loads(l) for l in f if json.loads(l)["phase"] == "rl"][0]
+
+        a, b = rl_step(plain), rl_step(shaped)
+        self.assertNotIn("overlong_penalty", a)
+        self.assertLess(b["overlong_penalty"], 0.0)
+        self.assertAlmostEqual(b["reward"], a["reward"] + b["overlong_penalty"], places=12)
+        p = self.rlhost_run("run.steps=1", "reward.overlong_buffer=9", ok=False)
+        self.assertIn("reward.overlong_buffer (9) is larger than rollout.max_tokens (8)",
+                      p.stdout + p.stderr)
 
 
 class Page(HTMLParser):

@@ -198,6 +198,13 @@ class TrainTest(unittest.TestCase):
                 self.assertEqual(info.tensors["group_ids"], [0] * 4 + [1] * 4 + [2] * 4)
                 rewards = info.tensors["rewards"]
                 self.assertAlmostEqual(info.scalars["reward_mean"], sum(rewards) / 12, places=12)
+                # Rewards from elsewhere (a reward model, a judge, shaping).
+                shaped = [r - 0.25 * (i % 2) for i, r in enumerate(rewards)]
+                ro.set_rewards(shaped)
+                self.assertEqual(ro.info().tensors["rewards"], shaped)
+                with self.assertRaises(rl.Error) as cm:
+                    ro.set_rewards(shaped[:5])
+                self.assertIn("got 5 rewards for 12 rollouts", str(cm.exception))
                 self.assertEqual(buffer.push_rollouts(ro), 12)
             kept = buffer.stats().scalars["ready_rollouts"]
             batch = buffer.pop_train_batch(1)

@@ -137,6 +137,48 @@ TEST(Step, ScoreFilterAndInfoAgreeWithThePlugins) {
     EXPECT_EQ(bi.scalar("loss_tokens"), 0);
 }
 
+// Rewards from outside an env plugin (ABI 0.8): they replace the env's, make
+// unscored rollouts trainable, keep the env metrics, and a wrong count or a
+// non-finite value is refused by name, leaving the rewards as they were.
+TEST(Step, SetRewardsReplacesTheRewardsAndRefusesWrongCountsAndNonFiniteValues) {
+    ModelPtr m = load_model();
+    EnginePtr e = make_engine(m.get());
+    RolloutsPtr r = generate(e.get());
+    rl_train_batch_t *b = nullptr;
+    EXPECT_EQ(rl_rollouts_to_batch(r.get(), &b), RL_ERR_INVALID_ARG) << "not scored yet";
+    const std::vector<double> mine{0.5, -1.0, 2.0, 0.0, 0.25, 1.0};
+    RL_ASSERT_OK(rl_rollouts_set_rewards(r.get(), mine.data(), mine.size()));
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    EXPECT_EQ(info.tensor<double>("rewards"), mine);
+    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &b));
+    BatchPtr batch(b);
+
+    InstancePtr env = make("env", "reverse_text");
+    RL_ASSERT_OK(rl_rollouts_score(r.get(), env.get()));
+    Result scored;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), scored.out()));
+    std::vector<double> shaped = scored.tensor<double>("rewards");
+    for (double &v : shaped) v -= 0.125;
+    RL_ASSERT_OK(rl_rollouts_set_rewards(r.get(), shaped.data(), shaped.size()));
+    Result after;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), after.out()));
+    EXPECT_EQ(after.tensor<double>("rewards"), shaped);
+    EXPECT_EQ(after.scalar("env/exact_match"), scored.scalar("env/exact_match"));
+
+    EXPECT_EQ(rl_rollouts_set_rewards(r.get(), shaped.data(), 5), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("got 5 rewards for 6 rollouts"), std::string::npos)
+        << rl_last_error();
+    std::vector<double> bad = shaped;
+    bad[3] = std::nan("");
+    EXPECT_EQ(rl_rollouts_set_rewards(r.get(), bad.data(), bad.size()), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("rewards[3] is not finite"), std::string::npos)
+        << rl_last_error();
+    Result kept;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), kept.out()));
+    EXPECT_EQ(kept.tensor<double>("rewards"), shaped) << "a refused call changes nothing";
+}
+
 TEST(Step, TheBatchFollowsTheBatchConventionAndTheBufferFiltersOnce) {
     ModelPtr m = load_model();
     EnginePtr e = make_engine(m.get());

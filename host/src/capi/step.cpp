@@ -268,6 +268,26 @@ RL_API rl_status_t rl_rollouts_score(rl_rollouts_t *rollouts, rl_instance_t *env
     });
 }
 
+RL_API rl_status_t rl_rollouts_set_rewards(rl_rollouts_t *rollouts, const double *rewards,
+                                           uint64_t n) {
+    return train_boundary([&] {
+        const char *fn = "rl_rollouts_set_rewards";
+        require(rollouts != nullptr, fn_msg(fn, "rollouts is NULL"));
+        require(n == rollouts->items.size(),
+                fn_msg(fn, "got " + std::to_string(n) + " rewards for " +
+                               std::to_string(rollouts->items.size()) + " rollouts"));
+        require(n == 0 || rewards != nullptr, fn_msg(fn, "rewards is NULL"));
+        for (uint64_t i = 0; i < n; ++i)
+            require(std::isfinite(rewards[i]),
+                    fn_msg(fn, "rewards[" + std::to_string(i) + "] is not finite"));
+        for (uint64_t i = 0; i < n; ++i) {
+            rollouts->items[i].reward = rewards[i];
+            rollouts->items[i].scored = true;
+        }
+        return RL_OK;
+    });
+}
+
 RL_API rl_status_t rl_rollouts_filter(rl_rollouts_t *rollouts, rl_instance_t *const *filters,
                                       uint64_t n_filters, rl_result_t **out_result) {
     return train_boundary([&] {

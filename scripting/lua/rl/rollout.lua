@@ -221,6 +221,53 @@ function M.scored_rollouts(engine, env, cfg, step)
     return rollouts
 end
 
+--- rl.reward_keys([keys]) -> the declarations of the reward shaping settings
+--- (reward.overlong_buffer, reward.overlong_penalty_factor) followed by `keys`.
+function M.reward_keys(keys)
+    local out = {
+        { "reward.overlong_buffer", "integer", 0,
+          "DAPO's soft overlong punishment: the last N tokens of rollout.max_tokens (0: off).", min = 0 },
+        { "reward.overlong_penalty_factor", "number", 1.0,
+          "The penalty at the budget's end (it grows linearly over the buffer).", min = 0 },
+    }
+    for _, k in ipairs(keys or {}) do out[#out + 1] = k end
+    return out
+end
+
+--- rl.overlong_penalty(length, max_tokens, buffer, factor): DAPO's soft
+--- overlong punishment of a completion of `length` tokens under a budget of
+--- `max_tokens`: 0 up to max_tokens - buffer, then falling linearly to
+--- -factor at max_tokens (and on past it, as verl computes it).
+function M.overlong_penalty(length, max_tokens, buffer, factor)
+    local expected = max_tokens - buffer
+    local exceed = length - expected
+    if exceed <= 0 then return 0.0 end
+    return -exceed / buffer * factor
+end
+
+--- rl.shape_overlong(cfg, rollouts) -> the mean penalty, or nil when
+--- reward.overlong_buffer is 0: adds DAPO's overlong penalty (over
+--- rollout.max_tokens) to every scored rollout's reward.
+function M.shape_overlong(cfg, rollouts)
+    local r = cfg.reward
+    if not r or (r.overlong_buffer or 0) <= 0 then return nil end
+    local max_tokens = cfg.rollout.max_tokens
+    if r.overlong_buffer > max_tokens then
+        error(("reward.overlong_buffer (%d) is larger than rollout.max_tokens (%d)")
+            :format(r.overlong_buffer, max_tokens), 2)
+    end
+    local info = rollouts:info()
+    local rewards, sum = {}, 0.0
+    for i = 1, info.rollouts do
+        local p = M.overlong_penalty(info.completion_lengths[i], max_tokens, r.overlong_buffer,
+            r.overlong_penalty_factor)
+        rewards[i] = info.rewards[i] + p
+        sum = sum + p
+    end
+    rollouts:set_rewards(rewards)
+    return info.rollouts > 0 and sum / info.rollouts or 0.0
+end
+
 --- rl.loss_stats(result) -> {loss, kl, clip_frac, mask_frac} read from a
 --- forward_backward result, whatever names the loss plugin uses.
 function M.loss_stats(result)

@@ -214,6 +214,7 @@ def load_library():
         "rl_rollouts_generate": (S, [H, C.c_char_p, C.c_char_p, P(H)]),
         "rl_rollouts_destroy": (None, [H]),
         "rl_rollouts_score": (S, [H, H]),
+        "rl_rollouts_set_rewards": (S, [H, C.POINTER(C.c_double), C.c_uint64]),
         "rl_rollouts_filter": (S, [H, P(H), C.c_uint64, P(H)]),
         "rl_rollouts_info": (S, [H, P(H)]),
         "rl_rollouts_to_batch": (S, [H, P(H)]),

@@ -385,6 +385,12 @@ class Rollouts(_Handle):
     def score(self, env):
         A.check(_lib().rl_rollouts_score(self._handle(), env._h))
 
+    def set_rewards(self, rewards):
+        """One finite reward per rollout (a reward model's, a judge's, shaped ones)."""
+        values = [float(r) for r in rewards]
+        arr = (C.c_double * max(len(values), 1))(*values)
+        A.check(_lib().rl_rollouts_set_rewards(self._handle(), arr, len(values)))
+
     def filter(self, filters):
         arr = (C.c_void_p * max(len(filters), 1))(*[f._h for f in filters])
         return _call(_lib().rl_rollouts_filter, self._handle(), arr, len(filters))
