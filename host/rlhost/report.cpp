@@ -1,6 +1,7 @@
 #include "report.hpp"
 
 #include "rl/core/json.hpp"
+#include "rl/core/text.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -55,33 +56,6 @@ std::vector<json> read_jsonl(const fs::path &path, bool required) {
     return out;
 }
 
-std::string escape(const std::string &s) {
-    std::string out;
-    out.reserve(s.size());
-    for (char c : s) {
-        switch (c) {
-            case '&':
-                out += "&amp;";
-                break;
-            case '<':
-                out += "&lt;";
-                break;
-            case '>':
-                out += "&gt;";
-                break;
-            case '"':
-                out += "&quot;";
-                break;
-            case '\'':
-                out += "&#39;";
-                break;
-            default:
-                out += c;
-        }
-    }
-    return out;
-}
-
 std::string number(double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.4g", v);
@@ -121,8 +95,9 @@ std::string chart(const std::string &title, const Series &s) {
     std::ostringstream o;
     o << "<figure class=\"chart\"><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W
       << "\" height=\"" << H << "\" viewBox=\"0 0 " << W << " " << H << "\" role=\"img\">"
-      << "<title>" << escape(title) << "</title>"
-      << "<text x=\"" << L << "\" y=\"14\" class=\"t\">" << escape(title) << "</text>"
+      << "<title>" << rl::core::html_escape(title) << "</title>"
+      << "<text x=\"" << L << "\" y=\"14\" class=\"t\">" << rl::core::html_escape(title)
+      << "</text>"
       << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << W - L - R << "\" height=\""
       << H - T - B << "\" class=\"frame\"/>"
       << "<text x=\"" << L - 4 << "\" y=\"" << T + 8 << "\" class=\"yl\">" << number(y1)
@@ -151,10 +126,10 @@ void numbers_of(const json &j, const std::string &prefix, std::map<std::string, 
 }
 
 std::string cell(const json &v) {
-    if (v.is_string()) return escape(v.get<std::string>());
+    if (v.is_string()) return rl::core::html_escape(v.get<std::string>());
     if (v.is_number()) return number(v.get<double>());
     if (v.is_null()) return "";
-    return escape(v.dump());
+    return rl::core::html_escape(v.dump());
 }
 
 std::string render(const fs::path &dir) {
@@ -178,7 +153,7 @@ std::string render(const fs::path &dir) {
     }
     std::ostringstream o;
     o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>run "
-      << escape(name) << "</title><style>"
+      << rl::core::html_escape(name) << "</title><style>"
       << "body{font:14px system-ui,sans-serif;margin:24px;color:#222}"
       << "h1{font-size:20px}h2{font-size:16px;margin-top:28px}"
       << ".charts{display:flex;flex-wrap:wrap;gap:12px}"
@@ -189,8 +164,9 @@ std::string render(const fs::path &dir) {
       << "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ddd;"
       << "padding:3px 6px;vertical-align:top;text-align:left}td pre{margin:0;white-space:pre-wrap;"
       << "max-width:480px}</style></head><body>\n"
-      << "<h1>Run " << escape(name) << "</h1>\n<p>" << metrics.size() << " step records from "
-      << escape((dir / "metrics.jsonl").string()) << "</p>\n";
+      << "<h1>Run " << rl::core::html_escape(name) << "</h1>\n<p>" << metrics.size()
+      << " step records from " << rl::core::html_escape((dir / "metrics.jsonl").string())
+      << "</p>\n";
     for (const auto &phase : phases) {
         std::vector<std::string> keys;
         for (const auto &[k, s] : series[phase]) keys.push_back(k);
@@ -198,7 +174,7 @@ std::string render(const fs::path &dir) {
             const int ra = rank_of(a), rb = rank_of(b);
             return ra != rb ? ra < rb : a < b;
         });
-        o << "<h2>Phase " << escape(phase) << "</h2>\n<div class=\"charts\">\n";
+        o << "<h2>Phase " << rl::core::html_escape(phase) << "</h2>\n<div class=\"charts\">\n";
         for (const auto &k : keys) o << chart(k, series[phase][k]);
         o << "</div>\n";
     }

@@ -486,33 +486,6 @@ std::string py_repr(const Value &v) {
     return out;
 }
 
-// markupsafe.escape.
-std::string html_escape(const std::string &s) {
-    std::string out;
-    for (char c : s) {
-        switch (c) {
-            case '&':
-                out += "&amp;";
-                break;
-            case '<':
-                out += "&lt;";
-                break;
-            case '>':
-                out += "&gt;";
-                break;
-            case '"':
-                out += "&#34;";
-                break;
-            case '\'':
-                out += "&#39;";
-                break;
-            default:
-                out += c;
-        }
-    }
-    return out;
-}
-
 // Python's json.dumps(ensure_ascii=False) of a string.
 std::string json_string(const std::string &s, bool ensure_ascii) {
     charge_bytes(s.size());

@@ -208,19 +208,7 @@ function Run:attach(trainer)
     self.data = type(state.data) == "table" and state.data or {}
     self.last_checkpoint = ck.path
     -- Keep the metric lines the checkpoint covers; later ones are redone.
-    local kept = {}
-    local f = self.main and io.open(self.metrics_path, "r")
-    if f then
-        for line in f:lines() do
-            local ok, rec = pcall(rl.json.decode, line)
-            if ok and type(rec) == "table" and rec.phase and self.phases[rec.phase]
-                and rec.step <= self.phases[rec.phase] then
-                kept[#kept + 1] = line
-            end
-        end
-        f:close()
-    end
-    if self.main then self:_reset_metrics(kept) end
+    if self.main then self:_reset_metrics(self:_covered_lines(self.metrics_path)) end
     local where = {}
     for k, v in pairs(self.phases) do where[#where + 1] = k .. " step " .. v end
     table.sort(where)
@@ -250,19 +238,25 @@ function Run:_reset_samples()
         self.samples_file:close()
         self.samples_file = nil
     end
-    local kept = {}
-    local f = io.open(self.samples_path, "r")
-    if f then
-        for line in f:lines() do
-            local ok, rec = pcall(rl.json.decode, line)
-            if ok and type(rec) == "table" and self.phases[rec.phase]
-                and rec.step <= self.phases[rec.phase] then
-                kept[#kept + 1] = line
-            end
-        end
-        f:close()
-    end
+    local kept = self:_covered_lines(self.samples_path)
     rl.write_file(self.samples_path, #kept > 0 and table.concat(kept, "\n") .. "\n" or "")
+end
+
+-- The lines of a .jsonl file of the run whose record is of a step the run's
+-- progress covers ({phase, step} with step <= the phase's completed steps).
+function Run:_covered_lines(path)
+    local kept = {}
+    local f = io.open(path, "r")
+    if not f then return kept end
+    for line in f:lines() do
+        local ok, rec = pcall(rl.json.decode, line)
+        if ok and type(rec) == "table" and rec.phase and self.phases[rec.phase]
+            and type(rec.step) == "number" and rec.step <= self.phases[rec.phase] then
+            kept[#kept + 1] = line
+        end
+    end
+    f:close()
+    return kept
 end
 
 -- `s` with every byte that is not part of valid UTF-8 written as \xNN.

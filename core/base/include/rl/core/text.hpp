@@ -22,4 +22,33 @@ inline std::vector<std::string> split(const std::string &s, char sep) {
     return pieces;
 }
 
+/// `s` made safe to place in HTML, as markupsafe.escape does it (& < > " '
+/// become entities): the Jinja engine's `escape`, `rlhost report`.
+inline std::string html_escape(const std::string &s) {
+    std::string out;
+    out.reserve(s.size());
+    for (char c : s) {
+        switch (c) {
+            case '&':
+                out += "&amp;";
+                break;
+            case '<':
+                out += "&lt;";
+                break;
+            case '>':
+                out += "&gt;";
+                break;
+            case '"':
+                out += "&#34;";
+                break;
+            case '\'':
+                out += "&#39;";
+                break;
+            default:
+                out += c;
+        }
+    }
+    return out;
+}
+
 } // namespace rl::core
