@@ -189,6 +189,9 @@ std::shared_ptr<Group> Group::create(const Env &env, const Options &options,
         const std::string mine = std::to_string(env.world_size);
         im.store->set("rl/world_size/" + std::to_string(env.rank), to_bytes(mine));
         const std::string w0 = to_string(im.store->get("rl/world_size/0"));
+        // Read: rank 0 may now stop on a mismatch without taking the store
+        // away from a rank that still has to read its world size.
+        im.store->set("rl/world_size_read/" + std::to_string(env.rank), to_bytes("1"));
         if (w0 != mine) throw differs(w0, env.rank, mine);
         if (env.rank == 0) {
             std::vector<std::string> missing;
@@ -202,7 +205,17 @@ std::shared_ptr<Group> Group::create(const Env &env, const Options &options,
                     continue;
                 }
                 const std::string wr = to_string(im.store->get(key));
-                if (wr != mine) throw differs(mine, r, wr);
+                if (wr != mine) {
+                    // Rank r names the mismatch too once it has read rank 0's
+                    // world size; give it a moment to do so (the store stops
+                    // with this process).
+                    const std::string read = "rl/world_size_read/" + std::to_string(r);
+                    const auto until = std::min(deadline, std::chrono::steady_clock::now() +
+                                                              std::chrono::seconds(5));
+                    while (!im.store->check({read}) && std::chrono::steady_clock::now() < until)
+                        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                    throw differs(mine, r, wr);
+                }
             }
             if (!missing.empty()) {
                 std::string list;
