@@ -721,11 +721,13 @@ local function orchestrator_role()
         -- The trainer's acknowledgements and the workers' chunks sent while this
         -- process was down may be lost: ask the trainer where it is, and give
         -- every worker a fresh credit (a chunk that never comes is counted lost).
+        -- The fresh credit numbers and this restart are saved before anything
+        -- goes out: an orchestrator killed right after this one resumes above
+        -- them, never granting again a number a worker has already used.
+        for _, s in pairs(w) do s.granted = math.max(s.granted, s.seq) + 1 end
+        save()
         batches:send({ kind = "rl.orchestrator_hello" })
-        for k, s in pairs(w) do
-            s.granted = math.max(s.granted, s.seq) + 1
-            credit(k)
-        end
+        for k in pairs(w) do credit(k) end
     else
         save()
     end

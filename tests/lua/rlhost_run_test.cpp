@@ -769,8 +769,12 @@ void run_with_kills(const std::string &transport, int steps, std::vector<KillPla
     const auto rl = expect_every_step_once(dir, logs());
     ASSERT_EQ(rl.size(), static_cast<size_t>(steps)) << logs();
     for (const auto &[role, n] : starts) {
-        if (role == "orchestrator") {
-            EXPECT_EQ(rl.back().at("orchestrator_restarts").get<int64_t>(), n - 1) << logs();
+        if (role == "orchestrator" && n > 1) {
+            // Every restart that got as far as resuming is counted; one killed
+            // while starting up (before it read its state) leaves no trace.
+            const int64_t restarts = rl.back().at("orchestrator_restarts").get<int64_t>();
+            EXPECT_GE(restarts, 1) << logs();
+            EXPECT_LE(restarts, n - 1) << logs();
         }
         if (role == "rollout" && n > 1) {
             EXPECT_GE(rl.back().at("worker_restarts").get<int64_t>(), 1) << logs();
