@@ -126,8 +126,8 @@ double mm_seconds = 0, mm_flops = 0;
 MatmulShape mm_largest;
 
 bool is_matmul(const char *name) {
-    static const std::set<std::string> names{"aten::mm", "aten::addmm", "aten::addmm_",
-                                             "aten::bmm", "aten::baddbmm"};
+    static const std::set<std::string> names{"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm",
+                                             "aten::baddbmm"};
     return names.count(name) != 0;
 }
 
