@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <ctime>
 #include <cstdio>
 #include <iostream>
@@ -146,8 +145,6 @@ std::unique_ptr<at::ObserverContext> mm_start(const at::RecordFunction &fn) {
     mm_stack.push_back({std::chrono::steady_clock::now(), batch * s.flops()});
     std::lock_guard<std::mutex> lk(mm_mu);
     if (batch == 1 && s.flops() > mm_largest.flops()) mm_largest = s;
-    if (std::getenv("RL_BENCH_LIST_MATMULS") != nullptr)
-        std::cerr << fn.name() << " " << batch << " x " << s.m << "x" << s.k << "x" << s.n << "\n";
     return nullptr;
 }
 
