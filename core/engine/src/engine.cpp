@@ -124,73 +124,85 @@ void Engine::ensure_cache(int64_t slots, int64_t capacity) {
     cache_->reserve(capacity);
 }
 
-Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
-                            const SamplingParams &params) {
-    require(!asleep_, ErrorKind::BadState, "generate: the engine is asleep (call wake_up first)");
+// Checks a call's prompts and parameters, resolves its stop ids, adapter and
+// seed, and sizes the waves and the KV cache for `capacity` tokens per sample.
+Engine::Prepared Engine::prepare(const std::vector<std::vector<int64_t>> &prompts,
+                                 const SamplingParams &params, int64_t capacity, const char *fn) {
+    const std::string who = fn;
+    require(!asleep_, ErrorKind::BadState, who + ": the engine is asleep (call wake_up first)");
     const int64_t current = policy_->version();
     require(current == version_, ErrorKind::BadState,
-            "generate: the model's weights changed (policy version " + std::to_string(current) +
+            who + ": the model's weights changed (policy version " + std::to_string(current) +
                 ") since this engine last synced (version " + std::to_string(version_) +
                 "); call sync_weights first");
     params.validate();
-    require(!prompts.empty(), ErrorKind::InvalidArgument, "generate: no prompts given");
+    require(!prompts.empty(), ErrorKind::InvalidArgument, who + ": no prompts given");
     const ModelConfig &mc = policy_->model().config();
-    int64_t longest = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
         const auto &p = prompts[i];
-        if (p.empty()) invalid("generate: prompt " + std::to_string(i) + " is empty");
+        if (p.empty()) invalid(who + ": prompt " + std::to_string(i) + " is empty");
         for (size_t t = 0; t < p.size(); ++t)
             if (p[t] < 0 || p[t] >= mc.vocab_size)
-                invalid("generate: prompt " + std::to_string(i) + " token " + std::to_string(t) +
+                invalid(who + ": prompt " + std::to_string(i) + " token " + std::to_string(t) +
                         " = " + std::to_string(p[t]) + " is outside the vocabulary [0, " +
                         std::to_string(mc.vocab_size) + ")");
         if (mc.max_position_embeddings > 0 &&
             static_cast<int64_t>(p.size()) >= mc.max_position_embeddings)
-            invalid("generate: prompt " + std::to_string(i) + " has " + std::to_string(p.size()) +
+            invalid(who + ": prompt " + std::to_string(i) + " has " + std::to_string(p.size()) +
                     " tokens; the model's context (max_position_embeddings) is " +
                     std::to_string(mc.max_position_embeddings));
-        longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
     }
-    std::vector<int64_t> stop_ids = params.stop_token_ids.value_or(policy_->eos_token_ids());
-    for (size_t i = 0; i < stop_ids.size(); ++i)
-        if (stop_ids[i] < 0 || stop_ids[i] >= mc.vocab_size)
+    Prepared prep;
+    prep.stop_ids = params.stop_token_ids.value_or(policy_->eos_token_ids());
+    for (size_t i = 0; i < prep.stop_ids.size(); ++i)
+        if (prep.stop_ids[i] < 0 || prep.stop_ids[i] >= mc.vocab_size)
             invalid("sampling params: stop_token_ids[" + std::to_string(i) +
-                    "] = " + std::to_string(stop_ids[i]) + " is outside the vocabulary");
-    if (!params.stop.empty()) policy_->require_tokenizer("generate with stop strings");
-    // The LoRA adapter of this call (docs/lora.md): every forward below runs with it.
+                    "] = " + std::to_string(prep.stop_ids[i]) + " is outside the vocabulary");
+    if (!params.stop.empty()) policy_->require_tokenizer(who + " with stop strings");
+    // The LoRA adapter of this call (docs/lora.md): every forward runs with it.
     const std::string &adapter_name = params.adapter.empty() ? config_.adapter : params.adapter;
-    std::shared_ptr<LoraAdapter> adapter;
-    if (!adapter_name.empty()) adapter = policy_->adapter(adapter_name);
-    AdapterScope adapter_scope(adapter, /*training=*/false);
-    const uint64_t seed = params.seed ? *params.seed : policy_->next_sampling_seed();
+    if (!adapter_name.empty()) prep.adapter = policy_->adapter(adapter_name);
+    prep.seed = params.seed ? *params.seed : policy_->next_sampling_seed();
 
-    c10::InferenceMode inference;
     const int64_t total = static_cast<int64_t>(prompts.size()) * params.n;
-    int64_t wave =
+    prep.wave =
         config_.max_batch_sequences > 0 ? std::min(config_.max_batch_sequences, total) : total;
-    int64_t capacity = longest + params.max_tokens;
-    if (mc.max_position_embeddings > 0) capacity = std::min(capacity, mc.max_position_embeddings);
     // The KV budget bounds the samples of one wave.
     const int64_t per_sample = KVCache::bytes_for(mc, 1, capacity, policy_->model().dtype());
     const int64_t budget = kv_budget_bytes();
     if (budget > 0) {
         auto mib = [](int64_t b) { return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB"; };
         require(per_sample <= budget, ErrorKind::InvalidArgument,
-                "generate: one sample needs " + mib(per_sample) + " of KV cache (" +
-                    std::to_string(capacity) + " tokens: the longest prompt plus max_tokens), " +
-                    "more than the engine's budget of " + mib(budget) +
+                who + ": one sample needs " + mib(per_sample) + " of KV cache (" +
+                    std::to_string(capacity) + " tokens), more than the engine's budget of " +
+                    mib(budget) +
                     " (engine.kv_cache_fraction = " + json(config_.kv_cache_fraction).dump() +
                     " of the device's memory); lower max_tokens or raise kv_cache_fraction");
-        wave = std::min(wave, budget / per_sample);
+        prep.wave = std::min(prep.wave, budget / per_sample);
     }
-    ensure_cache(wave, capacity);
+    ensure_cache(prep.wave, capacity);
+    return prep;
+}
 
+Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
+                            const SamplingParams &params) {
+    int64_t longest = 0;
+    for (const auto &p : prompts) longest = std::max<int64_t>(longest, p.size());
+    const ModelConfig &mc = policy_->model().config();
+    int64_t capacity = longest + params.max_tokens;
+    if (mc.max_position_embeddings > 0) capacity = std::min(capacity, mc.max_position_embeddings);
+    const Prepared prep = prepare(prompts, params, capacity, "generate");
+    AdapterScope adapter_scope(prep.adapter, /*training=*/false);
+
+    c10::InferenceMode inference;
+    const int64_t total = static_cast<int64_t>(prompts.size()) * params.n;
     std::vector<SampleOut> outs(static_cast<size_t>(total));
-    for (int64_t first = 0; first < total; first += wave)
-        run_wave(prompts, params, seed, stop_ids, first, std::min(total, first + wave), outs);
+    for (int64_t first = 0; first < total; first += prep.wave)
+        run_wave(prompts, params, prep.seed, prep.stop_ids, first,
+                 std::min(total, first + prep.wave), outs);
 
     Generation g;
-    g.policy_version = adapter ? adapter->version() : version_;
+    g.policy_version = prep.adapter ? prep.adapter->version() : version_;
     g.cu_seqlens.push_back(0);
     for (int64_t i = 0; i < total; ++i) {
         SampleOut &o = outs[static_cast<size_t>(i)];
@@ -204,22 +216,20 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
     return g;
 }
 
-void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
-                      const SamplingParams &params, uint64_t seed,
-                      const std::vector<int64_t> &stop_ids, int64_t first_sample,
-                      int64_t end_sample, std::vector<SampleOut> &outs) {
+// Prefills each prompt of samples [first_sample, end_sample) once, into the
+// slot of its first sample, and copies it to the other samples' slots (slot k
+// holds sample first_sample + k). Returns the next-token logits per slot.
+at::Tensor Engine::prefill_wave(const std::vector<std::vector<int64_t>> &prompts, int64_t n,
+                                int64_t first_sample, int64_t end_sample) {
     CausalLM &model = policy_->model();
     KVCache &cache = *cache_;
-    const int64_t max_pos = model.config().max_position_embeddings;
     const int64_t count = end_sample - first_sample;
-
-    // Prefill each prompt of the wave once, into the slot of its first sample.
     std::vector<int64_t> prefill_slots;
     std::vector<std::vector<int64_t>> prefill_prompts;
     std::map<int64_t, int64_t> prompt_row; // prompt index -> row of the prefill logits
     std::vector<int64_t> row_of(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) {
-        const int64_t prompt = (first_sample + k) / params.n;
+        const int64_t prompt = (first_sample + k) / n;
         auto it = prompt_row.find(prompt);
         if (it == prompt_row.end()) {
             it = prompt_row.emplace(prompt, static_cast<int64_t>(prefill_slots.size())).first;
@@ -234,7 +244,19 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
         const int64_t src = prefill_slots[static_cast<size_t>(row_of[static_cast<size_t>(k)])];
         if (src != k) cache.copy_slot(src, k);
     }
-    logits = logits.index_select(0, long_tensor(row_of).to(logits.device()));
+    return logits.index_select(0, long_tensor(row_of).to(logits.device()));
+}
+
+void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
+                      const SamplingParams &params, uint64_t seed,
+                      const std::vector<int64_t> &stop_ids, int64_t first_sample,
+                      int64_t end_sample, std::vector<SampleOut> &outs) {
+    CausalLM &model = policy_->model();
+    KVCache &cache = *cache_;
+    const int64_t max_pos = model.config().max_position_embeddings;
+    const int64_t count = end_sample - first_sample;
+
+    at::Tensor logits = prefill_wave(prompts, params.n, first_sample, end_sample);
 
     std::vector<int64_t> active(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) active[static_cast<size_t>(k)] = k;

@@ -16,6 +16,7 @@
 #include "rl/core/sampling.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,6 +51,64 @@ struct Generation {
     int64_t samples() const { return static_cast<int64_t>(prompt_index.size()); }
 };
 
+// -- multi-turn episodes ----------------------------------------------------------
+//
+// An episode starts from a prompt; the model writes a turn (until a stop token,
+// a stop string or max_tokens), the caller's environment answers it with an
+// observation (tokens appended to the sequence, never trained) or ends the
+// episode, and the model writes the next turn after the observation. The KV
+// cache of a slot is kept across turns: the observation is appended to it
+// (CausalLM::extend), never a re-prefill of the history, and the tokens the
+// model sampled are kept as sampled.
+
+/// An assistant turn has ended; the environment is asked what follows it.
+struct TurnEnd {
+    int64_t episode = 0;         ///< sample index, prompt-major as Generation
+    int64_t turn = 0;            ///< 0-based
+    std::vector<int64_t> tokens; ///< the turn's sampled tokens (its stop token included)
+    std::string text;            ///< decoded, stop string excluded
+    FinishReason reason = FinishReason::Stop;
+    bool context_full = false; ///< no further turn fits the context: the episode ends anyway
+};
+
+/// The environment's answer to a turn.
+struct TurnReply {
+    bool done = false;                ///< the episode is over
+    std::vector<int64_t> observation; ///< appended before the next turn (done == false)
+    /// The environment failed on this episode (a tool process died, a step
+    /// errored): the episode ends with EpisodeEnd::Error and this message.
+    std::optional<std::string> error;
+};
+
+enum class EpisodeEnd { Done, MaxTurns, Context, Error };
+/// "done", "max_turns", "context", "error"
+const char *episode_end_name(EpisodeEnd e);
+
+struct EpisodeOptions {
+    int64_t max_turns = 8; ///< assistant turns per episode (>= 1)
+    /// Longest prompt + turns + observations, in tokens; 0: the model's
+    /// max_position_embeddings capped at 4096.
+    int64_t max_context = 0;
+};
+
+struct Episode {
+    std::vector<int64_t> tokens;      ///< everything after the prompt
+    std::vector<float> logprobs;      ///< sampling logprobs; 0 on observation tokens
+    std::vector<uint8_t> mask;        ///< 1 on sampled tokens, 0 on observations
+    std::vector<int64_t> turn_starts; ///< index in tokens of each turn's first token
+    std::vector<int64_t> turn_ends;   ///< one past each turn's last token
+    std::vector<std::string> turn_texts;
+    std::vector<FinishReason> turn_reasons;
+    EpisodeEnd end = EpisodeEnd::Done;
+    std::string error; ///< EpisodeEnd::Error: the environment's message
+};
+
+struct Episodes {
+    std::vector<Episode> episodes;     ///< prompt-major, n per prompt
+    std::vector<int64_t> prompt_index; ///< per episode
+    int64_t policy_version = 0;
+};
+
 class Engine {
 public:
     Engine(std::shared_ptr<Policy> policy, EngineConfig config = {});
@@ -65,6 +124,17 @@ public:
     /// adapter's version as its policy_version.
     Generation generate(const std::vector<std::vector<int64_t>> &prompts,
                         const SamplingParams &params);
+
+    /// Multi-turn episodes, n per prompt (params.n), prompt-major. params
+    /// apply per turn (max_tokens is a turn's limit). on_turn is called on
+    /// this thread after every turn of every episode, in the order turns end;
+    /// an exception from it propagates (use TurnReply::error to drop one
+    /// episode instead). Token `j` of an episode's sampled tokens (counted over
+    /// all of its turns) uses sampling_uniform(seed, prompt, sample, j): the
+    /// first turn equals generate()'s sample with the same seed.
+    Episodes generate_episodes(const std::vector<std::vector<int64_t>> &prompts,
+                               const SamplingParams &params, const EpisodeOptions &options,
+                               const std::function<TurnReply(const TurnEnd &)> &on_turn);
 
     /// Adopts the policy's current version and drops cached state. Returns
     /// it, or the version of the engine's default adapter (config.adapter)
@@ -84,6 +154,22 @@ public:
 private:
     struct SampleOut;
     void ensure_cache(int64_t slots, int64_t capacity);
+    /// A call's checked settings: stop ids, adapter, seed, samples per wave.
+    struct Prepared {
+        std::vector<int64_t> stop_ids;
+        std::shared_ptr<LoraAdapter> adapter;
+        uint64_t seed = 0;
+        int64_t wave = 0;
+    };
+    Prepared prepare(const std::vector<std::vector<int64_t>> &prompts, const SamplingParams &params,
+                     int64_t capacity, const char *fn);
+    at::Tensor prefill_wave(const std::vector<std::vector<int64_t>> &prompts, int64_t n,
+                            int64_t first_sample, int64_t end_sample);
+    void run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
+                          const SamplingParams &params, const Prepared &prep, int64_t first_sample,
+                          int64_t end_sample, int64_t capacity, const EpisodeOptions &options,
+                          const std::function<TurnReply(const TurnEnd &)> &on_turn,
+                          std::vector<Episode> &out);
     void run_wave(const std::vector<std::vector<int64_t>> &prompts, const SamplingParams &params,
                   uint64_t seed, const std::vector<int64_t> &stop_ids, int64_t first_sample,
                   int64_t end_sample, std::vector<SampleOut> &out);
