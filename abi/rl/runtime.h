@@ -100,6 +100,17 @@ RL_API rl_status_t rl_env_sample(rl_instance_t *instance, uint64_t n, uint64_t s
 /* [worker] Scalar "reward", metrics. */
 RL_API rl_status_t rl_env_score(rl_instance_t *instance, rl_string_view_t task,
                                 rl_string_view_t completion, rl_result_t **out_result);
+/* [worker] (ABI 0.9) One step of a multi-turn episode (kinds/env.h): the env
+ * answers the assistant turn `completion` of `task` given `state` ("null" on
+ * the first turn). Scalars "done" (0/1) and "reward" (this turn's; 0 when the
+ * env gives none); texts "observation" (the env's answer: the next user turn
+ * or tool results; empty when done), "role" ("user" or "tool": how a chat
+ * template renders the observation) and "state" (JSON text to pass to the
+ * next step); metrics. RL_ERR_UNSUPPORTED for a single-turn env; a malformed
+ * step result is an error naming the env. */
+RL_API rl_status_t rl_env_step(rl_instance_t *instance, rl_string_view_t task,
+                               rl_string_view_t state, rl_string_view_t completion,
+                               rl_result_t **out_result);
 
 /* [worker] (ABI 0.3) Send one message through a transport instance: a JSON
  * object header (empty: {}) and named, contiguous CPU tensors; everything is

@@ -59,6 +59,27 @@ typedef struct rl_train_batch rl_train_batch_t;
  * training batches made of it carry it to the trainer (rl_batch_t). */
 RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_json,
                                         const char *options_json, rl_rollouts_t **out_rollouts);
+/* [control-thread] (ABI 0.9) Multi-turn episodes: for each task, n episodes
+ * (a group). An episode starts from the task's prompt (encoded as
+ * rl_rollouts_generate does; a task's "tools", a JSON array of tool schemas,
+ * go to the model's own chat template); after every assistant turn `env` (an
+ * instance of kind "env" with a step(), kinds/env.h) answers through
+ * rl_env_step, and its observation is appended as the chat template renders a
+ * message of its role after the turn ("none": the observation's text as it
+ * is), until the env says done, max_turns, or the context is full. The engine
+ * continues each episode from its KV cache; the sampled tokens are kept as
+ * sampled. options_json: those of rl_rollouts_generate (sampling.max_tokens
+ * limits one turn), plus "max_turns" (default 8) and "max_context" (prompt +
+ * turns + observations in tokens; default 0: the model's context, at most
+ * 4096). Each rollout's completion is the whole episode after the prompt: its
+ * loss mask is 1 on sampled tokens and 0 on observations; its reward is the sum
+ * of its turns' rewards (scored: rl_rollouts_score refuses these rollouts);
+ * finish reasons "done", "max_turns", "context" or "error". An env step that
+ * fails drops only its episode: reason "error", flag "env_error", masked,
+ * reward 0, the message in rl_rollouts_info's "errors". */
+RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instance_t *env,
+                                                 const char *tasks_json, const char *options_json,
+                                                 rl_rollouts_t **out_rollouts);
 /* [control-thread] NULL is a no-op. */
 RL_API void rl_rollouts_destroy(rl_rollouts_t *rollouts);
 
@@ -91,7 +112,9 @@ RL_API rl_status_t rl_rollouts_filter(rl_rollouts_t *rollouts, rl_instance_t *co
  * "prompt_index", "policy_versions", "completion_lengths" (int64), "masked"
  * (uint8), one entry per rollout; texts "completions", "finish_reasons",
  * "tasks" (JSON arrays, one entry per rollout) and "flags" (JSON array of
- * arrays of reasons). */
+ * arrays of reasons). Episodes (rl_rollouts_generate_episodes) add tensor
+ * "turns" (int64), scalars "turns_mean" and "episode_errors", texts
+ * "turn_rewards" (JSON array of arrays) and "errors" (JSON array, "" when none). */
 RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t **out_result);
 
 /* [thread-safe] Push every scored rollout into the buffer as one sequence:

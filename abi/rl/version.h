@@ -43,9 +43,11 @@
  *        takes back what its rollout buffer held).
  *   0.8  functions only: rl_rollouts_set_rewards (rewards from outside an env
  *        plugin: reward models, judges, shaping such as DAPO's overlong
- *        penalty). */
+ *        penalty).
+ *   0.9  functions only: rl_env_step, rl_rollouts_generate_episodes (multi-turn
+ *        episodes); the env step result's "observation" and "role". */
 #define RL_ABI_VERSION_MAJOR 0
-#define RL_ABI_VERSION_MINOR 8
+#define RL_ABI_VERSION_MINOR 9
 #define RL_ABI_VERSION_PATCH 0
 #define RL_ABI_VERSION                                                                             \
     RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)

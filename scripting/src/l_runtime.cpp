@@ -323,22 +323,29 @@ int env_sample(lua_State *L) {
 }
 
 // env:score(task, completion) -> reward, metrics
-int env_score(lua_State *L) {
-    auto *inst = static_cast<rl_instance_t *>(check_handle(L, 1, kEnvMT)->ptr);
+// The task argument of env:score / env:step: a table from env:sample (its
+// JSON text as sampled) or JSON text.
+std::string task_arg(lua_State *L, int idx) {
     std::string task;
-    if (lua_type(L, 2) == LUA_TSTRING) {
-        task = lua_tostring(L, 2);
-    } else if (lua_istable(L, 2)) {
+    if (lua_type(L, idx) == LUA_TSTRING) {
+        task = lua_tostring(L, idx);
+    } else if (lua_istable(L, idx)) {
         push_task_texts(L);
-        lua_pushvalue(L, 2);
+        lua_pushvalue(L, idx);
         lua_rawget(L, -2);
-        task = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : to_json(L, 2, "task");
+        task = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : to_json(L, idx, "task");
         lua_pop(L, 2);
     } else {
-        arg_error(L, 2,
+        arg_error(L, idx,
                   std::string("task (a table from env:sample or JSON text) expected, got ") +
-                      luaL_typename(L, 2));
+                      luaL_typename(L, idx));
     }
+    return task;
+}
+
+int env_score(lua_State *L) {
+    auto *inst = static_cast<rl_instance_t *>(check_handle(L, 1, kEnvMT)->ptr);
+    const std::string task = task_arg(L, 2);
     size_t clen = 0;
     const char *completion = luaL_checklstring(L, 3, &clen);
     call_and_push(L, "env:score", [&](rl_result_t **res) {
@@ -348,6 +355,22 @@ int env_score(lua_State *L) {
     lua_getfield(L, -1, "reward");
     lua_getfield(L, -2, "metrics");
     return 2;
+}
+
+// env:step(task, state, completion) -> {done, reward, observation, role, state, metrics}:
+// one step of a multi-turn episode (state: JSON text, "null" on the first turn).
+int env_step(lua_State *L) {
+    auto *inst = static_cast<rl_instance_t *>(check_handle(L, 1, kEnvMT)->ptr);
+    const std::string task = task_arg(L, 2);
+    size_t slen = 0, clen = 0;
+    const char *state = luaL_checklstring(L, 3, &slen);
+    const char *completion = luaL_checklstring(L, 4, &clen);
+    call_and_push(L, "env:step", [&](rl_result_t **res) {
+        return rl_env_step(inst, rl_string_view_t{task.data(), task.size()},
+                           rl_string_view_t{state, slen}, rl_string_view_t{completion, clen},
+                           res);
+    });
+    return 1;
 }
 
 // ---- transport ------------------------------------------------------------------------
@@ -408,7 +431,8 @@ void open_runtime(lua_State *L, int M) {
     static const luaL_Reg filter_methods[] = {RL_LUA_FN("check", filter_check), {nullptr, nullptr}};
     define_handle_type(L, kFilterMT, filter_methods);
     static const luaL_Reg env_methods[] = {
-        RL_LUA_FN("sample", env_sample), RL_LUA_FN("score", env_score), {nullptr, nullptr}};
+        RL_LUA_FN("sample", env_sample), RL_LUA_FN("score", env_score),
+        RL_LUA_FN("step", env_step), {nullptr, nullptr}};
     define_handle_type(L, kEnvMT, env_methods);
     static const luaL_Reg transport_methods[] = {
         RL_LUA_FN("send", transport_send), RL_LUA_FN("recv", transport_recv), {nullptr, nullptr}};

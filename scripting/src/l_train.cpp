@@ -561,6 +561,22 @@ int e_rollouts(lua_State *L) {
     return 1;
 }
 
+// engine:episodes(env, tasks [, {chat_template, group_offset, sampling, max_turns,
+// max_context}]) -> rl.rollouts: multi-turn episodes, each answered by `env`.
+int e_episodes(lua_State *L) {
+    rl_engine_t *e = engine_of(L);
+    auto *env = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.env")->ptr);
+    std::string opts = json_arg(L, 4, "engine:episodes: options");
+    const std::string tasks =
+        rank_share(L, json_arg(L, 3, "engine:episodes: tasks"), opts, "engine:episodes");
+    Handle *h = push_handle(L, kRolloutsMT, nullptr, destroy_rollouts, 0);
+    rl_rollouts_t *r = nullptr;
+    check_status(L, rl_rollouts_generate_episodes(e, env, tasks.c_str(), opts.c_str(), &r),
+                 "engine:episodes");
+    h->ptr = r;
+    return 1;
+}
+
 int e_sleep(lua_State *L) {
     rl_engine_t *e = engine_of(L);
     check_status(L, rl_engine_sleep(e), "engine:sleep");
@@ -990,6 +1006,7 @@ void open_train(lua_State *L, int M) {
     define_handle_type(L, kTrainerMT, trainer_methods);
     static const luaL_Reg engine_methods[] = {
         RL_LUA_FN("generate", e_generate), RL_LUA_FN("sync_weights", e_sync_weights),
+        RL_LUA_FN("episodes", e_episodes),
         RL_LUA_FN("rollouts", e_rollouts), RL_LUA_FN("sleep", e_sleep),
         RL_LUA_FN("wake_up", e_wake_up),   {nullptr, nullptr}};
     define_handle_type(L, kEngineMT, engine_methods);

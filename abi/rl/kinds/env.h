@@ -36,9 +36,17 @@ typedef struct rl_env_iface {
                                double *out_reward);
 
     /* [worker] Optional (NULL for single-turn envs). Advance a multi-turn
-     * episode: emit text "state", a JSON object {"done": bool, "reward": number,
-     * "prompt": str (the next user turn when not done), "state": any}. `state`
-     * is "null" on the first turn, else the "state" member of the last result. */
+     * episode after the assistant turn `completion`: emit text "state", a JSON
+     * object {"done": bool, "reward": number (this turn's; optional, 0),
+     * "observation": str (the answer when not done: the next user turn or the
+     * results of the turn's tool calls; "prompt" is accepted as its older
+     * name), "role": "user" | "tool" (optional, "user": how a chat template
+     * renders the observation), "state": any (what the env needs next time)}.
+     * `state` is "null" on the first turn, else the "state" member of the last
+     * result. The episode's first observation is the task's "prompt". A
+     * malformed assistant turn (a tool call that does not parse) is an
+     * observation telling the model so, not an error; an error drops the
+     * episode (a tool process that died). */
     rl_status_t(RL_ABI *step)(const rl_plugin_t *plugin, const rl_call_ctx_t *ctx,
                               rl_string_view_t task, rl_string_view_t state,
                               rl_string_view_t completion);

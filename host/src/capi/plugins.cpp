@@ -278,6 +278,62 @@ RL_API rl_status_t rl_env_score(rl_instance_t *instance, rl_string_view_t task,
     });
 }
 
+RL_API rl_status_t rl_env_step(rl_instance_t *instance, rl_string_view_t task,
+                               rl_string_view_t state, rl_string_view_t completion,
+                               rl_result_t **out_result) {
+    return boundary([&] {
+        Instance &inst = checked(instance, RL_KIND_ENV, "rl_env_step", out_result);
+        auto *iface = static_cast<const rl_env_iface_t *>(inst.iface());
+        if (iface->step == nullptr)
+            throw HostError{RL_ERR_UNSUPPORTED,
+                            inst.who() + ": this env is single-turn (its step() is NULL)"};
+        CallSink sink = inst.call([&](const rl_call_ctx_t *ctx) {
+            return iface->step(inst.plugin(), ctx, task, state, completion);
+        });
+        const auto bad = [&](const std::string &why) {
+            return HostError{RL_ERR_INTERNAL, inst.who() + ": step() " + why};
+        };
+        auto it = sink.texts.find("state");
+        if (it == sink.texts.end()) throw bad("emitted no 'state' text");
+        const nlohmann::json r = rl::core::parse_json_or_discarded(it->second);
+        if (r.is_discarded() || !r.is_object())
+            throw bad("must emit a JSON object as 'state', got: " + it->second.substr(0, 200));
+        if (!r.contains("done") || !r["done"].is_boolean())
+            throw bad("result has no boolean 'done'");
+        const bool done = r["done"].get<bool>();
+        double reward = 0;
+        if (r.contains("reward") && !r["reward"].is_null()) {
+            if (!r["reward"].is_number()) throw bad("result 'reward' is not a number");
+            reward = r["reward"].get<double>();
+            if (!std::isfinite(reward)) throw bad("returned a non-finite reward");
+        }
+        // "observation" (ABI 0.9); "prompt" is its older name.
+        const char *obs_key = r.contains("observation") ? "observation" : "prompt";
+        std::string observation;
+        if (r.contains(obs_key) && !r[obs_key].is_null()) {
+            if (!r[obs_key].is_string())
+                throw bad(std::string("result '") + obs_key + "' is not a string");
+            observation = r[obs_key].get<std::string>();
+        } else if (!done) {
+            throw bad("result is not done but has no string 'observation'");
+        }
+        std::string role = "user";
+        if (r.contains("role") && !r["role"].is_null()) {
+            if (!r["role"].is_string() ||
+                (r["role"].get<std::string>() != "user" && r["role"].get<std::string>() != "tool"))
+                throw bad("result 'role' must be \"user\" or \"tool\"");
+            role = r["role"].get<std::string>();
+        }
+        sink.texts["state"] = r.contains("state") ? r["state"].dump() : std::string("null");
+        sink.texts["observation"] = observation;
+        sink.texts["role"] = role;
+        sink.scalars["done"] = done ? 1.0 : 0.0;
+        sink.scalars["reward"] = reward;
+        *out_result = new_result(std::move(sink));
+        return RL_OK;
+    });
+}
+
 RL_API void rl_result_destroy(rl_result_t *result) {
     delete result;
 }

@@ -1,13 +1,72 @@
-// Rollouts from any generator: the engine in process (rl_rollouts_generate) or
-// an inference server (rl_inference_client_rollouts). Internal to librl.
+// Rollouts from any generator: the engine in process (rl_rollouts_generate,
+// rl_rollouts_generate_episodes) or an inference server
+// (rl_inference_client_rollouts). Internal to librl.
 #pragma once
 
 #include "train_common.hpp"
 
 #include <functional>
+#include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
+struct rl_rollouts {
+    struct Item {
+        std::string task; // the task as JSON text
+        int64_t group_id = 0;
+        int64_t prompt_index = 0;
+        std::vector<int64_t> prompt_ids, token_ids;
+        std::vector<float> logprobs; // per completion token (0 on observations)
+        // Per completion token: 1 sampled, 0 an observation (multi-turn
+        // episodes); empty: every token was sampled.
+        std::vector<uint8_t> completion_mask;
+        std::string text, finish_reason;
+        int64_t policy_version = 0;
+        std::optional<double> sampling_temperature; // 0: greedy
+        bool scored = false;
+        double reward = 0;
+        std::map<std::string, double> metrics; // env metrics
+        std::vector<std::string> flags;        // filter reasons
+        bool masked = false;
+        // Multi-turn episodes: each turn's [start, end) in token_ids and the
+        // reward its step gave; the environment's error when it failed.
+        std::vector<int64_t> turn_starts, turn_ends;
+        std::vector<double> turn_rewards;
+        std::string error;
+        bool episode = false;
+    };
+    std::vector<Item> items;
+    int64_t groups = 0;
+    int64_t vocab_size = 0;
+};
+
 namespace rl::host::capi {
+
+/// The options rl_rollouts_generate takes (and rl_rollouts_generate_episodes
+/// with its own keys besides).
+struct RolloutOptions {
+    std::string chat_template = "none";
+    nlohmann::json chat_vars;
+    int64_t group_offset = 0;
+    bool parse_special = false;
+    nlohmann::json sampling = nlohmann::json::object();
+    nlohmann::json rest = nlohmann::json::object(); ///< the `extra` keys given
+};
+/// Reads options_json; a key that is neither one of rl_rollouts_generate's
+/// nor in `extra` is an error naming `fn` and listing the valid keys.
+RolloutOptions read_rollout_options(const char *options_json, const char *fn,
+                                    const std::vector<std::string> &extra = {});
+
+/// The prompt ids of each task (see rl_rollouts_generate): its "prompt",
+/// wrapped by the chat template when one is named, with the task's "tools"
+/// (a JSON array of tool schemas) given to the model's own template.
+std::vector<std::vector<int64_t>> encode_prompts(const core::Tokenizer &tok,
+                                                 const nlohmann::json &tasks,
+                                                 const RolloutOptions &o, const char *fn);
+
+/// The tasks argument of a verb: a non-empty JSON array.
+nlohmann::json tasks_arg(const char *tasks_json, const char *fn);
 
 /// Encodes the tasks' prompts as the options say (chat_template,
 /// chat_template_kwargs, parse_special_tokens), samples them with

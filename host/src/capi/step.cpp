@@ -16,27 +16,6 @@
 #include <map>
 #include <optional>
 
-struct rl_rollouts {
-    struct Item {
-        std::string task; // the task as JSON text
-        int64_t group_id = 0;
-        int64_t prompt_index = 0;
-        std::vector<int64_t> prompt_ids, token_ids;
-        std::vector<float> logprobs; // per completion token
-        std::string text, finish_reason;
-        int64_t policy_version = 0;
-        std::optional<double> sampling_temperature; // 0: greedy
-        bool scored = false;
-        double reward = 0;
-        std::map<std::string, double> metrics; // env metrics
-        std::vector<std::string> flags;        // filter reasons
-        bool masked = false;
-    };
-    std::vector<Item> items;
-    int64_t groups = 0;
-    int64_t vocab_size = 0;
-};
-
 namespace {
 
 constexpr rl_dtype_t kF32{RL_DTYPE_FLOAT, 32, 1}, kF64{RL_DTYPE_FLOAT, 64, 1},
@@ -51,64 +30,6 @@ CallSink call_sink(F &&f) {
     CallSink sink = std::move(res->sink);
     rl_result_destroy(res);
     return sink;
-}
-
-// The tasks argument of a verb: a non-empty JSON array.
-json tasks_arg(const char *tasks_json, const char *fn) {
-    json tasks = parse_json(tasks_json, fn_msg(fn, "tasks"));
-    require(tasks.is_array() && !tasks.empty(),
-            fn_msg(fn, "tasks must be a non-empty JSON array of task objects"));
-    return tasks;
-}
-
-// The prompt ids of each task: its "prompt", wrapped as one user turn with the
-// assistant prompt after it when a chat template is named: "model" (the
-// model's own Jinja template, with `variables` as extra template variables such
-// as enable_thinking) or a built-in format ("chatml", "llama3"); "none" encodes
-// the prompt as it is. The task's text is plain text (special-token text in
-// it, "<|im_end|>", stays text; only the template's own special tokens are
-// control tokens) unless parse_special.
-std::vector<std::vector<int64_t>> encode_prompts(const core::Tokenizer &tok, const json &tasks,
-                                                 const std::string &chat_template,
-                                                 const json &variables, bool parse_special,
-                                                 const char *fn) {
-    core::ChatTemplateOptions chat;
-    chat.add_generation_prompt = true;
-    if (!variables.is_null()) chat.variables_json = variables.dump();
-    const bool own = chat_template == "model";
-    const bool templated = chat_template != "none";
-    std::optional<core::ChatFormat> format;
-    if (templated && !own) {
-        try {
-            format = core::parse_chat_format(chat_template);
-        } catch (const core::Error &) {
-            throw HostError{RL_ERR_INVALID_ARG,
-                            fn_msg(fn, "options.chat_template '" + chat_template +
-                                           "' is unknown; valid: none, model, chatml, llama3")};
-        }
-    }
-    const auto render = [&](const std::vector<core::ChatMessage> &m) {
-        return own ? tok.apply_chat_template(m, chat) : core::apply_chat_template(*format, m, chat);
-    };
-    core::EncodeOptions plain;
-    plain.parse_special = parse_special;
-    std::vector<std::vector<int64_t>> prompts;
-    for (size_t i = 0; i < tasks.size(); ++i) {
-        const json &t = tasks[i];
-        require(t.is_object() && t.contains("prompt") && t["prompt"].is_string(),
-                fn_msg(fn, "tasks[" + std::to_string(i) + "] has no string 'prompt'"));
-        const std::string text = t["prompt"].get<std::string>();
-        std::vector<int32_t> ids;
-        if (!templated)
-            ids = tok.encode(text, plain);
-        else if (parse_special)
-            ids = tok.encode(render({{"user", text}}), core::EncodeOptions{});
-        else
-            ids = encode_chat_plain(tok, {{"user", text}}, render, nullptr, fn);
-        require(!ids.empty(), fn_msg(fn, "tasks[" + std::to_string(i) + "]: empty prompt"));
-        prompts.emplace_back(ids.begin(), ids.end());
-    }
-    return prompts;
 }
 
 // A scored rollout as the buffer holds it.
@@ -126,7 +47,10 @@ core::Rollout buffer_rollout(const rl_rollouts::Item &it) {
     r.logprobs.assign(p, 0.0f);
     r.logprobs.insert(r.logprobs.end(), it.logprobs.begin(), it.logprobs.end());
     r.loss_mask.assign(p, 0);
-    r.loss_mask.insert(r.loss_mask.end(), c, it.masked ? 0 : 1);
+    if (it.completion_mask.empty() || it.masked)
+        r.loss_mask.insert(r.loss_mask.end(), c, it.masked ? 0 : 1);
+    else
+        r.loss_mask.insert(r.loss_mask.end(), it.completion_mask.begin(), it.completion_mask.end());
     return r;
 }
 
@@ -152,6 +76,113 @@ OwnedTensor slice(const OwnedTensor &t, int64_t a, int64_t b) {
 
 namespace rl::host::capi {
 
+json tasks_arg(const char *tasks_json, const char *fn) {
+    json tasks = parse_json(tasks_json, fn_msg(fn, "tasks"));
+    require(tasks.is_array() && !tasks.empty(),
+            fn_msg(fn, "tasks must be a non-empty JSON array of task objects"));
+    return tasks;
+}
+
+RolloutOptions read_rollout_options(const char *options_json, const char *fn,
+                                    const std::vector<std::string> &extra) {
+    const json opts = options_arg(options_json, fn);
+    RolloutOptions o;
+    for (const auto &kv : opts.items()) {
+        if (kv.key() == "parse_special_tokens") {
+            require(kv.value().is_boolean(),
+                    fn_msg(fn, "options.parse_special_tokens must be true or false"));
+            o.parse_special = kv.value().get<bool>();
+        } else if (kv.key() == "chat_template") {
+            require(kv.value().is_string(), fn_msg(fn, "options.chat_template must be a string"));
+            o.chat_template = kv.value().get<std::string>();
+        } else if (kv.key() == "chat_template_kwargs") {
+            require(kv.value().is_object() || kv.value().is_null(),
+                    fn_msg(fn, "options.chat_template_kwargs must be a JSON object"));
+            o.chat_vars = kv.value();
+        } else if (kv.key() == "group_offset") {
+            require(kv.value().is_number_integer(),
+                    fn_msg(fn, "options.group_offset must be an integer"));
+            o.group_offset = kv.value().get<int64_t>();
+        } else if (kv.key() == "sampling") {
+            require(kv.value().is_object() || kv.value().is_null(),
+                    fn_msg(fn, "options.sampling must be a JSON object"));
+            if (kv.value().is_object()) o.sampling = kv.value();
+        } else if (std::find(extra.begin(), extra.end(), kv.key()) != extra.end()) {
+            o.rest[kv.key()] = kv.value();
+        } else {
+            std::string valid =
+                "chat_template, chat_template_kwargs, group_offset, sampling, parse_special_tokens";
+            for (const auto &e : extra) valid += ", " + e;
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fn_msg(fn, "unknown option '" + kv.key() + "'; valid: " + valid)};
+        }
+    }
+    return o;
+}
+
+// The prompt ids of each task: its "prompt", wrapped as one user turn with the
+// assistant prompt after it when a chat template is named: "model" (the
+// model's own Jinja template, with `variables` as extra template variables such
+// as enable_thinking) or a built-in format ("chatml", "llama3"); "none" encodes
+// the prompt as it is. The task's text is plain text (special-token text in
+// it, "<|im_end|>", stays text; only the template's own special tokens are
+// control tokens) unless parse_special.
+std::vector<std::vector<int64_t>> encode_prompts(const core::Tokenizer &tok, const json &tasks,
+                                                 const RolloutOptions &o, const char *fn) {
+    const std::string &chat_template = o.chat_template;
+    const bool parse_special = o.parse_special;
+    core::ChatTemplateOptions chat;
+    chat.add_generation_prompt = true;
+    if (!o.chat_vars.is_null()) chat.variables_json = o.chat_vars.dump();
+    const bool own = chat_template == "model";
+    const bool templated = chat_template != "none";
+    std::optional<core::ChatFormat> format;
+    if (templated && !own) {
+        try {
+            format = core::parse_chat_format(chat_template);
+        } catch (const core::Error &) {
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fn_msg(fn, "options.chat_template '" + chat_template +
+                                           "' is unknown; valid: none, model, chatml, llama3")};
+        }
+    }
+    const auto render = [&](const std::vector<core::ChatMessage> &m) {
+        return own ? tok.apply_chat_template(m, chat) : core::apply_chat_template(*format, m, chat);
+    };
+    const auto tools_of = [&](size_t i) {
+        const json &t = tasks[i];
+        if (!t.is_object() || !t.contains("tools") || t["tools"].is_null()) return std::string();
+        require(t["tools"].is_array(),
+                fn_msg(fn, "tasks[" + std::to_string(i) + "].tools must be a JSON array of tool "
+                                                         "schemas"));
+        require(own || t["tools"].empty(),
+                fn_msg(fn, "tasks[" + std::to_string(i) +
+                               "] has tools, which only the model's own chat template "
+                               "(chat_template: model) can render"));
+        return t["tools"].dump();
+    };
+    core::EncodeOptions plain;
+    plain.parse_special = parse_special;
+    std::vector<std::vector<int64_t>> prompts;
+    for (size_t i = 0; i < tasks.size(); ++i) {
+        const json &t = tasks[i];
+        require(t.is_object() && t.contains("prompt") && t["prompt"].is_string(),
+                fn_msg(fn, "tasks[" + std::to_string(i) + "] has no string 'prompt'"));
+        const std::string text = t["prompt"].get<std::string>();
+        chat.tools_json = templated ? tools_of(i) : std::string();
+        std::vector<int32_t> ids;
+        if (!templated)
+            ids = tok.encode(text, plain);
+        else if (parse_special)
+            ids = tok.encode(render({{"user", text}}), core::EncodeOptions{});
+        else
+            ids = encode_chat_plain(tok, {{"user", text}}, render, nullptr, fn);
+        require(!ids.empty(), fn_msg(fn, "tasks[" + std::to_string(i) + "]: empty prompt"));
+        prompts.emplace_back(ids.begin(), ids.end());
+    }
+    return prompts;
+}
+
 rl_rollouts_t *
 generate_rollouts(const core::Tokenizer &tok, int64_t vocab_size, const char *tasks_json,
                   const char *options_json, const char *fn,
@@ -159,41 +190,11 @@ generate_rollouts(const core::Tokenizer &tok, int64_t vocab_size, const char *ta
                                                        const core::SamplingParams &)> &generate) {
     require(tasks_json != nullptr, fn_msg(fn, "tasks_json is required"));
     const json tasks = tasks_arg(tasks_json, fn);
-    const json opts = options_arg(options_json, fn);
-    std::string chat_template = "none";
-    json chat_vars;
-    int64_t group_offset = 0;
-    bool parse_special = false;
-    json sampling = json::object();
-    for (const auto &kv : opts.items()) {
-        if (kv.key() == "parse_special_tokens") {
-            require(kv.value().is_boolean(),
-                    fn_msg(fn, "options.parse_special_tokens must be true or false"));
-            parse_special = kv.value().get<bool>();
-        } else if (kv.key() == "chat_template") {
-            require(kv.value().is_string(), fn_msg(fn, "options.chat_template must be a string"));
-            chat_template = kv.value().get<std::string>();
-        } else if (kv.key() == "chat_template_kwargs") {
-            require(kv.value().is_object() || kv.value().is_null(),
-                    fn_msg(fn, "options.chat_template_kwargs must be a JSON object"));
-            chat_vars = kv.value();
-        } else if (kv.key() == "group_offset") {
-            require(kv.value().is_number_integer(),
-                    fn_msg(fn, "options.group_offset must be an integer"));
-            group_offset = kv.value().get<int64_t>();
-        } else if (kv.key() == "sampling") {
-            require(kv.value().is_object() || kv.value().is_null(),
-                    fn_msg(fn, "options.sampling must be a JSON object"));
-            if (kv.value().is_object()) sampling = kv.value();
-        } else {
-            throw HostError{RL_ERR_INVALID_ARG,
-                            fn_msg(fn, "unknown option '" + kv.key() +
-                                           "'; valid: chat_template, chat_template_kwargs, "
-                                           "group_offset, sampling, parse_special_tokens")};
-        }
-    }
+    const RolloutOptions o = read_rollout_options(options_json, fn);
+    const int64_t group_offset = o.group_offset;
+    const json &sampling = o.sampling;
     const std::vector<std::vector<int64_t>> prompts =
-        encode_prompts(tok, tasks, chat_template, chat_vars, parse_special, fn);
+        encode_prompts(tok, tasks, o, fn);
     const core::SamplingParams params = core::SamplingParams::from_json(sampling.dump());
     const core::Generation g = generate(prompts, params);
     require(g.samples() == static_cast<int64_t>(prompts.size()) * params.n,
@@ -254,6 +255,10 @@ RL_API void rl_rollouts_destroy(rl_rollouts_t *rollouts) {
 RL_API rl_status_t rl_rollouts_score(rl_rollouts_t *rollouts, rl_instance_t *env) {
     return train_boundary([&] {
         require(rollouts && env, "rl_rollouts_score: rollouts and env are required");
+        for (const auto &it : rollouts->items)
+            require(!it.episode, "rl_rollouts_score: these rollouts are multi-turn episodes, "
+                                 "scored by their env's steps (rl_rollouts_generate_episodes); "
+                                 "use rl_rollouts_set_rewards to change their rewards");
         for (size_t i = 0; i < rollouts->items.size(); ++i) {
             auto &it = rollouts->items[i];
             CallSink s = call_sink([&](rl_result_t **res) {
@@ -398,6 +403,24 @@ RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t *
         s.tensors["policy_versions"] = owned_from_vector(versions, kI64);
         s.tensors["completion_lengths"] = owned_from_vector(lengths, kI64);
         s.tensors["masked"] = owned_from_vector(masked, kU8);
+        if (std::any_of(items.begin(), items.end(), [](const auto &it) { return it.episode; })) {
+            // Multi-turn episodes: turns per rollout, each turn's reward, errors.
+            std::vector<int64_t> turns;
+            json turn_rewards = json::array(), errors = json::array();
+            double sum_turns = 0, n_errors = 0;
+            for (const auto &it : items) {
+                turns.push_back(static_cast<int64_t>(it.turn_starts.size()));
+                sum_turns += static_cast<double>(it.turn_starts.size());
+                turn_rewards.push_back(it.turn_rewards);
+                errors.push_back(it.error);
+                n_errors += it.error.empty() ? 0 : 1;
+            }
+            s.tensors["turns"] = owned_from_vector(turns, kI64);
+            s.scalars["turns_mean"] = sum_turns / n;
+            s.scalars["episode_errors"] = n_errors;
+            s.texts["turn_rewards"] = turn_rewards.dump();
+            s.texts["errors"] = errors.dump();
+        }
         s.texts["completions"] = completions.dump(-1, ' ', false, json::error_handler_t::replace);
         s.texts["finish_reasons"] = reasons.dump();
         s.texts["tasks"] = tasks.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -484,7 +507,7 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
         const char *fn = "rl_train_batch_supervised";
         require(model && tasks_json && out_batch,
                 fn_msg(fn, "model, tasks_json and out_batch are required"));
-        const json tasks = tasks_arg(tasks_json, fn);
+        const json tasks = rl::host::capi::tasks_arg(tasks_json, fn);
         const json opts = options_arg(options_json, fn);
         std::string chat_template = "none";
         json chat_vars;
@@ -517,8 +540,11 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
                                              "eos_token_id"));
             eos = ids.front();
         }
-        const auto prompts =
-            encode_prompts(tok, tasks, chat_template, chat_vars, parse_special, fn);
+        rl::host::capi::RolloutOptions ro;
+        ro.chat_template = chat_template;
+        ro.chat_vars = chat_vars;
+        ro.parse_special = parse_special;
+        const auto prompts = rl::host::capi::encode_prompts(tok, tasks, ro, fn);
         core::EncodeOptions answer_opts;
         answer_opts.parse_special = parse_special;
         std::vector<int64_t> ids, cu{0};

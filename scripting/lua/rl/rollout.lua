@@ -221,6 +221,36 @@ function M.scored_rollouts(engine, env, cfg, step)
     return rollouts
 end
 
+--- rl.episode_keys([keys]) -> the declarations of the multi-turn settings
+--- (episode.max_turns, episode.max_context) followed by `keys`.
+function M.episode_keys(keys)
+    local out = {
+        { "episode.max_turns", "integer", 8,
+          "Assistant turns per episode (the env may end it sooner).", min = 1 },
+        { "episode.max_context", "integer", 0,
+          "Prompt + turns + observations, in tokens (0: the model's context, at most 4096).", min = 0 },
+    }
+    for _, k in ipairs(keys or {}) do out[#out + 1] = k end
+    return out
+end
+
+--- rl.scored_episodes(engine, env, cfg, step) -> rl.rollouts: the RL step's
+--- multi-turn episodes: as rl.scored_rollouts, but every assistant turn is
+--- answered by the env's step() until it is done, episode.max_turns or
+--- episode.max_context (rollout.max_tokens limits one turn). Rewards are the
+--- sums of the turns' rewards; observation tokens are never trained.
+function M.scored_episodes(engine, env, cfg, step)
+    if not engine.episodes then
+        error("multi-turn episodes need the co-located engine (inference_server.url is set)", 2)
+    end
+    local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
+    return engine:episodes(env, tasks, {
+        chat_template = cfg.tokenizer.chat_template, group_offset = step * #tasks,
+        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
+        max_turns = cfg.episode.max_turns, max_context = cfg.episode.max_context,
+    })
+end
+
 --- rl.reward_keys([keys]) -> the declarations of the reward shaping settings
 --- (reward.overlong_buffer, reward.overlong_penalty_factor) followed by `keys`.
 function M.reward_keys(keys)

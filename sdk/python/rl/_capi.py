@@ -162,6 +162,7 @@ def load_library():
         "rl_filter_check": (S, [H, P(RolloutView), P(H)]),
         "rl_env_sample": (S, [H, C.c_uint64, C.c_uint64, P(H)]),
         "rl_env_score": (S, [H, StringView, StringView, P(H)]),
+        "rl_env_step": (S, [H, StringView, StringView, StringView, P(H)]),
         "rl_transport_send": (S, [H, StringView, P(TensorList)]),
         "rl_transport_recv": (S, [H, C.c_int64, P(H)]),
         "rl_config_load": (S, [C.c_char_p, P(C.c_char_p), C.c_uint64, P(H)]),
@@ -212,6 +213,7 @@ def load_library():
         "rl_buffer_stats": (S, [H, C.c_uint32, P(H)]),
         # step.h
         "rl_rollouts_generate": (S, [H, C.c_char_p, C.c_char_p, P(H)]),
+        "rl_rollouts_generate_episodes": (S, [H, H, C.c_char_p, C.c_char_p, P(H)]),
         "rl_rollouts_destroy": (None, [H]),
         "rl_rollouts_score": (S, [H, H]),
         "rl_rollouts_set_rewards": (S, [H, C.POINTER(C.c_double), C.c_uint64]),

@@ -177,6 +177,16 @@ class Instance:
         c = completion.encode()
         return _call(self._lib.rl_env_score, self._h, A.StringView(t, len(t)), A.StringView(c, len(c)))
 
+    def step(self, task, state, completion):
+        """One step of a multi-turn episode: scalars done / reward, texts observation / role /
+        state (JSON text for the next step; pass "null" on the first turn)."""
+        t = json.dumps(task).encode() if not isinstance(task, (str, bytes)) else (
+            task.encode() if isinstance(task, str) else task)
+        s = state.encode() if isinstance(state, str) else state
+        c = completion.encode()
+        return _call(self._lib.rl_env_step, self._h, A.StringView(t, len(t)), A.StringView(s, len(s)),
+                     A.StringView(c, len(c)))
+
 
     # transport
     def send(self, header=None, tensors=None):

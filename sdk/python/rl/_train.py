@@ -326,6 +326,21 @@ class Engine(_OfModel):
         h = _made(_lib().rl_rollouts_generate, self._handle(), _text(tasks), _text(opts))
         return Rollouts(h)
 
+    def episodes(self, env, tasks, chat_template="none", group_offset=0, sampling=None,
+                 max_turns=8, max_context=0, parse_special_tokens=False,
+                 chat_template_kwargs=None):
+        """Multi-turn episodes: sampling["n"] per task, each answered turn by turn by `env`
+        (a multi-turn env instance) until it says done, max_turns or max_context. Scored:
+        reward = the sum of the turns' rewards; observation tokens are never trained."""
+        opts = {"chat_template": chat_template, "group_offset": group_offset,
+                "sampling": sampling or {}, "parse_special_tokens": parse_special_tokens,
+                "max_turns": max_turns, "max_context": max_context}
+        if chat_template_kwargs is not None:
+            opts["chat_template_kwargs"] = chat_template_kwargs
+        h = _made(_lib().rl_rollouts_generate_episodes, self._handle(), env._h, _text(tasks),
+                  _text(opts))
+        return Rollouts(h)
+
     def sync_weights(self, buffer=None):
         """Adopt the trainer's weights; the buffer (if given) learns the new version."""
         res = _call(_lib().rl_sync_weights, self._handle(), buffer._handle() if buffer else None)

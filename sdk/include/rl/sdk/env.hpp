@@ -224,6 +224,27 @@ inline std::string task_answer(const json &task, const std::string &env) {
     invalid("env '" + env + "': task 'answer' must be a string or a number, got " + dump(*it));
 }
 
+// ---- multi-turn steps (kinds/env.h) --------------------------------------------
+//
+// A multi-turn env overrides multi_turn() (true) and step(call, task, state,
+// completion), which returns one of these. `state` is null on the first turn.
+
+/// The episode goes on: `observation` is shown to the model (as a `role`
+/// message: "user", or "tool" for tool results), `reward` is this turn's.
+inline json step_continue(std::string observation, double reward = 0, json state = nullptr,
+                          const std::string &role = "user") {
+    return json{{"done", false},
+                {"reward", reward},
+                {"observation", std::move(observation)},
+                {"role", role},
+                {"state", std::move(state)}};
+}
+
+/// The episode is over; `reward` is the last turn's.
+inline json step_done(double reward, json state = nullptr) {
+    return json{{"done", true}, {"reward", reward}, {"state", std::move(state)}};
+}
+
 // ---- JSONL task files ---------------------------------------------------------
 
 struct Row {
