@@ -9,7 +9,7 @@
 
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 using rl::sdk::tools::check_call;
 using rl::sdk::tools::detect_family;
 using rl::sdk::tools::parse_tool_calls;
@@ -41,6 +41,14 @@ TEST(ToolCallsHermes, SeveralCallsInOrderWithTheContentBeforeThem) {
     EXPECT_EQ(json::parse(p.calls[0].arguments_text), p.calls[0].arguments);
     EXPECT_EQ(p.calls[1].name, "add");
     EXPECT_EQ(p.calls[1].arguments, json({{"a", 1}, {"b", 2.5}}));
+}
+
+TEST(ToolCallsHermes, ArgumentsKeepTheOrderTheModelWroteThem) {
+    const auto p = parse_tool_calls(
+        "<tool_call>{\"name\": \"add\", \"arguments\": {\"b\": 1, \"a\": 2}}</tool_call>",
+        "hermes");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].arguments_text, "{\"b\":1,\"a\":2}");
 }
 
 TEST(ToolCallsHermes, TextWithoutBlocksIsAllContent) {
@@ -124,8 +132,9 @@ TEST(ToolCallsHermes, ArgumentsGivenAsAJsonStringAreParsed) {
 }
 
 TEST(ToolCallsHermes, UnicodeSurvivesInNamesArgumentsAndContent) {
-    const std::string text = "Voilà 🙂\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-                             "{\"city\": \"Zürich «ü» 東京\", \"note\": \"\\u00e9\"}}\n</tool_call>";
+    const std::string text =
+        "Voilà 🙂\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+        "{\"city\": \"Zürich «ü» 東京\", \"note\": \"\\u00e9\"}}\n</tool_call>";
     const auto p = parse_tool_calls(text, "hermes");
     ASSERT_TRUE(p.errors.empty());
     EXPECT_EQ(p.content, "Voilà 🙂");
@@ -136,8 +145,9 @@ TEST(ToolCallsHermes, UnicodeSurvivesInNamesArgumentsAndContent) {
 }
 
 TEST(ToolCallsHermes, InvalidUtf8NeverThrows) {
-    const std::string text = "\xff\xfe<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": \"\xc3\"}}"
-                             "</tool_call>";
+    const std::string text =
+        "\xff\xfe<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": \"\xc3\"}}"
+        "</tool_call>";
     const auto p = parse_tool_calls(text, "hermes");
     EXPECT_TRUE(p.calls.empty());
     ASSERT_EQ(p.errors.size(), 1u);
@@ -160,10 +170,10 @@ TEST(ToolCallsLlama3, OneCallWithParametersOrArguments) {
 }
 
 TEST(ToolCallsLlama3, SeveralCallsSeparatedBySemicolons) {
-    const auto p = parse_tool_calls(
-        "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"s\": \"x;}{\"}}; "
-        "{\"name\": \"b\", \"parameters\": {}};",
-        "llama3_json");
+    const auto p =
+        parse_tool_calls("<|python_tag|>{\"name\": \"a\", \"parameters\": {\"s\": \"x;}{\"}}; "
+                         "{\"name\": \"b\", \"parameters\": {}};",
+                         "llama3_json");
     ASSERT_TRUE(p.errors.empty()) << p.errors[0];
     ASSERT_EQ(p.calls.size(), 2u);
     EXPECT_EQ(p.calls[0].arguments["s"], "x;}{");
@@ -203,8 +213,7 @@ TEST(ToolCalls, AnUnknownFamilyIsAnErrorAndTheTextIsContent) {
 
 TEST(ToolCalls, DetectFamilyFromTheTemplateSource) {
     EXPECT_EQ(detect_family("{{- '<tool_call>\\n{\"name\": \"' }}"), "hermes");
-    EXPECT_EQ(detect_family("{{- \"<|python_tag|>\" + tool_call.name }}<|eot_id|>"),
-              "llama3_json");
+    EXPECT_EQ(detect_family("{{- \"<|python_tag|>\" + tool_call.name }}<|eot_id|>"), "llama3_json");
     EXPECT_EQ(detect_family("{{- '\"parameters\": ' }}{{ '<|eot_id|>' }}"), "llama3_json");
     EXPECT_EQ(detect_family("{% for m in messages %}{{ m.content }}{% endfor %}"), "");
     EXPECT_EQ(detect_family(""), "");
@@ -260,11 +269,11 @@ TEST(ToolCallsCheck, WrongTypesAreNamedWithWhatCame) {
     const std::vector<std::string> want = {
         "tool 'get_weather': argument 'city' must be a string, got integer",
         "tool 'get_weather': argument 'days' must be an integer, got string",
-        "tool 'get_weather': argument 'lat' must be a number, got string",
         "tool 'get_weather': argument 'metric' must be a boolean, got string",
-        "tool 'get_weather': argument 'note' must be a string or null, got number",
-        "tool 'get_weather': argument 'opts' must be an object, got array",
+        "tool 'get_weather': argument 'lat' must be a number, got string",
         "tool 'get_weather': argument 'tags' must be an array, got string",
+        "tool 'get_weather': argument 'opts' must be an object, got array",
+        "tool 'get_weather': argument 'note' must be a string or null, got number",
     };
     EXPECT_EQ(p, want);
     EXPECT_EQ(check_call(call("get_weather", {{"city", "x"}, {"days", 2.5}}), kTools),

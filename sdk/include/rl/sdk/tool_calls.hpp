@@ -28,7 +28,9 @@
 
 namespace rl::sdk::tools {
 
-using json = nlohmann::json;
+// Objects keep their keys in the order written: arguments sent back to the
+// model render as it wrote them (transformers' tojson keeps dict order).
+using json = nlohmann::ordered_json;
 
 struct ToolCall {
     std::string name;
@@ -157,16 +159,18 @@ inline std::string parse_json_at(std::string_view text, size_t pos, json &out, s
 inline void parse_hermes(std::string_view text, Parsed &out) {
     static constexpr std::string_view open = "<tool_call>", close = "</tool_call>";
     size_t at = text.find(open);
-    out.content = std::string(trim(text.substr(0, at == std::string_view::npos ? text.size() : at)));
+    out.content =
+        std::string(trim(text.substr(0, at == std::string_view::npos ? text.size() : at)));
     size_t number = 0;
     while (at != std::string_view::npos) {
         ++number;
         const size_t body = at + open.size();
         const size_t end = text.find(close, body);
         const size_t next_open = text.find(open, body);
-        if (end == std::string_view::npos || (next_open != std::string_view::npos && next_open < end)) {
-            out.errors.push_back(call_error(
-                number, "the <tool_call> block is not closed by </tool_call>"));
+        if (end == std::string_view::npos ||
+            (next_open != std::string_view::npos && next_open < end)) {
+            out.errors.push_back(
+                call_error(number, "the <tool_call> block is not closed by </tool_call>"));
             if (next_open == std::string_view::npos) break;
             at = next_open;
             continue;
@@ -259,7 +263,8 @@ inline std::string detect_family(const std::string &chat_template_source) {
     const std::string &s = chat_template_source;
     if (s.find("<tool_call>") != std::string::npos) return "hermes";
     if (s.find("<|python_tag|>") != std::string::npos) return "llama3_json";
-    if (s.find("\"parameters\": ") != std::string::npos && s.find("<|eot_id|>") != std::string::npos)
+    if (s.find("\"parameters\": ") != std::string::npos &&
+        s.find("<|eot_id|>") != std::string::npos)
         return "llama3_json";
     return "";
 }
@@ -311,8 +316,8 @@ inline std::vector<std::string> check_call(const ToolCall &call, const json &too
             if (name == call.name && !fn) fn = f;
         }
     if (!fn) {
-        problems.push_back("unknown tool '" + call.name + "' (known: " +
-                           (known.empty() ? std::string("none") : known) + ")");
+        problems.push_back("unknown tool '" + call.name +
+                           "' (known: " + (known.empty() ? std::string("none") : known) + ")");
         return problems;
     }
     const std::string tool = "tool '" + call.name + "': ";
@@ -324,10 +329,9 @@ inline std::vector<std::string> check_call(const ToolCall &call, const json &too
     auto params = fn->find("parameters");
     if (params == fn->end() || !params->is_object()) return problems;
     const json empty = json::object();
-    const json &props =
-        params->contains("properties") && (*params)["properties"].is_object()
-            ? (*params)["properties"]
-            : empty;
+    const json &props = params->contains("properties") && (*params)["properties"].is_object()
+                            ? (*params)["properties"]
+                            : empty;
     if (auto req = params->find("required"); req != params->end() && req->is_array())
         for (const json &r : *req)
             if (r.is_string() && !call.arguments.contains(r.get<std::string>()))
@@ -356,10 +360,10 @@ inline std::vector<std::string> check_call(const ToolCall &call, const json &too
             std::string want;
             for (size_t i = 0; i < types.size(); ++i)
                 want += (i ? (i + 1 == types.size() ? " or " : ", ") : "") + types[i];
-            problems.push_back(tool + "argument '" + it.key() + "' must be " +
-                               (want == "integer" || want == "array" || want == "object" ? "an "
-                                                                                         : "a ") +
-                               want + ", got " + detail::json_kind(it.value()));
+            problems.push_back(
+                tool + "argument '" + it.key() + "' must be " +
+                (want == "integer" || want == "array" || want == "object" ? "an " : "a ") + want +
+                ", got " + detail::json_kind(it.value()));
         }
     }
     return problems;
