@@ -98,6 +98,9 @@ ojson template_message(const ojson &message, size_t index) {
     if (message.value("role", "") != "assistant")
         refuse(at + ".tool_calls", at + ".tool_calls is only for assistant messages");
     if (!calls->is_array()) refuse(at + ".tool_calls", at + ".tool_calls must be a list");
+    // OpenAI clients send content null beside tool calls; templates read a
+    // string (Qwen3's tests `content is string`).
+    if (out.value("content", ojson()).is_null()) out["content"] = "";
     for (size_t k = 0; k < calls->size(); ++k) {
         const std::string ck = at + ".tool_calls[" + std::to_string(k) + "]";
         const ojson &call = (*calls)[k];
