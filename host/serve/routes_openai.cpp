@@ -1,9 +1,11 @@
 // The OpenAI-compatible routes: GET /v1/models, POST /v1/completions and
 // POST /v1/chat/completions (with vLLM's return_token_ids, top_k,
-// stop_token_ids, ignore_eos and return_tokens_as_token_ids). Fields that
+// stop_token_ids, ignore_eos and return_tokens_as_token_ids; tools as in
+// chat_tools.hpp). Fields that
 // change nothing at their neutral value (penalties 0, echo false, ...) are
 // accepted there and refused elsewhere; unknown fields are refused.
 #include "api.hpp"
+#include "chat_tools.hpp"
 
 #include "rl/core/chat_template.hpp"
 #include "rl/core/error.hpp"
@@ -417,16 +419,16 @@ void completions(Server &server, const Request &req, Responder &r) {
 // ---- /v1/chat/completions -----------------------------------------------------------------
 
 // The messages as the template reads them: content parts joined into text.
-json read_messages(const json *m) {
+ojson read_messages(const ojson *m) {
     if (!m) refuse("messages", "messages is required");
     if (!m->is_array() || m->empty())
         refuse("messages", "messages must be a non-empty list of {role, content} objects");
-    json out = json::array();
+    ojson out = ojson::array();
     for (size_t i = 0; i < m->size(); ++i) {
         const std::string at = "messages[" + std::to_string(i) + "]";
-        const json &msg = (*m)[i];
+        const ojson &msg = (*m)[i];
         if (!msg.is_object()) refuse(at, at + " must be an object");
-        json copy = msg;
+        ojson copy = msg;
         auto role = msg.find("role");
         if (role == msg.end() || !role->is_string() || role->get<std::string>().empty())
             refuse(at + ".role", at + ".role must be a non-empty string");
@@ -434,7 +436,7 @@ json read_messages(const json *m) {
         if (content != msg.end() && content->is_array()) {
             std::string text;
             for (size_t k = 0; k < content->size(); ++k) {
-                const json &part = (*content)[k];
+                const ojson &part = (*content)[k];
                 const std::string pat = at + ".content[" + std::to_string(k) + "]";
                 if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
                     refuse(pat, pat + " must be an object with a 'type'");
@@ -450,7 +452,7 @@ json read_messages(const json *m) {
         } else if (content != msg.end() && !content->is_string() && !content->is_null()) {
             refuse(at + ".content", at + ".content must be a string or a list of text parts");
         }
-        out.push_back(std::move(copy));
+        out.push_back(template_message(copy, i));
     }
     return out;
 }
@@ -459,7 +461,11 @@ json read_messages(const json *m) {
 // special-token text inside message contents stays plain text, while the
 // template's own special tokens stay control tokens (docs/model.md, "Special
 // tokens in user text").
-std::vector<int64_t> encode_chat(Server &server, const json &messages,
+std::string odump(const ojson &j) {
+    return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+std::vector<int64_t> encode_chat(Server &server, const ojson &messages,
                                  const core::ChatTemplateOptions &options) {
     const auto &tok_ptr = server.policy().tokenizer();
     if (!tok_ptr) refuse("messages", "the model has no tokenizer, so it cannot render chats");
@@ -467,9 +473,9 @@ std::vector<int64_t> encode_chat(Server &server, const json &messages,
     if (tok.chat_template_source().empty())
         refuse("messages", "the model has no chat template (tokenizer_config.json "
                            "chat_template or chat_template.jinja); use /v1/completions");
-    auto render = [&](const json &m) {
+    auto render = [&](const ojson &m) {
         try {
-            return tok.apply_chat_template_json(dump(m), options);
+            return tok.apply_chat_template_json(odump(m), options);
         } catch (const core::Error &e) {
             throw ApiError(400, std::string("the chat template refused the messages: ") + e.what(),
                            "messages");
@@ -478,10 +484,10 @@ std::vector<int64_t> encode_chat(Server &server, const json &messages,
     const std::string text = render(messages);
     // Each content replaced by a marker no content holds: where the markers
     // land is where the contents are.
-    json shaped = messages;
+    ojson shaped = messages;
     std::vector<std::pair<size_t, std::string>> marks; // message, marker
     for (size_t i = 0; i < messages.size(); ++i) {
-        const json &content = messages[i]["content"];
+        const ojson &content = messages[i]["content"];
         if (!content.is_string()) continue;
         std::string mark = "RLSERVECONTENT" + std::to_string(i) + "Z";
         while (content.get<std::string>().find(mark) != std::string::npos) mark += "Z";
@@ -538,11 +544,15 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
         if (!c.logprobs && *v > 0) refuse("top_logprobs", "top_logprobs needs logprobs: true");
         c.top_logprobs = *v;
     }
-    if (const json *t = f.get("tools"); t && !(t->is_array() && t->empty()))
-        refuse("tools", "tools are not supported (no tool-call parsing)");
-    if (auto v = f.string("tool_choice"); v && *v != "none")
-        refuse("tool_choice", "tool_choice other than 'none' is not supported");
-    f.boolean("parallel_tool_calls"); // without tools it changes nothing
+    const auto &tokenizer = server.policy().tokenizer();
+    // The request again with its keys in the order sent: messages and tools
+    // render as the client wrote them (json_body accepted the same text).
+    const ojson ordered = ojson::parse(req.body, nullptr, false);
+    const ChatTools tools =
+        read_chat_tools(f, ordered, tokenizer ? tokenizer->chat_template_source() : std::string());
+    if (tools.parse() && c.stream)
+        refuse("stream", "stream: true with tools is not supported (tool calls are read from the "
+                         "whole reply); use stream: false, or tool_choice: \"none\"");
     if (const json *rf = f.get("response_format")) {
         if (!rf->is_object() || rf->value("type", "") != "text")
             refuse("response_format",
@@ -555,7 +565,9 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
             refuse("chat_template_kwargs", "chat_template_kwargs must be an object");
         opts.variables_json = dump(*kw);
     }
-    const json messages = read_messages(f.get("messages"));
+    if (!tools.tools.is_null()) opts.tools_json = odump(tools.tools);
+    const ojson messages = read_messages(f.get("messages") ? &ordered["messages"]
+                                                           : static_cast<const ojson *>(nullptr));
     c.prompts.push_back(encode_chat(server, messages, opts));
     check_token_ids(server, c.prompts[0], "messages");
 
@@ -622,10 +634,12 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
     const json extra =
         c.return_token_ids ? json{{"prompt_token_ids", c.prompts[0]}} : json::object();
     answer(server, r, group, c, id, "chat.completion", extra, [&](size_t i, const SampleOutput &o) {
+        std::string finish = finish_reason(o.result);
+        json message = reply_message(o.result.text, tools, finish);
         json ch = {{"index", i},
-                   {"message", {{"role", "assistant"}, {"content", o.result.text}}},
+                   {"message", std::move(message)},
                    {"logprobs", nullptr},
-                   {"finish_reason", finish_reason(o.result)},
+                   {"finish_reason", finish},
                    {"stop_reason", matched_stop(server, specs[i], o.result)}};
         if (c.logprobs) ch["logprobs"] = chat_logprobs(server, c, o, 0, o.result.tokens.size());
         if (c.return_token_ids) ch["token_ids"] = o.result.tokens;

@@ -3,9 +3,12 @@
 // rendered here and by jinja2 set up as transformers' apply_chat_template sets
 // it up: byte-equal output, or, for templates that use a construct the engine
 // does not support, an error naming the construct and the line (never a
-// different rendering).
+// different rendering). Tool calls: the assistant turns with calls the Qwen
+// and Llama-3 templates render, read back by rl/sdk/tool_calls.hpp, give
+// exactly the calls rendered.
 #include "rl/core/chat_template.hpp"
 #include "rl/core/error.hpp"
+#include "rl/sdk/tool_calls.hpp"
 #include "test_util.hpp"
 
 #include <nlohmann/json.hpp>
@@ -120,6 +123,42 @@ TEST(ChatTemplateCompare, RealTemplatesRenderByteEqualToTransformersOrFailClearl
         EXPECT_NE(msg.find(" line "), std::string::npos) << name << ": unclear error: " << msg;
         std::cout << "  " << name << ": " << msg << "\n";
     }
+}
+
+TEST(ChatTemplateCompare, ToolCallsRenderedByRealTemplatesParseBackToTheSameCalls) {
+    const char *path = std::getenv("RL_CHAT_TEMPLATE_CASES");
+    if (!path) GTEST_SKIP() << "RL_CHAT_TEMPLATE_CASES is not set (run this test through ctest)";
+    const Json data = Json::parse(test::slurp(path));
+    if (data.contains("skip")) GTEST_SKIP() << data["skip"].get<std::string>();
+    ASSERT_TRUE(data.contains("tool_calls")) << "cases.json predates the tool-call cases";
+    std::map<std::string, int> checked;
+    for (const auto &c : data["tool_calls"]) {
+        const std::string name = c["template"].get<std::string>();
+        const std::string what = name + " / " + c["case"].get<std::string>();
+        const std::string family = c["family"].get<std::string>();
+        const std::string source = test::slurp(data["templates"][name].get<std::string>());
+        EXPECT_EQ(sdk::tools::detect_family(source), family) << name;
+        const std::string text = c["text"].get<std::string>();
+        const auto parsed = sdk::tools::parse_tool_calls(text, family);
+        EXPECT_TRUE(parsed.errors.empty())
+            << what << ": " << (parsed.errors.empty() ? "" : parsed.errors[0]) << " in "
+            << Json(text).dump();
+        ASSERT_EQ(parsed.calls.size(), c["calls"].size()) << what << ": " << Json(text).dump();
+        for (size_t i = 0; i < parsed.calls.size(); ++i) {
+            EXPECT_EQ(parsed.calls[i].name, c["calls"][i]["name"]) << what << " call " << i;
+            // Same keys in the same order, same values.
+            EXPECT_EQ(parsed.calls[i].arguments, c["calls"][i]["arguments"])
+                << what << " call " << i << ": " << parsed.calls[i].arguments.dump() << " vs "
+                << c["calls"][i]["arguments"].dump();
+        }
+        if (c["case"] == "calls_two_with_content" && text.find("<think>") == std::string::npos) {
+            EXPECT_EQ(parsed.content, "Let me check both.") << what;
+        }
+        ++checked[name];
+    }
+    for (const char *name :
+         {"Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "meta-llama-Llama-3.1-8B-Instruct"})
+        EXPECT_GE(checked[name], 3) << name;
 }
 
 } // namespace

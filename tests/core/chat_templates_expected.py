@@ -9,7 +9,12 @@ configures it, and writes OUT_DIR/cases.json:
 
   {"templates": {name: path}, "cases": [{"template", "case", "messages",
    "tools", "variables", "add_generation_prompt", "expected" | "error"}],
+   "tool_calls": [{"template", "case", "family", "text", "calls"}],
    "now": unix seconds strftime_now uses}
+
+tool_calls: the assistant turns with tool calls that the Qwen2.5 / Qwen3
+and Llama-3.1 / 3.2 / 3.3 templates render (what such a model generates) and
+the calls rendered into them, for the parse_tool_calls round trip.
 
 When PyPI cannot be reached it writes {"skip": reason} instead.
 
@@ -146,6 +151,77 @@ TOOL_RESULT = {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
 A_FINAL = {"role": "assistant", "content": "It is 21.5 degrees and clear in Paris."}
 U_WEATHER = {"role": "user", "content": "What is the weather in Paris?"}
 
+# Calls as models write them, for the tool-call round trip: the assistant turn
+# the template renders is what the model would generate; parse_tool_calls must
+# give these calls back (tool_calls_case below).
+TOOLS2 = TOOLS + [{"type": "function", "function": {
+    "name": "convert", "description": "Convert an amount.",
+    "parameters": {"type": "object", "properties": {
+        "amount": {"type": "number"}, "to": {"type": "string"},
+        "options": {"type": "object"}, "tags": {"type": "array"}},
+        "required": ["amount", "to"]}}}]
+CALL_UNICODE = {"id": "call_2", "type": "function",
+                "function": {"name": "get_weather",
+                             "arguments": {"city": "Zürich «東京» 🙂", "unit": "celsius"}}}
+CALL_NESTED = {"id": "call_3", "type": "function",
+               "function": {"name": "convert",
+                            "arguments": {"to": "EUR", "amount": 12.5,
+                                          "options": {"round": True, "note": None},
+                                          "tags": ["a", "b \"q\""]}}}
+CALL_STRING_ARGS = {"id": "call_4", "type": "function",
+                    "function": {"name": "get_weather",
+                                 "arguments": "{\"city\": \"Oslo\", \"days\": 3}"}}
+A_TWO_CALLS = {"role": "assistant", "content": "Let me check both.",
+               "tool_calls": [CALL_UNICODE, CALL_NESTED]}
+A_UNICODE = {"role": "assistant", "content": "", "tool_calls": [CALL_UNICODE]}
+# Content "" where OpenAI clients send null: rlhost serve hands templates "" (Qwen3
+# tests `content is string`).
+A_NESTED = {"role": "assistant", "content": "", "tool_calls": [CALL_NESTED]}
+A_STRING_ARGS = {"role": "assistant", "content": "", "tool_calls": [CALL_STRING_ARGS]}
+# (case, conversation ending with the assistant's calls, the templates it fits)
+TOOL_CALL_CASES = [
+    ("call_one", [U_WEATHER, TOOL_CALL], None),
+    ("call_unicode", [SYSTEM, U_WEATHER, A_UNICODE], None),
+    ("call_nested", [U_WEATHER, A_NESTED], None),
+    ("calls_two_with_content", [U_WEATHER, A_TWO_CALLS], "hermes"),
+    ("call_arguments_as_text", [U_WEATHER, A_STRING_ARGS], "Qwen-Qwen3-0.6B"),
+]
+# Templates whose tool-call round trip must hold, and their family (not QwQ:
+# its generation prompt opens <think>, which its rendered history drops).
+TOOL_CALL_TEMPLATES = {
+    "Qwen-Qwen2.5-7B-Instruct": "hermes",
+    "Qwen-Qwen3-0.6B": "hermes",
+    "meta-llama-Llama-3.1-8B-Instruct": "llama3_json",
+    "meta-llama-Llama-3.2-3B-Instruct": "llama3_json",
+    "meta-llama-Llama-3.3-70B-Instruct": "llama3_json",
+}
+END_OF_TURN = {"hermes": "<|im_end|>", "llama3_json": "<|eot_id|>"}
+
+
+def tool_calls_case(tmpl, name, family, case, messages):
+    """The assistant turn the template renders for the last message (the text
+    after the generation prompt of the conversation before it, up to the
+    end-of-turn token) and the calls in it, or None when the template does not
+    render this conversation."""
+    render = lambda msgs, gen: tmpl.render(
+        messages=json.loads(json.dumps(msgs)), tools=TOOLS2, documents=None,
+        add_generation_prompt=gen, bos_token=BOS, eos_token=EOS)
+    prefix, full = render(messages[:-1], True), render(messages, False)
+    if not full.startswith(prefix):
+        raise RuntimeError("%s / %s: the generation prompt is not a prefix" % (name, case))
+    turn = full[len(prefix):]
+    end = turn.find(END_OF_TURN[family])
+    if end < 0:
+        raise RuntimeError("%s / %s: no end of turn in %r" % (name, case, turn))
+    calls = []
+    for c in messages[-1]["tool_calls"]:
+        args = c["function"]["arguments"]
+        calls.append({"name": c["function"]["name"],
+                      "arguments": json.loads(args) if isinstance(args, str) else args})
+    return {"template": name, "case": case, "family": family, "text": turn[:end],
+            "calls": calls}
+
+
 CASES = [
     ("single", [U1], None, {}),
     ("system", [SYSTEM, U1], None, {}),
@@ -158,6 +234,9 @@ CASES = [
     ("tools_system", [SYSTEM, U_WEATHER], TOOLS, {}),
     ("tool_round_trip", [U_WEATHER, TOOL_CALL, TOOL_RESULT], TOOLS, {}),
     ("tool_round_trip_final", [SYSTEM, U_WEATHER, TOOL_CALL, TOOL_RESULT, A_FINAL], TOOLS, {}),
+    ("tool_calls_two", [U_WEATHER, A_TWO_CALLS, TOOL_RESULT], TOOLS2, {}),
+    ("tool_calls_nested", [SYSTEM, U_WEATHER, A_NESTED, TOOL_RESULT, A_FINAL], TOOLS2, {}),
+    ("tool_call_unicode", [U_WEATHER, A_UNICODE], TOOLS2, {}),
 ]
 
 
@@ -175,7 +254,7 @@ def main():
             json.dump({"skip": reason}, f)
         return 0
     env = transformers_env()
-    templates, cases = {}, []
+    templates, cases, tool_calls = {}, [], []
     for path in sorted(glob.glob(os.path.join(tdir, "*.jinja"))):
         name = os.path.basename(path)[:-len(".jinja")]
         templates[name] = path
@@ -197,8 +276,13 @@ def main():
                 except Exception as e:
                     entry["error"] = "%s: %s" % (type(e).__name__, e)
                 cases.append(entry)
+        family = TOOL_CALL_TEMPLATES.get(name)
+        for case, messages, only in TOOL_CALL_CASES if family else []:
+            if only is not None and only not in (family, name):
+                continue
+            tool_calls.append(tool_calls_case(tmpl, name, family, case, messages))
     with open(out_path, "w", encoding="utf-8") as f:
-        json.dump({"templates": templates, "cases": cases, "now": NOW,
+        json.dump({"templates": templates, "cases": cases, "tool_calls": tool_calls, "now": NOW,
                    "special_tokens": {"bos_token": BOS, "eos_token": EOS}}, f, ensure_ascii=False)
     print("%d templates, %d cases -> %s" % (len(templates), len(cases), out_path))
     return 0

@@ -11,13 +11,16 @@ RLHOST = os.environ["RL_TEST_RLHOST"]
 
 
 class RlhostServer:
-    def __init__(self, command, *args, checkpoint_dir=False):
-        """checkpoint_dir: pass --checkpoint-dir, a folder inside the temporary one."""
+    def __init__(self, command, *args, checkpoint_dir=False, prepare=None):
+        """checkpoint_dir: pass --checkpoint-dir, a folder inside the temporary one;
+        prepare: called with the model folder before the server starts."""
         import rl
 
         self.tmp = tempfile.TemporaryDirectory()
         self.dir = os.path.join(self.tmp.name, "tiny")
         rl.init_model("tiny", self.dir, 7)
+        if prepare is not None:
+            prepare(self.dir)
         args = list(args)
         if checkpoint_dir:
             args += ["--checkpoint-dir", os.path.join(self.tmp.name, "ckpt")]

@@ -3,6 +3,7 @@
 // and SGLang-native results equal the engine's and the trainer's numbers,
 // bad requests are refused by name while the server keeps serving, and
 // back-pressure, disconnects and the API key behave.
+#include "serve/chat_tools.hpp"
 #include "serve/http.hpp"
 #include "serve/server.hpp"
 
@@ -25,6 +26,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -64,9 +68,10 @@ std::shared_ptr<core::Policy> load_tiny() {
 struct Running {
     std::shared_ptr<core::Policy> policy;
     std::unique_ptr<rl::serve::Server> server;
-    explicit Running(rl::serve::ServerConfig config = {}) : policy(load_tiny()) {
+    explicit Running(rl::serve::ServerConfig config = {}, const std::string &dir = tiny_dir())
+        : policy(core::Policy::load(dir)) {
         config.port = 0;
-        config.model_path = tiny_dir();
+        config.model_path = dir;
         if (config.served_model_name.empty()) config.served_model_name = "tiny";
         server = std::make_unique<rl::serve::Server>(policy, config);
         server->start();
@@ -730,6 +735,243 @@ TEST(ServeLoad, ARequestOverItsTimeoutEndsAsAborted) {
     const json j = s.post_ok("/v1/completions",
                              {{"prompt", "abc"}, {"max_tokens", 1500}, {"ignore_eos", true}});
     EXPECT_EQ(j["choices"][0]["finish_reason"], "abort");
+}
+
+// ---- tools --------------------------------------------------------------------------------
+
+/// The tiny model with a Hermes-style chat template (tests/serve/hermes_tiny.jinja).
+const std::string &hermes_dir() {
+    static const std::string dir = [] {
+        const auto d = std::filesystem::temp_directory_path() /
+                       ("rl-serve-test-hermes-" + std::to_string(::getpid()));
+        std::filesystem::create_directories(d);
+        for (const auto &e : std::filesystem::directory_iterator(tiny_dir()))
+            std::filesystem::copy(e.path(), d / e.path().filename(),
+                                  std::filesystem::copy_options::overwrite_existing);
+        std::filesystem::copy_file(
+            std::filesystem::path(RL_TEST_SOURCE_DIR) / "tests" / "serve" / "hermes_tiny.jinja",
+            d / "chat_template.jinja", std::filesystem::copy_options::overwrite_existing);
+        static const std::string path = d.string();
+        std::atexit([] {
+            std::error_code ec;
+            std::filesystem::remove_all(path, ec);
+        });
+        return d.string();
+    }();
+    return dir;
+}
+
+Running &hermes() {
+    static Running r({}, hermes_dir());
+    return r;
+}
+
+using ojson = nlohmann::ordered_json;
+
+// In the order OpenAI's documentation writes them (type first, then function).
+const ojson kWeatherTools = ojson::parse(R"([{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                   "days": {"type": "integer"}}, "required": ["city"]}}}])");
+
+TEST(ServeTools, ToolsAndToolCallsRenderThroughTheTemplateWithArgumentsAsObjects) {
+    Running &s = hermes();
+    // OpenAI's wire form: arguments as JSON text, content null, a tool message.
+    const ojson wire = ojson::parse(R"([
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"days\": 2, \"city\": \"Zürich\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"}])");
+    const ojson body = {{"messages", wire},
+                        {"tools", kWeatherTools},
+                        {"max_tokens", 1},
+                        {"return_token_ids", true}};
+    const HttpResponse r = s.post_raw("/v1/chat/completions", body.dump());
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json j = json::parse(r.body);
+    ojson as_template = wire;
+    // Keys in the order the client wrote them, in the tools and in the arguments.
+    as_template[1]["tool_calls"][0]["function"]["arguments"] = {{"days", 2}, {"city", "Zürich"}};
+    core::ChatTemplateOptions o;
+    o.tools_json = kWeatherTools.dump();
+    const std::string rendered =
+        s.policy->tokenizer()->apply_chat_template_json(as_template.dump(), o);
+    EXPECT_NE(rendered.find("<tools>\n{\"type\": \"function\""), std::string::npos) << rendered;
+    EXPECT_NE(rendered.find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 2, "
+                            "\"city\": \"Zürich\"}}\n</tool_call>"),
+              std::string::npos)
+        << rendered;
+    EXPECT_NE(rendered.find("<tool_response>\n{\"temp\": 21}\n</tool_response>"),
+              std::string::npos);
+    const auto want = s.policy->tokenizer()->encode(rendered);
+    EXPECT_EQ(ids_of(j["prompt_token_ids"]), std::vector<int64_t>(want.begin(), want.end()));
+}
+
+TEST(ServeTools, AReplyWithToolsIsTheSameGenerationReadBackForToolCalls) {
+    Running &s = hermes();
+    const json base = {{"messages", json::array({{{"role", "user"}, {"content", "Weather?"}}})},
+                       {"tools", kWeatherTools},
+                       {"max_tokens", 24},
+                       {"seed", 3},
+                       {"return_token_ids", true}};
+    json none = base;
+    none["tool_choice"] = "none";
+    const json raw = s.post_ok("/v1/chat/completions", none);
+    const json parsed = s.post_ok("/v1/chat/completions", base);
+    // tool_choice does not change the prompt, so the seed gives the same tokens.
+    EXPECT_EQ(raw["prompt_token_ids"], parsed["prompt_token_ids"]);
+    EXPECT_EQ(raw["choices"][0]["token_ids"], parsed["choices"][0]["token_ids"]);
+    const std::string text = raw["choices"][0]["message"]["content"].get<std::string>();
+    rl::serve::ChatTools tools;
+    tools.tools = kWeatherTools;
+    tools.choice = "auto";
+    tools.family = "hermes";
+    std::string finish = raw["choices"][0]["finish_reason"].get<std::string>();
+    const json want = rl::serve::reply_message(text, tools, finish);
+    EXPECT_EQ(parsed["choices"][0]["finish_reason"], finish);
+    json got = parsed["choices"][0]["message"];
+    EXPECT_EQ(got.contains("tool_calls"), want.contains("tool_calls"));
+    got.erase("tool_calls");
+    json w = want;
+    w.erase("tool_calls");
+    EXPECT_EQ(got, w);
+}
+
+TEST(ServeTools, ReplyMessagesCarryOpenAIToolCalls) {
+    rl::serve::ChatTools hermes_tools;
+    hermes_tools.tools = kWeatherTools;
+    hermes_tools.choice = "auto";
+    hermes_tools.family = "hermes";
+    std::string finish = "stop";
+    const json m = rl::serve::reply_message(
+        "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"
+        "\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": "
+        "\\\"Oslo\\\", \\\"days\\\": 3}\"}\n</tool_call>",
+        hermes_tools, finish);
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(m["role"], "assistant");
+    EXPECT_EQ(m["content"], "Checking.");
+    ASSERT_EQ(m["tool_calls"].size(), 2u);
+    std::set<std::string> ids;
+    for (const json &c : m["tool_calls"]) {
+        EXPECT_EQ(c["type"], "function");
+        EXPECT_EQ(c["function"]["name"], "get_weather");
+        ASSERT_TRUE(c["function"]["arguments"].is_string());
+        const std::string id = c["id"].get<std::string>();
+        EXPECT_EQ(id.rfind("call_", 0), 0u);
+        EXPECT_GT(id.size(), 20u);
+        ids.insert(id);
+    }
+    EXPECT_EQ(ids.size(), 2u);
+    EXPECT_EQ(json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+              json({{"city", "Paris"}}));
+    EXPECT_EQ(json::parse(m["tool_calls"][1]["function"]["arguments"].get<std::string>()),
+              json({{"city", "Oslo"}, {"days", 3}}));
+
+    // Only calls: content null.
+    finish = "stop";
+    const json only = rl::serve::reply_message(
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>", hermes_tools,
+        finish);
+    EXPECT_TRUE(only["content"].is_null());
+    EXPECT_EQ(finish, "tool_calls");
+
+    // A malformed call: the whole text as content, no tool_calls, finish as it was.
+    const std::string bad = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\n";
+    finish = "length";
+    const json b = rl::serve::reply_message(bad, hermes_tools, finish);
+    EXPECT_EQ(b["content"], bad);
+    EXPECT_FALSE(b.contains("tool_calls"));
+    EXPECT_EQ(finish, "length");
+
+    // tool_choice "none": never read.
+    rl::serve::ChatTools none = hermes_tools;
+    none.choice = "none";
+    finish = "stop";
+    const std::string call =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>";
+    EXPECT_EQ(rl::serve::reply_message(call, none, finish)["content"], call);
+    EXPECT_EQ(finish, "stop");
+
+    // Llama-3 JSON.
+    rl::serve::ChatTools llama = hermes_tools;
+    llama.family = "llama3_json";
+    const json l = rl::serve::reply_message(
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}", llama, finish);
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_TRUE(l["content"].is_null());
+    EXPECT_EQ(l["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Rome\"}");
+}
+
+TEST(ServeTools, BadToolRequestsAreRefusedNamingTheField) {
+    const std::string user = R"("messages": [{"role": "user", "content": "a"}])";
+    const std::string tools = R"("tools": )" + kWeatherTools.dump();
+    const std::vector<Bad> on_hermes = {
+        {"/v1/chat/completions", "{" + user + ", " + tools + R"(, "tool_choice": "required"})",
+         "tool_choice", "\"required\" is not supported"},
+        {"/v1/chat/completions",
+         "{" + user + ", " + tools +
+             R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
+         "tool_choice", "naming a function is not supported"},
+        {"/v1/chat/completions", "{" + user + ", " + tools + R"(, "tool_choice": "maybe"})",
+         "tool_choice", "'maybe'"},
+        {"/v1/chat/completions", "{" + user + R"(, "tool_choice": "auto"})", "tool_choice",
+         "needs a non-empty tools list"},
+        {"/v1/chat/completions", "{" + user + ", " + tools + R"(, "stream": true})", "stream",
+         "stream: true with tools is not supported"},
+        {"/v1/chat/completions", "{" + user + R"(, "tools": {"name": "x"}})", "tools",
+         "must be a list"},
+        {"/v1/chat/completions", "{" + user + R"(, "tools": [{"type": "retrieval"}]})",
+         "tools[0].type", "\"function\""},
+        {"/v1/chat/completions",
+         "{" + user + R"(, "tools": [{"type": "function", "function": {}}]})",
+         "tools[0].function.name", "non-empty string"},
+        {"/v1/chat/completions",
+         R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls":
+            [{"type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]})",
+         "messages[1].tool_calls[0].function.arguments", "must be a JSON object"},
+        {"/v1/chat/completions",
+         R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "tool_calls":
+            [{"type": "function", "function": {"arguments": "{}"}}]}]})",
+         "messages[1].tool_calls[0].function.name", "non-empty string"},
+        {"/v1/chat/completions",
+         R"({"messages": [{"role": "user", "content": "a", "tool_calls": []}]})",
+         "messages[0].tool_calls", "only for assistant messages"},
+        {"/v1/chat/completions",
+         R"({"messages": [{"role": "tool", "content": "a", "tool_call_id": 5}]})",
+         "messages[0].tool_call_id", "must be a string"},
+    };
+    // The tiny model's own template (plain ChatML) has no tool-call format.
+    const std::vector<Bad> on_chatml = {
+        {"/v1/chat/completions", "{" + user + ", " + tools + "}", "tools",
+         "known tool-call format"},
+    };
+    const std::vector<std::pair<Running *, const std::vector<Bad> *>> servers = {
+        {&hermes(), &on_hermes}, {&shared(), &on_chatml}};
+    for (const auto &[server, cases] : servers) {
+        for (const Bad &b : *cases) {
+            const HttpResponse r = server->post_raw(b.path, b.body);
+            EXPECT_EQ(r.status, 400) << b.body << ": " << r.body;
+            const json j = json::parse(r.body, nullptr, false);
+            ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
+            EXPECT_EQ(j["error"]["param"], b.param) << b.body << " -> " << r.body;
+            EXPECT_NE(j["error"]["message"].get<std::string>().find(b.words), std::string::npos)
+                << b.body << " -> " << j["error"]["message"];
+        }
+    }
+    // tool_choice "none" only renders the tools, so any template takes it.
+    EXPECT_EQ(
+        shared()
+            .post_raw("/v1/chat/completions",
+                      "{" + user + ", " + tools + R"(, "tool_choice": "none", "max_tokens": 2})")
+            .status,
+        200);
+    // An empty tools list is no tools, streaming included.
+    EXPECT_EQ(shared()
+                  .post_raw("/v1/chat/completions",
+                            "{" + user + R"(, "tools": [], "stream": true, "max_tokens": 2})")
+                  .status,
+              200);
 }
 
 } // namespace

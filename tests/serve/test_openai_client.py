@@ -1,8 +1,13 @@
 """The unmodified openai client (from PyPI, in the test venv) against `rlhost serve` on
 the tiny model: completions and chat completions with logprobs, streamed and not; the
 logprobs equal the trainer's logprobs of the same tokens (the rl Python SDK scores them
-in this process from the same model folder)."""
+in this process from the same model folder). Tools: a tiny model with a Hermes-style
+template, taught (supervised, here) to call a tool and then to answer from its result,
+runs the client's tool loop."""
 
+import json
+import os
+import shutil
 import sys
 import unittest
 
@@ -126,6 +131,126 @@ class OpenAIClientTest(unittest.TestCase):
         # Still serving.
         self.assertEqual(len(self.client.completions.create(
             model="tiny", prompt="a", max_tokens=2).choices), 1)
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "days": {"type": "integer"}},
+                   "required": ["city"]}}}]
+QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
+# What the model is taught to write: a call (keys in this order), then, given the
+# tool's result, an answer.
+CALL = {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}
+CALL_TEXT = "<tool_call>\n" + json.dumps(CALL) + "\n</tool_call>"
+RESULT = '{"temp": 21}'
+ANSWER = "It is 21 degrees in Paris."
+
+
+def history(call_arguments):
+    """The conversation after the call, as the template reads it."""
+    return QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_x", "type": "function",
+             "function": {"name": "get_weather", "arguments": call_arguments}}]},
+        {"role": "tool", "tool_call_id": "call_x", "content": RESULT}]
+
+
+def teach_tool_calls(model_dir):
+    """Gives the tiny model a Hermes-style template and overfits it (supervised, on
+    this process's trainer) to write CALL_TEXT after QUESTION and ANSWER after the
+    tool's result, so that the server's replies are known text."""
+    shutil.copy(os.path.join(HERE, "hermes_tiny.jinja"),
+                os.path.join(model_dir, "chat_template.jinja"))
+    rt = rl.Runtime(plugin_path=os.environ["RL_PLUGIN_PATH"], default_plugins=False)
+    model = rl.Model(model_dir)
+    try:
+        tasks = [
+            {"prompt": model.apply_chat_template(QUESTION, tools=TOOLS), "answer": CALL_TEXT},
+            {"prompt": model.apply_chat_template(history(CALL["arguments"]), tools=TOOLS),
+             "answer": ANSWER},
+        ]
+        im_end = model.encode("<|im_end|>")
+        assert len(im_end) == 1, im_end
+        # Prompts encoded as the server encodes rendered chats (the template's
+        # <|im_start|> / <|im_end|> are control tokens); the loss on answer + <|im_end|>.
+        ids, mask, cu = [], [], [0]
+        for task in tasks:
+            prompt = model.encode(task["prompt"])
+            answer = model.encode(task["answer"], plain_text=True) + im_end
+            ids += prompt + answer
+            mask += [0.0] * len(prompt) + [1.0] * len(answer)
+            cu.append(len(ids))
+        batch = {"input_ids": ids, "cu_seqlens": cu, "loss_mask": mask}
+        ce = rt.create("loss", "causallm_loss")
+        with model.trainer({"learning_rate": 1e-2, "seed": 1}) as trainer:
+            for step in range(600):
+                loss = trainer.forward_backward(batch, ce).scalars["loss"]
+                if loss < 2e-3:
+                    break
+                trainer.optim_step()
+        assert loss < 2e-3, "the tiny model did not learn the tool call: loss %g" % loss
+        model.save(model_dir)
+    finally:
+        model.close()
+        rt.close()
+
+
+class ToolCallsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = RlhostServer("serve", "--api-key", "test-key", prepare=teach_tool_calls)
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="test-key",
+                                   max_retries=0, timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_the_tool_loop(self):
+        messages = list(QUESTION)
+        r = self.client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                                temperature=0, max_tokens=100)
+        choice = r.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
+        self.assertIsNone(choice.message.content)
+        calls = choice.message.tool_calls
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0].type, "function")
+        self.assertTrue(calls[0].id.startswith("call_"))
+        self.assertEqual(calls[0].function.name, "get_weather")
+        self.assertEqual(json.loads(calls[0].function.arguments), CALL["arguments"])
+        # The client's loop: the assistant message as returned, then the tool's result.
+        messages.append(choice.message)
+        messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": RESULT})
+        r2 = self.client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                                 temperature=0, max_tokens=100,
+                                                 extra_body={"return_token_ids": True})
+        self.assertEqual(r2.choices[0].finish_reason, "stop")
+        self.assertEqual(r2.choices[0].message.content, ANSWER)
+        self.assertFalse(r2.choices[0].message.tool_calls)
+        # The arguments came back as JSON text and rendered as the object the model wrote.
+        model = rl.load_tokenizer(self.server.dir)
+        want = model.encode(model.apply_chat_template(history(CALL["arguments"]), tools=TOOLS))
+        self.assertEqual(r2.prompt_token_ids, want)
+        model.close()
+
+    def test_tool_choice_none_returns_the_text(self):
+        r = self.client.chat.completions.create(model="tiny", messages=QUESTION, tools=TOOLS,
+                                                tool_choice="none", temperature=0,
+                                                max_tokens=100)
+        self.assertEqual(r.choices[0].message.content, CALL_TEXT)
+        self.assertFalse(r.choices[0].message.tool_calls)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_refusals_name_the_field(self):
+        for extra, field in ((dict(tool_choice="required"), "tool_choice"),
+                             (dict(stream=True), "stream")):
+            with self.assertRaises(openai.BadRequestError) as e:
+                self.client.chat.completions.create(model="tiny", messages=QUESTION,
+                                                    tools=TOOLS, max_tokens=4, **extra)
+            self.assertEqual(e.exception.body.get("param"), field, str(e.exception))
 
 
 if __name__ == "__main__":

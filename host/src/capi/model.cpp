@@ -381,7 +381,10 @@ RL_API rl_status_t rl_tokenizer_render_chat(rl_model_t *model, const char *messa
             } else if (kv.key() == "add_generation_prompt" && v.is_boolean()) {
                 o.add_generation_prompt = v.get<bool>();
             } else if (kv.key() == "tools" && (v.is_array() || v.is_null())) {
-                if (v.is_array()) o.tools_json = v.dump();
+                // Keys in the order given, as transformers renders them.
+                if (v.is_array())
+                    o.tools_json = nlohmann::ordered_json::parse(options_json)["tools"].dump(
+                        -1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
             } else if (kv.key() == "chat_template_kwargs" && (v.is_object() || v.is_null())) {
                 if (v.is_object()) o.variables_json = v.dump();
             } else {
