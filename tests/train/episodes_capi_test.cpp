@@ -1,0 +1,239 @@
+// Multi-turn episodes through the C API (rl_rollouts_generate_episodes,
+// rl_env_step) on the tiny model with the guess_number env: what the env
+// answered is in the sequence with loss mask 0, the sampled turns with mask 1;
+// rewards are the sums of the turns' rewards; a failing step drops only its
+// episode.
+#include "train_util.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using namespace rl_train_test;
+using nlohmann::json;
+
+InstancePtr make_env(const char *name, const char *params = "{}") {
+    rl_instance_t *i = nullptr;
+    if (rl_instance_create(runtime(), "env", name, params, &i) != RL_OK)
+        ADD_FAILURE() << name << ": " << rl_last_error();
+    return InstancePtr(i);
+}
+
+const char *kGame = R"({"lo": 1, "hi": 8, "max_guesses": 4})";
+
+std::string sample_tasks(rl_instance_t *env, uint64_t n) {
+    Result r;
+    EXPECT_EQ(rl_env_sample(env, n, 5, r.out()), RL_OK) << rl_last_error();
+    return r.text("tasks");
+}
+
+RolloutsPtr episodes(rl_engine_t *e, rl_instance_t *env, const std::string &tasks,
+                     const char *options) {
+    rl_rollouts_t *r = nullptr;
+    if (rl_rollouts_generate_episodes(e, env, tasks.c_str(), options, &r) != RL_OK)
+        ADD_FAILURE() << rl_last_error();
+    return RolloutsPtr(r);
+}
+
+const char *kOptions = R"({"sampling": {"n": 4, "max_tokens": 4, "seed": 3}, "max_turns": 4})";
+
+TEST(Episodes, ObservationsAreUntrainedAndRewardsAreTheSumOfTheTurns) {
+    ModelPtr m = load_model();
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = make_env("guess_number", kGame);
+    const std::string tasks = sample_tasks(env.get(), 3);
+    RolloutsPtr r = episodes(e.get(), env.get(), tasks, kOptions);
+    ASSERT_NE(r, nullptr);
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    EXPECT_EQ(info.scalar("rollouts"), 12);
+    EXPECT_EQ(info.scalar("episode_errors"), 0);
+    const auto turns = info.tensor<int64_t>("turns");
+    const json turn_rewards = json::parse(info.text("turn_rewards"));
+    const json reasons = json::parse(info.text("finish_reasons"));
+    const json task_list = json::parse(tasks);
+    const auto rewards = info.tensor<double>("rewards");
+
+    rl_train_batch_t *raw = nullptr;
+    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &raw));
+    BatchPtr batch(raw);
+    Result bi;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
+    const auto ids = bi.tensor<int64_t>("input_ids");
+    const auto cu = bi.tensor<int64_t>("cu_seqlens");
+    const auto mask = bi.tensor<float>("loss_mask");
+    const auto old = bi.tensor<float>("old_logprobs");
+    const std::vector<std::vector<int64_t>> answers = {
+        encode(m.get(), "higher\n"), encode(m.get(), "lower\n"), encode(m.get(), "say a number\n")};
+
+    bool some_continued = false;
+    for (size_t s = 0; s < 12; ++s) {
+        const json &task = task_list[s / 4];
+        const std::vector<int64_t> prompt = encode(m.get(), task["prompt"].get<std::string>());
+        const int64_t a = cu[s] + static_cast<int64_t>(prompt.size()), b = cu[s + 1];
+        ASSERT_EQ(std::vector<int64_t>(ids.begin() + cu[s], ids.begin() + a), prompt);
+        ASSERT_GE(turns[s], 1);
+        ASSERT_LE(turns[s], 4);
+        EXPECT_TRUE(reasons[s] == "done" || reasons[s] == "max_turns") << reasons[s];
+        some_continued = some_continued || turns[s] > 1;
+        // Walk the sequence: a turn is a run of mask-1 tokens; what follows it
+        // (mask 0) is the env's answer, one of its three texts.
+        std::vector<std::string> turn_texts;
+        int64_t t = a;
+        for (int64_t k = 0; k < turns[s]; ++k) {
+            const int64_t start = t;
+            while (t < b && mask[t] == 1.0f) {
+                EXPECT_LE(old[t], 0.0f);
+                ++t;
+            }
+            ASSERT_GT(t, start) << "episode " << s << " turn " << k << " is empty";
+            std::vector<int64_t> obs;
+            while (t < b && mask[t] == 0.0f) {
+                EXPECT_EQ(old[t], 0.0f);
+                obs.push_back(ids[t++]);
+            }
+            if (k + 1 < turns[s]) {
+                EXPECT_NE(std::find(answers.begin(), answers.end(), obs), answers.end())
+                    << "episode " << s << " turn " << k;
+            } else {
+                EXPECT_TRUE(obs.empty()) << "nothing follows the last turn";
+            }
+        }
+        EXPECT_EQ(t, b);
+        // The rewards: one per turn, summed.
+        ASSERT_EQ(turn_rewards[s].size(), static_cast<size_t>(turns[s]));
+        double sum = 0;
+        for (const auto &x : turn_rewards[s]) sum += x.get<double>();
+        EXPECT_DOUBLE_EQ(rewards[s], sum);
+    }
+    EXPECT_TRUE(some_continued) << "no episode got past its first turn";
+}
+
+TEST(Episodes, EnvStepAnswersAndRefusesASingleTurnEnv) {
+    InstancePtr env = make_env("guess_number", kGame);
+    const std::string task = R"({"prompt": "guess", "answer": "3",
+                                 "metadata": {"secret": 3, "lo": 1, "hi": 8}})";
+    const auto step = [&](const std::string &state, const std::string &completion, Result &r) {
+        return rl_env_step(env.get(), {task.data(), task.size()}, {state.data(), state.size()},
+                           {completion.data(), completion.size()}, r.out());
+    };
+    Result r1;
+    RL_ASSERT_OK(step("null", "5\n", r1));
+    EXPECT_EQ(r1.scalar("done"), 0);
+    EXPECT_EQ(r1.text("observation"), "lower\n");
+    EXPECT_EQ(r1.text("role"), "user");
+    Result r2;
+    RL_ASSERT_OK(step(r1.text("state"), "3", r2));
+    EXPECT_EQ(r2.scalar("done"), 1);
+    EXPECT_DOUBLE_EQ(r2.scalar("reward"), 0.8); // right on the second guess: 0.8^1
+
+    InstancePtr single = make_env("reverse_text");
+    Result r3;
+    const std::string t = R"({"prompt": "reverse: ab\n", "answer": "ba"})", c = "ba";
+    EXPECT_EQ(rl_env_step(single.get(), {t.data(), t.size()}, {"null", 4}, {c.data(), c.size()},
+                          r3.out()),
+              RL_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(rl_last_error()).find("env 'reverse_text': this env is single-turn"),
+              std::string::npos)
+        << rl_last_error();
+}
+
+TEST(Episodes, AFailingStepDropsOnlyItsEpisodeAndScoreIsRefused) {
+    ModelPtr m = load_model();
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = make_env("guess_number", kGame);
+    // The second task has no secret: guess_number's step() fails on it.
+    const std::string tasks = R"([{"prompt": "guess a number from 1 to 8\n", "answer": "2",
+                                   "metadata": {"secret": 2}},
+                                  {"prompt": "guess a number from 1 to 8\n", "answer": "2"}])";
+    RolloutsPtr r = episodes(e.get(), env.get(), tasks, kOptions);
+    ASSERT_NE(r, nullptr);
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    EXPECT_EQ(info.scalar("episode_errors"), 4);
+    const json reasons = json::parse(info.text("finish_reasons"));
+    const json errors = json::parse(info.text("errors"));
+    const auto masked = info.tensor<uint8_t>("masked");
+    for (size_t s = 0; s < 8; ++s) {
+        if (s < 4) {
+            EXPECT_NE(reasons[s], "error");
+            EXPECT_EQ(errors[s], "");
+            EXPECT_EQ(masked[s], 0);
+        } else {
+            EXPECT_EQ(reasons[s], "error");
+            EXPECT_NE(errors[s].get<std::string>().find("metadata.secret"), std::string::npos)
+                << errors[s];
+            EXPECT_EQ(masked[s], 1);
+        }
+    }
+    InstancePtr env2 = make_env("guess_number", kGame);
+    EXPECT_EQ(rl_rollouts_score(r.get(), env2.get()), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("multi-turn episodes"), std::string::npos)
+        << rl_last_error();
+}
+
+TEST(Episodes, AChatTemplateRendersTheObservationAsItsNextMessage) {
+    ModelPtr m = load_model();
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = make_env("guess_number", kGame);
+    const std::string tasks = R"([{"prompt": "guess a number from 1 to 8", "answer": "6",
+                                   "metadata": {"secret": 6}}])";
+    RolloutsPtr r = episodes(
+        e.get(), env.get(), tasks,
+        R"({"chat_template": "chatml", "sampling": {"n": 4, "max_tokens": 3, "seed": 1},
+            "max_turns": 2})");
+    ASSERT_NE(r, nullptr);
+    rl_train_batch_t *raw = nullptr;
+    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &raw));
+    BatchPtr batch(raw);
+    Result bi;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
+    const auto ids = bi.tensor<int64_t>("input_ids");
+    const auto cu = bi.tensor<int64_t>("cu_seqlens");
+    const auto mask = bi.tensor<float>("loss_mask");
+    // The tiny model's stop token is not <|im_end|>, so the observation closes
+    // the turn as ChatML does, then opens the user message and the next
+    // assistant header.
+    const auto closing = [&](const std::string &obs) {
+        return encode(m.get(), "<|im_end|>\n<|im_start|>user\n" + obs +
+                                   "<|im_end|>\n<|im_start|>assistant\n");
+    };
+    int continued = 0;
+    for (size_t s = 0; s + 1 < cu.size(); ++s) {
+        std::vector<int64_t> obs;
+        bool after_turn = false;
+        for (int64_t t = cu[s]; t < cu[s + 1]; ++t) {
+            if (mask[t] == 1.0f) after_turn = true;
+            if (after_turn && mask[t] == 0.0f) obs.push_back(ids[t]);
+            if (after_turn && mask[t] == 1.0f && !obs.empty()) break;
+        }
+        if (obs.empty()) continue; // solved at once
+        ++continued;
+        EXPECT_TRUE(obs == closing("higher\n") || obs == closing("lower\n") ||
+                    obs == closing("say a number\n"))
+            << "episode " << s;
+    }
+    EXPECT_GT(continued, 0);
+}
+
+TEST(Episodes, BadOptionsAreRefusedByName) {
+    ModelPtr m = load_model();
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = make_env("guess_number", kGame);
+    const std::string tasks = sample_tasks(env.get(), 1);
+    rl_rollouts_t *r = nullptr;
+    EXPECT_EQ(rl_rollouts_generate_episodes(e.get(), env.get(), tasks.c_str(),
+                                            R"({"max_turns": 0})", &r),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("options.max_turns must be an integer >= 1"),
+              std::string::npos)
+        << rl_last_error();
+    EXPECT_EQ(rl_rollouts_generate_episodes(e.get(), env.get(), tasks.c_str(),
+                                            R"({"max_turn": 3})", &r),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("unknown option 'max_turn'"), std::string::npos)
+        << rl_last_error();
+    EXPECT_EQ(r, nullptr);
+}
+
+} // namespace
