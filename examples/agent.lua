@@ -6,14 +6,19 @@
 --
 --   rlhost run examples/agent.lua --config examples/agent.yaml
 --
--- 1. supervised warm-up on the env's reference answers (sft.steps > 0): the
---    fresh model learns the turn format (a number, a newline, end of sequence);
+-- 1. supervised warm-up on the env's reference episodes (sft.steps > 0: the
+--    tasks' metadata.reference_turns played against the env): the fresh model
+--    learns the turn format (a number, a newline, end of sequence) and to go
+--    on after an answer, not yet how to use the answers;
 -- 2. each RL step: rollout.prompts_per_step tasks, rollout.n episodes each,
 --    rewarded by the env per turn (summed per episode), groups without signal
 --    dropped, group-relative advantages over the trained tokens, one update.
 local rl = require("rl")
 
 local cfg = rl.config(rl.episode_keys(rl.sft_keys()))
+if cfg.inference_server and cfg.inference_server.url ~= "" then
+    error("multi-turn episodes need the co-located engine: unset inference_server.url", 0)
+end
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
 local tok = model:tokenizer()

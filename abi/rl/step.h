@@ -147,6 +147,20 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
                                              const char *options_json,
                                              rl_train_batch_t **out_batch);
 
+/* [control-thread] (ABI 0.9) A supervised batch of reference episodes, the
+ * multi-turn form of rl_train_batch_supervised: each task's
+ * metadata.reference_turns (a non-empty JSON array of assistant turns) is
+ * played against `env` (its step() answers each turn but the last), and the
+ * sequence is laid out as rl_rollouts_generate_episodes lays out an episode:
+ * prompt, turn + newline + EOS (loss mask 1), the env's observation rendered
+ * by the chat template (mask 0), the next turn, ... Same options as
+ * rl_train_batch_supervised. An env that ends the episode before the last
+ * reference turn is an error naming the task. */
+RL_API rl_status_t rl_train_batch_supervised_episodes(rl_model_t *model, rl_instance_t *env,
+                                                      const char *tasks_json,
+                                                      const char *options_json,
+                                                      rl_train_batch_t **out_batch);
+
 /* [thread-safe] Wait up to timeout_ms (0: do not wait) until at least
  * min_rollouts rollouts of complete, kept groups are ready, then take every
  * ready group as one training batch (sequences group-major). *out_batch is

@@ -45,7 +45,8 @@
  *        plugin: reward models, judges, shaping such as DAPO's overlong
  *        penalty).
  *   0.9  functions only: rl_env_step, rl_rollouts_generate_episodes (multi-turn
- *        episodes); the env step result's "observation" and "role". */
+ *        episodes), rl_train_batch_supervised_episodes; the env step result's
+ *        "observation" and "role". */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 9
 #define RL_ABI_VERSION_PATCH 0

@@ -362,6 +362,22 @@ int m_sft_batch(lua_State *L) {
     return 1;
 }
 
+// model:sft_episodes_batch(env, tasks [, options]) -> rl.train_batch: the tasks'
+// reference episodes (metadata.reference_turns) played against `env`.
+int m_sft_episodes_batch(lua_State *L) {
+    rl_model_t *m = model_of(L, 1);
+    auto *env = static_cast<rl_instance_t *>(check_handle(L, 2, "rl.env")->ptr);
+    std::string opts = json_arg(L, 4, "sft_episodes_batch: options");
+    const std::string tasks =
+        rank_share(L, json_arg(L, 3, "sft_episodes_batch: tasks"), opts, "sft_episodes_batch");
+    Handle *h = push_handle(L, kTrainBatchMT, nullptr, destroy_train_batch, 0);
+    rl_train_batch_t *b = nullptr;
+    check_status(L, rl_train_batch_supervised_episodes(m, env, tasks.c_str(), opts.c_str(), &b),
+                 "sft_episodes_batch");
+    h->ptr = b;
+    return 1;
+}
+
 // model:trainer([config]) -> rl.trainer
 int m_trainer(lua_State *L) {
     Handle *model = check_handle(L, 1, kModelMT);
@@ -976,6 +992,7 @@ void open_train(lua_State *L, int M) {
                                              RL_LUA_FN("apply_chat_template", m_chat),
                                              RL_LUA_FN("encode_chat", m_encode_chat),
                                              RL_LUA_FN("sft_batch", m_sft_batch),
+                                             RL_LUA_FN("sft_episodes_batch", m_sft_episodes_batch),
                                              RL_LUA_FN("tokenizer", m_tokenizer),
                                              RL_LUA_FN("trainer", m_trainer),
                                              RL_LUA_FN("engine", m_engine),
@@ -989,13 +1006,15 @@ void open_train(lua_State *L, int M) {
                                              RL_LUA_FN("adapter_info", m_adapter_info),
                                              {nullptr, nullptr}};
     define_handle_type(L, kModelMT, model_methods);
-    static const luaL_Reg tokenizer_methods[] = {RL_LUA_FN("encode", m_encode),
-                                                 RL_LUA_FN("decode", m_decode),
-                                                 RL_LUA_FN("apply_chat_template", m_chat),
-                                                 RL_LUA_FN("encode_chat", m_encode_chat),
-                                                 RL_LUA_FN("sft_batch", m_sft_batch),
-                                                 RL_LUA_FN("info", m_info),
-                                                 {nullptr, nullptr}};
+    static const luaL_Reg tokenizer_methods[] = {
+        RL_LUA_FN("encode", m_encode),
+        RL_LUA_FN("decode", m_decode),
+        RL_LUA_FN("apply_chat_template", m_chat),
+        RL_LUA_FN("encode_chat", m_encode_chat),
+        RL_LUA_FN("sft_batch", m_sft_batch),
+        RL_LUA_FN("sft_episodes_batch", m_sft_episodes_batch),
+        RL_LUA_FN("info", m_info),
+        {nullptr, nullptr}};
     define_handle_type(L, kTokenizerMT, tokenizer_methods);
     static const luaL_Reg trainer_methods[] = {RL_LUA_FN("forward_backward", t_forward_backward),
                                                RL_LUA_FN("forward", t_forward),
@@ -1004,11 +1023,13 @@ void open_train(lua_State *L, int M) {
                                                RL_LUA_FN("load_checkpoint", t_load_checkpoint),
                                                {nullptr, nullptr}};
     define_handle_type(L, kTrainerMT, trainer_methods);
-    static const luaL_Reg engine_methods[] = {
-        RL_LUA_FN("generate", e_generate), RL_LUA_FN("sync_weights", e_sync_weights),
-        RL_LUA_FN("episodes", e_episodes),
-        RL_LUA_FN("rollouts", e_rollouts), RL_LUA_FN("sleep", e_sleep),
-        RL_LUA_FN("wake_up", e_wake_up),   {nullptr, nullptr}};
+    static const luaL_Reg engine_methods[] = {RL_LUA_FN("generate", e_generate),
+                                              RL_LUA_FN("sync_weights", e_sync_weights),
+                                              RL_LUA_FN("episodes", e_episodes),
+                                              RL_LUA_FN("rollouts", e_rollouts),
+                                              RL_LUA_FN("sleep", e_sleep),
+                                              RL_LUA_FN("wake_up", e_wake_up),
+                                              {nullptr, nullptr}};
     define_handle_type(L, kEngineMT, engine_methods);
 
     static const luaL_Reg buffer_methods[] = {RL_LUA_FN("set_policy_version", b_set_policy_version),

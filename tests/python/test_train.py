@@ -224,6 +224,29 @@ class TrainTest(unittest.TestCase):
             self.assertEqual(engine.sync_weights(buffer), opt.scalars["policy_version"])
             self.assertEqual(buffer.stats().scalars["policy_version"], opt.scalars["policy_version"])
 
+    def test_multi_turn_episodes_and_env_steps(self):
+        env = self.rt.create("env", "guess_number", {"lo": 1, "hi": 8, "max_guesses": 3})
+        task = {"prompt": "guess\n", "answer": "6", "metadata": {"secret": 6}}
+        r = env.step(task, "null", "2\n")
+        self.assertEqual(r.scalars["done"], 0)
+        self.assertEqual(r.texts["observation"], "higher\n")
+        r = env.step(task, r.texts["state"], "6")
+        self.assertEqual((r.scalars["done"], r.scalars["reward"]), (1, 0.8))
+        with self.model.engine() as engine:
+            engine.sync_weights()
+            with engine.episodes(env, env.sample(2, 4), max_turns=3,
+                                 sampling={"n": 3, "max_tokens": 3, "seed": 5}) as eps:
+                info = eps.info()
+                self.assertEqual(info.scalars["rollouts"], 6)
+                turns = info.tensors["turns"]
+                self.assertTrue(all(1 <= t <= 3 for t in turns), turns)
+                per_turn = json.loads(info.texts["turn_rewards"])
+                self.assertEqual([len(x) for x in per_turn], turns)
+                self.assertEqual(info.tensors["rewards"], [sum(x) for x in per_turn])
+                with self.assertRaises(rl.Error) as cm:
+                    eps.score(env)
+                self.assertIn("multi-turn episodes", str(cm.exception))
+
     def test_errors_carry_status_and_name_the_argument(self):
         with self.assertRaises(rl.Error) as cm:
             rl.Model("/nonexistent/model")

@@ -178,9 +178,9 @@ TEST(Episodes, AChatTemplateRendersTheObservationAsItsNextMessage) {
     InstancePtr env = make_env("guess_number", kGame);
     const std::string tasks = R"([{"prompt": "guess a number from 1 to 8", "answer": "6",
                                    "metadata": {"secret": 6}}])";
-    RolloutsPtr r = episodes(
-        e.get(), env.get(), tasks,
-        R"({"chat_template": "chatml", "sampling": {"n": 4, "max_tokens": 3, "seed": 1},
+    RolloutsPtr r =
+        episodes(e.get(), env.get(), tasks,
+                 R"({"chat_template": "chatml", "sampling": {"n": 4, "max_tokens": 3, "seed": 1},
             "max_turns": 2})");
     ASSERT_NE(r, nullptr);
     rl_train_batch_t *raw = nullptr;
@@ -216,21 +216,74 @@ TEST(Episodes, AChatTemplateRendersTheObservationAsItsNextMessage) {
     EXPECT_GT(continued, 0);
 }
 
+TEST(Episodes, ASupervisedBatchPlaysTheReferenceTurnsAgainstTheEnv) {
+    ModelPtr m = load_model();
+    InstancePtr env = make_env("guess_number", kGame);
+    const json tasks = json::parse(sample_tasks(env.get(), 4));
+    Result mi;
+    RL_ASSERT_OK(rl_model_info(m.get(), mi.out()));
+    const int64_t eos = json::parse(mi.text("info"))["eos_token_ids"][0].get<int64_t>();
+    rl_train_batch_t *raw = nullptr;
+    RL_ASSERT_OK(rl_train_batch_supervised_episodes(m.get(), env.get(), tasks.dump().c_str(),
+                                                    nullptr, &raw));
+    BatchPtr batch(raw);
+    Result bi;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
+    const auto ids = bi.tensor<int64_t>("input_ids");
+    const auto cu = bi.tensor<int64_t>("cu_seqlens");
+    const auto mask = bi.tensor<float>("loss_mask");
+    ASSERT_EQ(cu.size(), 5u);
+    for (size_t i = 0; i < 4; ++i) {
+        // The expected layout, rebuilt from the reference turns and the game's rules.
+        const json &t = tasks[i];
+        const int64_t secret = t["metadata"]["secret"].get<int64_t>();
+        std::vector<int64_t> want = encode(m.get(), t["prompt"].get<std::string>());
+        std::vector<float> want_mask(want.size(), 0.0f);
+        const json &turns = t["metadata"]["reference_turns"];
+        ASSERT_GE(turns.size(), 1u);
+        for (size_t k = 0; k < turns.size(); ++k) {
+            const std::string g = turns[k].get<std::string>();
+            std::vector<int64_t> turn = encode(m.get(), g + "\n");
+            turn.push_back(eos);
+            want.insert(want.end(), turn.begin(), turn.end());
+            want_mask.insert(want_mask.end(), turn.size(), 1.0f);
+            if (k + 1 == turns.size()) {
+                EXPECT_TRUE(std::stoll(g) == secret || k + 1 == 4) << "episode " << i;
+                break;
+            }
+            const auto obs = encode(m.get(), std::stoll(g) < secret ? "higher\n" : "lower\n");
+            want.insert(want.end(), obs.begin(), obs.end());
+            want_mask.insert(want_mask.end(), obs.size(), 0.0f);
+        }
+        EXPECT_EQ(std::vector<int64_t>(ids.begin() + cu[i], ids.begin() + cu[i + 1]), want)
+            << "episode " << i;
+        EXPECT_EQ(std::vector<float>(mask.begin() + cu[i], mask.begin() + cu[i + 1]), want_mask)
+            << "episode " << i;
+    }
+    // A task without a reference episode is named.
+    const std::string bare = R"([{"prompt": "guess", "answer": "2", "metadata": {"secret": 2}}])";
+    EXPECT_EQ(rl_train_batch_supervised_episodes(m.get(), env.get(), bare.c_str(), nullptr, &raw),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("tasks[0] has no reference episode"),
+              std::string::npos)
+        << rl_last_error();
+}
+
 TEST(Episodes, BadOptionsAreRefusedByName) {
     ModelPtr m = load_model();
     EnginePtr e = make_engine(m.get());
     InstancePtr env = make_env("guess_number", kGame);
     const std::string tasks = sample_tasks(env.get(), 1);
     rl_rollouts_t *r = nullptr;
-    EXPECT_EQ(rl_rollouts_generate_episodes(e.get(), env.get(), tasks.c_str(),
-                                            R"({"max_turns": 0})", &r),
-              RL_ERR_INVALID_ARG);
+    EXPECT_EQ(
+        rl_rollouts_generate_episodes(e.get(), env.get(), tasks.c_str(), R"({"max_turns": 0})", &r),
+        RL_ERR_INVALID_ARG);
     EXPECT_NE(std::string(rl_last_error()).find("options.max_turns must be an integer >= 1"),
               std::string::npos)
         << rl_last_error();
-    EXPECT_EQ(rl_rollouts_generate_episodes(e.get(), env.get(), tasks.c_str(),
-                                            R"({"max_turn": 3})", &r),
-              RL_ERR_INVALID_ARG);
+    EXPECT_EQ(
+        rl_rollouts_generate_episodes(e.get(), env.get(), tasks.c_str(), R"({"max_turn": 3})", &r),
+        RL_ERR_INVALID_ARG);
     EXPECT_NE(std::string(rl_last_error()).find("unknown option 'max_turn'"), std::string::npos)
         << rl_last_error();
     EXPECT_EQ(r, nullptr);

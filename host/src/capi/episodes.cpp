@@ -31,8 +31,7 @@ public:
     }
 
     std::vector<int64_t> encode(const std::string &text, const std::string &role,
-                                const std::string &tools_json,
-                                std::optional<int64_t> stop_token) {
+                                const std::string &tools_json, std::optional<int64_t> stop_token) {
         core::EncodeOptions eo;
         if (!format_ && !own_) {
             eo.parse_special = o_.parse_special;
@@ -99,8 +98,8 @@ int64_t int_option(const json &rest, const char *key, int64_t dflt, int64_t lo, 
     if (!rest.contains(key)) return dflt;
     const json &v = rest[key];
     require(v.is_number_integer() && v.get<int64_t>() >= lo,
-            fn_msg(fn, std::string("options.") + key + " must be an integer >= " +
-                           std::to_string(lo) + ", got " + v.dump()));
+            fn_msg(fn, std::string("options.") + key +
+                           " must be an integer >= " + std::to_string(lo) + ", got " + v.dump()));
     return v.get<int64_t>();
 }
 
@@ -125,7 +124,8 @@ RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instanc
         checked(env, RL_KIND_ENV, fn);
         const core::Tokenizer &tok = engine->policy->require_tokenizer(fn);
         const json tasks = tasks_arg(tasks_json, fn);
-        const RolloutOptions o = read_rollout_options(options_json, fn, {"max_turns", "max_context"});
+        const RolloutOptions o =
+            read_rollout_options(options_json, fn, {"max_turns", "max_context"});
         core::EpisodeOptions eo;
         eo.max_turns = int_option(o.rest, "max_turns", 8, 1, fn);
         eo.max_context = int_option(o.rest, "max_context", 0, 0, fn);
@@ -143,15 +143,14 @@ RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instanc
         ObservationEncoder obs(tok, o, fn);
         std::vector<EpisodeLog> logs(prompts.size() * static_cast<size_t>(params.n));
 
-        const core::Episodes eps = engine->impl->generate_episodes(
-            prompts, params, eo, [&](const core::TurnEnd &te) {
+        const core::Episodes eps =
+            engine->impl->generate_episodes(prompts, params, eo, [&](const core::TurnEnd &te) {
                 const size_t p = static_cast<size_t>(te.episode / params.n);
                 EpisodeLog &log = logs[static_cast<size_t>(te.episode)];
                 rl_result_t *res = nullptr;
-                const rl_status_t st =
-                    rl_env_step(env, {task_text[p].data(), task_text[p].size()},
-                                {log.state.data(), log.state.size()},
-                                {te.text.data(), te.text.size()}, &res);
+                const rl_status_t st = rl_env_step(env, {task_text[p].data(), task_text[p].size()},
+                                                   {log.state.data(), log.state.size()},
+                                                   {te.text.data(), te.text.size()}, &res);
                 core::TurnReply reply;
                 if (st != RL_OK) {
                     reply.error = rl_last_error();
@@ -168,13 +167,11 @@ RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instanc
                 }
                 const bool stopped =
                     te.reason == core::FinishReason::Stop && !te.tokens.empty() &&
-                    std::find(stop_ids.begin(), stop_ids.end(), te.tokens.back()) !=
-                        stop_ids.end();
+                    std::find(stop_ids.begin(), stop_ids.end(), te.tokens.back()) != stop_ids.end();
                 try {
-                    reply.observation =
-                        obs.encode(s.texts.at("observation"), s.texts.at("role"), tools[p],
-                                   stopped ? std::optional<int64_t>(te.tokens.back())
-                                           : std::nullopt);
+                    reply.observation = obs.encode(
+                        s.texts.at("observation"), s.texts.at("role"), tools[p],
+                        stopped ? std::optional<int64_t>(te.tokens.back()) : std::nullopt);
                 } catch (const core::Error &e) {
                     throw HostError{RL_ERR_INVALID_ARG, fn_msg(fn, e.what())};
                 }
@@ -220,6 +217,78 @@ RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instanc
             }
         }
         *out_rollouts = r.release();
+        return RL_OK;
+    });
+}
+
+RL_API rl_status_t rl_train_batch_supervised_episodes(rl_model_t *model, rl_instance_t *env,
+                                                      const char *tasks_json,
+                                                      const char *options_json,
+                                                      rl_train_batch_t **out_batch) {
+    return train_boundary([&] {
+        const char *fn = "rl_train_batch_supervised_episodes";
+        require(model && env && tasks_json && out_batch,
+                fn_msg(fn, "model, env, tasks_json and out_batch are required"));
+        checked(env, RL_KIND_ENV, fn);
+        const Supervised sv = read_supervised(model, tasks_json, options_json, fn);
+        const core::Tokenizer &tok = *sv.tok;
+        ObservationEncoder obs(tok, sv.options, fn);
+        core::EncodeOptions turn_opts;
+        turn_opts.parse_special = sv.options.parse_special;
+        std::vector<int64_t> ids, cu{0};
+        std::vector<float> mask;
+        std::vector<std::string> completions;
+        for (size_t i = 0; i < sv.tasks.size(); ++i) {
+            const json &task = sv.tasks[i];
+            const std::string where = "tasks[" + std::to_string(i) + "]";
+            const json *turns = nullptr;
+            if (task.contains("metadata") && task["metadata"].is_object() &&
+                task["metadata"].contains("reference_turns"))
+                turns = &task["metadata"]["reference_turns"];
+            require(turns != nullptr && turns->is_array() && !turns->empty(),
+                    fn_msg(fn, where + " has no reference episode (metadata.reference_turns, a "
+                                       "non-empty array of assistant turns)"));
+            const std::string task_text = task.dump();
+            const std::string tools =
+                task.contains("tools") && task["tools"].is_array() ? task["tools"].dump() : "";
+            ids.insert(ids.end(), sv.prompts[i].begin(), sv.prompts[i].end());
+            mask.insert(mask.end(), sv.prompts[i].size(), 0.0f);
+            std::string state = "null", transcript;
+            for (size_t k = 0; k < turns->size(); ++k) {
+                const json &turn = (*turns)[k];
+                require(turn.is_string(), fn_msg(fn, where + ".metadata.reference_turns[" +
+                                                         std::to_string(k) + "] is not a string"));
+                const std::string text = turn.get<std::string>();
+                const auto t = tok.encode(text + "\n", turn_opts);
+                ids.insert(ids.end(), t.begin(), t.end());
+                ids.push_back(sv.eos);
+                mask.insert(mask.end(), t.size() + 1, 1.0f);
+                transcript += text + "\n";
+                if (k + 1 == turns->size()) break;
+                // The env answers the reference turn as it would answer the model.
+                rl_result_t *res = nullptr;
+                const rl_status_t status =
+                    rl_env_step(env, {task_text.data(), task_text.size()},
+                                {state.data(), state.size()}, {text.data(), text.size()}, &res);
+                if (status != RL_OK)
+                    throw HostError{status, fn_msg(fn, where + " turn " + std::to_string(k) + ": " +
+                                                           rl_last_error())};
+                CallSink st = std::move(res->sink);
+                rl_result_destroy(res);
+                require(st.scalars.at("done") == 0,
+                        fn_msg(fn, where + ": the env ended the episode after reference turn " +
+                                       std::to_string(k) + " of " + std::to_string(turns->size())));
+                state = st.texts.at("state");
+                const std::vector<int64_t> o =
+                    obs.encode(st.texts.at("observation"), st.texts.at("role"), tools, sv.eos);
+                ids.insert(ids.end(), o.begin(), o.end());
+                mask.insert(mask.end(), o.size(), 0.0f);
+                transcript += st.texts.at("observation");
+            }
+            cu.push_back(static_cast<int64_t>(ids.size()));
+            completions.push_back(transcript);
+        }
+        *out_batch = supervised_batch(model, sv.tasks, ids, cu, mask, completions).release();
         return RL_OK;
     });
 }

@@ -3,6 +3,7 @@
 // (rl_inference_client_rollouts). Internal to librl.
 #pragma once
 
+#include "batch.hpp"
 #include "train_common.hpp"
 
 #include <functional>
@@ -64,6 +65,26 @@ RolloutOptions read_rollout_options(const char *options_json, const char *fn,
 std::vector<std::vector<int64_t>> encode_prompts(const core::Tokenizer &tok,
                                                  const nlohmann::json &tasks,
                                                  const RolloutOptions &o, const char *fn);
+
+/// What a supervised batch starts from (rl_train_batch_supervised and its
+/// episode form): the tasks, the options' chat template settings, the
+/// tokenizer, the end-of-sequence id and the encoded prompts.
+struct Supervised {
+    nlohmann::json tasks;
+    RolloutOptions options;
+    const core::Tokenizer *tok = nullptr;
+    int64_t eos = 0;
+    std::vector<std::vector<int64_t>> prompts;
+};
+/// Reads the arguments of rl_train_batch_supervised (options chat_template,
+/// chat_template_kwargs, eos_token_id, parse_special_tokens).
+Supervised read_supervised(rl_model_t *model, const char *tasks_json, const char *options_json,
+                           const char *fn);
+/// A supervised batch: one sequence (and group) per task, rewards 0.
+std::unique_ptr<rl_train_batch>
+supervised_batch(const rl_model_t *model, const nlohmann::json &tasks,
+                 const std::vector<int64_t> &ids, const std::vector<int64_t> &cu,
+                 const std::vector<float> &mask, const std::vector<std::string> &completions);
 
 /// The tasks argument of a verb: a non-empty JSON array.
 nlohmann::json tasks_arg(const char *tasks_json, const char *fn);

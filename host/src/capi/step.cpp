@@ -152,9 +152,9 @@ std::vector<std::vector<int64_t>> encode_prompts(const core::Tokenizer &tok, con
     const auto tools_of = [&](size_t i) {
         const json &t = tasks[i];
         if (!t.is_object() || !t.contains("tools") || t["tools"].is_null()) return std::string();
-        require(t["tools"].is_array(),
-                fn_msg(fn, "tasks[" + std::to_string(i) + "].tools must be a JSON array of tool "
-                                                         "schemas"));
+        require(t["tools"].is_array(), fn_msg(fn, "tasks[" + std::to_string(i) +
+                                                      "].tools must be a JSON array of tool "
+                                                      "schemas"));
         require(own || t["tools"].empty(),
                 fn_msg(fn, "tasks[" + std::to_string(i) +
                                "] has tools, which only the model's own chat template "
@@ -193,8 +193,7 @@ generate_rollouts(const core::Tokenizer &tok, int64_t vocab_size, const char *ta
     const RolloutOptions o = read_rollout_options(options_json, fn);
     const int64_t group_offset = o.group_offset;
     const json &sampling = o.sampling;
-    const std::vector<std::vector<int64_t>> prompts =
-        encode_prompts(tok, tasks, o, fn);
+    const std::vector<std::vector<int64_t>> prompts = encode_prompts(tok, tasks, o, fn);
     const core::SamplingParams params = core::SamplingParams::from_json(sampling.dump());
     const core::Generation g = generate(prompts, params);
     require(g.samples() == static_cast<int64_t>(prompts.size()) * params.n,
@@ -226,6 +225,65 @@ generate_rollouts(const core::Tokenizer &tok, int64_t vocab_size, const char *ta
         it.sampling_temperature = temperature;
     }
     return r.release();
+}
+
+Supervised read_supervised(rl_model_t *model, const char *tasks_json, const char *options_json,
+                           const char *fn) {
+    Supervised sv;
+    sv.tasks = tasks_arg(tasks_json, fn);
+    const json opts = options_arg(options_json, fn);
+    std::optional<int64_t> eos;
+    for (const auto &kv : opts.items()) {
+        if (kv.key() == "chat_template" && kv.value().is_string()) {
+            sv.options.chat_template = kv.value().get<std::string>();
+        } else if (kv.key() == "chat_template_kwargs" &&
+                   (kv.value().is_object() || kv.value().is_null())) {
+            sv.options.chat_vars = kv.value();
+        } else if (kv.key() == "eos_token_id" && kv.value().is_number_integer()) {
+            eos = kv.value().get<int64_t>();
+        } else if (kv.key() == "parse_special_tokens" && kv.value().is_boolean()) {
+            sv.options.parse_special = kv.value().get<bool>();
+        } else {
+            bad_option(fn, kv.key(),
+                       "chat_template (a string), chat_template_kwargs (an object), "
+                       "eos_token_id (an integer), parse_special_tokens (a boolean)");
+        }
+    }
+    sv.tok = &tokenizer_of(model, fn);
+    if (!eos) {
+        std::vector<int64_t> ids;
+        if (model->policy)
+            ids = model->policy->eos_token_ids();
+        else if (sv.tok->eos_token_id())
+            ids.push_back(*sv.tok->eos_token_id());
+        require(!ids.empty(),
+                fn_msg(fn, "the model has no end-of-sequence token; pass eos_token_id"));
+        eos = ids.front();
+    }
+    sv.eos = *eos;
+    sv.prompts = encode_prompts(*sv.tok, sv.tasks, sv.options, fn);
+    return sv;
+}
+
+std::unique_ptr<rl_train_batch> supervised_batch(const rl_model_t *model, const json &tasks,
+                                                 const std::vector<int64_t> &ids,
+                                                 const std::vector<int64_t> &cu,
+                                                 const std::vector<float> &mask,
+                                                 const std::vector<std::string> &completions) {
+    auto b = std::make_unique<rl_train_batch>();
+    b->groups = static_cast<int64_t>(tasks.size());
+    b->input_ids = owned_from_vector(ids, kI64);
+    b->cu_seqlens = owned_from_vector(cu, kI64);
+    b->tensors["loss_mask"] = owned_from_vector(mask, kF32);
+    for (size_t i = 0; i < tasks.size(); ++i) {
+        b->rewards.push_back(0.0);
+        b->group_ids.push_back(static_cast<int64_t>(i));
+        b->policy_versions.push_back(model->policy ? model->policy->version() : 0);
+        b->tasks.push_back(tasks[i].dump());
+        b->completions.push_back(completions[i]);
+    }
+    b->rebuild_args();
+    return b;
 }
 
 } // namespace rl::host::capi
@@ -507,76 +565,31 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
         const char *fn = "rl_train_batch_supervised";
         require(model && tasks_json && out_batch,
                 fn_msg(fn, "model, tasks_json and out_batch are required"));
-        const json tasks = rl::host::capi::tasks_arg(tasks_json, fn);
-        const json opts = options_arg(options_json, fn);
-        std::string chat_template = "none";
-        json chat_vars;
-        std::optional<int64_t> eos;
-        bool parse_special = false;
-        for (const auto &kv : opts.items()) {
-            if (kv.key() == "chat_template" && kv.value().is_string()) {
-                chat_template = kv.value().get<std::string>();
-            } else if (kv.key() == "chat_template_kwargs" &&
-                       (kv.value().is_object() || kv.value().is_null())) {
-                chat_vars = kv.value();
-            } else if (kv.key() == "eos_token_id" && kv.value().is_number_integer()) {
-                eos = kv.value().get<int64_t>();
-            } else if (kv.key() == "parse_special_tokens" && kv.value().is_boolean()) {
-                parse_special = kv.value().get<bool>();
-            } else {
-                bad_option(fn, kv.key(),
-                           "chat_template (a string), chat_template_kwargs (an object), "
-                           "eos_token_id (an integer), parse_special_tokens (a boolean)");
-            }
-        }
-        const core::Tokenizer &tok = tokenizer_of(model, fn);
-        if (!eos) {
-            std::vector<int64_t> ids;
-            if (model->policy)
-                ids = model->policy->eos_token_ids();
-            else if (tok.eos_token_id())
-                ids.push_back(*tok.eos_token_id());
-            require(!ids.empty(), fn_msg(fn, "the model has no end-of-sequence token; pass "
-                                             "eos_token_id"));
-            eos = ids.front();
-        }
-        rl::host::capi::RolloutOptions ro;
-        ro.chat_template = chat_template;
-        ro.chat_vars = chat_vars;
-        ro.parse_special = parse_special;
-        const auto prompts = rl::host::capi::encode_prompts(tok, tasks, ro, fn);
+        const rl::host::capi::Supervised sv =
+            rl::host::capi::read_supervised(model, tasks_json, options_json, fn);
+        const json &tasks = sv.tasks;
         core::EncodeOptions answer_opts;
-        answer_opts.parse_special = parse_special;
+        answer_opts.parse_special = sv.options.parse_special;
         std::vector<int64_t> ids, cu{0};
         std::vector<float> mask;
+        std::vector<std::string> completions;
         for (size_t i = 0; i < tasks.size(); ++i) {
             require(tasks[i].contains("answer") && tasks[i]["answer"].is_string(),
                     fn_msg(fn, "tasks[" + std::to_string(i) +
                                    "] has no reference answer (a string 'answer')"));
             const auto answer =
-                tok.encode(tasks[i]["answer"].get<std::string>() + "\n", answer_opts);
-            ids.insert(ids.end(), prompts[i].begin(), prompts[i].end());
-            mask.insert(mask.end(), prompts[i].size(), 0.0f);
+                sv.tok->encode(tasks[i]["answer"].get<std::string>() + "\n", answer_opts);
+            ids.insert(ids.end(), sv.prompts[i].begin(), sv.prompts[i].end());
+            mask.insert(mask.end(), sv.prompts[i].size(), 0.0f);
             ids.insert(ids.end(), answer.begin(), answer.end());
             mask.insert(mask.end(), answer.size(), 1.0f);
-            ids.push_back(*eos);
+            ids.push_back(sv.eos);
             mask.push_back(1.0f);
             cu.push_back(static_cast<int64_t>(ids.size()));
+            completions.push_back(tasks[i]["answer"].get<std::string>());
         }
-        auto b = std::make_unique<rl_train_batch>();
-        b->groups = static_cast<int64_t>(tasks.size());
-        b->input_ids = owned_from_vector(ids, kI64);
-        b->cu_seqlens = owned_from_vector(cu, kI64);
-        b->tensors["loss_mask"] = owned_from_vector(mask, kF32);
-        for (size_t i = 0; i < tasks.size(); ++i) {
-            b->rewards.push_back(0.0);
-            b->group_ids.push_back(static_cast<int64_t>(i));
-            b->policy_versions.push_back(model->policy ? model->policy->version() : 0);
-            b->tasks.push_back(tasks[i].dump());
-            b->completions.push_back(tasks[i]["answer"].get<std::string>());
-        }
-        b->rebuild_args();
-        *out_batch = b.release();
+        *out_batch =
+            rl::host::capi::supervised_batch(model, tasks, ids, cu, mask, completions).release();
         return RL_OK;
     });
 }

@@ -3,7 +3,8 @@
 // env answers "higher" or "lower" until the guess is right or max_guesses are
 // used. Reward: decay^(guesses - 1) for a right guess, else 0, so fewer guesses
 // (using the feedback: a binary search needs ceil(log2(hi - lo + 2))) score
-// more. See docs/envs.md.
+// more. With `reveal` set, a wrong guess is answered with the secret instead
+// (a format with {secret}, e.g. "it is {secret}\n"). See docs/envs.md.
 #include <rl/sdk/sdk.hpp>
 
 #include <rl/sdk/env.hpp>
@@ -22,10 +23,11 @@ public:
           decay_(p.number("decay", 0.8, 0.0, 1.0)),
           format_(p.string("prompt_format", "guess a number from {lo} to {hi}\n")),
           higher_(p.string("higher", "higher\n")), lower_(p.string("lower", "lower\n")),
-          no_number_(p.string("no_number", "say a number\n")) {
+          no_number_(p.string("no_number", "say a number\n")), reveal_(p.string("reveal", "")) {
+        if (!reveal_.empty()) check_format(p.owner(), "reveal", reveal_, "{secret}");
         if (hi_ <= lo_)
-            invalid(p.owner() + ": parameter 'hi' (" + std::to_string(hi_) +
-                    ") must be > 'lo' (" + std::to_string(lo_) + ")");
+            invalid(p.owner() + ": parameter 'hi' (" + std::to_string(hi_) + ") must be > 'lo' (" +
+                    std::to_string(lo_) + ")");
     }
 
     bool multi_turn() const override { return true; }
@@ -38,7 +40,10 @@ public:
             std::string prompt = fill(format_, "{lo}", std::to_string(lo_));
             prompt = fill(prompt, "{hi}", std::to_string(hi_));
             tasks.push_back(make_task(std::move(prompt), std::to_string(secret),
-                                      json{{"secret", secret}, {"lo", lo_}, {"hi", hi_}}));
+                                      json{{"secret", secret},
+                                           {"lo", lo_},
+                                           {"hi", hi_},
+                                           {"reference_turns", reference_turns(rng, secret)}}));
         }
         return tasks;
     }
@@ -62,11 +67,44 @@ public:
         if (right) return step_done(std::pow(decay_, static_cast<double>(guesses - 1)));
         if (guesses >= max_guesses_) return step_done(0.0);
         const json next{{"guesses", guesses}};
+        // reveal: a wrong guess is answered with the secret (the skill of
+        // reading an answer off an observation, as from a tool's result).
+        if (!reveal_.empty())
+            return step_continue(fill(reveal_, "{secret}", std::to_string(secret)), 0.0, next);
         if (!guess) return step_continue(no_number_, 0.0, next);
         return step_continue(*guess < secret ? higher_ : lower_, 0.0, next);
     }
 
 private:
+    // A reference episode for the supervised warm-up: the guesses of a player
+    // that draws each guess uniformly among the numbers not yet guessed
+    // ("random": the turn format, no use of the feedback) or halves the
+    // range the answers leave ("bisect"), until right or out of guesses.
+    json reference_turns(Rng &rng, int64_t secret) const {
+        json turns = json::array();
+        std::vector<int64_t> left;
+        for (int64_t v = lo_; v <= hi_ && left.size() < 4096; ++v) left.push_back(v);
+        int64_t a = lo_, b = hi_;
+        for (int64_t k = 0; k < max_guesses_; ++k) {
+            int64_t g = 0;
+            if (reference_ == "bisect") {
+                g = a + (b - a) / 2;
+            } else {
+                const size_t at =
+                    static_cast<size_t>(rng.uniform(0, static_cast<int64_t>(left.size()) - 1));
+                g = left[at];
+                left.erase(left.begin() + static_cast<std::ptrdiff_t>(at));
+            }
+            turns.push_back(std::to_string(g));
+            if (g == secret || left.empty()) break;
+            if (g < secret)
+                a = g + 1;
+            else
+                b = g - 1;
+        }
+        return turns;
+    }
+
     static int64_t secret_of(const json &task) {
         const json *m = task.is_object() && task.contains("metadata") ? &task["metadata"] : nullptr;
         if (m == nullptr || !m->contains("secret") || !(*m)["secret"].is_number_integer())
@@ -85,7 +123,7 @@ private:
 
     int64_t lo_, hi_, max_guesses_;
     double decay_;
-    std::string format_, higher_, lower_, no_number_;
+    std::string format_, higher_, lower_, no_number_, reveal_, reference_;
 };
 
 } // namespace

@@ -199,7 +199,14 @@ function M.sft_warmup(cfg, run, trainer, tok, env)
     local eos_id = tok:info().eos_token_ids[1]
     for step in run:steps("sft", cfg.sft.steps, { checkpoint_every = 0 }) do
         local tasks = env:sample(cfg.sft.batch_size, rl.seed(cfg.run.seed, "sft", step))
-        local batch = M.sft_batch(tok, tasks, eos_id, cfg.tokenizer.chat_template)
+        local batch
+        if (tasks[1].metadata or {}).reference_turns then
+            -- A multi-turn env's reference episodes, played against the env.
+            batch = tok:sft_episodes_batch(env, tasks,
+                { eos_token_id = eos_id, chat_template = cfg.tokenizer.chat_template })
+        else
+            batch = M.sft_batch(tok, tasks, eos_id, cfg.tokenizer.chat_template)
+        end
         local out = trainer:forward_backward(batch, ce)
         local opt = trainer:optim_step { learning_rate = cfg.sft.learning_rate }
         run:log { loss = out.loss, tokens = out.tokens, grad_norm = opt.grad_norm }
