@@ -269,6 +269,62 @@ TEST(Episodes, ASupervisedBatchPlaysTheReferenceTurnsAgainstTheEnv) {
         << rl_last_error();
 }
 
+// A Python env through the `command` env's step protocol.
+std::string echo_game(double timeout_s) {
+    return json{
+        {"command",
+         {"python3", std::string(RL_TEST_SOURCE_DIR) + "/tests/envs/verifiers/echo_game.py"}},
+        {"multi_turn", true},
+        {"timeout_s", timeout_s}}
+        .dump();
+}
+
+TEST(Episodes, APythonEnvPlaysEpisodesOverTheCommandProtocol) {
+    ModelPtr m = load_model();
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = make_env("command", echo_game(30).c_str());
+    const std::string tasks = R"([{"prompt": "say a word\n"}, {"prompt": "say two\n"}])";
+    RolloutsPtr r = episodes(e.get(), env.get(), tasks,
+                             R"({"sampling": {"n": 2, "max_tokens": 3, "seed": 1}})");
+    ASSERT_NE(r, nullptr);
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    EXPECT_EQ(info.tensor<int64_t>("turns"), (std::vector<int64_t>{3, 3, 3, 3}));
+    EXPECT_EQ(info.tensor<double>("rewards"), (std::vector<double>{0.75, 0.75, 0.75, 0.75}));
+    EXPECT_EQ(json::parse(info.text("finish_reasons")),
+              json::parse(R"(["done", "done", "done", "done"])"));
+    EXPECT_EQ(info.scalar("env/turn"), 2); // the last step's metrics
+}
+
+TEST(Episodes, APythonEnvThatDiesOrHangsMidEpisodeDropsOnlyThatEpisode) {
+    ModelPtr m = load_model();
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = make_env("command", echo_game(1.0).c_str());
+    for (const char *how : {"crash", "hang"}) {
+        const json tasks = json::parse(R"([{"prompt": "a\n"},
+                                           {"prompt": "b\n", "metadata": {"at": 1}}])");
+        json t = tasks;
+        t[1]["metadata"]["misbehave"] = how;
+        RolloutsPtr r = episodes(e.get(), env.get(), t.dump(),
+                                 R"({"sampling": {"n": 1, "max_tokens": 3, "seed": 2}})");
+        ASSERT_NE(r, nullptr) << how;
+        Result info;
+        RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+        const json reasons = json::parse(info.text("finish_reasons"));
+        const json errors = json::parse(info.text("errors"));
+        EXPECT_EQ(reasons[0], "done") << how;
+        EXPECT_EQ(reasons[1], "error") << how;
+        EXPECT_EQ(info.scalar("episode_errors"), 1) << how;
+        const std::string why = errors[1].get<std::string>();
+        EXPECT_NE(why.find("env 'command'"), std::string::npos) << why;
+        if (std::string(how) == "hang")
+            EXPECT_NE(why.find("timeout_s"), std::string::npos) << why;
+        else
+            EXPECT_NE(why.find("exit"), std::string::npos) << why;
+        EXPECT_EQ(info.tensor<uint8_t>("masked"), (std::vector<uint8_t>{0, 1})) << how;
+    }
+}
+
 TEST(Episodes, BadOptionsAreRefusedByName) {
     ModelPtr m = load_model();
     EnginePtr e = make_engine(m.get());

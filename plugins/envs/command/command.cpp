@@ -8,7 +8,13 @@
 //   <- {"id": 7, "reward": 0.5, "metrics": {"name": 1.0}}     (metrics optional)
 //   -> {"id":8,"method":"sample","n":4,"seed":42}              (without `tasks`)
 //   <- {"id": 8, "tasks": [{"prompt": "...", "answer": ..., "metadata": {...}}]}
-//   <- {"id": 7, "error": "why it cannot judge"}              (either method)
+//   <- {"id": 7, "error": "why it cannot judge"}              (any method)
+// With multi_turn: true the env is multi-turn (kinds/env.h) and each assistant
+// turn of an episode is one more request:
+//   -> {"id":9,"method":"step","task":{...},"state":null,"completion":"..."}
+//   <- {"id": 9, "done": false, "reward": 0, "observation": "...", "role": "user",
+//       "state": {...}, "metrics": {...}}       (reward, role, state, metrics optional)
+// `state` is null on an episode's first turn, then the last answer's "state".
 // Each request has `timeout_s`. A verifier that does not answer in time is
 // killed (RL_ERR_TIMEOUT); one that exits or closes a pipe (RL_ERR_IO), or
 // prints anything but a well-formed answer with the right id (RL_ERR_IO), is
@@ -91,6 +97,7 @@ public:
                     "' is not an executable file" +
                     (spec.argv[0].find('/') == std::string::npos ? " found in PATH" : ""));
 
+        multi_turn_ = p.boolean("multi_turn", false);
         const std::string tasks = p.string("tasks", "");
         shuffle_ = p.boolean("shuffle", true);
         if (!tasks.empty())
@@ -128,6 +135,44 @@ public:
         return out;
     }
 
+    bool multi_turn() const override { return multi_turn_; }
+
+    json step(rl::sdk::Call &call, const json &task, const json &state,
+              std::string_view completion) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        const json resp = request(call, "step",
+                                  ",\"task\":" + dump(task) + ",\"state\":" + dump(state) +
+                                      ",\"completion\":" + dump(json(std::string(completion))));
+        auto d = resp.find("done");
+        if (d == resp.end() || !d->is_boolean())
+            protocol_error("its answer to 'step' has no boolean \"done\": " + clip(dump(resp)));
+        json out{{"done", d->get<bool>()}, {"reward", 0.0}, {"state", nullptr}};
+        auto r = resp.find("reward");
+        if (r != resp.end() && !r->is_null()) {
+            if (!r->is_number() || !std::isfinite(r->get<double>()))
+                protocol_error("its \"reward\" is not a finite number: " + clip(dump(resp)));
+            out["reward"] = r->get<double>();
+        }
+        auto o = resp.find("observation");
+        if (o != resp.end() && !o->is_null()) {
+            if (!o->is_string())
+                protocol_error("its \"observation\" is not a string: " + clip(dump(resp)));
+            out["observation"] = *o;
+        } else if (!d->get<bool>()) {
+            protocol_error("its answer is not done but has no \"observation\": " +
+                           clip(dump(resp)));
+        }
+        auto role = resp.find("role");
+        if (role != resp.end() && !role->is_null()) {
+            if (!role->is_string() || (*role != "user" && *role != "tool"))
+                protocol_error("its \"role\" must be \"user\" or \"tool\": " + clip(dump(resp)));
+            out["role"] = *role;
+        }
+        if (resp.contains("state")) out["state"] = resp["state"];
+        emit_metrics(call, resp);
+        return out;
+    }
+
     double score(rl::sdk::Call &call, const json &task, std::string_view completion) override {
         std::lock_guard<std::mutex> lock(mu_);
         const auto t0 = Clock::now();
@@ -139,6 +184,14 @@ public:
         if (r == resp.end() || !r->is_number() || !std::isfinite(r->get<double>()))
             protocol_error("its answer has no finite numeric \"reward\": " + clip(dump(resp)));
         const double reward = r->get<double>();
+        const std::map<std::string, double> metrics = emit_metrics(call, resp);
+        if (!metrics.count("verifier_seconds")) call.metric("verifier_seconds", seconds);
+        return reward;
+    }
+
+private:
+    // The answer's "metrics" (optional: an object of numbers), emitted.
+    std::map<std::string, double> emit_metrics(rl::sdk::Call &call, const json &resp) {
         std::map<std::string, double> metrics;
         auto m = resp.find("metrics");
         if (m != resp.end() && !m->is_null()) {
@@ -152,11 +205,9 @@ public:
             }
         }
         for (const auto &kv : metrics) call.metric(kv.first, kv.second);
-        if (!metrics.count("verifier_seconds")) call.metric("verifier_seconds", seconds);
-        return reward;
+        return metrics;
     }
 
-private:
     static std::string clip(const std::string &s) {
         return s.size() <= 200 ? s : s.substr(0, 200) + "...";
     }
@@ -227,6 +278,7 @@ private:
     double timeout_s_ = 10.0;
     size_t max_line_ = 0;
     bool shuffle_ = true;
+    bool multi_turn_ = false;
     std::vector<Row> rows_;
     std::mutex mu_; // one request at a time per verifier process
     std::unique_ptr<Subprocess> proc_;
