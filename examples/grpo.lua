@@ -15,7 +15,7 @@
 local rl = require("rl")
 
 -- This script's own settings (sft.*, ref.*, eval.*, reward.*), checked like the host's.
-local cfg = rl.config(rl.reward_keys(rl.eval_keys(rl.ref_keys(rl.sft_keys()))))
+local cfg = rl.config(rl.episode_keys(rl.reward_keys(rl.eval_keys(rl.ref_keys(rl.sft_keys())))))
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
 local tok = model:tokenizer()

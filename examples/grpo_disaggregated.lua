@@ -31,7 +31,7 @@
 --   worker. The run folder, metrics and checkpoints are the trainer's.
 local rl = require("rl")
 
-local cfg = rl.config(rl.sft_keys()) -- sft.*: the trainer's optional warm-up
+local cfg = rl.config(rl.episode_keys(rl.sft_keys())) -- sft.*: the trainer's optional warm-up; episode.*: multi-turn envs
 
 local role = cfg.role
 if role == "auto" then
@@ -170,7 +170,7 @@ local function rollout_worker()
                     policy_version = version,
                     reward = r.reward_mean, reward_std = r.reward_std, exact = r["env/exact_match"],
                     flagged = flagged.flagged, masked = flagged.masked, groups = info.groups,
-                    rollouts = r.rollouts,
+                    rollouts = r.rollouts, turns = r.turns_mean, -- turns: multi-turn envs
                 }, batch:tensors())
                 b = b + 1
             end
@@ -310,8 +310,8 @@ local function trainer_role()
         end
         version = version + 1
         local h, record = train_on(trainer, loss, msg, broadcast, version, rl.clock() - t0)
-        record.reward_std, record.exact, record.flagged, record.masked =
-            h.reward_std, h.exact, h.flagged, h.masked
+        record.reward_std, record.exact, record.flagged, record.masked, record.turns =
+            h.reward_std, h.exact, h.flagged, h.masked, h.turns
         record.dropped_batches, record.worker, record.worker_run = dropped, h.worker, h.worker_run
         run:log(record)
     end
@@ -465,11 +465,10 @@ local function orchestrated_worker()
         end
         seq = seq + 1
         local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", worker_run, seq))
-        local rollouts = engine:rollouts(tasks, {
+        local rollouts = rl.scored(engine, env, tasks, cfg, { -- episodes for a multi-turn env
             chat_template = cfg.tokenizer.chat_template,
             sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", worker_run, seq) }),
         })
-        rollouts:score(env)
         local flagged = rollouts:filter(filters)
         local r = rollouts:info()
         local b = rollouts:to_batch():info()

@@ -73,7 +73,8 @@ RL_API void rl_instance_destroy(rl_instance_t *instance);
 /* [control-thread] (ABI 0.2) Text "params": the instance's effective parameters
  * as a JSON object; scalar "from_plugin": 1 when they come from the plugin's
  * get_params(), 0 when the plugin has none (a 0.1 plugin) and they are the
- * parameters the host passed to create(). */
+ * parameters the host passed to create(). An env instance adds scalar
+ * "multi_turn" (ABI 0.9): 1 when it has a step() (kinds/env.h). */
 RL_API rl_status_t rl_instance_params(rl_instance_t *instance, rl_result_t **out_result);
 
 /* [worker] Evaluate a loss. want_grads != 0 asks for gradients: result tensors

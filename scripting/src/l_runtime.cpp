@@ -357,6 +357,19 @@ int env_score(lua_State *L) {
     return 2;
 }
 
+// env:multi_turn() -> true when the env has a step() (multi-turn episodes)
+int env_multi_turn(lua_State *L) {
+    auto *inst = static_cast<rl_instance_t *>(check_handle(L, 1, kEnvMT)->ptr);
+    rl_result_t *res = nullptr;
+    check_status(L, rl_instance_params(inst, &res), "env:multi_turn");
+    double v = 0;
+    const rl_status_t st = rl_result_scalar(res, "multi_turn", &v);
+    rl_result_destroy(res);
+    check_status(L, st, "env:multi_turn");
+    lua_pushboolean(L, v != 0);
+    return 1;
+}
+
 // env:step(task, state, completion) -> {done, reward, observation, role, state, metrics}:
 // one step of a multi-turn episode (state: JSON text, "null" on the first turn).
 int env_step(lua_State *L) {
@@ -367,8 +380,7 @@ int env_step(lua_State *L) {
     const char *completion = luaL_checklstring(L, 4, &clen);
     call_and_push(L, "env:step", [&](rl_result_t **res) {
         return rl_env_step(inst, rl_string_view_t{task.data(), task.size()},
-                           rl_string_view_t{state, slen}, rl_string_view_t{completion, clen},
-                           res);
+                           rl_string_view_t{state, slen}, rl_string_view_t{completion, clen}, res);
     });
     return 1;
 }
@@ -430,9 +442,11 @@ void open_runtime(lua_State *L, int M) {
     define_handle_type(L, kAdvantageMT, adv_methods);
     static const luaL_Reg filter_methods[] = {RL_LUA_FN("check", filter_check), {nullptr, nullptr}};
     define_handle_type(L, kFilterMT, filter_methods);
-    static const luaL_Reg env_methods[] = {
-        RL_LUA_FN("sample", env_sample), RL_LUA_FN("score", env_score),
-        RL_LUA_FN("step", env_step), {nullptr, nullptr}};
+    static const luaL_Reg env_methods[] = {RL_LUA_FN("sample", env_sample),
+                                           RL_LUA_FN("score", env_score),
+                                           RL_LUA_FN("step", env_step),
+                                           RL_LUA_FN("multi_turn", env_multi_turn),
+                                           {nullptr, nullptr}};
     define_handle_type(L, kEnvMT, env_methods);
     static const luaL_Reg transport_methods[] = {
         RL_LUA_FN("send", transport_send), RL_LUA_FN("recv", transport_recv), {nullptr, nullptr}};

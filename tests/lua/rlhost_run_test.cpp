@@ -427,6 +427,34 @@ INSTANTIATE_TEST_SUITE_P(Transports, Disaggregated,
                                     std::to_string(std::get<1>(info.param));
                          });
 
+// A multi-turn env (guess_number) in the disaggregated mode: the rollout
+// worker plays episodes (rl.scored_rollouts dispatches on env:multi_turn())
+// and the trainer trains on them; every step logs the episodes' mean turns.
+TEST(DisaggregatedEpisodes, AMultiTurnEnvIsPlayedByTheRolloutWorker) {
+    const std::string dir = temp_dir();
+    std::vector<std::string> args =
+        disaggregated_args("filesystem", "filesystem", 120 * kTimeScale);
+    args.insert(args.end(), {"--set", "env.name=guess_number", "--set",
+                             "env.params={lo: 1, hi: 8, max_guesses: 3}", "--set",
+                             "rollout.max_tokens=3", "--set", "episode.max_turns=3", "--set",
+                             "run.steps=6", "--set", "max_async_level=1"});
+    const Proc p =
+        rlhost(args, dir, 900, nullptr, {"launch", "--roles", "trainer,rollout", "--", "run"});
+    ASSERT_EQ(p.exit_code, 0) << p.out << "\n" << p.err;
+    const std::vector<json> rl = grpo_test_rl_lines(dir, p.out);
+    ASSERT_EQ(rl.size(), 6u) << p.out;
+    bool continued = false;
+    for (const auto &l : rl) {
+        ASSERT_TRUE(l.contains("turns")) << l.dump();
+        const double turns = l.at("turns").get<double>();
+        EXPECT_GE(turns, 1.0);
+        EXPECT_LE(turns, 3.0);
+        continued = continued || turns > 1.0;
+    }
+    EXPECT_TRUE(continued) << "no episode went past its first turn";
+    EXPECT_NE(p.out.find("[trainer] finished 'grpo_test'"), std::string::npos) << p.out;
+}
+
 // AReaL's decoupled PPO in the asynchronous mode: the trainer recomputes the
 // proximal policy's logprobs before each update. Where the batch was sampled
 // by older weights the recomputed logprobs differ from the behaviour ones;

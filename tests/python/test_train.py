@@ -226,6 +226,8 @@ class TrainTest(unittest.TestCase):
 
     def test_multi_turn_episodes_and_env_steps(self):
         env = self.rt.create("env", "guess_number", {"lo": 1, "hi": 8, "max_guesses": 3})
+        self.assertTrue(env.multi_turn())
+        self.assertFalse(self.rt.create("env", "reverse_text").multi_turn())
         task = {"prompt": "guess\n", "answer": "6", "metadata": {"secret": 6}}
         r = env.step(task, "null", "2\n")
         self.assertEqual(r.scalars["done"], 0)

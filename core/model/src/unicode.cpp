@@ -1,7 +1,6 @@
 #include "unicode.hpp"
 
 #include "rl/core/error.hpp"
-#include "rl/sdk/utf8_rng.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -80,8 +79,14 @@ bool valid_utf8(std::string_view s, size_t *bad_pos) {
 }
 
 std::string encode(uint32_t cp) {
-    std::string out;
-    rl::sdk::utf8::append(out, cp);
+    // 1 to 4 bytes: the lead byte's marker and payload, then 6 bits each.
+    const int n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    if (n == 1) return std::string(1, static_cast<char>(cp));
+    static constexpr uint8_t kLead[5] = {0, 0, 0xC0, 0xE0, 0xF0};
+    std::string out(static_cast<size_t>(n), '\0');
+    for (int i = n - 1; i > 0; --i, cp >>= 6)
+        out[static_cast<size_t>(i)] = static_cast<char>(0x80 | (cp & 0x3F));
+    out[0] = static_cast<char>(kLead[n] | cp);
     return out;
 }
 

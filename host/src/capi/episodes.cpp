@@ -121,7 +121,12 @@ RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instanc
         const char *fn = "rl_rollouts_generate_episodes";
         require(engine && env && tasks_json && out_rollouts,
                 fn_msg(fn, "engine, env, tasks_json and out_rollouts are required"));
-        checked(env, RL_KIND_ENV, fn);
+        Instance &env_inst = checked(env, RL_KIND_ENV, fn);
+        if (static_cast<const rl_env_iface_t *>(env_inst.iface())->step == nullptr)
+            throw HostError{RL_ERR_UNSUPPORTED,
+                            fn_msg(fn, env_inst.who() + " is single-turn (its step() is NULL); "
+                                                        "use rl_rollouts_generate and "
+                                                        "rl_rollouts_score")};
         const core::Tokenizer &tok = engine->policy->require_tokenizer(fn);
         const json tasks = tasks_arg(tasks_json, fn);
         const RolloutOptions o =

@@ -143,6 +143,10 @@ RL_API rl_status_t rl_instance_params(rl_instance_t *instance, rl_result_t **out
             sink.texts["params"] = inst.create_params();
             sink.scalars["from_plugin"] = 0.0;
         }
+        if (inst.record().kind == RL_KIND_ENV) {
+            const auto *iface = static_cast<const rl_env_iface_t *>(inst.iface());
+            sink.scalars["multi_turn"] = iface->step != nullptr ? 1.0 : 0.0;
+        }
         *out_result = new_result(std::move(sink));
         return RL_OK;
     });

@@ -3,8 +3,8 @@
 // env answers "higher" or "lower" until the guess is right or max_guesses are
 // used. Reward: decay^(guesses - 1) for a right guess, else 0, so fewer guesses
 // (using the feedback: a binary search needs ceil(log2(hi - lo + 2))) score
-// more. With `reveal` set, a wrong guess is answered with the secret instead
-// (a format with {secret}, e.g. "it is {secret}\n"). See docs/envs.md.
+// more. consistency_reward (default 0) adds a reward to every wrong guess that
+// lies in the range the earlier answers left open. See docs/envs.md.
 #include <rl/sdk/sdk.hpp>
 
 #include <rl/sdk/env.hpp>
@@ -21,10 +21,11 @@ public:
         : lo_(p.integer("lo", 1, -1000000, 1000000)), hi_(p.integer("hi", 16, -1000000, 1000000)),
           max_guesses_(p.integer("max_guesses", 5, 1, 100)),
           decay_(p.number("decay", 0.8, 0.0, 1.0)),
+          consistent_(p.number("consistency_reward", 0.0, 0.0, 1.0)),
           format_(p.string("prompt_format", "guess a number from {lo} to {hi}\n")),
           higher_(p.string("higher", "higher\n")), lower_(p.string("lower", "lower\n")),
-          no_number_(p.string("no_number", "say a number\n")), reveal_(p.string("reveal", "")) {
-        if (!reveal_.empty()) check_format(p.owner(), "reveal", reveal_, "{secret}");
+          no_number_(p.string("no_number", "say a number\n")),
+          reference_(p.choice("reference", "random", {"random", "bisect"})) {
         if (hi_ <= lo_)
             invalid(p.owner() + ": parameter 'hi' (" + std::to_string(hi_) + ") must be > 'lo' (" +
                     std::to_string(lo_) + ")");
@@ -58,21 +59,24 @@ public:
     json step(rl::sdk::Call &call, const json &task, const json &state,
               std::string_view completion) override {
         const int64_t secret = secret_of(task);
-        const int64_t guesses = (state.is_object() ? state.value("guesses", int64_t{0}) : 0) + 1;
+        const bool first = !state.is_object();
+        const int64_t guesses = (first ? 0 : state.value("guesses", int64_t{0})) + 1;
+        // The range the answers so far leave open.
+        int64_t a = first ? lo_ : state.value("a", lo_), b = first ? hi_ : state.value("b", hi_);
         const std::optional<int64_t> guess = guess_of(completion);
         const bool right = guess == secret;
+        const bool consistent = guess && *guess >= a && *guess <= b;
         call.metric("solved", right ? 1.0 : 0.0);
         call.metric("guesses", static_cast<double>(guesses));
         call.metric("valid_guess", guess ? 1.0 : 0.0);
         if (right) return step_done(std::pow(decay_, static_cast<double>(guesses - 1)));
-        if (guesses >= max_guesses_) return step_done(0.0);
-        const json next{{"guesses", guesses}};
-        // reveal: a wrong guess is answered with the secret (the skill of
-        // reading an answer off an observation, as from a tool's result).
-        if (!reveal_.empty())
-            return step_continue(fill(reveal_, "{secret}", std::to_string(secret)), 0.0, next);
-        if (!guess) return step_continue(no_number_, 0.0, next);
-        return step_continue(*guess < secret ? higher_ : lower_, 0.0, next);
+        const double reward = consistent ? consistent_ : 0.0;
+        if (guesses >= max_guesses_) return step_done(reward);
+        if (guess && *guess < secret) a = std::max(a, *guess + 1);
+        if (guess && *guess > secret) b = std::min(b, *guess - 1);
+        const json next{{"guesses", guesses}, {"a", a}, {"b", b}};
+        if (!guess) return step_continue(no_number_, reward, next);
+        return step_continue(*guess < secret ? higher_ : lower_, reward, next);
     }
 
 private:
@@ -122,8 +126,8 @@ private:
     }
 
     int64_t lo_, hi_, max_guesses_;
-    double decay_;
-    std::string format_, higher_, lower_, no_number_, reveal_, reference_;
+    double decay_, consistent_;
+    std::string format_, higher_, lower_, no_number_, reference_;
 };
 
 } // namespace

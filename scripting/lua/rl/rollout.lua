@@ -152,6 +152,26 @@ local function eval_tasks(cfg, env)
     return tasks
 end
 
+--- rl.scored(engine, env, tasks, cfg, opts) -> rl.rollouts: `tasks` sampled with
+--- the engine and scored: one completion per sample and env:score for a
+--- single-turn env; multi-turn episodes (engine:episodes with episode.max_turns
+--- and episode.max_context, defaults 8 and 0 when the script declares no
+--- episode.* keys) for an env with a step(). `opts`: the options of
+--- engine:rollouts (chat_template, group_offset, sampling).
+function M.scored(engine, env, tasks, cfg, opts)
+    if env:multi_turn() then
+        if not engine.episodes then
+            error("multi-turn episodes need the co-located engine (inference_server.url is set)", 2)
+        end
+        local ep = cfg.episode or {}
+        opts.max_turns, opts.max_context = ep.max_turns or 8, ep.max_context or 0
+        return engine:episodes(env, tasks, opts)
+    end
+    local rollouts = engine:rollouts(tasks, opts)
+    rollouts:score(env)
+    return rollouts
+end
+
 --- rl.evaluate(engine, env, cfg, step) -> {reward_mean, pass_at_k, k, tasks,
 --- [env metrics]} or nil when no evaluation is due at `step` (eval.every).
 --- eval.samples completions of each task at eval.temperature (0: greedy),
@@ -161,14 +181,13 @@ function M.evaluate(engine, env, cfg, step)
     local e = cfg.eval
     if not e or e.every <= 0 or step % e.every ~= 0 then return nil end
     local tasks = eval_tasks(cfg, env)
-    local rollouts = engine:rollouts(tasks, {
+    local rollouts = M.scored(engine, env, tasks, cfg, {
         chat_template = cfg.tokenizer.chat_template,
         sampling = rl.generation_params(cfg, {
             n = e.samples, temperature = e.temperature,
             seed = rl.seed(cfg.run.seed, "eval-generate", step),
         }),
     })
-    rollouts:score(env)
     local info = rollouts:info()
     local best = {}
     for i = 1, info.rollouts do
@@ -217,15 +236,14 @@ end
 --- rollouts: rollout.prompts_per_step tasks of the env (seeded by run.seed
 --- and `step`), rollout.n completions each from the engine (chat template
 --- tokenizer.chat_template, sampling of the rollout section seeded by
---- `step`, groups numbered from step * #tasks), scored by the env.
+--- `step`, groups numbered from step * #tasks), scored by the env; episodes
+--- for a multi-turn env (rl.scored).
 function M.scored_rollouts(engine, env, cfg, step)
     local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
-    local rollouts = engine:rollouts(tasks, {
+    return M.scored(engine, env, tasks, cfg, {
         chat_template = cfg.tokenizer.chat_template, group_offset = step * #tasks,
         sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
     })
-    rollouts:score(env)
-    return rollouts
 end
 
 --- rl.episode_keys([keys]) -> the declarations of the multi-turn settings
@@ -242,20 +260,14 @@ function M.episode_keys(keys)
 end
 
 --- rl.scored_episodes(engine, env, cfg, step) -> rl.rollouts: the RL step's
---- multi-turn episodes: as rl.scored_rollouts, but every assistant turn is
---- answered by the env's step() until it is done, episode.max_turns or
---- episode.max_context (rollout.max_tokens limits one turn). Rewards are the
---- sums of the turns' rewards; observation tokens are never trained.
+--- multi-turn episodes (rl.scored_rollouts for an env with a step()): every
+--- assistant turn is answered by env:step() until it is done,
+--- episode.max_turns or episode.max_context (rollout.max_tokens limits one
+--- turn). Rewards are the sums of the turns' rewards; observation tokens are
+--- never trained. Refuses a single-turn env.
 function M.scored_episodes(engine, env, cfg, step)
-    if not engine.episodes then
-        error("multi-turn episodes need the co-located engine (inference_server.url is set)", 2)
-    end
-    local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
-    return engine:episodes(env, tasks, {
-        chat_template = cfg.tokenizer.chat_template, group_offset = step * #tasks,
-        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
-        max_turns = cfg.episode.max_turns, max_context = cfg.episode.max_context,
-    })
+    if not env:multi_turn() then error("rl.scored_episodes: the env is single-turn (it has no step())", 2) end
+    return M.scored_rollouts(engine, env, cfg, step)
 end
 
 --- rl.reward_keys([keys]) -> the declarations of the reward shaping settings

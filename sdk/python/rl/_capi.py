@@ -156,6 +156,7 @@ def load_library():
         "rl_runtime_list_plugins": (S, [H, P(H)]),
         "rl_instance_create": (S, [H, C.c_char_p, C.c_char_p, C.c_char_p, P(H)]),
         "rl_instance_destroy": (None, [H]),
+        "rl_instance_params": (S, [H, P(H)]),
         "rl_loss_compute": (S, [H, P(LossInputs), C.c_uint32, P(H)]),
         "rl_loss_signature": (S, [H, P(H)]),
         "rl_advantage_compute": (S, [H, P(AdvantageInputs), P(H)]),

@@ -177,6 +177,10 @@ class Instance:
         c = completion.encode()
         return _call(self._lib.rl_env_score, self._h, A.StringView(t, len(t)), A.StringView(c, len(c)))
 
+    def multi_turn(self):
+        """True for an env with a step() (multi-turn episodes)."""
+        return _call(self._lib.rl_instance_params, self._h).scalars.get("multi_turn", 0) != 0
+
     def step(self, task, state, completion):
         """One step of a multi-turn episode: scalars done / reward, texts observation / role /
         state (JSON text for the next step; pass "null" on the first turn)."""
