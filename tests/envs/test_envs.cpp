@@ -396,6 +396,111 @@ TEST(Jsonl, MissingEmptyOrNonNumericFilesAreRefused) {
     EXPECT_NE(o.error.find("'path'"), std::string::npos) << o.error;
 }
 
+// ---- multi-turn: guess_number, calculator --------------------------------------------------
+
+// One step: the env's result object.
+json step_of(const Instance &env, const json &task, const json &state, const std::string &turn) {
+    Outputs o = env.step(task.dump(), state.dump(), turn);
+    EXPECT_TRUE(o.ok()) << o.error;
+    return o.ok() ? json::parse(o.texts["state"]) : json();
+}
+
+TEST(GuessNumberEnv, AnswersHigherOrLowerAndRewardsFewerGuesses) {
+    auto env = make("guess_number",
+                    {{"lo", 1}, {"hi", 8}, {"max_guesses", 3}, {"consistency_reward", 0.1}});
+    const json task = {{"prompt", "guess"}, {"metadata", {{"secret", 6}}}};
+    json r = step_of(*env, task, nullptr, "3\n");
+    EXPECT_EQ(r["done"], false);
+    EXPECT_EQ(r["observation"], "higher\n");
+    EXPECT_DOUBLE_EQ(r["reward"].get<double>(), 0.1); // in the open range 1..8
+    r = step_of(*env, task, r["state"], "2");         // below what "higher" left open: 4..8
+    EXPECT_EQ(r["observation"], "higher\n");
+    EXPECT_DOUBLE_EQ(r["reward"].get<double>(), 0.0);
+    r = step_of(*env, task, r["state"], "6");
+    EXPECT_EQ(r["done"], true);
+    EXPECT_NEAR(r["reward"].get<double>(), 0.64, 1e-12); // right at the third guess: 0.8^2
+    // Out of guesses: done with nothing; no number: told so.
+    r = step_of(*env, task, json{{"guesses", 2}, {"a", 4}, {"b", 8}}, "7");
+    EXPECT_EQ(r["done"], true);
+    EXPECT_DOUBLE_EQ(r["reward"].get<double>(), 0.1);
+    EXPECT_EQ(step_of(*env, task, nullptr, "no idea")["observation"], "say a number\n");
+}
+
+TEST(GuessNumberEnv, ReferenceEpisodesEndOnTheSecretOrOutOfGuesses) {
+    for (const char *how : {"random", "bisect"}) {
+        auto env =
+            make("guess_number", {{"lo", 1}, {"hi", 16}, {"max_guesses", 5}, {"reference", how}});
+        for (const json &t : tasks_of(*env, 32, 7)) {
+            const json &turns = t["metadata"]["reference_turns"];
+            const std::string secret = std::to_string(t["metadata"]["secret"].get<int64_t>());
+            ASSERT_GE(turns.size(), 1u);
+            ASSERT_LE(turns.size(), 5u);
+            std::set<std::string> seen;
+            for (size_t k = 0; k < turns.size(); ++k) {
+                EXPECT_TRUE(seen.insert(turns[k].get<std::string>()).second) << "repeated guess";
+                if (k + 1 < turns.size()) {
+                    EXPECT_NE(turns[k], secret);
+                }
+            }
+            // Bisection over 16 numbers always finds the secret within 5 guesses.
+            if (std::string(how) == "bisect") {
+                EXPECT_EQ(turns.back(), secret);
+            }
+        }
+    }
+}
+
+TEST(CalculatorEnv, ToolCallsGetResultsAndTheFinalAnswerIsScored) {
+    auto env = make("calculator");
+    const json tasks = tasks_of(*env, 3, 1);
+    const json &t = tasks[0];
+    ASSERT_TRUE(t["tools"].is_array());
+    EXPECT_EQ(t["tools"][0]["function"]["name"], "calculator");
+    const json &ref = t["metadata"]["reference_turns"];
+    ASSERT_EQ(ref.size(), 2u);
+    // The reference call gets the task's result back, as a tool message.
+    json r = step_of(*env, t, nullptr, ref[0].get<std::string>());
+    EXPECT_EQ(r["done"], false);
+    EXPECT_EQ(r["role"], "tool");
+    EXPECT_EQ(r["observation"], t["answer"].get<std::string>() + "\n");
+    EXPECT_EQ(ref[1], t["answer"]);
+    // Arithmetic as written: precedence, parentheses, exact division.
+    const auto call = [](const std::string &expr) {
+        return "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"" + expr +
+               "\"}}\n</tool_call>";
+    };
+    EXPECT_EQ(step_of(*env, t, nullptr, call("2 + 3 * (4 - 6)"))["observation"], "-4\n");
+    EXPECT_EQ(step_of(*env, t, nullptr, call("84 / 4 * 2"))["observation"], "42\n");
+    EXPECT_EQ(step_of(*env, t, nullptr, call("7 / 2"))["observation"],
+              "error: the division is not exact\n");
+    EXPECT_EQ(step_of(*env, t, nullptr, call("9223372036854775807 * 2"))["observation"],
+              "error: the result overflows 64 bits\n");
+    EXPECT_EQ(step_of(*env, t, nullptr, call("1 +"))["observation"],
+              "error: the expression ends early\n");
+    // Malformed calls and unknown tools are observations, never errors.
+    const std::string bad = step_of(*env, t, nullptr, "<tool_call>\n{\"name\": ")["observation"];
+    EXPECT_NE(bad.find("could not parse tool call 1"), std::string::npos) << bad;
+    const std::string unknown =
+        step_of(*env, t, nullptr,
+                "<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>")["observation"];
+    EXPECT_NE(unknown.find("unknown tool 'search'"), std::string::npos) << unknown;
+    // The final answer: its last number against the result.
+    r = step_of(*env, t, json{{"calls", 1}}, "it is " + t["answer"].get<std::string>());
+    EXPECT_EQ(r["done"], true);
+    EXPECT_DOUBLE_EQ(r["reward"].get<double>(), 1.0);
+    r = step_of(*env, t, json{{"calls", 1}}, "it is 1");
+    EXPECT_DOUBLE_EQ(r["reward"].get<double>(), 0.0);
+    // More calls than max_calls end the episode with nothing.
+    r = step_of(*env, t, json{{"calls", 2}}, call("1 + 1"));
+    EXPECT_EQ(r["done"], true);
+    EXPECT_DOUBLE_EQ(r["reward"].get<double>(), 0.0);
+}
+
+TEST(MultiTurnEnvs, SingleTurnEnvsHaveNoStep) {
+    auto env = make("reverse_text");
+    EXPECT_EQ(env->step("{}", "null", "x").status, RL_ERR_UNSUPPORTED);
+}
+
 // ---- command -----------------------------------------------------------------------------
 
 json py(const std::string &script, double timeout_s = 5.0) {

@@ -291,6 +291,22 @@ public:
                             rl_string_view_t{completion.data(), completion.size()}, reward);
         return o;
     }
+    // A multi-turn env's step (text "state" holds its result); RL_ERR_UNSUPPORTED
+    // when the env has no step().
+    Outputs step(const std::string &task, const std::string &state,
+                 const std::string &completion) const {
+        Outputs o;
+        rl_call_ctx_t ctx = detail::make_ctx(&o);
+        auto *f = iface<rl_env_iface_t>(RL_IFACE_ENV);
+        if (f->step == nullptr) {
+            o.status = RL_ERR_UNSUPPORTED;
+            return o;
+        }
+        o.status = f->step(plugin_, &ctx, rl_string_view_t{task.data(), task.size()},
+                           rl_string_view_t{state.data(), state.size()},
+                           rl_string_view_t{completion.data(), completion.size()});
+        return o;
+    }
 
 private:
     Outputs try_create(const std::string &params) {
