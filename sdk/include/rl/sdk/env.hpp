@@ -6,6 +6,7 @@
 #pragma once
 
 #include "sdk.hpp"
+#include "text.hpp"
 #include "utf8_rng.hpp"
 
 #include <algorithm>
@@ -38,15 +39,8 @@ inline std::string dump(const json &j) {
 
 // ---- text -------------------------------------------------------------------
 
-inline bool is_space(char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-inline std::string_view trim(std::string_view s) {
-    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-    while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-    return s;
-}
+using rl::sdk::text::is_space;
+using rl::sdk::text::trim;
 
 inline std::string_view first_line(std::string_view s) {
     const size_t nl = s.find('\n');

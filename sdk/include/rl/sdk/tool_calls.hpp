@@ -18,6 +18,8 @@
 // check_call checks a call against OpenAI function schemas.
 #pragma once
 
+#include "text.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
@@ -46,15 +48,8 @@ struct Parsed {
 
 namespace detail {
 
-inline bool is_space(char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
-
-inline std::string_view trim(std::string_view s) {
-    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-    while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-    return s;
-}
+using rl::sdk::text::is_space;
+using rl::sdk::text::trim;
 
 inline std::string dump(const json &j) {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
