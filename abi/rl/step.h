@@ -114,7 +114,9 @@ RL_API rl_status_t rl_rollouts_filter(rl_rollouts_t *rollouts, rl_instance_t *co
  * "tasks" (JSON arrays, one entry per rollout) and "flags" (JSON array of
  * arrays of reasons). Episodes (rl_rollouts_generate_episodes) add tensor
  * "turns" (int64), scalars "turns_mean" and "episode_errors", texts
- * "turn_rewards" (JSON array of arrays) and "errors" (JSON array, "" when none). */
+ * "turn_rewards" (JSON array of arrays), "turn_spans" (per rollout, each turn's
+ * [start, end) in its completion tokens: the tokens between are observations)
+ * and "errors" (JSON array, "" when none). */
 RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t **out_result);
 
 /* [thread-safe] Push every scored rollout into the buffer as one sequence:

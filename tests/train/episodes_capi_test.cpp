@@ -50,6 +50,7 @@ TEST(Episodes, ObservationsAreUntrainedAndRewardsAreTheSumOfTheTurns) {
     EXPECT_EQ(info.scalar("episode_errors"), 0);
     const auto turns = info.tensor<int64_t>("turns");
     const json turn_rewards = json::parse(info.text("turn_rewards"));
+    const json spans = json::parse(info.text("turn_spans"));
     const json reasons = json::parse(info.text("finish_reasons"));
     const json task_list = json::parse(tasks);
     const auto rewards = info.tensor<double>("rewards");
@@ -78,15 +79,17 @@ TEST(Episodes, ObservationsAreUntrainedAndRewardsAreTheSumOfTheTurns) {
         some_continued = some_continued || turns[s] > 1;
         // Walk the sequence: a turn is a run of mask-1 tokens; what follows it
         // (mask 0) is the env's answer, one of its three texts.
-        std::vector<std::string> turn_texts;
         int64_t t = a;
+        ASSERT_EQ(spans[s].size(), static_cast<size_t>(turns[s]));
         for (int64_t k = 0; k < turns[s]; ++k) {
             const int64_t start = t;
+            EXPECT_EQ(spans[s][k][0].get<int64_t>(), start - a) << "episode " << s << " turn " << k;
             while (t < b && mask[t] == 1.0f) {
                 EXPECT_LE(old[t], 0.0f);
                 ++t;
             }
             ASSERT_GT(t, start) << "episode " << s << " turn " << k << " is empty";
+            EXPECT_EQ(spans[s][k][1].get<int64_t>(), t - a) << "episode " << s << " turn " << k;
             std::vector<int64_t> obs;
             while (t < b && mask[t] == 0.0f) {
                 EXPECT_EQ(old[t], 0.0f);

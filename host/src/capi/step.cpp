@@ -464,12 +464,16 @@ RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t *
         if (std::any_of(items.begin(), items.end(), [](const auto &it) { return it.episode; })) {
             // Multi-turn episodes: turns per rollout, each turn's reward, errors.
             std::vector<int64_t> turns;
-            json turn_rewards = json::array(), errors = json::array();
+            json turn_rewards = json::array(), errors = json::array(), spans = json::array();
             double sum_turns = 0, n_errors = 0;
             for (const auto &it : items) {
                 turns.push_back(static_cast<int64_t>(it.turn_starts.size()));
                 sum_turns += static_cast<double>(it.turn_starts.size());
                 turn_rewards.push_back(it.turn_rewards);
+                json sp = json::array();
+                for (size_t k = 0; k < it.turn_starts.size(); ++k)
+                    sp.push_back({it.turn_starts[k], it.turn_ends[k]});
+                spans.push_back(std::move(sp));
                 errors.push_back(it.error);
                 n_errors += it.error.empty() ? 0 : 1;
             }
@@ -477,6 +481,7 @@ RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t *
             s.scalars["turns_mean"] = sum_turns / n;
             s.scalars["episode_errors"] = n_errors;
             s.texts["turn_rewards"] = turn_rewards.dump();
+            s.texts["turn_spans"] = spans.dump();
             s.texts["errors"] = errors.dump();
         }
         s.texts["completions"] = completions.dump(-1, ' ', false, json::error_handler_t::replace);
