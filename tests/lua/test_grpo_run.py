@@ -71,6 +71,24 @@ class ReferenceModel(GrpoRun):
         self.assertTrue(resumed)
         self.assertTrue(all(r["ref_kl"] > 0.0 for r in resumed), resumed)
 
+    def test_base_reference_is_the_lora_base_with_the_adapter_off(self):
+        # The adapter starts as a no-op (B = 0) and no warm-up trains it: the
+        # first trained step's policy is the base, so ref_kl is 0; once the
+        # adapter trained, it is not.
+        self.rlhost_run("run.steps=4", "sft.steps=0", "ref.model=base", "lora.rank=4",
+                        "trainer.learning_rate=1e-2", "loss.params.kl_coef=0.05")
+        steps = self.trained_steps()
+        self.assertGreaterEqual(len(steps), 2)
+        self.assertTrue(all("ref_kl" in r for r in steps), steps)
+        self.assertEqual(steps[0]["ref_kl"], 0.0)
+        self.assertGreater(steps[-1]["ref_kl"], 0.0)
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir, "reference")),
+                         "base needs no copy of the weights")
+        p = self.rlhost_run("run.steps=1", "ref.model=base", ok=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("ref.model: 'base' is the LoRA base with the adapter off and needs "
+                      "lora.rank > 0", p.stdout + p.stderr)
+
     def test_a_reference_that_is_no_model_folder_is_refused_naming_the_key(self):
         missing = os.path.join(self.tmp.name, "nowhere")
         p = self.rlhost_run("run.steps=1", f"ref.model={missing}", ok=False)

@@ -564,3 +564,26 @@ TEST_F(BadInput, LabelsAreAlignedWithTokensAndIgnoredWhereMinus100) {
     const std::string err = refused(b);
     EXPECT_NE(err.find("labels[2] = 259"), std::string::npos) << err;
 }
+
+namespace {
+
+// trainer.forward_only: a frozen scorer (a reference model) that gives the
+// same logprobs as a trainer of the same weights and refuses to train.
+TEST(ForwardOnly, ScoresLikeATrainerAndRefusesToTrain) {
+    ModelPtr m = load_model();
+    TrainerPtr scorer = make_trainer(m.get(), R"({"forward_only": true})");
+    Batch b = random_batch(3, 4, 5, 30);
+    const std::vector<float> frozen = forward_logprobs(scorer.get(), b);
+    TrainerPtr t = make_trainer(m.get(), cfg(""));
+    EXPECT_EQ(frozen, forward_logprobs(t.get(), b));
+    InstancePtr ce = make_loss("causallm_loss");
+    Result r;
+    EXPECT_EQ(rl_trainer_forward_backward(scorer.get(), b.view(), ce.get(), r.out()),
+              RL_ERR_BAD_STATE);
+    EXPECT_NE(std::string(rl_last_error()).find("forward-only"), std::string::npos)
+        << rl_last_error();
+    Result o;
+    EXPECT_EQ(rl_trainer_optim_step(scorer.get(), nullptr, o.out()), RL_ERR_BAD_STATE);
+}
+
+} // namespace

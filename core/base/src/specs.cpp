@@ -47,6 +47,10 @@ const std::vector<ParamSpec> &trainer_params() {
               "Tokens per slice of the output projection when computing logprobs (bounds the "
               "memory of the vocabulary-sized logits).",
               Range::at_least(1)),
+        param("forward_only", T::Boolean, false,
+              "A trainer for forward passes only (a frozen reference model's logprobs): no "
+              "optimizer, the model's weights left as they are (a LoRA policy's base stays "
+              "frozen); forward_backward and optim_step are refused."),
         param("activation_checkpointing", T::Boolean, false,
               "Keep only each decoder layer's input during the forward and recompute the layer "
               "in the backward (less activation memory, about a third more compute)."),

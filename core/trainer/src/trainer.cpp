@@ -107,6 +107,13 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
     : policy_(std::move(policy)), config_(std::move(config)), adapter_(std::move(adapter)) {
     require(policy_ != nullptr, ErrorKind::InvalidArgument, "trainer: policy is null");
     config_.validate();
+    if (config_.forward_only) {
+        // A frozen scorer over the model as it is (with `adapter`, if one is
+        // given): nothing to train, so nothing of the model is changed.
+        group_ = dist::current(policy_->model().device().str());
+        if (group_ && group_->size() <= 1) group_.reset();
+        return;
+    }
     if (adapter_) {
         // LoRA: the adapter's A and B are the parameters; the base is frozen.
         require(adapter_->num_layers() == policy_->model().config().num_hidden_layers,
@@ -202,6 +209,7 @@ int64_t Trainer::state_bytes() const {
     }
     for (const auto &p : opt_params) {
         if (fsdp_) n += bytes(p);
+        if (!optimizer_) continue; // forward-only: no optimizer state
         auto it = optimizer_->state().find(state_key_of(p));
         if (it == optimizer_->state().end()) continue;
         auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
@@ -425,6 +433,9 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
 // -- forward / backward ----------------------------------------------------------
 
 StepResult Trainer::forward_backward(const TrainBatch &batch, const LossFunction &loss) {
+    require(!config_.forward_only, ErrorKind::BadState,
+            "forward_backward: this trainer is forward-only (trainer.forward_only); it scores "
+            "batches with trainer:forward and never trains");
     return run(batch, &loss, /*backward=*/true);
 }
 
@@ -656,6 +667,8 @@ void Trainer::zero_grad() {
 }
 
 OptimResult Trainer::optim_step(const OptimOverrides &ov) {
+    require(!config_.forward_only, ErrorKind::BadState,
+            "optim_step: this trainer is forward-only (trainer.forward_only)");
     require(pending_backwards_ > 0, ErrorKind::BadState,
             "optim_step: no gradients were accumulated since the last step (call "
             "forward_backward first)");
@@ -838,6 +851,9 @@ void Trainer::collect_state(std::vector<std::pair<std::string, at::Tensor>> &opt
 }
 
 std::string Trainer::save_checkpoint(const std::string &dir, const std::string &state_json) {
+    require(!config_.forward_only, ErrorKind::BadState,
+            "save_checkpoint: a forward-only trainer (trainer.forward_only) has no training state "
+            "to save; save the model instead");
     json state = json::object();
     if (!state_json.empty()) {
         state = rl::core::parse_json_or_discarded(state_json);
@@ -957,6 +973,9 @@ void Trainer::load_sharded(const std::map<std::string, at::Tensor> &weights,
 }
 
 CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
+    require(!config_.forward_only, ErrorKind::BadState,
+            "load_checkpoint: a forward-only trainer (trainer.forward_only) has no training "
+            "state to load");
     if (fsdp_) fsdp_->materialize(); // the checks below compare whole shapes
     const auto latest = latest_checkpoint(dir);
     require(latest.has_value(), ErrorKind::NotFound,

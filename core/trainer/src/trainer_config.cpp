@@ -58,6 +58,7 @@ TrainerConfig TrainerConfig::from_json(const std::string &text) {
     c.packing.micro_batch_tokens = j["micro_batch_tokens"].get<int64_t>();
     c.logprob_chunk_tokens = j["logprob_chunk_tokens"].get<int64_t>();
     c.activation_checkpointing = j["activation_checkpointing"].get<bool>();
+    c.forward_only = j["forward_only"].get<bool>();
     c.parallel = j["parallel"].get<std::string>();
     c.bucket_mb = j["bucket_mb"].get<double>();
     c.checkpoint_format = j["checkpoint_format"].get<std::string>();
@@ -101,6 +102,7 @@ std::string TrainerConfig::to_json() const {
               {"micro_batch_tokens", packing.micro_batch_tokens},
               {"logprob_chunk_tokens", logprob_chunk_tokens},
               {"activation_checkpointing", activation_checkpointing},
+              {"forward_only", forward_only},
               {"parallel", parallel},
               {"bucket_mb", bucket_mb},
               {"checkpoint_format", checkpoint_format},

@@ -72,7 +72,7 @@ function M.ref_keys(keys)
         { "ref.model", "string", "",
           "Frozen reference model whose logprobs the losses' KL terms (loss.params.kl_coef) "
           .. "use: '' none, 'initial' the policy's weights when RL starts (after any warm-up), "
-          .. "else a model folder." },
+          .. "'base' the LoRA base with the adapter off (lora.rank > 0; no copy), else a model folder." },
     }
     for _, k in ipairs(keys or {}) do out[#out + 1] = k end
     return out
@@ -88,22 +88,34 @@ end
 function M.reference(cfg, model, run)
     local which = cfg.ref and cfg.ref.model or ""
     if which == "" then return nil end
-    local dir = which
-    if which == "initial" then
-        dir = run.dir .. "/reference"
-        if run.main and not rl.exists(dir .. "/config.json") then model:save(dir) end
-        if run.world > 1 then rl.dist.barrier() end -- every rank loads it after rank 0 wrote it
-    elseif not rl.exists(dir .. "/config.json") then
-        error("ref.model: '" .. dir .. "' is not a model folder (no config.json); use '', "
-            .. "'initial' or a model folder", 2)
+    local ref_model, dir
+    if which == "base" then
+        -- The LoRA base with the adapter off: the policy's own weights, no copy.
+        if not (cfg.lora and (cfg.lora.rank or 0) > 0) then
+            error("ref.model: 'base' is the LoRA base with the adapter off and needs lora.rank > 0; "
+                .. "without LoRA use 'initial' (a frozen copy of the starting weights)", 2)
+        end
+        ref_model, dir = model, "base"
+    else
+        dir = which
+        if which == "initial" then
+            dir = run.dir .. "/reference"
+            if run.main and not rl.exists(dir .. "/config.json") then model:save(dir) end
+            if run.world > 1 then rl.dist.barrier() end -- every rank loads it after rank 0 wrote it
+        elseif not rl.exists(dir .. "/config.json") then
+            error("ref.model: '" .. dir .. "' is not a model folder (no config.json); use '', "
+                .. "'initial', 'base' (LoRA) or a model folder", 2)
+        end
+        local m = cfg.model
+        ref_model = rl.model(dir, { threads = m.threads, device = m.device, dtype = m.dtype })
+        if ref_model:info().vocab_size ~= model:info().vocab_size then
+            error("ref.model: '" .. dir .. "' has a vocabulary of " .. ref_model:info().vocab_size
+                .. " tokens, the policy " .. model:info().vocab_size, 2)
+        end
     end
-    local m = cfg.model
-    local ref_model = rl.model(dir, { threads = m.threads, device = m.device, dtype = m.dtype })
-    if ref_model:info().vocab_size ~= model:info().vocab_size then
-        error("ref.model: '" .. dir .. "' has a vocabulary of " .. ref_model:info().vocab_size
-            .. " tokens, the policy " .. model:info().vocab_size, 2)
-    end
-    local forward = ref_model:trainer {} -- forward passes only; never stepped
+    -- Forward passes only: no optimizer, the weights untouched (a LoRA
+    -- policy's base stays frozen); without an adapter it scores the base.
+    local forward = ref_model:trainer { forward_only = true }
     local ref = { model = ref_model, dir = dir }
     --- ref:score(batch): sets the batch's ref_logprobs from the reference.
     function ref.score(_, batch)

@@ -36,6 +36,10 @@ struct TrainerConfig {
     /// Recompute each decoder layer in the backward instead of keeping its
     /// activations (only the layer inputs stay in memory).
     bool activation_checkpointing = false;
+    /// Forward passes only (a frozen reference): no optimizer, no masters, the
+    /// weights' requires_grad and the model's settings untouched;
+    /// forward_backward and optim_step are refused.
+    bool forward_only = false;
     /// Over the ranks of a distributed run: "dp" (replicas) or "fsdp" (sharded).
     std::string parallel = "dp";
     /// dp: megabytes of float32 gradients per all-reduce bucket.
