@@ -141,6 +141,34 @@ TEST(Episodes, EnvStepAnswersAndRefusesASingleTurnEnv) {
         << rl_last_error();
 }
 
+TEST(Episodes, AStepResultThatBreaksTheContractIsNamed) {
+    RL_ASSERT_OK(rl_runtime_load_plugin(runtime(), RL_TEST_BAD_STEP_PLUGIN));
+    InstancePtr env = make_env("fixture_bad_step");
+    const std::string task = R"({"prompt": "p"})";
+    const auto step = [&](const std::string &turn) {
+        Result r;
+        const rl_status_t st = rl_env_step(env.get(), {task.data(), task.size()}, {"null", 4},
+                                           {turn.data(), turn.size()}, r.out());
+        return std::make_pair(st, st == RL_OK ? std::string() : std::string(rl_last_error()));
+    };
+    EXPECT_EQ(step("fine").first, RL_OK);
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"not-object", "step() must emit a JSON object as 'state', got: [1]"},
+        {"no-done", "step() result has no boolean 'done'"},
+        {"bad-reward", "step() result 'reward' is not a number"},
+        {"nan-reward", "step() returned a non-finite reward"}, // caught before JSON makes it null
+        {"no-observation", "step() result is not done but has no string 'observation'"},
+        {"bad-role", "step() result 'role' must be \"user\" or \"tool\""},
+        {"number-observation", "step() result 'observation' is not a string"},
+    };
+    for (const auto &[turn, why] : cases) {
+        const auto [st, msg] = step(turn);
+        EXPECT_NE(st, RL_OK) << turn;
+        EXPECT_NE(msg.find("env 'fixture_bad_step': " + why), std::string::npos)
+            << turn << ": " << msg;
+    }
+}
+
 TEST(Episodes, AFailingStepDropsOnlyItsEpisodeAndScoreIsRefused) {
     ModelPtr m = load_model();
     EnginePtr e = make_engine(m.get());

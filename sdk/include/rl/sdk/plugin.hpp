@@ -22,6 +22,7 @@
 #include "params.hpp"
 #include "tensor.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -458,7 +459,12 @@ struct Iface<T, Env> {
                 invalid(std::string("task or state is not valid JSON: ") + e.what());
             }
             Call call(ctx);
-            call.text("state", self<T>(p).step(call, t, s, view_of(completion)).dump());
+            const json r = self<T>(p).step(call, t, s, view_of(completion));
+            // JSON has no NaN: dumped, a non-finite reward would read as null (0).
+            if (r.is_object() && r.contains("reward") && r["reward"].is_number_float() &&
+                !std::isfinite(r["reward"].get<double>()))
+                invalid("step() returned a non-finite reward");
+            call.text("state", r.dump());
         });
     }
     static const void *table(const T &obj) {
