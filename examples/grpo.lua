@@ -10,8 +10,10 @@
 --    compute group-relative advantages, take one optimizer step and sync the
 --    engine's weights. With ref.model set, a frozen reference scores the
 --    batch's tokens first (ref_logprobs) for the loss's KL term
---    (loss.params.kl_coef) and the ref_kl metric. Every eval.every steps the
---    same eval tasks are answered (greedy by default) and scored: eval/*.
+--    (loss.params.kl_coef) and the ref_kl metric. With reward_model.path or
+--    judge.model set, a reward model / an LLM judge adds its score to each
+--    rollout's reward. Every eval.every steps the same eval tasks are answered
+--    (greedy by default) and scored by the env: eval/*.
 local rl = require("rl")
 
 -- This script's own settings (sft.*, ref.*, eval.*, reward.*), checked like the host's.
@@ -33,10 +35,12 @@ local buffer = rl.buffer(rl.buffer_config(cfg))
 rl.sft_warmup(cfg, run, trainer, tok, env)
 engine:sync_weights(buffer)
 local ref = rl.reference(cfg, model, run) -- nil unless ref.model is set
+local scorers = rl.reward_scorers(cfg) -- reward_model.path, judge.model (none by default)
 
 -- 2. GRPO ----------------------------------------------------------------------------
 for step in run:steps("rl", cfg.run.steps) do
     local rollouts = rl.scored_rollouts(engine, env, cfg, step)
+    local scored = rl.apply_reward_scorers(cfg, scorers, rollouts) -- {} without either
     local overlong = rl.shape_overlong(cfg, rollouts) -- DAPO's, when reward.overlong_buffer > 0
     local flagged = rollouts:filter(filters)
     buffer:push_rollouts(rollouts) -- the buffer drops groups without signal
@@ -47,6 +51,7 @@ for step in run:steps("rl", cfg.run.steps) do
         exact = r["env/exact_match"], flagged = flagged.flagged, masked = flagged.masked,
         overlong_penalty = overlong,
     }
+    for k, v in pairs(scored) do record[k] = v end
     local batch = buffer:pop_train_batch(cfg.buffer.min_rollouts)
     if batch then
         batch:compute_advantages(advantage)

@@ -2,7 +2,9 @@
 `tensorboard` package from PyPI, in a test venv): `rlhost run` of the GRPO
 example writes every numeric field of every metrics.jsonl record as a scalar
 `<phase>/<key>` at its step; after a resume both hold the same steps again,
-each once; `run.tensorboard: false` writes none."""
+each once; the samples of samples.jsonl are text summaries (`rl/samples`, the
+Text tab) at their steps, also after a resume; `run.tensorboard: false`
+writes none."""
 
 import json
 import os
@@ -87,6 +89,37 @@ class TensorBoardFiles(unittest.TestCase):
         self.rlhost_run("run.steps=6", "run.resume=true")
         scalars = self.expect_same()
         self.assertEqual([e.step for e in scalars["rl/reward"]], [1, 2, 3, 4, 5, 6])
+
+    def texts(self):
+        acc = EventAccumulator(os.path.join(self.run_dir, "tensorboard"),
+                               size_guidance={"tensors": 0})
+        acc.Reload()
+        self.assertIn("rl/samples", acc.Tags()["tensors"])
+        out = {}
+        for e in acc.Tensors("rl/samples"):
+            self.assertNotIn(e.step, out, f"samples of step {e.step} written twice")
+            (text,) = e.tensor_proto.string_val
+            out[e.step] = text.decode()
+        return out
+
+    def test_samples_are_text_summaries_at_their_steps_and_survive_a_resume(self):
+        self.rlhost_run("run.steps=2", "run.samples_every=1", "run.checkpoint_every=2")
+        with open(os.path.join(self.run_dir, "samples.jsonl")) as f:
+            samples = [json.loads(line) for line in f if line.strip()]
+        steps = sorted({s["step"] for s in samples if s["phase"] == "rl"})
+        self.assertTrue(steps)
+        texts = self.texts()
+        self.assertEqual(sorted(texts), steps)
+        for step in steps:
+            first = next(s for s in samples if s["phase"] == "rl" and s["step"] == step)
+            text = texts[step]
+            self.assertTrue(text.startswith("| group | reward | advantage | prompt | completion |"))
+            self.assertIn(first["task"]["prompt"].replace("\n", "\\n"), text)
+            self.assertIn(first["completion"].replace("|", "\\|").replace("\n", "\\n"), text)
+        self.rlhost_run("run.steps=3", "run.samples_every=1", "run.resume=true")
+        again = self.texts()
+        for step in steps:
+            self.assertEqual(again[step], texts[step])
 
     def test_run_tensorboard_false_writes_no_event_files(self):
         self.rlhost_run("run.steps=1", "run.tensorboard=false")

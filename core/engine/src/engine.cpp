@@ -57,6 +57,9 @@ EngineConfig EngineConfig::from_json(const std::string &text) {
 Engine::Engine(std::shared_ptr<Policy> policy, EngineConfig config)
     : policy_(std::move(policy)), config_(config) {
     require(policy_ != nullptr, ErrorKind::InvalidArgument, "engine: policy is null");
+    require(!policy_->model().config().is_classifier(), ErrorKind::InvalidArgument,
+            "engine: the model is a " + policy_->model().config().class_name() +
+                " (a reward model with a score head, no language-model head): it cannot generate");
     version_ = policy_->version();
 }
 

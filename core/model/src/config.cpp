@@ -168,7 +168,16 @@ ModelConfig ModelConfig::parse(const std::string &json_text, const std::string &
             r.fail("architectures", "must be a list with one class name, got " + a->dump());
         arch_name = (*a)[0].get<std::string>();
     }
+    const std::string given_name = arch_name;
     const std::string model_type = r.string("model_type", "");
+    // A reward model: the trunk of a causal LM with a sequence-classification head.
+    const std::string kClassifier = "ForSequenceClassification";
+    if (arch_name.size() > kClassifier.size() &&
+        arch_name.compare(arch_name.size() - kClassifier.size(), kClassifier.size(), kClassifier) ==
+            0) {
+        c.head = Head::SequenceClassification;
+        arch_name = arch_name.substr(0, arch_name.size() - kClassifier.size()) + "ForCausalLM";
+    }
     if (arch_name.empty()) {
         for (const auto &a : kArchitectures)
             if (model_type == a.model_type) arch_name = a.name;
@@ -178,12 +187,13 @@ ModelConfig ModelConfig::parse(const std::string &json_text, const std::string &
     }
     const ArchitectureRow *arch = row_named(kArchitectures, arch_name);
     if (arch == nullptr)
-        throw Error(source + ": 'architectures' = '" + arch_name +
-                    "' is not supported (supported: " + names_in(kArchitectures) + ")");
+        throw Error(source + ": 'architectures' = '" + given_name +
+                    "' is not supported (supported: " + names_in(kArchitectures) +
+                    ", and their ...ForSequenceClassification reward models)");
     c.architecture = arch->value;
     const std::string expected_type = arch->model_type;
     if (!model_type.empty() && model_type != expected_type)
-        r.fail("model_type", "is '" + model_type + "' but architectures says " + arch_name +
+        r.fail("model_type", "is '" + model_type + "' but architectures says " + given_name +
                                  " (model_type '" + expected_type + "')");
     c.model_type = expected_type;
 
@@ -248,8 +258,26 @@ ModelConfig ModelConfig::parse(const std::string &json_text, const std::string &
             break;
     }
     parse_token_ids(r, &c);
+    if (c.is_classifier()) {
+        // transformers writes id2label (and label2id); num_labels where given.
+        int64_t labels = 2;
+        if (const Json *m = r.find("id2label")) {
+            if (!m->is_object() || m->empty())
+                r.fail("id2label", "must be a non-empty object, got " + m->dump());
+            labels = static_cast<int64_t>(m->size());
+        }
+        c.num_labels = r.integer("num_labels", labels, 1);
+    }
     c.torch_dtype = r.string("torch_dtype", r.string("dtype", ""));
     return c;
+}
+
+std::string ModelConfig::class_name() const {
+    std::string name = architecture_name(architecture);
+    if (is_classifier())
+        name = name.substr(0, name.size() - std::string("ForCausalLM").size()) +
+               "ForSequenceClassification";
+    return name;
 }
 
 ModelConfig ModelConfig::load(const std::string &path) {
@@ -261,7 +289,7 @@ std::string ModelConfig::to_json(const std::string &dtype) const {
     if (!this->json.empty()) {
         j = Json::parse(this->json);
     } else {
-        j["architectures"] = Json::array({architecture_name(architecture)});
+        j["architectures"] = Json::array({class_name()});
         j["model_type"] = model_type;
         j["vocab_size"] = vocab_size;
         j["hidden_size"] = hidden_size;
@@ -299,6 +327,12 @@ std::string ModelConfig::to_json(const std::string &dtype) const {
         else if (!eos_token_ids.empty())
             j["eos_token_id"] = eos_token_ids;
         if (pad_token_id) j["pad_token_id"] = *pad_token_id;
+        if (is_classifier()) {
+            Json labels = Json::object();
+            for (int64_t i = 0; i < num_labels; ++i)
+                labels[std::to_string(i)] = "LABEL_" + std::to_string(i);
+            j["id2label"] = labels;
+        }
         if (!torch_dtype.empty()) j["torch_dtype"] = torch_dtype;
     }
     if (!dtype.empty()) {

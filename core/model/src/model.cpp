@@ -241,15 +241,25 @@ CausalLM::CausalLM(ModelConfig config, ModelOptions options)
           "model dtype must be float32, bfloat16, float16 or float64");
     rope_ = std::make_unique<RotaryEmbedding>(config_);
     model = register_module("model", std::make_shared<DecoderModel>(config_, options_));
-    if (!config_.tie_word_embeddings)
+    if (config_.is_classifier()) {
+        check(config_.num_labels >= 1, "a sequence classifier needs num_labels >= 1");
+        score =
+            register_module("score", std::make_shared<Linear>(config_.hidden_size,
+                                                              config_.num_labels, false, options_));
+    } else if (!config_.tie_word_embeddings) {
         lm_head = register_module(
             "lm_head",
             std::make_shared<Linear>(config_.hidden_size, config_.vocab_size, false, options_));
+    }
 }
 
 CausalLM::~CausalLM() = default;
 
 const at::Tensor &CausalLM::lm_head_weight() const {
+    if (score)
+        throw Error(config_.class_name() +
+                    " is a sequence classifier (a reward model): it has no language-model head, "
+                    "so it neither generates nor gives token logprobs; it scores whole sequences");
     return lm_head ? lm_head->weight : model->embed_tokens->weight;
 }
 
@@ -453,6 +463,39 @@ at::Tensor CausalLM::hidden_states(const PackedBatch &batch) {
 at::Tensor CausalLM::logits(const PackedBatch &batch) {
     at::Tensor h = hidden_states(batch);
     return compat::mm_float(h, lm_head_weight().t());
+}
+
+at::Tensor CausalLM::sequence_scores(const PackedBatch &batch) {
+    if (!score)
+        throw Error(
+            config_.class_name() +
+            " is a causal language model: sequence scores need a ...ForSequenceClassification "
+            "model (a reward model with a score head)");
+    at::Tensor h = hidden_states(batch);
+    const int64_t T = h.size(0);
+    const std::vector<int64_t> cu =
+        batch.cu_seqlens.defined() ? to_host_vector(batch.cu_seqlens) : std::vector<int64_t>{0, T};
+    const at::Tensor ids = batch.input_ids.to(at::kCPU).to(at::kLong).contiguous();
+    const int64_t *id = ids.data_ptr<int64_t>();
+    std::vector<int64_t> rows;
+    for (size_t s = 0; s + 1 < cu.size(); ++s) {
+        check(cu[s + 1] > cu[s], "sequence scores: sequence " + std::to_string(s) + " is empty");
+        // transformers: the rightmost token that is not the pad token (argmax
+        // over index * not_pad, so the first token when every token is pad).
+        int64_t row = cu[s + 1] - 1;
+        if (config_.pad_token_id) {
+            row = cu[s];
+            for (int64_t t = cu[s + 1] - 1; t > cu[s]; --t)
+                if (id[t] != *config_.pad_token_id) {
+                    row = t;
+                    break;
+                }
+        }
+        rows.push_back(row);
+    }
+    const at::Tensor index =
+        at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(options_.device);
+    return score->forward(h.index_select(0, index)).to(at::kFloat);
 }
 
 TokenLogprobs CausalLM::token_logprobs(const PackedBatch &batch, const at::Tensor &labels,

@@ -28,6 +28,9 @@ std::shared_ptr<Policy> Policy::load(const std::string &dir, const LoadOptions &
     policy->set_source_dir(dir);
     if (options.value_head) {
         const CausalLM &m = policy->model();
+        require(!m.config().is_classifier(), ErrorKind::InvalidArgument,
+                "model folder '" + dir + "' is a " + m.config().class_name() +
+                    " (a reward model): it takes no value head (model.value_head)");
         auto head = std::make_shared<ValueHead>(m.config().hidden_size, m.device());
         const std::filesystem::path file = std::filesystem::path(dir) / kValueHeadFile;
         if (std::filesystem::exists(file))

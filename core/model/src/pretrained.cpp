@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -116,7 +117,7 @@ std::shared_ptr<CausalLM> load_pretrained(const std::string &dir, const LoadOpti
             auto p = params.find(info.name);
             if (p == params.end()) {
                 if (ignorable(info.name, config)) continue;
-                throw Error(where + " is unexpected: " + architecture_name(config.architecture) +
+                throw Error(where + " is unexpected: " + config.class_name() +
                             " with this config has no such parameter");
             }
             auto prev = loaded_from.find(info.name);
@@ -146,7 +147,12 @@ std::shared_ptr<CausalLM> load_pretrained(const std::string &dir, const LoadOpti
         std::string list;
         for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
         if (missing.size() > 5) list += ", ... (" + std::to_string(missing.size()) + " in all)";
-        throw Error("model folder '" + dir + "': missing tensor(s) " + list);
+        std::string why;
+        if (config.is_classifier() && std::count(missing.begin(), missing.end(), "score.weight"))
+            why = " (config.json names " + config.class_name() +
+                  ", whose sequence-classification head is 'score.weight' [num_labels, hidden]; "
+                  "this folder's weights have no score head)";
+        throw Error("model folder '" + dir + "': missing tensor(s) " + list + why);
     }
     if (sharded) {
         for (const auto &[name, file] : index_map)

@@ -73,6 +73,14 @@ std::string tiny_config_json(const TinyModelSpec &s) {
     j["bos_token_id"] = nullptr;
     j["eos_token_id"] = kTinyImEnd;
     j["torch_dtype"] = "float32";
+    if (s.num_labels > 0) {
+        j["architectures"] = Json::array({"Qwen3ForSequenceClassification"});
+        Json labels = Json::object();
+        for (int64_t i = 0; i < s.num_labels; ++i)
+            labels[std::to_string(i)] = "LABEL_" + std::to_string(i);
+        j["id2label"] = labels;
+        j["pad_token_id"] = kTinyEndOfText;
+    }
     return j.dump(2) + "\n";
 }
 

@@ -107,6 +107,11 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
     : policy_(std::move(policy)), config_(std::move(config)), adapter_(std::move(adapter)) {
     require(policy_ != nullptr, ErrorKind::InvalidArgument, "trainer: policy is null");
     config_.validate();
+    const ModelConfig &mc = policy_->model().config();
+    require(!mc.is_classifier() || config_.forward_only, ErrorKind::InvalidArgument,
+            "trainer: the model is a " + mc.class_name() +
+                " (a reward model); it scores sequences with a forward-only trainer "
+                "(trainer.forward_only = true) and is not trained here");
     if (config_.forward_only) {
         // A frozen scorer over the model as it is (with `adapter`, if one is
         // given): nothing to train, so nothing of the model is changed.
@@ -443,6 +448,33 @@ StepResult Trainer::forward(const TrainBatch &batch, const LossFunction *loss) {
     return run(batch, loss, /*backward=*/false);
 }
 
+// A reward model's forward: each sequence's score-head output, micro-batch
+// by micro-batch as the logprobs would be (whole sequences per micro-batch).
+StepResult Trainer::classify(const TrainBatch &batch) {
+    Prepared P = prepare(batch, nullptr, /*backward=*/false);
+    at::NoGradGuard no_grad;
+    AdapterScope adapter_scope(adapter_, false);
+    StepResult R;
+    R.tokens = P.T;
+    R.seqs = static_cast<int64_t>(P.cu.size()) - 1;
+    R.bins = static_cast<int64_t>(P.plan.bins.size());
+    R.micro_batches = static_cast<int64_t>(P.plan.micro_batches.size());
+    std::vector<at::Tensor> scores;
+    for (const MicroBatch &mb : P.plan.micro_batches) {
+        const int64_t a = mb.range.token_begin, n = mb.range.tokens();
+        std::vector<int64_t> cu_local;
+        for (int64_t s = mb.range.first_seq; s <= mb.range.end_seq; ++s)
+            cu_local.push_back(P.cu[s] - a);
+        PackedBatch pb;
+        pb.input_ids = P.ids.narrow(0, a, n);
+        pb.cu_seqlens = long_tensor(cu_local);
+        scores.push_back(policy_->model().sequence_scores(pb).to(at::kCPU));
+    }
+    R.tensors["scores"] =
+        scores.empty() ? at::zeros({0, policy_->model().config().num_labels}) : at::cat(scores);
+    return R;
+}
+
 // An empty turn of an fsdp rank that has fewer micro-batches than another:
 // one token through every layer (and back with a zero gradient) so that this
 // rank joins each all-gather and reduce-scatter.
@@ -463,8 +495,15 @@ void Trainer::idle_micro_batch(bool backward) {
 StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool backward) {
     require(!backward || loss != nullptr, ErrorKind::InvalidArgument,
             "forward_backward needs a loss");
-    Prepared P = prepare(batch, loss, backward);
     CausalLM &model = policy_->model();
+    if (model.config().is_classifier()) {
+        require(loss == nullptr, ErrorKind::InvalidArgument,
+                "forward: the model is a " + model.config().class_name() +
+                    " (a reward model); it gives sequence scores, which no loss reads: call "
+                    "forward without a loss");
+        return classify(batch);
+    }
+    Prepared P = prepare(batch, loss, backward);
     // The forwards run with this trainer's adapter (none: the base model);
     // adapter dropout only when back-propagating.
     AdapterScope adapter_scope(adapter_, backward && adapter_ != nullptr);

@@ -51,9 +51,12 @@ extern "C" {
 RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uint64_t seed) {
     return train_boundary([&] {
         require(preset && dir && *dir, "rl_model_init_preset: preset and dir are required");
-        require(std::string(preset) == "tiny",
-                "rl_model_init_preset: unknown preset '" + std::string(preset) + "'; valid: tiny");
-        core::write_tiny_model(dir, seed);
+        const std::string name = preset;
+        require(name == "tiny" || name == "tiny-reward",
+                "rl_model_init_preset: unknown preset '" + name + "'; valid: tiny, tiny-reward");
+        core::TinyModelSpec spec;
+        if (name == "tiny-reward") spec.num_labels = 1; // a reward model's shape, random weights
+        core::write_tiny_model(dir, seed, spec);
         return RL_OK;
     });
 }
@@ -164,7 +167,9 @@ RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result) {
         }
         const core::CausalLM &m = model->policy->model();
         const core::ModelConfig &c = m.config();
-        json j = {{"architecture", core::architecture_name(c.architecture)},
+        json j = {{"architecture", c.class_name()},
+                  {"task", c.is_classifier() ? "sequence_classification" : "causal_lm"},
+                  {"num_labels", c.num_labels},
                   {"vocab_size", c.vocab_size},
                   {"num_parameters", m.num_parameters()},
                   {"hidden_size", c.hidden_size},

@@ -69,6 +69,8 @@ CallSink step_sink(const core::StepResult &r, bool with_loss) {
     for (const auto &w : r.warnings) rl::host::log_warning("trainer: " + w);
     sink.metrics.insert(r.metrics.begin(), r.metrics.end());
     for (const auto &kv : r.tensors) sink.tensors[kv.first] = owned_from_tensor(kv.second);
+    auto scores = r.tensors.find("scores"); // a reward model's [seqs, num_labels]
+    if (scores != r.tensors.end()) sink.scalars["num_labels"] = double(scores->second.size(1));
     return sink;
 }
 

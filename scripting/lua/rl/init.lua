@@ -281,6 +281,9 @@ end
 
 local rollout = require("rl.rollout")
 for k, v in pairs(rollout) do rl[k] = v end
+local reward = require("rl.reward")
+rl.reward_model, rl.judge, rl.judge_score = reward.reward_model, reward.judge, reward.judge_score
+rl.reward_scorers, rl.apply_reward_scorers = reward.reward_scorers, reward.apply_reward_scorers
 rl.metrics = require("rl.metrics").new
 rl.dist = require("rl.dist")
 rl.run = require("rl.run").new

@@ -282,8 +282,9 @@ function M.scored_episodes(engine, env, cfg, step)
     return M.scored_rollouts(engine, env, cfg, step)
 end
 
---- rl.reward_keys([keys]) -> the declarations of the reward shaping settings
---- (reward.overlong_buffer, reward.overlong_penalty_factor) followed by `keys`.
+--- rl.reward_keys([keys]) -> the declarations of the reward settings
+--- (reward.overlong_buffer, reward.overlong_penalty_factor; reward.env_weight,
+--- reward_model.*, judge.*: rl/reward.lua) followed by `keys`.
 function M.reward_keys(keys)
     local out = {
         { "reward.overlong_buffer", "integer", 0,
@@ -291,6 +292,7 @@ function M.reward_keys(keys)
         { "reward.overlong_penalty_factor", "number", 1.0,
           "The penalty at the budget's end (it grows linearly over the buffer).", min = 0 },
     }
+    for _, k in ipairs(require("rl.reward").keys()) do out[#out + 1] = k end
     for _, k in ipairs(keys or {}) do out[#out + 1] = k end
     return out
 end

@@ -221,7 +221,7 @@ end
 -- the same steps.
 function Run:_reset_metrics(lines)
     rl.write_file(self.metrics_path, #lines > 0 and table.concat(lines, "\n") .. "\n" or "")
-    self:_reset_samples()
+    local samples = self:_reset_samples()
     if not self.tensorboard_dir then return end
     if self.tb then self.tb:close() end
     if rl.exists(self.tensorboard_dir) then rl.remove_tree(self.tensorboard_dir) end
@@ -230,6 +230,26 @@ function Run:_reset_metrics(lines)
         local rec = rl.json.decode(line)
         self.tb:scalars(rec.step, tensorboard.flatten(rec.phase, rec, TB_SKIP))
     end
+    -- The text summaries of the samples kept, one per (phase, step).
+    local steps, order = {}, {}
+    for _, line in ipairs(samples) do
+        local rec = rl.json.decode(line)
+        local key = rec.phase .. "\0" .. rec.step
+        if not steps[key] then
+            steps[key] = {}
+            order[#order + 1] = key
+        end
+        table.insert(steps[key], rec)
+    end
+    for _, key in ipairs(order) do self:_tb_samples(steps[key]) end
+end
+
+-- The TensorBoard text summary of one step's samples (tag <phase>/samples).
+local TB_SAMPLE_ROWS = 8
+function Run:_tb_samples(recs)
+    if not self.tb or #recs == 0 then return end
+    self.tb:text(recs[1].step, recs[1].phase .. "/samples",
+        tensorboard.samples_markdown(recs, TB_SAMPLE_ROWS))
 end
 
 -- samples.jsonl keeps the lines of the steps the run's progress covers.
@@ -240,6 +260,7 @@ function Run:_reset_samples()
     end
     local kept = self:_covered_lines(self.samples_path)
     rl.write_file(self.samples_path, #kept > 0 and table.concat(kept, "\n") .. "\n" or "")
+    return kept
 end
 
 -- The lines of a .jsonl file of the run whose record is of a step the run's
@@ -278,13 +299,15 @@ end
 --- each sequence of the training batch as a line of samples.jsonl:
 --- {phase, step, group, task, completion, reward, advantage} (the task as the
 --- env gave it, the advantage of the sequence's first trained token; bytes
---- that are not UTF-8 as \xNN). Call it after batch:compute_advantages.
+--- that are not UTF-8 as \xNN), and the first 8 as a TensorBoard text
+--- summary <phase>/samples. Call it after batch:compute_advantages.
 function Run:log_samples(batch)
     local every = self.samples_every
     if not self.main or every <= 0 or not self.step or self.step % every ~= 0 then return end
     local info, t = batch:info(), batch:tensors()
     local cu, mask, adv = t.cu_seqlens, t.loss_mask, t.advantages
     if not self.samples_file then self.samples_file = assert(io.open(self.samples_path, "a")) end
+    local recs = {}
     for i = 1, info.rollouts do
         local advantage
         if adv and cu then
@@ -306,8 +329,13 @@ function Run:log_samples(batch)
             advantage = advantage,
         }
         self.samples_file:write(rl.json.encode(rec), "\n")
+        recs[#recs + 1] = rec
     end
     self.samples_file:flush()
+    if self.tensorboard_dir then
+        if not self.tb then self.tb = tensorboard.open(self.tensorboard_dir) end
+        self:_tb_samples(recs)
+    end
 end
 
 --- run:checkpoint(): saves a checkpoint now (no-op without an attached

@@ -6,10 +6,14 @@
 -- tensorflow/core/framework/summary.proto):
 --   Event: 1 wall_time (double), 2 step (int64), 3 file_version (string),
 --          5 summary (Summary), 6 session_log (SessionLog: 1 status, START = 1)
---   Summary: 1 value (repeated Value); Value: 1 tag (string), 2 simple_value (float)
+--   Summary: 1 value (repeated Value); Value: 1 tag (string), 2 simple_value (float),
+--          8 tensor (TensorProto), 9 metadata (SummaryMetadata)
+--   TensorProto: 1 dtype (DT_STRING = 7), 2 tensor_shape (empty: a scalar), 8 string_val
+--   SummaryMetadata: 1 plugin_data (PluginData: 1 plugin_name "text", 2 content)
 --
 -- local tb = require("rl.tensorboard").open(dir [, resumed_step])
 -- tb:scalars(step, {["rl/reward"] = 0.5, ...})   -- one Event per call
+-- tb:text(step, "rl/samples", "| markdown |")      -- TensorBoard's Text tab
 -- tb:close()
 local rl = require("rl")
 local M = {}
@@ -105,6 +109,38 @@ function Writer:scalars(step, values)
     end
     self.file:write(event(step, bytes_field(5, table.concat(parts))))
     self.file:flush()
+end
+
+--- Writes `markdown` as a text summary (TensorBoard's Text tab) of `tag` at `step`.
+function Writer:text(step, tag, markdown)
+    local tensor = "\x08\x07" .. bytes_field(2, "") .. bytes_field(8, markdown)
+    local metadata = bytes_field(1, bytes_field(1, "text"))
+    local value = bytes_field(1, tag) .. bytes_field(8, tensor) .. bytes_field(9, metadata)
+    self.file:write(event(step, bytes_field(5, bytes_field(1, value))))
+    self.file:flush()
+end
+
+-- A table cell: pipes escaped, line breaks shown as \n.
+local function cell(v)
+    if v == nil then return "" end
+    if type(v) == "number" then return ("%.4g"):format(v) end
+    return (tostring(v):gsub("|", "\\|"):gsub("\r?\n", "\\n"))
+end
+
+--- samples.jsonl records of one step as a Markdown table (at most `limit` rows).
+function M.samples_markdown(recs, limit)
+    local lines = { "| group | reward | advantage | prompt | completion |", "|---|---|---|---|---|" }
+    for i, r in ipairs(recs) do
+        if i > limit then
+            lines[#lines + 1] = ("(%d more in samples.jsonl)"):format(#recs - limit)
+            break
+        end
+        local task = r.task
+        local prompt = type(task) == "table" and task.prompt or task
+        lines[#lines + 1] = ("| %s | %s | %s | %s | %s |"):format(cell(r.group), cell(r.reward),
+            cell(r.advantage), cell(prompt), cell(r.completion))
+    end
+    return table.concat(lines, "\n")
 end
 
 function Writer:close()

@@ -1,6 +1,7 @@
 // Model configuration from a Hugging Face config.json (LlamaForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM). Anything this core cannot run exactly
-// as transformers would is refused with an error naming the key.
+// Qwen2ForCausalLM, Qwen3ForCausalLM, and the ...ForSequenceClassification
+// classes of the same trunks: reward models). Anything this core cannot run
+// exactly as transformers would is refused with an error naming the key.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,10 @@ namespace rl::core {
 
 enum class Architecture { Llama, Qwen2, Qwen3 };
 enum class RopeScaling { None, Linear, Llama3 };
+/// What sits on the trunk: the language-model head (lm_head, or the tied
+/// embedding), or a sequence-classification head (`score`, [num_labels,
+/// hidden], no bias) read at each sequence's last token: a reward model.
+enum class Head { CausalLM, SequenceClassification };
 
 /// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM".
 const char *architecture_name(Architecture a);
@@ -19,6 +24,10 @@ const char *architecture_name(Architecture a);
 struct ModelConfig {
     Architecture architecture = Architecture::Qwen3;
     std::string model_type; ///< "llama", "qwen2", "qwen3"
+    Head head = Head::CausalLM;
+    /// SequenceClassification: the score head's outputs (config "num_labels",
+    /// else the size of "id2label", else 2 as transformers defaults); 0 otherwise.
+    int64_t num_labels = 0;
 
     int64_t vocab_size = 0;
     int64_t hidden_size = 0;
@@ -54,6 +63,9 @@ struct ModelConfig {
     int64_t num_key_value_groups() const { return num_attention_heads / num_key_value_heads; }
     int64_t q_size() const { return num_attention_heads * head_dim; }
     int64_t kv_size() const { return num_key_value_heads * head_dim; }
+    bool is_classifier() const { return head == Head::SequenceClassification; }
+    /// The transformers class: "Qwen3ForCausalLM", "Qwen3ForSequenceClassification", ...
+    std::string class_name() const;
 
     /// Parses config.json text; `source` names the file in errors.
     static ModelConfig parse(const std::string &json_text,

@@ -159,8 +159,15 @@ public:
     TokenLogprobs token_logprobs(const PackedBatch &batch, const at::Tensor &labels,
                                  const LogprobOptions &options = {});
     /// The output projection ([vocab, hidden]): lm_head.weight, or the
-    /// embedding when tie_word_embeddings.
+    /// embedding when tie_word_embeddings. A sequence classifier has none
+    /// (an error that says so).
     const at::Tensor &lm_head_weight() const;
+    /// A sequence classifier (config().is_classifier(): a reward model):
+    /// float32 scores [sequences, num_labels], each sequence's `score` head
+    /// output at its last token that is not pad_token_id (its first token when
+    /// all are; its last token when the config has no pad_token_id), the
+    /// token transformers' ...ForSequenceClassification pools.
+    at::Tensor sequence_scores(const PackedBatch &batch);
 
     // -- incremental decoding (no autograd) --------------------------------
 
@@ -206,7 +213,8 @@ public:
     const std::map<std::string, std::string> &aux_files() const { return aux_files_; }
 
     std::shared_ptr<DecoderModel> model;
-    std::shared_ptr<Linear> lm_head; ///< null when tied
+    std::shared_ptr<Linear> lm_head; ///< null when tied or a classifier
+    std::shared_ptr<Linear> score;   ///< the classifier's head; null for a causal LM
 
 private:
     at::Tensor run_layers(const at::Tensor &input_ids, const at::Tensor &position_ids,

@@ -20,6 +20,10 @@ struct TinyModelSpec {
     int64_t max_position_embeddings = 2048;
     double rope_theta = 10000.0;
     double init_std = 0.02;
+    /// > 0: a Qwen3ForSequenceClassification with this many labels (a reward
+    /// model's shape: score head, pad_token_id <|endoftext|>) instead of the
+    /// causal LM.
+    int64_t num_labels = 0;
 };
 
 /// Token ids of the tiny vocabulary: byte b is id b.

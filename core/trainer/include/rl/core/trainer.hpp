@@ -112,8 +112,10 @@ struct StepResult {
     int64_t seqs = 0;
     int64_t bins = 0;
     int64_t micro_batches = 0;
-    std::map<std::string, double> metrics;     ///< over micro-batches and ranks, by reduction
-    std::map<std::string, at::Tensor> tensors; ///< forward: "logprobs", "entropy"; + loss extras
+    std::map<std::string, double> metrics; ///< over micro-batches and ranks, by reduction
+    /// forward: "logprobs", "entropy"; + loss extras; a reward model's
+    /// forward: "scores" (float32 [seqs, num_labels]) only.
+    std::map<std::string, at::Tensor> tensors;
     double logprob_temperature = 1;    ///< the temperature logprobs and entropy were computed at
     std::vector<std::string> warnings; ///< for the caller's log (each kind given once per trainer)
 };
@@ -176,6 +178,7 @@ public:
     /// Forward only: tensors "logprobs" and "entropy" (float32 [T]); with a
     /// loss (may be null) also its value, metrics and extra tensors (an extra
     /// named "logprobs" or "entropy" comes back as "loss.logprobs" / "loss.entropy").
+    /// A reward model (a sequence classifier; no loss): tensor "scores" only.
     StepResult forward(const TrainBatch &batch, const LossFunction *loss);
 
     /// Clip, AdamW step at the scheduled rate (or the override), zero the
@@ -204,6 +207,7 @@ private:
     struct Prepared;
     Prepared prepare(const TrainBatch &batch, const LossFunction *loss, bool backward) const;
     StepResult run(const TrainBatch &batch, const LossFunction *loss, bool backward);
+    StepResult classify(const TrainBatch &batch);
     void idle_micro_batch(bool backward);
     void rebuild_optimizer();
     /// The tensor the optimizer updates for parameter i: its float32 master,
