@@ -15,7 +15,7 @@
 --    dropped, group-relative advantages over the trained tokens, one update.
 local rl = require("rl")
 
-local cfg = rl.config(rl.episode_keys(rl.sft_keys()))
+local cfg = rl.config(rl.eval_keys(rl.episode_keys(rl.sft_keys())))
 if cfg.inference_server and cfg.inference_server.url ~= "" then
     error("multi-turn episodes need the co-located engine: unset inference_server.url", 0)
 end
@@ -58,6 +58,8 @@ for step in run:steps("rl", cfg.run.steps) do
         record.groups = batch:info().groups
     end
     record.dropped_groups = buffer:stats(true).dropped_groups
+    -- eval.every: the same tasks' episodes, greedy by default: eval/reward_mean, eval/pass_at_k
+    for k, v in pairs(rl.evaluate(engine, env, cfg, step) or {}) do record["eval/" .. k] = v end
     run:log(record)
 end
 

@@ -10,9 +10,9 @@
 --   rlhost run examples/distill.lua --config examples/distill.yaml
 local rl = require("rl")
 
-local cfg = rl.config(rl.sft_keys { -- this script's own settings, checked like the host's
+local cfg = rl.config(rl.eval_keys(rl.sft_keys { -- this script's own settings, checked like the host's
     { "distill.teacher_path", "string", "", "Teacher model folder (e.g. runs/sft/model, written by examples/sft.lua)." },
-})
+}))
 if cfg.distill.teacher_path == "" then
     error("set distill.teacher_path to the teacher's model folder "
         .. "(runs/sft/model after examples/sft.lua)")
@@ -58,6 +58,7 @@ for step in run:steps("rl", cfg.run.steps) do
     record.reward, record.exact = r.reward_mean, r["env/exact_match"]
     record.teacher_kl = out.metrics.teacher_kl
     record.tokens, record.grad_norm = out.tokens, opt.grad_norm
+    for k, v in pairs(rl.evaluate(engine, env, cfg, step) or {}) do record["eval/" .. k] = v end
     run:log(record)
 end
 

@@ -31,7 +31,10 @@
 --   worker. The run folder, metrics and checkpoints are the trainer's.
 local rl = require("rl")
 
-local cfg = rl.config(rl.episode_keys(rl.sft_keys())) -- sft.*: the trainer's optional warm-up; episode.*: multi-turn envs
+-- sft.*: the trainer's optional warm-up; episode.*: multi-turn envs; ref.model: the
+-- trainer's frozen reference (ref_logprobs for the loss's KL term); eval.*: the
+-- trainer's evaluation of its own weights every eval.every steps
+local cfg = rl.config(rl.eval_keys(rl.ref_keys(rl.episode_keys(rl.sft_keys()))))
 
 local role = cfg.role
 if role == "auto" then
@@ -215,6 +218,28 @@ local function weight_broadcaster(model)
     end
 end
 
+-- What the trainer adds after its warm-up: the frozen reference of ref.model
+-- (nil when '') and evaluate(step) -> the eval/* fields of the record (empty
+-- unless step is a multiple of eval.every): the env's tasks answered by an
+-- engine over the trainer's own weights, the step's policy.
+local function trainer_extras(model, run)
+    local ref = rl.reference(cfg, model, run)
+    local engine, env
+    local function evaluate(step)
+        local e = cfg.eval
+        if e.every <= 0 or step % e.every ~= 0 then return {} end
+        if not engine then
+            engine = model:engine(rl.engine_config(cfg))
+            env = rl.env(cfg.env.name, cfg.env.params)
+        end
+        engine:sync_weights()
+        local out = {}
+        for k, v in pairs(rl.evaluate(engine, env, cfg, step) or {}) do out["eval/" .. k] = v end
+        return out
+    end
+    return ref, evaluate
+end
+
 -- Mean |a - b| over the loss tokens: how far the proximal policy's logprobs
 -- are from the behaviour policy's.
 local function mean_abs_gap(a, b, mask)
@@ -231,9 +256,10 @@ end
 -- then the weights of `version` broadcast: the batch's header and the step's
 -- record (loss stats, tokens, grad norm, lr, sync metrics and what both modes
 -- log of the header).
-local function train_on(trainer, loss, msg, broadcast, version, wait)
+local function train_on(trainer, loss, msg, broadcast, version, wait, ref)
     local h = msg.header
     msg.header, msg.metrics = nil, nil
+    if ref then msg.ref_logprobs = ref:logprobs(msg) end -- the KL term's reference
     -- AReaL's decoupled PPO: the proximal policy is the trainer's weights as
     -- they are now, its logprobs recomputed for the batch before the update;
     -- old_logprobs stay the behaviour policy's (the rollout's, up to
@@ -255,6 +281,7 @@ local function train_on(trainer, loss, msg, broadcast, version, wait)
     for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
     record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
     record.prox_gap = prox_gap
+    record.ref_kl = out.metrics and out.metrics.ref_kl
     return h, record
 end
 
@@ -280,6 +307,7 @@ local function trainer_role()
         rl.sft_warmup(cfg, run, trainer, tok, rl.env(cfg.env.name, cfg.env.params))
     end
     version = run.phases.rl or 0 -- a resumed run continues its versions
+    local ref, evaluate = trainer_extras(model, run)
     broadcast(version)
 
     -- The next batch from any worker; nil after rollout_transport.timeout.
@@ -309,10 +337,11 @@ local function trainer_role()
             dropped = dropped + 1 -- too far off-policy: counted, never trained on
         end
         version = version + 1
-        local h, record = train_on(trainer, loss, msg, broadcast, version, rl.clock() - t0)
+        local h, record = train_on(trainer, loss, msg, broadcast, version, rl.clock() - t0, ref)
         record.reward_std, record.exact, record.flagged, record.masked, record.turns =
             h.reward_std, h.exact, h.flagged, h.masked, h.turns
         record.dropped_batches, record.worker, record.worker_run = dropped, h.worker, h.worker_run
+        for k, v in pairs(evaluate(step)) do record[k] = v end
         run:log(record)
     end
     run:finish()
@@ -800,6 +829,7 @@ local function orchestrated_trainer()
     local version = 0
     rl.sft_warmup(cfg, run, trainer, tok, rl.env(cfg.env.name, cfg.env.params))
     version = run.phases.rl or 0
+    local ref, evaluate = trainer_extras(model, run)
     acks:send({ kind = "rl.trainer", trainer_run = trainer_run, version = version, hello = true,
         checkpoint = version, done = false })
     broadcast(version)
@@ -831,13 +861,14 @@ local function orchestrated_trainer()
             end
         end
         version = version + 1
-        local h, record = train_on(trainer, loss, msg, broadcast, version, rl.clock() - t0)
+        local h, record = train_on(trainer, loss, msg, broadcast, version, rl.clock() - t0, ref)
         acks:send({ kind = "rl.trainer", trainer_run = trainer_run, version = version,
             checkpoint = checkpoint_floor(version), hello = false, done = version >= cfg.run.steps })
         record.rollouts, record.duplicate_batches, record.chunks, record.lost_chunks =
             h.rollouts, duplicates, h.chunks, h.lost_chunks
         record.worker_restarts, record.trainer_restarts = h.worker_restarts, h.trainer_restarts
         record.orchestrator_restarts = h.orchestrator_restarts
+        for k, v in pairs(evaluate(step)) do record[k] = v end
         run:log(record)
     end
     run:finish()

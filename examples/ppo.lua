@@ -15,12 +15,12 @@
 --   rlhost run examples/ppo.lua --config examples/ppo.yaml
 local rl = require("rl")
 
-local cfg = rl.config(rl.sft_keys { -- this script's own settings, checked like the host's
+local cfg = rl.config(rl.eval_keys(rl.sft_keys { -- this script's own settings, checked like the host's
     { "ppo.epochs", "integer", 2, "Passes over each step's rollouts (one optimizer step per minibatch per pass).", min = 1 },
     { "ppo.minibatches", "integer", 1, "Minibatches per pass (whole groups each).", min = 1 },
     { "ppo.vf_coef", "number", 0.5, "Weight of the critic's value_loss (with model.value_head).", min = 0 },
     { "ppo.vf_clip", "number", 0, "value_loss vf_clip around the rollout's values (0: none).", min = 0 },
-})
+}))
 local run = rl.run(cfg)
 local model = rl.load_model(cfg)
 local tok, info = model:tokenizer(), model:info()
@@ -105,6 +105,7 @@ for step in run:steps("rl", cfg.run.steps) do
         record.tokens = stats:get("tokens") * cfg.ppo.epochs * #minibatches
     end
     record.dropped_groups = buffer:stats(true).dropped_groups
+    for k, v in pairs(rl.evaluate(engine, env, cfg, step) or {}) do record["eval/" .. k] = v end
     run:log(record)
 end
 

@@ -117,9 +117,14 @@ function M.reference(cfg, model, run)
     -- policy's base stays frozen); without an adapter it scores the base.
     local forward = ref_model:trainer { forward_only = true }
     local ref = { model = ref_model, dir = dir }
-    --- ref:score(batch): sets the batch's ref_logprobs from the reference.
-    function ref.score(_, batch)
-        batch:set("ref_logprobs", forward:forward(batch).logprobs)
+    --- ref:logprobs(batch) -> the reference's logprobs of a batch (an
+    --- rl.train_batch or a table of tensors).
+    function ref.logprobs(_, batch)
+        return forward:forward(batch).logprobs
+    end
+    --- ref:score(batch): sets an rl.train_batch's ref_logprobs from the reference.
+    function ref.score(self, batch)
+        batch:set("ref_logprobs", self:logprobs(batch))
     end
     return ref
 end

@@ -1,0 +1,89 @@
+"""What every example's loop offers besides training, end to end:
+
+- online evaluation (eval.every): ppo, distill, agent and the disaggregated
+  trainer log eval/* on exactly the steps that are multiples of eval.every;
+- the disaggregated trainer's frozen reference (ref.model): every trained
+  batch gets ref_logprobs, ref_kl is 0 on the first step (the batch of the
+  initial weights, scored by the initial weights) and above 0 once the policy
+  moved; the reference folder is the trainer's."""
+
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+
+RLHOST = os.environ["RL_TEST_RLHOST"]
+SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
+EVAL = ["eval.every=2", "eval.tasks=4"]
+
+
+class ExampleLoops(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="rl-loops-")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_example(self, script, config, name, sets, launch=None):
+        args = [RLHOST] + (launch or []) + ["run", script, "--config", config,
+                                            "--set", "run.progress=lines",
+                                            "--set", "run.tensorboard=false",
+                                            "--set", f"run.name={name}",
+                                            "--set", f"run.dir={self.tmp.name}/runs",
+                                            "--set", f"model.init_dir={self.tmp.name}/tiny"]
+        for s in sets:
+            args += ["--set", s]
+        p = subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        with open(os.path.join(self.tmp.name, "runs", name, "metrics.jsonl")) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+        return [r for r in recs if r["phase"] == "rl"]
+
+    def expect_eval_on_even_steps(self, recs, steps):
+        self.assertEqual([r["step"] for r in recs], list(range(1, steps + 1)))
+        for r in recs:
+            if r["step"] % 2 == 0:
+                self.assertIn("eval/reward_mean", r)
+                self.assertEqual(r["eval/tasks"], 4)
+                self.assertTrue(0 <= r["eval/pass_at_k"] <= 1, r)
+            else:
+                self.assertNotIn("eval/reward_mean", r)
+
+    def test_ppo_evaluates_online(self):
+        recs = self.run_example("examples/ppo.lua", "examples/ppo.yaml", "ppo",
+                                ["sft.steps=2", "run.steps=2"] + EVAL)
+        self.expect_eval_on_even_steps(recs, 2)
+
+    def test_distill_evaluates_online(self):
+        teacher = os.path.join(self.tmp.name, "teacher")
+        p = subprocess.run([RLHOST, "init-model", "--preset", "tiny", "--out", teacher],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        recs = self.run_example("examples/distill.lua", "examples/distill.yaml", "distill",
+                                [f"distill.teacher_path={teacher}", 'model.path=""', "run.steps=2"] + EVAL)
+        self.expect_eval_on_even_steps(recs, 2)
+
+    def test_agent_evaluates_episodes_online(self):
+        recs = self.run_example("examples/agent.lua", "examples/agent.yaml", "agent",
+                                ["sft.steps=2", "run.steps=2"] + EVAL)
+        self.expect_eval_on_even_steps(recs, 2)
+
+    def test_disaggregated_trainer_scores_a_reference_and_evaluates(self):
+        recs = self.run_example(
+            "examples/grpo_disaggregated.lua", "tests/lua/scripts/grpo_test.yaml", "disagg",
+            ["run.steps=4", "rollout_transport.type=filesystem",
+             "weight_broadcast.type=filesystem", "max_async_level=0", "loss.name=policy_loss",
+             "loss.params={kl_coef: 0.05}", "ref.model=initial"] + EVAL,
+            launch=["launch", "--roles", "trainer,rollout", "--"])
+        self.expect_eval_on_even_steps(recs, 4)
+        self.assertTrue(os.path.exists(
+            os.path.join(self.tmp.name, "runs", "disagg", "reference", "config.json")))
+        for r in recs:
+            self.assertIn("ref_kl", r)
+        self.assertEqual(recs[0]["ref_kl"], 0.0)  # on-policy batch of the initial weights
+        self.assertGreater(recs[-1]["ref_kl"], 0.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
