@@ -1,13 +1,16 @@
 """Rewards from models in the GRPO example (rl/reward.lua), end to end: a
 reward model's score is each rollout's reward (checked against the same
 reward model run through the Python bindings), an LLM judge's parsed verdict
-is added to the env's reward, a judge whose replies hold no score gives
+is added to the env's reward (the judge in process, and behind `rlhost
+serve`), a judge whose replies hold no score gives
 judge.invalid_reward and judge/invalid_frac, and bad settings (a causal LM as
 the reward model, a label past the head, a judge server that never answers)
 stop the run with errors that name them."""
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -88,6 +91,25 @@ class RewardScorers(unittest.TestCase):
             self.assertEqual(r["judge/invalid_frac"], 0.0)
             self.assertAlmostEqual(r["judge/score_mean"], 0.7, places=9)
             self.assertAlmostEqual(r["reward"], r["env_reward_mean"] + 0.7, places=9)
+        # The same judge behind `rlhost serve` (judge.url, the SGLang-native routes).
+        server = subprocess.Popen([RLHOST, "serve", "--model", judge, "--port", "0",
+                                   "--threads", "1"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            line = server.stdout.readline()
+            match = re.search(r"listening on (http://\S+)", line)
+            self.assertTrue(match, line + server.stderr.read() if not match else "")
+            p = self.run_grpo("judge_served", "run.steps=2", f"judge.model={judge}",
+                              f"judge.url={match.group(1)}")
+            self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
+            for r in self.records("judge_served"):
+                self.assertEqual(r["judge/invalid_frac"], 0.0)
+                self.assertAlmostEqual(r["judge/score_mean"], 0.7, places=9)
+                self.assertAlmostEqual(r["reward"], r["env_reward_mean"] + 0.7, places=9)
+        finally:
+            server.send_signal(signal.SIGINT)
+            _, err = server.communicate(timeout=60)
+            self.assertEqual(server.returncode, 0, err)
 
     def test_replies_without_a_score_get_the_invalid_reward(self):
         # The untrained tiny model as the judge: its replies hold no "Score: N".
