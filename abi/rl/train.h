@@ -30,9 +30,11 @@ RL_API const char *rl_platform_info(void);
 
 /* ---- models ----------------------------------------------------------------- */
 
-/* [control-thread] Write the built-in model `preset` ("tiny") as a complete HF
- * folder (config.json, model.safetensors, tokenizer.json) at `dir`, with a
- * seeded random init. The folder loads with rl_model_load. */
+/* [control-thread] Write the built-in model `preset` ("tiny"; (ABI 0.10)
+ * "tiny-reward": its trunk as a Qwen3ForSequenceClassification with one
+ * label) as a complete HF folder (config.json, model.safetensors,
+ * tokenizer.json) at `dir`, with a seeded random init. The folder loads with
+ * rl_model_load. */
 RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uint64_t seed);
 
 /* [control-thread] Load an HF model folder. options_json (may be NULL):
@@ -52,7 +54,11 @@ RL_API void rl_model_destroy(rl_model_t *model);
 
 /* [thread-safe] Text "info": JSON {"architecture", "vocab_size", "num_parameters",
  * "hidden_size", "num_layers", "eos_token_ids": [...], "policy_version", "device",
- * "dtype", "value_head": true | false}. */
+ * "dtype", "value_head": true | false, (ABI 0.10) "task": "causal_lm" |
+ * "sequence_classification", "num_labels" (0 for a causal LM)}. A reward model
+ * (a ...ForSequenceClassification folder; "architecture" is that class) has a
+ * score head instead of a language-model head: it takes no engine, no
+ * value head and no trainer other than a forward-only one. */
 RL_API rl_status_t rl_model_info(rl_model_t *model, rl_result_t **out_result);
 
 /* [control-thread] Save weights, config and tokenizer as an HF folder, atomically
@@ -195,7 +201,11 @@ RL_API rl_status_t rl_trainer_forward_backward(rl_trainer_t *trainer, const rl_b
  * (float32 [n_tokens]; 0 at each sequence's first token; at the temperature of
  * scalar "logprob_temperature", see rl_batch_t), and "values" (same layout)
  * when the model has a value head (and the loss, if any, reads values); with a
- * loss (may be NULL) also its scalars and metrics as in forward_backward. */
+ * loss (may be NULL) also its scalars and metrics as in forward_backward.
+ * (ABI 0.10) A reward model (rl_model_info "task" "sequence_classification";
+ * loss must be NULL): tensor "scores" (float32 [n_seqs, num_labels], the
+ * score head at each sequence's last token that is not the pad token, as
+ * transformers pools) and scalar "num_labels" instead. */
 RL_API rl_status_t rl_trainer_forward(rl_trainer_t *trainer, const rl_batch_t *batch,
                                       rl_instance_t *loss, rl_result_t **out_result);
 

@@ -46,9 +46,14 @@
  *        penalty).
  *   0.9  functions only: rl_env_step, rl_rollouts_generate_episodes (multi-turn
  *        episodes), rl_train_batch_supervised_episodes; the env step result's
- *        "observation" and "role". */
+ *        "observation" and "role".
+ *   0.10 functions only: reward models. rl_model_load reads
+ *        ...ForSequenceClassification folders (Llama, Qwen2, Qwen3);
+ *        rl_model_info "task" and "num_labels"; rl_trainer_forward of such a
+ *        model returns tensor "scores" and scalar "num_labels";
+ *        rl_model_init_preset "tiny-reward". */
 #define RL_ABI_VERSION_MAJOR 0
-#define RL_ABI_VERSION_MINOR 9
+#define RL_ABI_VERSION_MINOR 10
 #define RL_ABI_VERSION_PATCH 0
 #define RL_ABI_VERSION                                                                             \
     RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR, RL_ABI_VERSION_PATCH)

@@ -174,7 +174,7 @@ TEST(AbiLayout, VersionMacrosRoundTrip) {
     EXPECT_EQ(RL_VERSION_MAJOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_MINOR(v), 1023u);
     EXPECT_EQ(RL_VERSION_PATCH(v), 4095u);
-    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 9, 0));
+    EXPECT_EQ(RL_ABI_VERSION, RL_MAKE_VERSION(0, 10, 0));
 }
 
 // docs/abi.md lists every header of abi/ (a header added without a line there

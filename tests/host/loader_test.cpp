@@ -96,7 +96,7 @@ TEST(Loader, LoadsCppAndPlainCPluginsWithTheirDescriptors) {
     EXPECT_EQ(names, (std::vector<std::string>{"loss/fixture_sum", "filter/fixture_length",
                                                "loss/my_c_loss"}));
     EXPECT_EQ(j["plugins"][0]["version"], "1.2.3");
-    EXPECT_EQ(j["plugins"][0]["abi_version"], "0.9.0");
+    EXPECT_EQ(j["plugins"][0]["abi_version"], "0.10.0");
     EXPECT_NE(j["plugins"][2]["path"].get<std::string>().find("fixture_plain_c.so"),
               std::string::npos);
 }
@@ -105,7 +105,7 @@ TEST(Loader, RefusesWrongAbiMajorNamingBothVersions) {
     Runtime rt(fixture("fixture_broken_wrong_major"));
     const std::string why = rt.refusal_for("fixture_broken_wrong_major.so");
     EXPECT_NE(why.find("plugin ABI version 1.0.0"), std::string::npos) << why;
-    EXPECT_NE(why.find("host's ABI version 0.9.0"), std::string::npos) << why;
+    EXPECT_NE(why.find("host's ABI version 0.10.0"), std::string::npos) << why;
     EXPECT_TRUE(rt.list()["plugins"].empty());
 }
 
@@ -379,7 +379,7 @@ TEST(Loader, RefusesMalformedDescriptorsAndInstancesNamingStructAndSizes) {
     EXPECT_NE(why.find("rl_plugin_desc_t has struct_size 24, smaller than 56 bytes"),
               std::string::npos)
         << why;
-    EXPECT_NE(why.find("the plugin declares ABI 0.9.0, the host is ABI 0.9.0"), std::string::npos)
+    EXPECT_NE(why.find("the plugin declares ABI 0.10.0, the host is ABI 0.10.0"), std::string::npos)
         << why;
     why = rt.refusal_for("fixture_broken_missing_name.so");
     EXPECT_NE(why.find("descriptor is incomplete: name is NULL"), std::string::npos) << why;

@@ -39,7 +39,7 @@ class EmbeddingTest(unittest.TestCase):
         with rl.Runtime(plugin_path=FIXTURES, default_plugins=False) as rt:
             listing = rt.plugins()
             reasons = {os.path.basename(r["path"]): r["reason"] for r in listing["refused"]}
-            self.assertIn("incompatible with the host's ABI version 0.9.0",
+            self.assertIn("incompatible with the host's ABI version 0.10.0",
                           reasons["fixture_broken_wrong_major.so"])
             self.assertIn("missing the entry symbol", reasons["fixture_broken_no_entry.so"])
 
