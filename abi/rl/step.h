@@ -73,7 +73,12 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
  * turns + observations in tokens; default 0: the model's context, at most
  * 4096). Each rollout's completion is the whole episode after the prompt: its
  * loss mask is 1 on sampled tokens and 0 on observations; its reward is the sum
- * of its turns' rewards (scored: rl_rollouts_score refuses these rollouts);
+ * of its turns' rewards (scored: rl_rollouts_score refuses these rollouts).
+ * (ABI 0.10) "turn_rewards": "tokens" (default "episode") also gives their
+ * batches a per-token "token_rewards" tensor, each turn's reward on the turn's
+ * last token, which rl_train_batch_compute_advantages hands to the estimator
+ * (with the sequence rewards less those token rewards, so each turn counts
+ * once) and then removes from the batch;
  * finish reasons "done", "max_turns", "context" or "error". An env step that
  * fails drops only its episode: reason "error", flag "env_error", masked,
  * reward 0, the message in rl_rollouts_info's "errors". */

@@ -51,7 +51,8 @@
  *        ...ForSequenceClassification folders (Llama, Qwen2, Qwen3);
  *        rl_model_info "task" and "num_labels"; rl_trainer_forward of such a
  *        model returns tensor "scores" and scalar "num_labels";
- *        rl_model_init_preset "tiny-reward". */
+ *        rl_model_init_preset "tiny-reward"; rl_rollouts_generate_episodes
+ *        option "turn_rewards" (per-turn token rewards for the estimator). */
 #define RL_ABI_VERSION_MAJOR 0
 #define RL_ABI_VERSION_MINOR 10
 #define RL_ABI_VERSION_PATCH 0

@@ -327,6 +327,95 @@ TEST(Episodes, APythonEnvPlaysEpisodesOverTheCommandProtocol) {
     EXPECT_EQ(info.scalar("env/turn"), 2); // the last step's metrics
 }
 
+// "turn_rewards": "tokens": each turn's reward lands on the turn's last token
+// as token_rewards; an estimator that reads them (reinforce_pp, discounting
+// over the trained tokens) gives every turn its own return; the batch keeps
+// its episode rewards (the sums) for the buffer and the logs, and
+// compute_advantages consumes token_rewards. One that does not read them
+// (grpo) refuses them and the batch is left as it was.
+TEST(Episodes, PerTurnRewardsLandOnEachTurnsLastTokenForTheEstimator) {
+    ModelPtr m = load_model();
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = make_env("command", echo_game(30).c_str());
+    const std::string tasks = R"([{"prompt": "go\n", "metadata": {"turn_rewards": [1, 0, 2]}},
+                                  {"prompt": "on\n", "metadata": {"turn_rewards": [0, 0.5, 0]}}])";
+    RolloutsPtr r = episodes(e.get(), env.get(), tasks,
+                             R"({"sampling": {"n": 2, "max_tokens": 3, "seed": 4},
+                                 "turn_rewards": "tokens"})");
+    ASSERT_NE(r, nullptr);
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    EXPECT_EQ(info.tensor<double>("rewards"), (std::vector<double>{3, 3, 0.5, 0.5}));
+    const json spans = json::parse(info.text("turn_spans"));
+    const std::vector<std::vector<double>> per_turn = {
+        {1, 0, 2}, {1, 0, 2}, {0, 0.5, 0}, {0, 0.5, 0}};
+
+    rl_train_batch_t *raw = nullptr;
+    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &raw));
+    BatchPtr batch(raw);
+    Result bi;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
+    const auto cu = bi.tensor<int64_t>("cu_seqlens");
+    const auto mask = bi.tensor<float>("loss_mask");
+    const auto tr = bi.tensor<float>("token_rewards");
+    EXPECT_EQ(bi.tensor<double>("rewards"), (std::vector<double>{3, 3, 0.5, 0.5}));
+    ASSERT_EQ(tr.size(), mask.size());
+    std::vector<double> want(tr.size(), 0.0);
+    for (size_t s = 0; s < 4; ++s) {
+        const int64_t completion = cu[s + 1] - static_cast<int64_t>(spans[s].back()[1]);
+        ASSERT_EQ(spans[s].size(), 3u);
+        for (size_t k = 0; k < 3; ++k)
+            want[static_cast<size_t>(completion + spans[s][k][1].get<int64_t>() - 1)] =
+                per_turn[s][k];
+    }
+    for (size_t t = 0; t < tr.size(); ++t) EXPECT_EQ(tr[t], want[t]) << "token " << t;
+
+    // grpo reads no token_rewards: refused, the batch unchanged.
+    InstancePtr grpo(nullptr);
+    {
+        rl_instance_t *i = nullptr;
+        RL_ASSERT_OK(rl_instance_create(runtime(), "advantage", "grpo", "{}", &i));
+        grpo.reset(i);
+    }
+    EXPECT_EQ(rl_train_batch_compute_advantages(batch.get(), grpo.get(), nullptr),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(
+        std::string(rl_last_error()).find("input 'token_rewards' is not used by this estimator"),
+        std::string::npos)
+        << rl_last_error();
+    {
+        Result again;
+        RL_ASSERT_OK(rl_train_batch_info(batch.get(), again.out()));
+        EXPECT_EQ(again.tensor<float>("token_rewards"), tr);
+    }
+
+    // reinforce_pp, gamma 0.5, no baseline, no whitening: the discounted
+    // return over the trained tokens, each turn's reward where the turn ends.
+    rl_instance_t *raw_adv = nullptr;
+    RL_ASSERT_OK(rl_instance_create(runtime(), "advantage", "reinforce_pp",
+                                    R"({"gamma": 0.5, "whiten": false})", &raw_adv));
+    InstancePtr adv(raw_adv);
+    RL_ASSERT_OK(rl_train_batch_compute_advantages(batch.get(), adv.get(), nullptr));
+    Result after;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), after.out()));
+    const auto a = after.tensor<double>("advantages");
+    EXPECT_FALSE(after.has_tensor("token_rewards")) << "consumed by compute_advantages";
+    for (size_t s = 0; s < 4; ++s) {
+        double g = 0;
+        for (int64_t t = cu[s + 1] - 1; t >= cu[s]; --t) {
+            if (mask[static_cast<size_t>(t)] == 0.0f) continue;
+            g = want[static_cast<size_t>(t)] + 0.5 * g;
+            EXPECT_NEAR(a[static_cast<size_t>(t)], g, 1e-6) << "sequence " << s << " token " << t;
+        }
+    }
+    // The first turn's tokens see the later turns' rewards discounted: not the episode sum.
+    bool differs = false;
+    for (size_t t = 0; t < a.size(); ++t)
+        if (mask[t] == 1.0f && std::abs(a[t] - 3.0) > 1e-3 && std::abs(a[t] - 0.5) > 1e-3)
+            differs = true;
+    EXPECT_TRUE(differs);
+}
+
 TEST(Episodes, APythonEnvThatDiesOrHangsMidEpisodeDropsOnlyThatEpisode) {
     ModelPtr m = load_model();
     EnginePtr e = make_engine(m.get());
@@ -372,6 +461,12 @@ TEST(Episodes, BadOptionsAreRefusedByName) {
         rl_rollouts_generate_episodes(e.get(), env.get(), tasks.c_str(), R"({"max_turn": 3})", &r),
         RL_ERR_INVALID_ARG);
     EXPECT_NE(std::string(rl_last_error()).find("unknown option 'max_turn'"), std::string::npos)
+        << rl_last_error();
+    EXPECT_EQ(rl_rollouts_generate_episodes(e.get(), env.get(), tasks.c_str(),
+                                            R"({"turn_rewards": "turn"})", &r),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("options.turn_rewards must be \"episode\""),
+              std::string::npos)
         << rl_last_error();
     EXPECT_EQ(r, nullptr);
 }

@@ -130,10 +130,19 @@ RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instanc
         const core::Tokenizer &tok = engine->policy->require_tokenizer(fn);
         const json tasks = tasks_arg(tasks_json, fn);
         const RolloutOptions o =
-            read_rollout_options(options_json, fn, {"max_turns", "max_context"});
+            read_rollout_options(options_json, fn, {"max_turns", "max_context", "turn_rewards"});
         core::EpisodeOptions eo;
         eo.max_turns = int_option(o.rest, "max_turns", 8, 1, fn);
         eo.max_context = int_option(o.rest, "max_context", 0, 0, fn);
+        bool turn_tokens = false;
+        if (auto tr = o.rest.find("turn_rewards"); tr != o.rest.end()) {
+            require(tr->is_string() && (*tr == "episode" || *tr == "tokens"),
+                    fn_msg(fn, "options.turn_rewards must be \"episode\" (the sum on the last "
+                               "token, default) or \"tokens\" (each turn's reward on its last "
+                               "token), got " +
+                                   tr->dump()));
+            turn_tokens = *tr == "tokens";
+        }
         const std::vector<std::vector<int64_t>> prompts = encode_prompts(tok, tasks, o, fn);
         const core::SamplingParams params = core::SamplingParams::from_json(o.sampling.dump());
         const std::vector<int64_t> stop_ids =
@@ -187,6 +196,7 @@ RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instanc
         auto r = std::make_unique<rl_rollouts>();
         r->groups = static_cast<int64_t>(tasks.size());
         r->vocab_size = engine->policy->model().config().vocab_size;
+        r->turn_token_rewards = turn_tokens;
         r->items.resize(eps.episodes.size());
         for (size_t s = 0; s < r->items.size(); ++s) {
             const core::Episode &e = eps.episodes[s];

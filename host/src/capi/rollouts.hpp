@@ -40,6 +40,9 @@ struct rl_rollouts {
     std::vector<Item> items;
     int64_t groups = 0;
     int64_t vocab_size = 0;
+    // Episodes generated with "turn_rewards": "tokens": their batches carry
+    // per-token "token_rewards" (each turn's reward on its last token).
+    bool turn_token_rewards = false;
 };
 
 namespace rl::host::capi {

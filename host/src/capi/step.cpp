@@ -32,8 +32,10 @@ CallSink call_sink(F &&f) {
     return sink;
 }
 
-// A scored rollout as the buffer holds it.
-core::Rollout buffer_rollout(const rl_rollouts::Item &it) {
+// A scored rollout as the buffer holds it. With `turn_tokens` (episodes of
+// "turn_rewards": "tokens"), extras["token_rewards"] holds each turn's reward
+// on the turn's last token (0 elsewhere, and everywhere for a dropped episode).
+core::Rollout buffer_rollout(const rl_rollouts::Item &it, bool turn_tokens) {
     core::Rollout r;
     r.group_id = it.group_id;
     r.policy_version = it.policy_version;
@@ -51,6 +53,15 @@ core::Rollout buffer_rollout(const rl_rollouts::Item &it) {
         r.loss_mask.insert(r.loss_mask.end(), c, it.masked ? 0 : 1);
     else
         r.loss_mask.insert(r.loss_mask.end(), it.completion_mask.begin(), it.completion_mask.end());
+    if (turn_tokens) {
+        std::vector<float> tr(p + c, 0.0f);
+        if (!it.masked)
+            for (size_t k = 0; k < it.turn_rewards.size() && k < it.turn_ends.size(); ++k)
+                if (it.turn_ends[k] > 0)
+                    tr[p + static_cast<size_t>(it.turn_ends[k]) - 1] +=
+                        static_cast<float>(it.turn_rewards[k]);
+        r.extras["token_rewards"] = std::move(tr);
+    }
     return r;
 }
 
@@ -499,7 +510,8 @@ RL_API rl_status_t rl_buffer_push_rollouts(rl_buffer_t *buffer, const rl_rollout
         const char *fn = "rl_buffer_push_rollouts";
         require(buffer && rollouts, fn_msg(fn, "buffer and rollouts are required"));
         require_scored(rollouts, fn);
-        for (const auto &it : rollouts->items) buffer->impl->push(buffer_rollout(it));
+        for (const auto &it : rollouts->items)
+            buffer->impl->push(buffer_rollout(it, rollouts->turn_token_rewards));
         if (out_result) {
             CallSink s;
             s.scalars["pushed"] = static_cast<double>(rollouts->items.size());
@@ -555,7 +567,7 @@ RL_API rl_status_t rl_rollouts_to_batch(const rl_rollouts_t *rollouts,
         store.reserve(rollouts->items.size());
         std::vector<const core::Rollout *> rs;
         for (const auto &it : rollouts->items) {
-            store.push_back(buffer_rollout(it));
+            store.push_back(buffer_rollout(it, rollouts->turn_token_rewards));
             rs.push_back(&store.back());
         }
         *out_batch = batch_of(rs, rollouts->groups, fn).release();
@@ -693,15 +705,34 @@ RL_API rl_status_t rl_train_batch_compute_advantages(rl_train_batch_t *batch,
     return train_boundary([&] {
         const char *fn = "rl_train_batch_compute_advantages";
         require(batch && advantage, fn_msg(fn, "batch and advantage are required"));
-        const OwnedTensor rewards = owned_from_vector(batch->rewards, kF64);
+        // Per-turn rewards on the turns' last tokens (episodes of "turn_rewards":
+        // "tokens"): the estimator adds them where they fall, so the sequence
+        // reward it gets is what the turns do not account for (0, or what
+        // rl_rollouts_set_rewards added), counted once.
+        std::vector<double> seq_rewards = batch->rewards;
+        std::vector<rl_tensor_arg_t> args{{"loss_mask", batch->tensors.at("loss_mask").view()}};
+        auto tr = batch->tensors.find("token_rewards");
+        if (tr != batch->tensors.end()) {
+            const at::Tensor x = tensor_from_owned(tr->second, "batch tensor 'token_rewards'")
+                                     .to(at::kDouble)
+                                     .contiguous();
+            const auto cu = int_vector(batch->cu_seqlens.view(), "cu_seqlens");
+            require(x.dim() == 1 && x.size(0) == cu.back(),
+                    fn_msg(fn, "batch tensor 'token_rewards' must hold one value per token (" +
+                                   std::to_string(cu.back()) + ")"));
+            const double *v = x.data_ptr<double>();
+            for (size_t s = 0; s + 1 < cu.size(); ++s)
+                for (int64_t t = cu[s]; t < cu[s + 1]; ++t) seq_rewards[s] -= v[t];
+            args.push_back({"token_rewards", tr->second.view()});
+        }
+        const OwnedTensor rewards = owned_from_vector(seq_rewards, kF64);
         const OwnedTensor group_ids = owned_from_vector(batch->group_ids, kI64);
-        rl_tensor_arg_t mask{"loss_mask", batch->tensors.at("loss_mask").view()};
         rl_advantage_inputs_t in{};
         in.struct_size = sizeof(in);
         in.rewards = rewards.view();
         in.group_ids = group_ids.view();
         in.cu_seqlens = batch->cu_seqlens.view();
-        in.tensors = rl_tensor_list_t{&mask, 1};
+        in.tensors = rl_tensor_list_t{args.data(), args.size()};
         CallSink s =
             call_sink([&](rl_result_t **res) { return rl_advantage_compute(advantage, &in, res); });
         const OwnedTensor &adv = s.tensors.at("advantages");
@@ -710,6 +741,7 @@ RL_API rl_status_t rl_train_batch_compute_advantages(rl_train_batch_t *batch,
                                " advantages for " + std::to_string(batch->input_ids.numel()) +
                                " tokens"));
         batch->tensors["advantages"] = adv;
+        batch->tensors.erase("token_rewards"); // consumed by the estimator: no loss reads it
         batch->rebuild_args();
         if (out_result) *out_result = new_result(std::move(s));
         return RL_OK;

@@ -182,6 +182,7 @@ function M.scored(engine, env, tasks, cfg, opts)
         end
         local ep = cfg.episode or {}
         opts.max_turns, opts.max_context = ep.max_turns or 8, ep.max_context or 0
+        opts.turn_rewards = ep.turn_rewards or "episode"
         return engine:episodes(env, tasks, opts)
     end
     local rollouts = engine:rollouts(tasks, opts)
@@ -264,13 +265,19 @@ function M.scored_rollouts(engine, env, cfg, step)
 end
 
 --- rl.episode_keys([keys]) -> the declarations of the multi-turn settings
---- (episode.max_turns, episode.max_context) followed by `keys`.
+--- (episode.max_turns, episode.max_context, episode.turn_rewards) followed
+--- by `keys`.
 function M.episode_keys(keys)
     local out = {
         { "episode.max_turns", "integer", 8,
           "Assistant turns per episode (the env may end it sooner).", min = 1 },
         { "episode.max_context", "integer", 0,
           "Prompt + turns + observations, in tokens (0: the model's context, at most 4096).", min = 0 },
+        { "episode.turn_rewards", "string", "episode",
+          "How the turns' rewards reach the advantage estimator: 'episode' (their sum, the "
+          .. "episode's reward) or 'tokens' (each turn's reward on its last token; for "
+          .. "estimators that read token_rewards: reinforce_pp, gae, remax, areal).",
+          choices = { "episode", "tokens" } },
     }
     for _, k in ipairs(keys or {}) do out[#out + 1] = k end
     return out

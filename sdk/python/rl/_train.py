@@ -328,13 +328,16 @@ class Engine(_OfModel):
 
     def episodes(self, env, tasks, chat_template="none", group_offset=0, sampling=None,
                  max_turns=8, max_context=0, parse_special_tokens=False,
-                 chat_template_kwargs=None):
+                 chat_template_kwargs=None, turn_rewards="episode"):
         """Multi-turn episodes: sampling["n"] per task, each answered turn by turn by `env`
         (a multi-turn env instance) until it says done, max_turns or max_context. Scored:
-        reward = the sum of the turns' rewards; observation tokens are never trained."""
+        reward = the sum of the turns' rewards; observation tokens are never trained.
+        turn_rewards="tokens": their batches also carry each turn's reward on its last
+        token (token_rewards, for estimators that read them)."""
         opts = {"chat_template": chat_template, "group_offset": group_offset,
                 "sampling": sampling or {}, "parse_special_tokens": parse_special_tokens,
-                "max_turns": max_turns, "max_context": max_context}
+                "max_turns": max_turns, "max_context": max_context,
+                "turn_rewards": turn_rewards}
         if chat_template_kwargs is not None:
             opts["chat_template_kwargs"] = chat_template_kwargs
         h = _made(_lib().rl_rollouts_generate_episodes, self._handle(), env._h, _text(tasks),

@@ -2,7 +2,8 @@
 """A multi-turn env for the `command` env's step protocol: every assistant turn
 earns 0.25 and is answered with "again\\n" until the third turn, which ends the
 episode. The task's metadata picks a misbehaviour at turn `at` (0-based):
-"crash" exits, "hang" sleeps past any timeout. Metrics carry the pid."""
+"crash" exits, "hang" sleeps past any timeout; "turn_rewards" (a list of
+three numbers) replaces the 0.25 of each turn. Metrics carry the pid."""
 import json
 import os
 import sys
@@ -19,7 +20,8 @@ for line in sys.stdin:
         sys.exit(3)
     if meta.get("at") == turn and meta.get("misbehave") == "hang":
         time.sleep(3600)
-    out = {"id": req["id"], "reward": 0.25, "metrics": {"pid": os.getpid(), "turn": turn}}
+    reward = meta["turn_rewards"][turn] if "turn_rewards" in meta else 0.25
+    out = {"id": req["id"], "reward": reward, "metrics": {"pid": os.getpid(), "turn": turn}}
     if turn >= 2:
         out["done"] = True
     else:
