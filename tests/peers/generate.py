@@ -344,6 +344,32 @@ def verl_vectors(path, w):
             "loss = agg_loss(kl_penalty(log_prob, ref_log_prob, kind), response_mask, token-mean)"
             + (f"; kl_penalty raised NotImplementedError for {', '.join(refused)}" if refused else ""))
 
+    # the critic: compute_value_loss (0.5 * the larger squared error)
+    cases = []
+    for i, (B, L, clip, agg, empty) in enumerate([(5, 7, 0.5, "token-mean", ()),
+                                                 (6, 8, 0.2, "seq-mean-token-mean", (2,)),
+                                                 (4, 6, 0.1, "seq-mean-token-sum", ())]):
+        g = torch.Generator().manual_seed(1050 + i)
+        mask = padded_mask(g, B, L, empty, 0.1)
+        old = uni(g, (B, L), -2.0, 2.0)
+        # value moves of 0.25 to 3 clip widths either way
+        vpreds = old + signed(g, (B, L), 0.25 * clip, 3.0 * clip)
+        returns = uni(g, (B, L), -2.0, 2.0)
+        v = vpreds.clone().requires_grad_(True)
+        loss, clipfrac = ca.compute_value_loss(vpreds=v, returns=returns, values=old,
+                                               response_mask=mask, cliprange_value=clip,
+                                               loss_agg_mode=agg)
+        loss.backward()
+        cases.append({
+            "name": f"value_loss_{i}",
+            "parameters": {"cliprange_value": clip, "loss_agg_mode": agg},
+            "inputs": {"vpreds": tolist(vpreds), "returns": tolist(returns), "values": tolist(old),
+                       "response_mask": tolist(mask)},
+            "outputs": {"loss": num(loss), "grad_vpreds": tolist(v.grad),
+                        "metrics": {"vf_clipfrac": num(clipfrac)}},
+        })
+    w.write("compute_value_loss", layout, cases)
+
     verl_advantage_vectors(ca, w)
 
 
@@ -606,6 +632,63 @@ def areal_vectors(path, w):
         })
     w.write("sapo_loss_fn", layout, cases,
             "metrics as areal/trainer/ppo/actor.py logs them (denominator: loss tokens)")
+
+    # the critic (float32 only: the function asserts it)
+    cases = []
+    for i, (kind, clip, lens) in enumerate([("mse", 0.2, [6, 1, 9, 4]), ("huber", 0.5, [7, 5, 8]),
+                                            ("mse", 0.5, [5, 8, 3, 6])]):
+        g = torch.Generator().manual_seed(2200 + i)
+        n = sum(lens)
+        mask = torch.rand(n, generator=g) >= 0.15
+        old = uni(g, (n,), -2.0, 2.0).float()
+        value = (old + signed(g, (n,), 0.25 * clip, 3.0 * clip)).float()
+        # huber: errors on both sides of its fixed delta 10
+        target = (uni(g, (n,), -20.0, 20.0) if kind == "huber" else uni(g, (n,), -2.0, 2.0)).float()
+        v = value.clone().requires_grad_(True)
+        loss, stat = F.ppo_critic_loss_fn(v, old, target, clip, loss_mask=mask, loss_fn_type=kind)
+        loss.backward()
+        cu = [0]
+        for l in lens:
+            cu.append(cu[-1] + l)
+        cases.append({
+            "name": f"critic_{kind}_{i}",
+            "parameters": {"value_eps_clip": clip, "loss_fn_type": kind},
+            "inputs": {"value": tolist(value.double()), "old_value": tolist(old.double()),
+                       "target_value": tolist(target.double()), "loss_mask": tolist(mask),
+                       "cu_seqlens": cu},
+            "outputs": {"loss": num(loss), "grad_value": tolist(v.grad.double()), "metrics": {
+                "clip_ratio": num(stat["clip_mask"].sum() / mask.sum())}},
+        })
+    w.write("ppo_critic_loss_fn", layout, cases,
+            "float32 inputs (AReaL asserts it); clip_ratio as the actor logs it (loss tokens)")
+
+    # advantage normalization (areal/utils/data.py Normalization, NormConfig)
+    from areal.api.cli_args import NormConfig
+    from areal.utils.data import Normalization
+    cases = []
+    for i, cfg in enumerate([
+            dict(mean_level="batch", std_level="batch"),
+            dict(mean_level="group", std_level="group", group_size=3),
+            dict(mean_level="group", std_level="batch", group_size=2, std_unbiased=False),
+            dict(mean_level="group", std_level=None, mean_leave1out=True, group_size=3),
+            dict(mean_level="batch", std_level="group", mean_leave1out=True, group_size=2,
+                 eps=1e-3),
+            dict(mean_level=None, std_level="batch")]):
+        g = torch.Generator().manual_seed(2300 + i)
+        B, L = 6, 7
+        mask = padded_mask(g, B, L, (), 0.1)
+        x = uni(g, (B, L), -2.0, 3.0) * mask
+        full = dict(dict(mean_level="batch", std_level="batch", mean_leave1out=False,
+                         std_unbiased=True, eps=1e-5, group_size=1), **cfg)
+        out = Normalization(NormConfig(**full))(x, mask)
+        cases.append({
+            "name": f"normalization_{i}",
+            "parameters": full,
+            "inputs": {"x": tolist(x), "loss_mask": tolist(mask)},
+            "outputs": {"normalized": tolist(out.double())},
+        })
+    w.write("Normalization", "padded: [batch, seq] rows, groups of group_size consecutive rows",
+            cases, "areal/utils/data.py Normalization(NormConfig(...))(x, loss_mask)")
 
 
 def areal_legacy_vectors(path, w):

@@ -21,6 +21,7 @@
 #include "kl_cov/kl_cov.hpp"
 #include "policy_loss/policy_loss.hpp"
 #include "sapo/sapo.hpp"
+#include "value_loss/value_loss.hpp"
 
 #include <rl/sdk/testing.hpp>
 
@@ -187,6 +188,7 @@ T::LossRun run_loss(const std::string &loss, const json &params, const T::LossIn
     if (loss == "decoupled_ppo") return run_as<rl::losses::DecoupledPpo>(p, in);
     if (loss == "dppo") return run_as<rl::losses::Dppo>(p, in);
     if (loss == "ipo") return run_as<rl::losses::Ipo>(p, in);
+    if (loss == "value_loss") return run_as<rl::losses::ValueLoss>(p, in);
     throw std::invalid_argument("the test maps no peer function onto loss '" + loss + "'");
 }
 
@@ -384,6 +386,31 @@ void verl_kl_penalty(const json &c, const std::string &where) {
     const Rows r = verl_rows(c["inputs"], where);
     expect_close(where, "per-token kl", run.tensors.at("kl"), flat(c["outputs"]["kl"], "kl"),
                  r.mask);
+}
+
+// verl's critic: compute_value_loss = 0.5 * agg(max of the two squared errors)
+void verl_value_loss(const json &c, const std::string &where) {
+    const json &in = c["inputs"];
+    int64_t B = 0, L = 0;
+    const auto v = flat(require(in, "vpreds", where), "vpreds", &B, &L);
+    std::vector<int64_t> cu = {0};
+    for (int64_t i = 0; i < B; ++i) cu.push_back(cu.back() + L);
+    T::LossInputs li;
+    li.f64("values", v)
+        .f64("returns", flat(require(in, "returns", where), "returns"))
+        .f64("old_values", flat(require(in, "values", where), "values"))
+        .f64("loss_mask", flat(require(in, "response_mask", where), "response_mask"))
+        .cu_seqlens(cu);
+    const json p = {{"vf_clip", param(c, "cliprange_value")},
+                    {"loss_agg_mode", c["parameters"].at("loss_agg_mode")}};
+    const T::LossRun run = run_loss("value_loss", p, li);
+    ASSERT_EQ(run.status, RL_OK) << where << ": " << run.error;
+    const json &out = c["outputs"];
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    expect_close(where, "d loss / d vpreds", run.grads.at("values"),
+                 flat(out["grad_vpreds"], "grad_vpreds"));
+    expect_close(where, "metric vf_clipfrac", run.metric("vf_clipfrac"),
+                 out["metrics"]["vf_clipfrac"].get<double>());
 }
 
 // ---- verl's advantage estimators ---------------------------------------------------------
@@ -658,6 +685,67 @@ void areal_sapo(const json &c, const std::string &where) {
                  out["metrics"]["sapo_soft_gate"].get<double>());
 }
 
+// AReaL's critic: ppo_critic_loss_fn (mse = 0.5 e^2, huber with delta 10), a
+// token mean over the loss tokens.
+void areal_critic(const json &c, const std::string &where) {
+    const json &in = c["inputs"];
+    const std::string kind = c["parameters"].at("loss_fn_type");
+    json p = {{"vf_clip", param(c, "value_eps_clip")}, {"loss_agg_mode", "token-mean"}};
+    if (kind == "huber")
+        p["huber_delta"] = 10.0; // AReaL's fixed delta
+    else if (kind != "mse")
+        throw std::runtime_error(where + ": no value_loss form for loss_fn_type '" + kind + "'");
+    std::vector<int64_t> cu;
+    for (const auto &x : require(in, "cu_seqlens", where)) cu.push_back(x.get<int64_t>());
+    T::LossInputs li;
+    li.f64("values", vec(require(in, "value", where), "value"))
+        .f64("old_values", vec(require(in, "old_value", where), "old_value"))
+        .f64("returns", vec(require(in, "target_value", where), "target_value"))
+        .f64("loss_mask", vec(require(in, "loss_mask", where), "loss_mask"))
+        .cu_seqlens(cu);
+    const T::LossRun run = run_loss("value_loss", p, li);
+    ASSERT_EQ(run.status, RL_OK) << where << ": " << run.error;
+    const json &out = c["outputs"];
+    // AReaL computes in float32 (the inputs are its float32 values): within 1e-5
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    expect_close(where, "d loss / d value", run.grads.at("values"),
+                 vec(out["grad_value"], "grad_value"));
+    expect_close(where, "metric vf_clipfrac", run.metric("vf_clipfrac"),
+                 out["metrics"]["clip_ratio"].get<double>());
+}
+
+// AReaL's Normalization(NormConfig) of per-token values: the `areal`
+// advantage's adv_norm, fed the values as token rewards with gamma 0 (so the
+// advantages before normalization are the values themselves) and group ids
+// from AReaL's consecutive groups of group_size rows.
+void areal_normalization(const json &c, const std::string &where) {
+    const json &pp = c["parameters"];
+    const json &in = c["inputs"];
+    int64_t B = 0, L = 0;
+    const auto x = flat(require(in, "x", where), "x", &B, &L);
+    const auto mask = flat(require(in, "loss_mask", where), "loss_mask");
+    const int64_t group_size = pp.at("group_size").get<int64_t>();
+    std::vector<int64_t> cu = {0}, groups;
+    for (int64_t i = 0; i < B; ++i) {
+        cu.push_back(cu.back() + L);
+        groups.push_back(i / group_size);
+    }
+    const auto level = [](const json &l) { return l.is_null() ? json("none") : l; };
+    const json params = {{"gamma", 0.0},
+                         {"adv_norm",
+                          {{"mean_level", level(pp.at("mean_level"))},
+                           {"std_level", level(pp.at("std_level"))},
+                           {"mean_leave1out", pp.at("mean_leave1out")},
+                           {"std_unbiased", pp.at("std_unbiased")},
+                           {"eps", pp.at("eps")}}}};
+    rltest::Instance inst(rltest::load("advantage-areal"), params.dump());
+    const rltest::Outputs o = inst.advantage(std::vector<double>(size_t(B), 0.0), groups, cu,
+                                             {{"loss_mask", mask}, {"token_rewards", x}});
+    ASSERT_TRUE(o.ok()) << where << ": " << params.dump() << ": " << o.error;
+    expect_close(where, "normalized", o.tensors.at("advantages"),
+                 flat(c["outputs"]["normalized"], "normalized"), mask);
+}
+
 // ---- prime-rl -----------------------------------------------------------------------------
 
 // compute_loss: the rl component (default_loss_fn = dppo, ipo_loss_fn = ipo)
@@ -786,6 +874,9 @@ const std::map<std::string, CaseCheck> &known_functions() {
          })},
         {"areal/ppo_actor_loss_fn", areal_ppo_actor},
         {"areal/sapo_loss_fn", areal_sapo},
+        {"areal/ppo_critic_loss_fn", areal_critic},
+        {"areal/Normalization", areal_normalization},
+        {"verl/compute_value_loss", verl_value_loss},
         {"areal_legacy/ppo_actor_loss_fn", areal_legacy_ppo_actor},
         {"prime-rl/compute_loss", prime_rl_compute_loss},
     };
