@@ -199,6 +199,53 @@ def verl_vectors(path, w):
         cases.append(case)
     w.write("compute_policy_loss_vanilla", layout, cases)
 
+    # rollout correction (verl/trainer/ppo/rollout_corr_helper.py) feeding the
+    # vanilla loss: token TIS weights, and token rejection masks, which verl
+    # applies by removing the rejected tokens from response_mask
+    import verl.trainer.ppo.rollout_corr_helper as rc
+    cases = []
+    for i, (kind, spec) in enumerate([("is_token", 2.0), ("is_token", 1.3),
+                                      ("rs_token_k1", "0.6_1.8"), ("rs_token_k2", 0.08),
+                                      ("rs_token_k1", 1.5)]):
+        g, inp = policy_inputs(150 + i, 6, 8, (2,) if i % 2 else (), 0.1)
+        rollout = inp["old_log_prob"] - uni(g, (6, 8), -0.8, 0.8)
+        log_ratio = inp["old_log_prob"] - rollout
+        mask = inp["response_mask"]
+        if kind == "is_token":
+            weights, _ = rc.compute_rollout_correction_weights(log_ratio, mask, rollout_is="token",
+                                                               rollout_is_threshold=spec)
+            params = {"rollout_is": "token", "rollout_is_threshold": spec}
+            used_mask = mask
+        else:
+            weights = None
+            keep, _ = rc.compute_rollout_rejection_mask(log_ratio, mask,
+                                                        rollout_rs=kind.replace("rs_", ""),
+                                                        rollout_rs_threshold=spec)
+            params = {"rollout_rs": kind.replace("rs_", ""), "rollout_rs_threshold": spec}
+            used_mask = mask * keep
+        cfg = actor_config(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+        lp = inp["log_prob"].clone().requires_grad_(True)
+        loss, metrics = ca.get_policy_loss_fn("vanilla")(
+            old_log_prob=inp["old_log_prob"], log_prob=lp, advantages=inp["advantages"],
+            response_mask=used_mask, loss_agg_mode="token-mean", config=cfg,
+            rollout_is_weights=weights)
+        loss.backward()
+        cases.append({
+            "name": f"rollout_corr_{i}_{kind}",
+            "parameters": dict(params, loss_mode="vanilla", clip_ratio_low=0.2,
+                               clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean"),
+            "inputs": {"old_log_prob": tolist(inp["old_log_prob"]), "log_prob": tolist(inp["log_prob"]),
+                       "rollout_log_prob": tolist(rollout), "advantages": tolist(inp["advantages"]),
+                       "response_mask": tolist(mask)},
+            "outputs": {"loss": num(loss), "grad_log_prob": tolist(lp.grad),
+                        "response_mask_after": tolist(used_mask),
+                        "metrics": {k.split("/")[-1]: float(v) for k, v in metrics.items()}},
+        })
+    w.write("rollout_correction", layout, cases,
+            "log_ratio = old_log_prob - rollout_log_prob; compute_rollout_correction_weights "
+            "(rollout_is) or compute_rollout_rejection_mask (rollout_rs, applied to "
+            "response_mask), then compute_policy_loss_vanilla")
+
     # aggregation modes (agg_loss) over the unclipped surrogate -A * exp(lp - old)
     cases = []
     for i, (B, L, empty, holes) in enumerate([(5, 6, (), 0.0), (6, 9, (1,), 0.2)]):

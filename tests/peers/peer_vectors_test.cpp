@@ -273,6 +273,89 @@ void verl_vanilla(const json &c, const std::string &where) {
                       }}});
 }
 
+// verl's rollout correction before the vanilla loss: token TIS weights
+// (compute_rollout_correction_weights) and token rejection masks
+// (compute_rollout_rejection_mask, which verl applies to response_mask), as
+// our rejection_sampling against rollout_logprobs.
+void verl_rollout_correction(const json &c, const std::string &where) {
+    const json &pp = c["parameters"];
+    json rs;
+    if (pp.contains("rollout_is")) {
+        if (pp["rollout_is"] != "token")
+            throw std::runtime_error(where + ": only token-level rollout_is maps onto "
+                                             "rejection_sampling (sequence: rollout_is_weights)");
+        rs = {{"level", "token"},
+              {"action", "clamp"},
+              {"metric", "ratio"},
+              {"upper", pp.at("rollout_is_threshold")}};
+    } else {
+        const std::string opt = pp.at("rollout_rs");
+        const json &spec = pp.at("rollout_rs_threshold");
+        if (opt == "token_k1") {
+            // verl keeps -log_ratio in [log lower, log upper] (lower = 1 / upper
+            // when one value is given): our ratio exp(log_ratio) in
+            // [1 / upper, 1 / lower]
+            double lo = 0, up = 0;
+            if (spec.is_string()) {
+                const std::string t = spec;
+                const auto cut = t.find('_');
+                lo = std::stod(t.substr(0, cut));
+                up = std::stod(t.substr(cut + 1));
+            } else {
+                up = spec.get<double>();
+                lo = 1.0 / up;
+            }
+            rs = {{"level", "token"},
+                  {"action", "mask"},
+                  {"metric", "ratio"},
+                  {"lower", 1.0 / up},
+                  {"upper", 1.0 / lo}};
+        } else if (opt == "token_k2") {
+            rs = {{"level", "token"}, {"action", "mask"}, {"metric", "kl_k2"}, {"upper", spec}};
+        } else {
+            throw std::runtime_error(where + ": no rejection_sampling form for rollout_rs '" + opt +
+                                     "'");
+        }
+    }
+    const json p = {{"eps_clip", param(c, "clip_ratio_low")},
+                    {"eps_clip_high", param(c, "clip_ratio_high")},
+                    {"eps_clip_c", param(c, "clip_ratio_c")},
+                    {"loss_agg_mode", "token-mean"},
+                    {"per_token_outputs", true},
+                    {"rejection_sampling", rs}};
+    Rows r = verl_rows(c["inputs"], where);
+    r.in.f64("rollout_logprobs", flat(require(c["inputs"], "rollout_log_prob", where), "rollout"));
+    const T::LossRun run = run_loss("policy_loss", p, r.in);
+    ASSERT_EQ(run.status, RL_OK) << where << ": " << p.dump() << ": " << run.error;
+    const json &out = c["outputs"];
+    const auto after = flat(out["response_mask_after"], "response_mask_after");
+    const auto &rej = run.tensors.at("rejection_mask");
+    double kept = 0, tokens = 0;
+    std::vector<double> ours_after(after.size());
+    for (size_t t = 0; t < after.size(); ++t) {
+        ours_after[t] = r.mask[t] * (1.0 - rej[t]);
+        kept += ours_after[t];
+        tokens += r.mask[t];
+    }
+    expect_close(where, "tokens kept", ours_after, after);
+    double scale = 1.0;
+    if (kept != tokens) {
+        scale = tokens / kept;
+        deliberate(where, "verl drops rejected tokens from response_mask, so from the token-mean "
+                          "normalizer; ours keeps them there (docs/losses.md, \"Rejection "
+                          "sampling on every policy loss\": \"rejected tokens stay in the "
+                          "normalizer\"); compared as ours * tokens / kept");
+    }
+    expect_close(where, "loss", scale * run.loss, out["loss"].get<double>());
+    std::vector<double> g = run.grads.at("logprobs");
+    for (auto &x : g) x *= scale;
+    expect_close(where, "d loss / d log_prob", g, flat(out["grad_log_prob"], "grad_log_prob"));
+    if (kept == tokens)
+        expect_close(where, "metric pg_clipfrac", run.metric("pg_clipfrac"),
+                     out["metrics"]["pg_clipfrac"].get<double>() +
+                         out["metrics"]["pg_clipfrac_lower"].get<double>());
+}
+
 void verl_agg_loss(const json &c, const std::string &where) {
     const std::string mode = c["parameters"].at("loss_agg_mode");
     if (c["parameters"].at("loss_mat") != "-advantages * exp(log_prob - old_log_prob)")
@@ -824,6 +907,7 @@ const std::map<std::string, CaseCheck> &known_functions() {
     static const std::map<std::string, CaseCheck> k = {
         {"verl/compute_policy_loss_vanilla", verl_vanilla},
         {"verl/agg_loss", verl_agg_loss},
+        {"verl/rollout_correction", verl_rollout_correction},
         {"verl/compute_policy_loss_gspo", verl_gspo},
         {"verl/compute_policy_loss_geo_mean", verl_geo_mean},
         {"verl/compute_policy_loss_sapo", verl_sapo},
