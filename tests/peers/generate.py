@@ -277,10 +277,12 @@ def verl_vectors(path, w):
             + uni(g, shape, -0.3, 0.3)
 
     cases = []
-    for i, (B, L, low, high, empty, holes, use_is) in enumerate([
-            (6, 8, 0.2, 0.28, (), 0.0, False), (7, 10, 0.1, 0.15, (2,), 0.15, False),
-            (5, 6, 3e-4, 4e-4, (), 0.0, False)]):
-        _, inp = policy_inputs(300 + i, B, L, empty, holes, seq_adv=True, log_ratio=seq_log_ratio)
+    for i, (B, L, low, high, empty, holes, use_is, seq_adv) in enumerate([
+            (6, 8, 0.2, 0.28, (), 0.0, False, True), (7, 10, 0.1, 0.15, (2,), 0.15, False, True),
+            (5, 6, 3e-4, 4e-4, (), 0.0, False, True), (6, 8, 0.2, 0.28, (4,), 0.1, True, True),
+            (6, 9, 0.2, 0.28, (1,), 0.1, False, False)]):
+        _, inp = policy_inputs(300 + i, B, L, empty, holes, seq_adv=seq_adv,
+                               log_ratio=seq_log_ratio)
         cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high)
         case = run_policy("gspo", inp, dict(clip_ratio_low=low, clip_ratio_high=high), cfg,
                           use_is=use_is, agg="seq-mean-token-mean")

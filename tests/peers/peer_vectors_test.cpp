@@ -378,7 +378,54 @@ void verl_gspo(const json &c, const std::string &where) {
     const json p = {{"eps_clip", param(c, "clip_ratio_low")},
                     {"eps_clip_high", param(c, "clip_ratio_high")},
                     {"loss_agg_mode", "seq-mean-token-mean"}};
-    check_verl_loss(c, where, "gspo", p, {{"pg_clipfrac", peer_metric("pg_clipfrac")}});
+    const Rows r = verl_rows(c["inputs"], where);
+    // whether a per-token input varies within a sequence's loss tokens
+    const auto varies = [&](const char *name) {
+        if (!c["inputs"].contains(name)) return false;
+        const auto x = flat(c["inputs"][name], name);
+        for (int64_t i = 0; i < r.B; ++i) {
+            double first = NAN;
+            for (int64_t t = i * r.L; t < (i + 1) * r.L; ++t) {
+                if (r.mask[size_t(t)] == 0) continue;
+                if (std::isnan(first)) first = x[size_t(t)];
+                if (x[size_t(t)] != first) return true;
+            }
+        }
+        return false;
+    };
+    const bool per_token = varies("advantages") || varies("rollout_is_weights");
+    if (!per_token) {
+        check_verl_loss(c, where, "gspo", p, {{"pg_clipfrac", peer_metric("pg_clipfrac")}});
+        return;
+    }
+    // Per-token advantages or rollout weights: verl's GSPO-token
+    // stop-gradient form gives token u the gradient of its own term only, ours
+    // the exact derivative spread over the sequence (docs/losses.md, `gspo`).
+    // Value and clip fraction are the same; so is the gradient's sum over
+    // each sequence.
+    deliberate(where, "per-token advantages or rollout_is_weights: the gradient compared as "
+                      "its sum over each sequence (docs/losses.md, `gspo`: \"with per-token "
+                      "advantages the two differ\")");
+    T::LossInputs in = r.in;
+    const T::LossRun run = run_loss("gspo", p, in);
+    ASSERT_EQ(run.status, RL_OK) << where << ": " << run.error;
+    const json &out = c["outputs"];
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    expect_close(where, "metric pg_clipfrac", run.metric("pg_clipfrac"),
+                 out["metrics"]["pg_clipfrac"].get<double>());
+    const auto peer_g = flat(out["grad_log_prob"], "grad_log_prob");
+    const auto &ours_g = run.grads.at("logprobs");
+    std::vector<double> ours_sum, peer_sum;
+    for (int64_t i = 0; i < r.B; ++i) {
+        double a = 0, b = 0;
+        for (int64_t t = i * r.L; t < (i + 1) * r.L; ++t) {
+            a += ours_g[size_t(t)];
+            b += peer_g[size_t(t)];
+        }
+        ours_sum.push_back(a);
+        peer_sum.push_back(b);
+    }
+    expect_close(where, "per-sequence sum of d loss / d log_prob", ours_sum, peer_sum);
 }
 
 void verl_geo_mean(const json &c, const std::string &where) {
