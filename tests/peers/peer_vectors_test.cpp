@@ -27,6 +27,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -1097,7 +1098,8 @@ TEST(PeerVectors, EveryShippedFileParsesAndNamesAFunctionTheTestMaps) {
 // A file that does not parse or names an unknown function is an error naming
 // the file, never a silent skip.
 TEST(PeerVectors, MalformedOrUnknownVectorFileIsRefusedByName) {
-    const fs::path dir = fs::temp_directory_path() / "rl_peer_vectors_test";
+    const fs::path dir =
+        fs::temp_directory_path() / ("rl_peer_vectors_test." + std::to_string(::getpid()));
     fs::create_directories(dir);
     const fs::path bad = dir / "bad.json", unknown = dir / "unknown.json";
     std::ofstream(bad) << "{\"peer\": \"verl\", \"cases\": [";
