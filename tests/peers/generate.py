@@ -565,6 +565,12 @@ def packed_inputs(seed, lens, empty=(), holes=0.15, log_ratio_prox=None, behav_s
                 loss_mask=mask, cu_seqlens=torch.tensor(cu, dtype=torch.int64))
 
 
+def _stub_attr(module, attr):
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    return type(f"{module}.{attr}", (), {})
+
+
 def areal_vectors(path, w):
     F, RSConfig = areal_import(path)
     layout = "packed: 1-D tokens, cu_seqlens, loss_mask (bool)"
@@ -738,6 +744,88 @@ def areal_vectors(path, w):
         })
     w.write("Normalization", "padded: [batch, seq] rows, groups of group_size consecutive rows",
             cases, "areal/utils/data.py Normalization(NormConfig(...))(x, loss_mask)")
+
+    # the actor's advantage pipeline: PPOActor._compute_advantages (reward
+    # bias / scaling / clip, KL-penalised token rewards, GAE with the
+    # truncated-row bootstrap, adv_norm), on an actor built without an engine
+    from types import SimpleNamespace
+    # experiment trackers the actor module's imports reach; nothing here calls them
+    for name in ["swanlab", "trackio"]:
+        if name not in sys.modules:
+            stub = types.ModuleType(name)
+            stub.__getattr__ = lambda attr, name=name: _stub_attr(name, attr)
+            sys.modules[name] = stub
+    from areal.trainer.ppo.actor import PPOActor
+    from areal.utils.data import KLEstimator
+    cases = []
+    for i, cfg in enumerate([
+            dict(),
+            dict(reward_bias=-0.5, reward_scaling=2.0, reward_clip=1.5, discount=0.9,
+                 gae_lambda=0.8, kl_ctl=0.1, kl_estimator="k3"),
+            dict(mask_no_eos_with_zero=True, kl_ctl=0.05, kl_estimator="k2", discount=0.95,
+                 gae_lambda=0.9, adv_norm=dict(mean_level="group", std_level="group",
+                                               group_size=2)),
+            dict(kl_ctl=0.2, kl_estimator="k1", adv_norm=dict(mean_level="batch",
+                                                              std_level="batch")),
+            dict(discount=1.0, gae_lambda=1.0, values=False,
+                 adv_norm=dict(mean_level="group", std_level=None, mean_leave1out=True,
+                               group_size=3))]):
+        full = dict(reward_bias=0.0, reward_scaling=1.0, reward_clip=20.0, kl_ctl=0.0,
+                    kl_estimator="k1", discount=1.0, gae_lambda=1.0,
+                    mask_no_eos_with_zero=False, adv_norm=None, values=True)
+        full.update(cfg)
+        g = torch.Generator().manual_seed(2400 + i)
+        B, M = 6, 9
+        attn = torch.zeros(B, M)
+        lmask = torch.zeros(B, M, dtype=torch.bool)
+        for r in range(B):
+            p = int(torch.randint(1, 4, (1,), generator=g))
+            seqlen = M if r % 3 == 1 else int(torch.randint(p + 1, M, (1,), generator=g))
+            attn[r, :seqlen] = 1
+            lmask[r, p:seqlen] = True
+        data = {
+            "input_ids": torch.zeros(B, M, dtype=torch.long),
+            "attention_mask": attn,
+            "loss_mask": lmask,
+            "rewards": uni(g, (B,), -3.0, 3.0),
+            "logprobs": uni(g, (B, M), -3.0, -0.05),
+            "ref_logp": uni(g, (B, M), -3.0, -0.05),
+        }
+        if full["values"]:
+            data["values"] = uni(g, (B, M), -1.0, 1.0)
+        inputs = {k: tolist(v) for k, v in data.items() if k != "input_ids"}
+        actor = object.__new__(PPOActor)
+        actor.config = SimpleNamespace(overlong_reward_penalty=False, use_decoupled_loss=True,
+                                       recompute_logprob=False)
+        actor.reward_bias = full["reward_bias"]
+        actor.reward_scaling = full["reward_scaling"]
+        actor.reward_clip = full["reward_clip"]
+        actor.reward_norm = None
+        actor.kl_ctl = full["kl_ctl"]
+        actor.kl_estimator = KLEstimator(full["kl_estimator"])
+        norm = None
+        if full["adv_norm"] is not None:
+            norm = dict(dict(mean_level="batch", std_level="batch", mean_leave1out=False,
+                             std_unbiased=True, eps=1e-5, group_size=1), **full["adv_norm"])
+            full["adv_norm"] = norm
+        actor.adv_norm = Normalization(NormConfig(**norm)) if norm else None
+        actor.discount = full["discount"]
+        actor.gae_lambda = full["gae_lambda"]
+        actor.mask_no_eos_with_zero = full["mask_no_eos_with_zero"]
+        out = actor._compute_advantages(data)
+        cases.append({
+            "name": f"compute_advantages_{i}",
+            "parameters": full,
+            "inputs": inputs,
+            "outputs": {"advantages": tolist(out["advantages"].double()),
+                        "returns": tolist(out["returns"].double()),
+                        "loss_mask": tolist(out["loss_mask"])},
+        })
+    w.write("PPOActor._compute_advantages",
+            "padded: [batch, max_seqlen] rows aligned with input_ids; AReaL rolls loss_mask "
+            "and logprobs by -1 (position t acts on token t + 1)", cases,
+            "PPOActor._compute_advantages on an actor built with object.__new__ and the "
+            "attributes its __init__ sets from PPOActorConfig (reward_norm None)")
 
 
 def areal_legacy_vectors(path, w):

@@ -15,5 +15,6 @@ echo "$torch_site" > "$venv_site/_rl_project_torch.pth"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
     numpy omegaconf packaging 'tensordict>=0.8.0,<=0.10.0,!=0.9.0' 'transformers<5' \
     codetiming ray hydra-core uvloop aiohttp httpx colorlog tenacity flask torchdata lark \
-    numba pillow einops aiofiles openai beartype jaxtyping wandb 'prime-pydantic-config>=0.4.3'
+    numba pillow einops aiofiles openai beartype jaxtyping wandb 'prime-pydantic-config>=0.4.3' \
+    'datasets<4' 'huggingface-hub<1.0' tensorboardX tabulate pybase64
 echo "peer venv $venv ready"

@@ -877,6 +877,75 @@ void areal_normalization(const json &c, const std::string &where) {
                  flat(c["outputs"]["normalized"], "normalized"), mask);
 }
 
+// AReaL's actor advantage pipeline (PPOActor._compute_advantages) onto the
+// `areal` advantage. AReaL's rows are aligned with input_ids and it rolls
+// loss_mask and logprobs by -1 (position t is the action that produced token
+// t + 1); our sequences are those positions: loss_mask[t] = AReaL's
+// loss_mask[t + 1], old_logprobs[t] = logprobs[t + 1], ref_logprobs and
+// values as AReaL reads them. A row that fills max_seqlen has no EOS: it is
+// `truncated` (bootstraps from its last value; with mask_no_eos_with_zero
+// its reward is 0).
+void areal_compute_advantages(const json &c, const std::string &where) {
+    const json &pp = c["parameters"];
+    const json &in = c["inputs"];
+    int64_t B = 0, M = 0;
+    const auto attn = flat(require(in, "attention_mask", where), "attention_mask", &B, &M);
+    const auto lmask = flat(require(in, "loss_mask", where), "loss_mask");
+    const auto lp = flat(require(in, "logprobs", where), "logprobs");
+    std::vector<double> mask(lmask.size()), old(lp.size()), truncated(lp.size());
+    std::vector<int64_t> cu = {0}, groups;
+    const int64_t group_size =
+        pp.at("adv_norm").is_null() ? 1 : pp["adv_norm"].at("group_size").get<int64_t>();
+    for (int64_t i = 0; i < B; ++i) {
+        cu.push_back(cu.back() + M);
+        groups.push_back(i / group_size);
+        double seqlen = 0;
+        for (int64_t t = 0; t < M; ++t) seqlen += attn[size_t(i * M + t)];
+        for (int64_t t = 0; t < M; ++t) {
+            const size_t k = size_t(i * M + t), next = size_t(i * M + (t + 1) % M);
+            mask[k] = lmask[next];
+            old[k] = lp[next] * mask[k];
+            truncated[k] = seqlen == double(M) ? 1.0 : 0.0;
+        }
+    }
+    std::map<std::string, std::vector<double>> tensors = {
+        {"loss_mask", mask}, {"old_logprobs", old}, {"truncated", truncated}};
+    if (pp.at("kl_ctl").get<double>() > 0) {
+        std::vector<double> ref = flat(require(in, "ref_logp", where), "ref_logp");
+        for (size_t k = 0; k < ref.size(); ++k) ref[k] *= mask[k];
+        tensors["ref_logprobs"] = ref;
+    } else {
+        tensors.erase("old_logprobs");
+    }
+    if (in.contains("values")) tensors["values"] = flat(in["values"], "values");
+    json params = {{"reward_bias", pp.at("reward_bias")},
+                   {"reward_scaling", pp.at("reward_scaling")},
+                   {"reward_clip", pp.at("reward_clip")},
+                   {"mask_no_eos_with_zero", pp.at("mask_no_eos_with_zero")},
+                   {"gamma", pp.at("discount")},
+                   {"lambda", pp.at("gae_lambda")},
+                   {"kl_coef", pp.at("kl_ctl")},
+                   {"kl_estimator", pp.at("kl_estimator")}};
+    if (!pp.at("adv_norm").is_null()) {
+        const json &n = pp["adv_norm"];
+        const auto level = [](const json &l) { return l.is_null() ? json("none") : l; };
+        params["adv_norm"] = {{"mean_level", level(n.at("mean_level"))},
+                              {"std_level", level(n.at("std_level"))},
+                              {"mean_leave1out", n.at("mean_leave1out")},
+                              {"std_unbiased", n.at("std_unbiased")},
+                              {"eps", n.at("eps")}};
+    }
+    rltest::Instance inst(rltest::load("advantage-areal"), params.dump());
+    const rltest::Outputs o =
+        inst.advantage(vec(require(in, "rewards", where), "rewards"), groups, cu, tensors);
+    ASSERT_TRUE(o.ok()) << where << ": " << params.dump() << ": " << o.error;
+    const json &out = c["outputs"];
+    expect_close(where, "loss_mask (rolled)", mask, flat(out["loss_mask"], "loss_mask"));
+    expect_close(where, "advantages", o.tensors.at("advantages"),
+                 flat(out["advantages"], "advantages"), mask);
+    expect_close(where, "returns", o.tensors.at("returns"), flat(out["returns"], "returns"), mask);
+}
+
 // ---- prime-rl -----------------------------------------------------------------------------
 
 // compute_loss: the rl component (default_loss_fn = dppo, ipo_loss_fn = ipo)
@@ -1008,6 +1077,7 @@ const std::map<std::string, CaseCheck> &known_functions() {
         {"areal/sapo_loss_fn", areal_sapo},
         {"areal/ppo_critic_loss_fn", areal_critic},
         {"areal/Normalization", areal_normalization},
+        {"areal/PPOActor._compute_advantages", areal_compute_advantages},
         {"verl/compute_value_loss", verl_value_loss},
         {"areal_legacy/ppo_actor_loss_fn", areal_legacy_ppo_actor},
         {"prime-rl/compute_loss", prime_rl_compute_loss},
