@@ -115,6 +115,7 @@ public:
             // AReaL's older cap did); at sequence level over the kept tokens, the
             // only ones with a sequence ratio.
             approx_kl.add(c.lp[t] - prox[t]);
+            if (rs_) c.put("rejection_mask", t, !keep[t]);
             if (sequence_is_ && !keep[t]) continue;
             ratio_s.add(ratio[t]);
             const PpoTerm ppo =
@@ -125,7 +126,6 @@ public:
             c.put("clip_mask", t, ppo.clipped);
             if (c_clip_) c.put("dual_clip_mask", t, ppo.dual_clipped);
             c.put("behave_imp_weight", t, bw[t]);
-            if (rs_) c.put("rejection_mask", t, !keep[t]);
             if (!keep[t]) continue;
             c.put("elementwise_loss", t, bw[t] * ppo.loss);
             if (bw[t] > 0) {
