@@ -42,6 +42,9 @@ const char *kUsage =
     "  --workers N               models / samplers running at once (default 2)\n"
     "  --max-queued N            calls waiting over all sessions; more get 429 (default 256)\n"
     "  --max-models N            live training models (default 16)\n"
+    "  --lora MODE               request (default): a create_model with lora_config makes\n"
+    "                            a LoRA adapter (Tinker); off: every model trains its full\n"
+    "                            weights, lora_config is ignored (xorl's enable_lora false)\n"
     "  --session-timeout S       a session without a heartbeat for S seconds expires\n"
     "                            (default 300)\n"
     "  --max-body-bytes N        largest request body (default 64 MiB)\n";
@@ -55,6 +58,7 @@ int cmd_training_server(const std::vector<std::string> &args, const std::string 
                                                    {"--workers", "workers", 'i'},
                                                    {"--max-queued", "max_queued", 'i'},
                                                    {"--max-models", "max_models", 'i'},
+                                                   {"--lora", "lora", 's'},
                                                    {"--session-timeout", "session_timeout_s", 'f'},
                                                    {"--max-body-bytes", "max_body_bytes", 'i'}};
     rlhost::ServerArgs parsed =

@@ -7,6 +7,7 @@
 #include "rl/core/engine.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/json.hpp"
+#include "inference_endpoints.hpp"
 #include "rl/core/lora.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/text.hpp"
@@ -52,7 +53,7 @@ TrainingServerConfig TrainingServerConfig::from_json(const std::string &text) {
         f.only(http_options_and({"base_model", "checkpoint_dir", "session_timeout_s",
                                  "poll_timeout_s", "future_ttl_s", "max_queued", "workers",
                                  "max_models", "max_sample_tokens", "seq_gap_wait_s",
-                                 "kv_cache_fraction", "trainer"}));
+                                 "kv_cache_fraction", "lora", "trainer"}));
         read_http_options(f, c);
         if (auto v = f.string("base_model")) c.base_model = *v;
         if (auto v = f.string("checkpoint_dir")) c.checkpoint_dir = *v;
@@ -65,6 +66,13 @@ TrainingServerConfig TrainingServerConfig::from_json(const std::string &text) {
         if (auto v = f.integer("max_sample_tokens", 1, int64_t{1} << 30)) c.max_sample_tokens = *v;
         if (auto v = f.number("seq_gap_wait_s", 0.0, 3600)) c.seq_gap_wait_s = *v;
         if (auto v = f.number("kv_cache_fraction", 1e-6, 1.0)) c.kv_cache_fraction = *v;
+        if (auto v = f.string("lora")) {
+            if (*v != "request" && *v != "off")
+                throw core::Error("training server options: lora must be \"request\" or \"off\", "
+                                  "got \"" +
+                                  *v + "\"");
+            c.lora = *v;
+        }
         if (const json *t = f.get("trainer")) {
             if (!t->is_object())
                 throw core::Error("training server options: trainer must be an object");
@@ -308,9 +316,11 @@ struct TrainingServer::Impl {
     std::thread reaper;
     std::mutex stop_mu;
     std::mt19937_64 rng{std::random_device{}()};
+    std::unique_ptr<InferenceEndpoints> endpoints; // xorl's inference endpoints
 
     Impl(std::shared_ptr<core::Policy> b, TrainingServerConfig c, LossFactory p)
-        : cfg(std::move(c)), base(std::move(b)), plugins(std::move(p)) {}
+        : cfg(std::move(c)), base(std::move(b)), plugins(std::move(p)),
+          endpoints(std::make_unique<InferenceEndpoints>(cfg.host)) {}
 
     std::string new_id(const std::string &prefix) {
         static const char *hex = "0123456789abcdef";
@@ -607,6 +617,69 @@ struct TrainingServer::Impl {
         router.add(methods, path, guarded(std::move(fn)));
     }
 
+    // -- xorl's weight sync to inference endpoints ---------------------------------------------
+
+    /// The sync keys of an add_inference_endpoint body.
+    static json sync_part(const json &body) {
+        json out = json::object();
+        for (const char *k : {"master_address", "master_port", "group_name", "buffer_size_mb"})
+            if (body.contains(k)) out[k] = body[k];
+        return out;
+    }
+
+    /// Sends the model's weights to every endpoint, as a call on the model's
+    /// lane (after its queued training calls), and waits for it: the model
+    /// is the request's model_id, else the only live model.
+    json run_sync(const InferenceEndpoints::SyncRequest &request) {
+        // What cannot be synced is a SyncWeightsResponse with success false
+        // (xorl-client shows its message; an HTTP error would lose it).
+        auto refused = [](const std::string &why) {
+            return json{{"success", false}, {"message", why}, {"endpoints_synced", json::array()}};
+        };
+        std::shared_ptr<Model> m;
+        std::string session_id;
+        {
+            std::lock_guard<std::mutex> lock(mu);
+            if (!request.model_id.empty()) {
+                m = model_locked(request.model_id, "model_id");
+            } else if (models.size() == 1) {
+                m = models.begin()->second;
+            } else if (models.empty()) {
+                return refused(
+                    "no training model to sync: create one first (/api/v1/create_model)");
+            } else {
+                std::string ids;
+                for (const auto &kv : models) ids += (ids.empty() ? "" : ", ") + kv.first;
+                return refused("several training models are live (" + ids +
+                               "): name the one to sync with model_id");
+            }
+            if (m->lora)
+                return refused("model '" + m->id +
+                               "' is a LoRA adapter; sync_inference_weights sends full weights "
+                               "(start the training server with --lora off for full-weight "
+                               "models, or sample the adapter through "
+                               "/api/v1/create_sampling_session)");
+            session_id = m->session_id;
+        }
+        const std::string id =
+            submit("model:" + m->id, "SyncInferenceWeights", m->id, session_id, std::nullopt,
+                   [this, m, request]() {
+                       if (!m->trainer) throw UserError("model '" + m->id + "' has no weights");
+                       OpResult out;
+                       out.result = endpoints->sync(*m->policy, m->policy->version(), request);
+                       return out;
+                   });
+        std::unique_lock<std::mutex> lock(mu);
+        std::shared_ptr<Future> fut = futures.at(id);
+        cv.wait(lock, [&] {
+            return fut->state == FutureState::Done || fut->state == FutureState::Failed || stopping;
+        });
+        if (fut->state == FutureState::Failed)
+            throw ApiError(fut->category == "user" ? 400 : 500, fut->error);
+        if (fut->state != FutureState::Done) throw ApiError(503, "the server is stopping");
+        return fut->result;
+    }
+
     // The handlers (below).
     void create_model(const Request &req, Responder &r);
     /// Registers the model of a create_model body and queues its creation:
@@ -793,6 +866,28 @@ void TrainingServer::Impl::add_routes() {
 
     // Training.
     route("/api/v1/create_model", [this](const Request &q, Responder &r) { create_model(q, r); });
+    // xorl's inference endpoints: servers this one pushes its weights to.
+    route("/add_inference_endpoint", [this](const Request &req, Responder &r) {
+        const json body = json_body(req);
+        json out = endpoints->add(body);
+        if (out.value("success", false) && body.value("sync_weights", false)) {
+            json sync = run_sync(InferenceEndpoints::SyncRequest::from_json(sync_part(body)));
+            out["weights_synced"] = sync.value("success", false);
+            out["sync_message"] = sync.value("message", "");
+        }
+        send_json(r, out);
+    });
+    route("/list_inference_endpoints",
+          [this](const Request &, Responder &r) { send_json(r, endpoints->list()); },
+          {"GET", "POST"});
+    route("/remove_inference_endpoint", [this](const Request &req, Responder &r) {
+        send_json(r, endpoints->remove(json_body(req)));
+    });
+    for (const char *path : {"/sync_inference_weights", "/api/v1/sync_inference_weights"})
+        route(path, [this](const Request &req, Responder &r) {
+            send_json(r,
+                      run_sync(InferenceEndpoints::SyncRequest::from_json(json_body(req, true))));
+        });
     route("/api/v1/get_info", [this](const Request &req, Responder &r) {
         json body = json_body(req);
         Fields f(body);
@@ -882,7 +977,10 @@ std::pair<std::string, std::string> TrainingServer::Impl::create_model_submit(co
     bool lora = false;
     int64_t rank = 0;
     core::LoraConfig lcfg;
-    if (const json *lc = f.get("lora_config")) {
+    // With lora "off" every model trains its full weights whatever the client
+    // asks (xorl's server decides: xorl-client sends lora_config even for
+    // create_training_client).
+    if (const json *lc = cfg.lora == "off" ? nullptr : f.get("lora_config")) {
         // Tinker: rank, seed, train_attn / train_mlp / train_unembed; xorl-client:
         // lora_rank, alpha / lora_alpha, dropout, target_modules, lora_seed.
         Fields l(*lc, "lora_config.");

@@ -55,8 +55,12 @@ struct TrainingServerConfig {
     double future_ttl_s = 3600;
     /// Calls queued (not yet running) over all sessions; more get 429.
     int64_t max_queued = 256;
-    int workers = 2;                  ///< models / samplers running at the same time
-    int64_t max_models = 16;          ///< live training models
+    int workers = 2;         ///< models / samplers running at the same time
+    int64_t max_models = 16; ///< live training models
+    /// "request": a create_model with lora_config makes a LoRA adapter over
+    /// the shared base (Tinker); "off": every model trains its full weights
+    /// and lora_config is ignored (xorl's server with enable_lora false).
+    std::string lora = "request";
     int64_t max_sample_tokens = 4096; ///< largest max_tokens of a sample call
     /// A call whose seq_id is ahead of the next expected one waits this long
     /// for the missing calls before it runs anyway.
