@@ -51,9 +51,10 @@ extern "C" {
 RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uint64_t seed) {
     return train_boundary([&] {
         require(preset && dir && *dir, "rl_model_init_preset: preset and dir are required");
-        require(std::string(preset) == "tiny",
-                "rl_model_init_preset: unknown preset '" + std::string(preset) + "'; valid: tiny");
-        core::write_tiny_model(dir, seed);
+        const std::string name = preset;
+        require(name == "tiny" || name == "tiny-moe",
+                "rl_model_init_preset: unknown preset '" + name + "'; valid: tiny, tiny-moe");
+        core::write_tiny_model(dir, seed, core::tiny_preset_spec(name));
         return RL_OK;
     });
 }

@@ -1,6 +1,6 @@
 // Model configuration from a Hugging Face config.json (LlamaForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM). Anything this core cannot run exactly
-// as transformers would is refused with an error naming the key.
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM). Anything this core
+// cannot run exactly as transformers would is refused with an error naming the key.
 #pragma once
 
 #include <cstdint>
@@ -10,15 +10,16 @@
 
 namespace rl::core {
 
-enum class Architecture { Llama, Qwen2, Qwen3 };
+enum class Architecture { Llama, Qwen2, Qwen3, Qwen2Moe, Qwen3Moe };
 enum class RopeScaling { None, Linear, Llama3 };
 
-/// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM".
+/// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM",
+/// "Qwen3MoeForCausalLM".
 const char *architecture_name(Architecture a);
 
 struct ModelConfig {
     Architecture architecture = Architecture::Qwen3;
-    std::string model_type; ///< "llama", "qwen2", "qwen3"
+    std::string model_type; ///< "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"
 
     int64_t vocab_size = 0;
     int64_t hidden_size = 0;
@@ -43,6 +44,20 @@ struct ModelConfig {
     bool mlp_bias = false; ///< bias on gate_proj, up_proj, down_proj
     bool qk_norm = false;  ///< per-head RMSNorm on q and k before RoPE (Qwen3)
 
+    // Mixture of experts (Qwen2-MoE, Qwen3-MoE; docs/model.md). num_experts 0: every layer dense.
+    int64_t num_experts = 0;
+    int64_t num_experts_per_tok = 0;             ///< top-k
+    int64_t moe_intermediate_size = 0;           ///< each expert's SwiGLU width
+    bool norm_topk_prob = false;                 ///< renormalize the top-k probabilities to sum 1
+    int64_t decoder_sparse_step = 1;             ///< layer i is MoE when (i + 1) % step == 0 ...
+    std::vector<int64_t> mlp_only_layers;        ///< ... and i is not listed here
+    int64_t shared_expert_intermediate_size = 0; ///< Qwen2-MoE's gated shared expert; 0: none
+    double router_aux_loss_coef = 0.0;           ///< the load-balancing loss weight
+    bool output_router_logits = false;           ///< transformers adds the aux loss only when set
+    /// Router product, softmax and top-k in float32 whatever the model dtype
+    /// (not a config.json key; transformers multiplies in the model dtype).
+    bool router_fp32 = true;
+
     std::optional<int64_t> bos_token_id;
     std::vector<int64_t> eos_token_ids;
     std::optional<int64_t> pad_token_id;
@@ -54,6 +69,10 @@ struct ModelConfig {
     int64_t num_key_value_groups() const { return num_attention_heads / num_key_value_heads; }
     int64_t q_size() const { return num_attention_heads * head_dim; }
     int64_t kv_size() const { return num_key_value_heads * head_dim; }
+    /// Whether decoder layer `layer` is a sparse MoE block (else a dense MLP).
+    bool is_moe_layer(int64_t layer) const;
+    /// Whether any layer is.
+    bool has_moe() const;
 
     /// Parses config.json text; `source` names the file in errors.
     static ModelConfig parse(const std::string &json_text,
