@@ -303,6 +303,50 @@ TEST(MoeForward, CachedDecodingEqualsThePackedForward) {
     }
 }
 
+TEST(MoeForward, Bfloat16ModelRoutesInFloat32UnlessTurnedOff) {
+    for (bool fp32 : {true, false}) {
+        ModelConfig c = ModelConfig::parse(moe_config("qwen3_moe").dump());
+        c.router_fp32 = fp32;
+        CausalLM m(c, ModelOptions{at::kBFloat16, at::kCPU});
+        m.init_weights(3, 0.08);
+        const SparseMoeBlock &b = *m.model->layers[0]->moe;
+        const at::Tensor x = at::randn({5, 48}).to(at::kBFloat16);
+        const MoeRouting r = b.route(x);
+        EXPECT_EQ(r.logits.scalar_type(), fp32 ? at::kFloat : at::kBFloat16);
+        EXPECT_EQ(r.weights.scalar_type(), at::kFloat);
+        const at::Tensor y = b.forward(x);
+        EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+        EXPECT_TRUE(at::isfinite(y).all().item<bool>());
+        // The router product in float32 is the float32 product of the bf16 values.
+        if (fp32) {
+            const at::Tensor want = at::matmul(x.to(at::kFloat), b.gate->weight.to(at::kFloat).t());
+            EXPECT_TRUE(at::equal(r.logits, want));
+        }
+    }
+}
+
+TEST(MoeForward, ActivationCheckpointingGivesTheSameGradients) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 5, small_moe_spec());
+    const TrainBatch batch = batch_of(random_seqs({10, 6, 3}, 256, 1));
+    std::vector<std::map<std::string, at::Tensor>> grads;
+    for (bool checkpoint : {false, true}) {
+        auto policy = Policy::load(tmp / "m");
+        TrainerConfig tc;
+        tc.activation_checkpointing = checkpoint;
+        Trainer t(policy, tc);
+        t.forward_backward(batch, nll_loss());
+        std::map<std::string, at::Tensor> g;
+        for (auto &[name, p] : policy->model().named_weights())
+            if (p.grad().defined()) g[name] = p.grad().clone();
+        grads.push_back(std::move(g));
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    EXPECT_TRUE(grads[0].count("model.layers.1.mlp.gate.weight"));
+    for (const auto &[name, g] : grads[0])
+        EXPECT_LT((g - grads[1].at(name)).abs().max().item<double>(), 1e-6) << name;
+}
+
 // -- router losses ----------------------------------------------------------------
 
 TEST(MoeLosses, LoadBalancingAndZLossHaveTheirClosedFormValues) {
