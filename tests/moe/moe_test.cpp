@@ -223,13 +223,20 @@ TEST(MoeCheckpoint, PerExpertTensorsRoundTripAndAMissingOneIsNamed) {
     EXPECT_EQ(names["model.layers.0.mlp.shared_expert_gate.weight"].sizes(),
               (at::IntArrayRef{1, 48}));
 
-    save_pretrained(*m, d.path());
-    auto back = load_pretrained(d.path());
-    auto wa = m->named_weights(), wb = back->named_weights();
-    ASSERT_EQ(wa.size(), wb.size());
-    for (size_t i = 0; i < wa.size(); ++i) {
-        EXPECT_EQ(wa[i].first, wb[i].first);
-        EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
+    // Sharded (experts split across files) and whole.
+    for (uint64_t shard_bytes : {uint64_t{40000}, uint64_t{5} << 30}) {
+        SaveOptions so;
+        so.max_shard_bytes = shard_bytes;
+        save_pretrained(*m, d.path(), so);
+        EXPECT_EQ(std::filesystem::exists(d / "model.safetensors.index.json"),
+                  shard_bytes < 1000000);
+        auto back = load_pretrained(d.path());
+        auto wa = m->named_weights(), wb = back->named_weights();
+        ASSERT_EQ(wa.size(), wb.size());
+        for (size_t i = 0; i < wa.size(); ++i) {
+            EXPECT_EQ(wa[i].first, wb[i].first);
+            EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
+        }
     }
 
     const std::string file = d / "model.safetensors";
@@ -262,6 +269,23 @@ TEST(MoeForward, SparseBlockEqualsATokenByTokenReference) {
         // The decoding path (row kernel where it applies) gives the same.
         EXPECT_LT((b.forward(x, /*decoding=*/true) - y).abs().max().item<double>(), 1e-5) << arch;
     }
+}
+
+TEST(MoeForward, ARoutingWithExpertIdsOutOfRangeIsRefused) {
+    auto m = make_model(moe_config("qwen3_moe"), 5);
+    const SparseMoeBlock &b = *m->model->layers[0]->moe;
+    const at::Tensor x = at::randn({3, 48});
+    MoeRouting r = b.route(x);
+    r.experts[1][0] = 9;
+    EXPECT_NE(error_of([&] { b.mix(x, r); }).find("routing names expert 9 but the block has 6"),
+              std::string::npos);
+    r.experts[1][0] = -1;
+    EXPECT_NE(error_of([&] { b.mix(x, r); }).find("negative expert id"), std::string::npos);
+    r = b.route(x);
+    r.weights = r.weights.narrow(1, 0, 1);
+    EXPECT_NE(
+        error_of([&] { b.mix(x, r); }).find("routing must give [3, k] expert ids and weights"),
+        std::string::npos);
 }
 
 TEST(MoeForward, GradientsReachTheRouterTheChosenExpertsAndTheSharedExpert) {

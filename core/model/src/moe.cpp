@@ -199,24 +199,4 @@ at::Tensor router_z_loss(const std::vector<at::Tensor> &router_logits, const at:
     return total / rows;
 }
 
-at::Tensor expert_load(const std::vector<at::Tensor> &router_logits, int64_t top_k,
-                       const at::Tensor &mask) {
-    at::NoGradGuard no_grad;
-    check_router_logits(router_logits, mask, "expert_load");
-    const int64_t E = router_logits[0].size(1);
-    check(top_k >= 1 && top_k <= E, "expert_load: top_k must be in [1, " + std::to_string(E) +
-                                        "], got " + std::to_string(top_k));
-    std::vector<at::Tensor> out;
-    for (const at::Tensor &layer : router_logits) {
-        const at::Tensor chosen = std::get<1>(at::topk(as_float(layer), top_k, -1));
-        at::Tensor w =
-            at::ones(chosen.sizes(), at::TensorOptions().dtype(at::kFloat).device(layer.device()));
-        if (mask.defined()) w = w * as_float(mask.to(layer.device())).unsqueeze(1);
-        at::Tensor load =
-            at::zeros({E}, w.options()).scatter_add_(0, chosen.reshape({-1}), w.reshape({-1}));
-        out.push_back(load / load.sum().clamp_min(1e-30));
-    }
-    return at::stack(out);
-}
-
 } // namespace rl::core

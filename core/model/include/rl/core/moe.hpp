@@ -86,9 +86,4 @@ at::Tensor load_balancing_loss(const std::vector<at::Tensor> &router_logits, int
 at::Tensor router_z_loss(const std::vector<at::Tensor> &router_logits,
                          const at::Tensor &mask = at::Tensor());
 
-/// Per expert, the share of top-k assignments in each layer's logits [T, E]:
-/// [layers, E] float32, rows summing to 1 (a load metric; no gradient).
-at::Tensor expert_load(const std::vector<at::Tensor> &router_logits, int64_t top_k,
-                       const at::Tensor &mask = at::Tensor());
-
 } // namespace rl::core
