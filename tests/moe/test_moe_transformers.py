@@ -1,7 +1,8 @@
 """Qwen3-MoE and Qwen2-MoE against transformers: random tiny configs built and
 saved by transformers load in rl (through the Python bindings) and give
-transformers' logprobs on packed batches; the load-balancing loss the trainer
-reports equals transformers' aux_loss; rl's save_pretrained writes the
+transformers' logprobs on packed batches; the load-balancing loss and router
+z-loss the trainer reports equal transformers' aux_loss and router_z_loss_func;
+rl's save_pretrained writes the
 tensors transformers reads back. Skips (77) without transformers."""
 
 import json
@@ -39,6 +40,22 @@ def hf_aux_loss(model, seqs):
     with torch.no_grad():
         out = model(ids, attention_mask=mask, output_router_logits=True)
     return out.aux_loss.item()
+
+
+def hf_z_loss(model, seqs):
+    """transformers' router_z_loss_func (Switch Transformers) over the router
+    logits of every sparse layer for the tokens of every sequence."""
+    from transformers.models.switch_transformers.modeling_switch_transformers import (
+        router_z_loss_func)
+    per_layer = None
+    with torch.no_grad():
+        for s in seqs:
+            logits = model(torch.tensor([s]), output_router_logits=True).router_logits
+            per_layer = [[x] for x in logits] if per_layer is None else \
+                [acc + [x] for acc, x in zip(per_layer, logits)]
+    # Every layer holds the same tokens: the mean of the layers' means is the pooled mean.
+    zs = [router_z_loss_func(torch.cat(xs).float().unsqueeze(0)).item() for xs in per_layer]
+    return sum(zs) / len(zs)
 
 
 def random_model(config, seed):
@@ -106,6 +123,9 @@ class MoeTransformersTest(unittest.TestCase):
             # The auxiliary loss over the same tokens.
             aux = result.metrics["moe/aux_loss"]
             self.assertAlmostEqual(aux, hf_aux_loss(hf, SEQS), delta=1e-5, msg=f"{arch} aux loss")
+            z = result.metrics["moe/z_loss"]
+            self.assertAlmostEqual(z, hf_z_loss(hf, SEQS), delta=1e-4 * max(1.0, z),
+                                   msg=f"{arch} z-loss")
 
             # rl's save writes per-expert tensors transformers reads back.
             out = os.path.join(d, "saved")
