@@ -6,7 +6,7 @@ loss, backward, AdamW) and for decoding, the ratio ours / transformers, and on
 CUDA the MFU of the training step (6 N tokens + attention FLOPs over the GPU's
 bf16 peak).
 
-Usage: compare.py BENCH_BINARY [--device cpu|cuda] [--shapes tiny,30m | 0.6b] [--profile]
+Usage: compare.py BENCH_BINARY [--device cpu|cuda] [--shapes tiny,30m,tiny-moe | 0.6b] [--profile]
                   [--unfused-too]
 
 --unfused-too runs our side a second time with RL_FUSED_KERNELS=0 (the eager
@@ -39,22 +39,31 @@ SHAPES = {
     "tiny": dict(hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, mlp=768, vocab=259),
     "30m": dict(hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64, mlp=1536, vocab=8192),
     "0.6b": dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, mlp=3072, vocab=151936),
+    # The tiny-moe preset's shape: Qwen3-MoE, every layer 8 experts of 192, top-2.
+    "tiny-moe": dict(hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, mlp=768, vocab=259,
+                     experts=8, top_k=2, moe_mlp=192),
 }
 # Dense bf16 peak (TFLOP/s) by GPU name, for MFU.
 PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
 def hf_model(shape, device, dtype):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    import transformers
 
-    cfg = Qwen3Config(
+    common = dict(
         hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
         head_dim=shape["head_dim"], intermediate_size=shape["mlp"], vocab_size=shape["vocab"],
         tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6,
         attn_implementation="sdpa", torch_dtype=dtype)
+    if shape.get("experts"):
+        cfg = transformers.Qwen3MoeConfig(
+            num_experts=shape["experts"], num_experts_per_tok=shape["top_k"],
+            moe_intermediate_size=shape["moe_mlp"], norm_topk_prob=True, **common)
+    else:
+        cfg = transformers.Qwen3Config(**common)
     torch.manual_seed(1)
-    return Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype)
+    return transformers.AutoModelForCausalLM.from_config(cfg).to(device=device, dtype=dtype)
 
 
 def sync(device):
@@ -161,6 +170,9 @@ def train_flops_per_token(shape, params, seq_len):
     # 6 N per token, plus causal attention scores and values: forward 2 matmuls
     # of 2 * (seq_len / 2) * heads * head_dim FLOPs each, backward twice that.
     attn = 6 * shape["layers"] * seq_len * shape["heads"] * shape["head_dim"]
+    if shape.get("experts"):  # only the top-k experts of each layer run per token
+        params -= (shape["layers"] * (shape["experts"] - shape["top_k"]) * 3 * shape["hidden"]
+                   * shape["moe_mlp"])
     return 6 * params + attn
 
 

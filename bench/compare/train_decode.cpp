@@ -251,6 +251,15 @@ int main(int argc, char **argv) {
         c.rope_theta = 1e6;
         c.tie_word_embeddings = true;
         c.qk_norm = true;
+        // A Qwen3-MoE shape: every layer sparse (docs/model.md).
+        if (get("experts", int64_t{0}) > 0) {
+            c.model_type = "qwen3_moe";
+            c.architecture = Architecture::Qwen3Moe;
+            c.num_experts = get("experts", int64_t{0});
+            c.num_experts_per_tok = get("top_k", int64_t{2});
+            c.moe_intermediate_size = get("moe_mlp", int64_t{192});
+            c.norm_topk_prob = true;
+        }
         const at::Device device = resolve_device(get("device", std::string("cpu")), "device");
         const at::ScalarType dtype = parse_dtype(get("dtype", std::string("float32")), "dtype");
         set_num_threads(static_cast<int>(get("threads", int64_t{0})));

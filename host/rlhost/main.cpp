@@ -35,7 +35,7 @@ const char *kUsage =
     "  training-server --model DIR [--port P] [--checkpoint-dir D] [...]\n"
     "                                      train the model over HTTP with the Tinker API\n"
     "                                      (rlhost training-server --help)\n"
-    "  init-model --preset tiny|tiny-reward --out DIR [--seed N]\n"
+    "  init-model --preset tiny|tiny-moe|tiny-reward --out DIR [--seed N]\n"
     "                                      write the built-in model as a Hugging Face folder\n"
     "  report RUN_DIR [--out FILE]         one HTML page of a run folder: charts, samples\n"
     "  plugins [--json]                    list loaded plugins and refused libraries\n"
@@ -62,10 +62,11 @@ int fail_rl(const std::string &what) {
     return fail(what + ": " + rl_last_error());
 }
 
-// rlhost init-model --preset tiny|tiny-reward --out DIR [--seed N]: a model folder without
+// rlhost init-model --preset tiny|tiny-moe|tiny-reward --out DIR [--seed N]: a model folder without
 // writing a script (docs/model.md, "The tiny preset").
 int cmd_init_model(const std::vector<std::string> &args) {
-    const char *usage = "usage: rlhost init-model --preset tiny|tiny-reward --out DIR [--seed N]";
+    const char *usage =
+        "usage: rlhost init-model --preset tiny|tiny-moe|tiny-reward --out DIR [--seed N]";
     std::string preset, out;
     uint64_t seed = 0;
     for (size_t i = 0; i < args.size(); ++i) {

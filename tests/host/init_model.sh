@@ -17,16 +17,24 @@ grep -q '"Qwen3ForCausalLM"' "$tmp/tiny/config.json" || fail "config.json is not
 "$rlhost" init-model --preset tiny --out "$tmp/again" --seed 7 >/dev/null
 cmp -s "$tmp/tiny/model.safetensors" "$tmp/again/model.safetensors" || fail "seed 7 twice differs"
 # The folder loads: `rlhost serve` reports its address.
-"$rlhost" serve --model "$tmp/tiny" --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
-pid=$!
-for _ in $(seq 1 600); do
-    grep -q "listening on" "$tmp/serve.out" && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-done
-grep -q "listening on" "$tmp/serve.out" || { cat "$tmp/serve.err" >&2; fail "rlhost serve did not load it"; }
-kill -TERM "$pid"
-wait "$pid" || true
+serves() { # serves DIR
+    "$rlhost" serve --model "$1" --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
+    pid=$!
+    for _ in $(seq 1 600); do
+        grep -q "listening on" "$tmp/serve.out" && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    grep -q "listening on" "$tmp/serve.out" || { cat "$tmp/serve.err" >&2; fail "rlhost serve did not load $1"; }
+    kill -TERM "$pid"
+    wait "$pid" || true
+}
+serves "$tmp/tiny"
+# The mixture-of-experts preset: a Qwen3-MoE folder that loads too.
+"$rlhost" init-model --preset tiny-moe --out "$tmp/moe" --seed 7 | grep -q "wrote the 'tiny-moe' model to $tmp/moe" ||
+    fail "no confirmation line for tiny-moe"
+grep -q '"Qwen3MoeForCausalLM"' "$tmp/moe/config.json" || fail "tiny-moe's config.json is not a Qwen3-MoE config"
+serves "$tmp/moe"
 
 expect_error() { # expect_error WORDS ARGS...: exit 1 and WORDS on stderr
     local words=$1
@@ -37,5 +45,5 @@ expect_error() { # expect_error WORDS ARGS...: exit 1 and WORDS on stderr
 expect_error "--preset and --out are required" --preset tiny
 expect_error "unknown option '--bogus'" --bogus 1
 expect_error "--seed must be an integer >= 0, got 'x'" --preset tiny --out "$tmp/x" --seed x
-expect_error "huge" --preset huge --out "$tmp/y"
+expect_error "unknown preset 'huge'; valid: tiny, tiny-moe" --preset huge --out "$tmp/y"
 echo "init_model.sh: ok"

@@ -79,6 +79,17 @@ const std::vector<ParamSpec> &trainer_params() {
             "temperature is an error. Top-k / top-p truncation is not applied: the trainer scores "
             "the untruncated tempered distribution (docs/trainer.md).",
             Range::above(0))),
+        nullable(param("moe_aux_loss_coef", T::Number, nullptr,
+                       "Mixture-of-experts models: weight of the load-balancing auxiliary loss "
+                       "(transformers' load_balancing_loss_func, per micro-batch) added to the "
+                       "loss. null: the model's router_aux_loss_coef when its config.json sets "
+                       "output_router_logits, else 0 (as transformers trains). Reported as the "
+                       "metric moe/aux_loss whatever the weight (docs/model.md).",
+                       Range::at_least(0))),
+        param("moe_z_loss_coef", T::Number, 0.0,
+              "Mixture-of-experts models: weight of the router z-loss (mean squared logsumexp of "
+              "the router logits) added to the loss; reported as moe/z_loss.",
+              Range::at_least(0)),
         script_only(param("total_steps", T::Integer, 0,
                           "Optimizer steps of the run (the cosine schedule's length).",
                           Range::at_least(0))),

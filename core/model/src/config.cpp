@@ -21,9 +21,12 @@ struct ArchitectureRow {
     const char *name;
     const char *model_type;
 };
-constexpr ArchitectureRow kArchitectures[] = {{Architecture::Llama, "LlamaForCausalLM", "llama"},
-                                              {Architecture::Qwen2, "Qwen2ForCausalLM", "qwen2"},
-                                              {Architecture::Qwen3, "Qwen3ForCausalLM", "qwen3"}};
+constexpr ArchitectureRow kArchitectures[] = {
+    {Architecture::Llama, "LlamaForCausalLM", "llama"},
+    {Architecture::Qwen2, "Qwen2ForCausalLM", "qwen2"},
+    {Architecture::Qwen3, "Qwen3ForCausalLM", "qwen3"},
+    {Architecture::Qwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe"},
+    {Architecture::Qwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe"}};
 
 class Reader {
 public:
@@ -149,7 +152,60 @@ void parse_token_ids(const Reader &r, ModelConfig *c) {
     }
 }
 
+// The sparse blocks of Qwen2-MoE and Qwen3-MoE (transformers' Qwen2MoeConfig /
+// Qwen3MoeConfig; the defaults are theirs where a key may be absent).
+void parse_moe(const Reader &r, ModelConfig *c) {
+    // transformers 5 writes Qwen3-MoE's expert count as num_local_experts;
+    // the hub checkpoints say num_experts.
+    const Json *ne = r.find("num_experts");
+    const Json *nl = r.find("num_local_experts");
+    if (ne != nullptr && nl != nullptr && *ne != *nl)
+        r.fail("num_local_experts",
+               "(" + nl->dump() + ") differs from num_experts (" + ne->dump() + ")");
+    c->num_experts = ne == nullptr && nl != nullptr
+                         ? r.integer("num_local_experts", std::nullopt, 0)
+                         : r.integer("num_experts", std::nullopt, 0);
+    c->decoder_sparse_step = r.integer("decoder_sparse_step", int64_t{1}, 1);
+    if (const Json *m = r.find("mlp_only_layers")) {
+        if (!m->is_array()) r.fail("mlp_only_layers", "must be a list of layer indices");
+        for (const auto &x : *m) {
+            if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+                x.get<int64_t>() >= c->num_hidden_layers)
+                r.fail("mlp_only_layers", "holds " + x.dump() + ": layer indices must be in [0, " +
+                                              std::to_string(c->num_hidden_layers) + ")");
+            c->mlp_only_layers.push_back(x.get<int64_t>());
+        }
+    }
+    c->router_aux_loss_coef = r.number("router_aux_loss_coef", 0.001);
+    if (c->router_aux_loss_coef < 0) r.fail("router_aux_loss_coef", "must be >= 0");
+    c->output_router_logits = r.boolean("output_router_logits", false);
+    if (c->num_experts == 0) return; // every layer dense, as in transformers
+    c->num_experts_per_tok = r.integer("num_experts_per_tok", std::nullopt, 1);
+    if (c->num_experts_per_tok > c->num_experts)
+        r.fail("num_experts_per_tok", "(" + std::to_string(c->num_experts_per_tok) +
+                                          ") must not exceed num_experts (" +
+                                          std::to_string(c->num_experts) + ")");
+    c->moe_intermediate_size = r.integer("moe_intermediate_size", std::nullopt, 1);
+    c->norm_topk_prob = r.boolean("norm_topk_prob", false);
+    if (c->architecture == Architecture::Qwen2Moe)
+        c->shared_expert_intermediate_size =
+            r.integer("shared_expert_intermediate_size", std::nullopt, 1);
+}
+
 } // namespace
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+    if (num_experts <= 0 || (layer + 1) % decoder_sparse_step != 0) return false;
+    for (int64_t l : mlp_only_layers)
+        if (l == layer) return false;
+    return true;
+}
+
+bool ModelConfig::has_moe() const {
+    for (int64_t i = 0; i < num_hidden_layers; ++i)
+        if (is_moe_layer(i)) return true;
+    return false;
+}
 
 const char *architecture_name(Architecture a) {
     return name_in(kArchitectures, a);
@@ -183,7 +239,7 @@ ModelConfig ModelConfig::parse(const std::string &json_text, const std::string &
             if (model_type == a.model_type) arch_name = a.name;
         if (arch_name.empty())
             throw Error(source + ": neither 'architectures' nor a supported 'model_type' "
-                                 "(llama, qwen2, qwen3) is given");
+                                 "(llama, qwen2, qwen3, qwen2_moe, qwen3_moe) is given");
     }
     const ArchitectureRow *arch = row_named(kArchitectures, arch_name);
     if (arch == nullptr)
@@ -210,7 +266,7 @@ ModelConfig ModelConfig::parse(const std::string &json_text, const std::string &
         r.fail("num_key_value_heads", "(" + std::to_string(c.num_key_value_heads) +
                                           ") must divide num_attention_heads (" +
                                           std::to_string(c.num_attention_heads) + ")");
-    // Qwen3Config defaults head_dim to 128; Llama and Qwen2 derive it.
+    // Qwen3Config defaults head_dim to 128; Llama, Qwen2 and the MoE configs derive it.
     const int64_t derived_head_dim = c.hidden_size / c.num_attention_heads;
     const int64_t default_head_dim =
         c.architecture == Architecture::Qwen3 ? int64_t{128} : derived_head_dim;
@@ -253,10 +309,17 @@ ModelConfig ModelConfig::parse(const std::string &json_text, const std::string &
             c.o_bias = false;
             break;
         case Architecture::Qwen3:
+        case Architecture::Qwen3Moe:
             c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
             c.qk_norm = true;
             break;
+        case Architecture::Qwen2Moe:
+            c.qkv_bias = r.boolean("qkv_bias", true);
+            c.o_bias = false;
+            break;
     }
+    if (c.architecture == Architecture::Qwen2Moe || c.architecture == Architecture::Qwen3Moe)
+        parse_moe(r, &c);
     parse_token_ids(r, &c);
     if (c.is_classifier()) {
         // transformers writes id2label (and label2id); num_labels where given.
@@ -303,7 +366,22 @@ std::string ModelConfig::to_json(const std::string &dtype) const {
         j["rope_theta"] = rope_theta;
         j["hidden_act"] = "silu";
         j["tie_word_embeddings"] = tie_word_embeddings;
-        if (architecture != Architecture::Qwen2) j["attention_bias"] = qkv_bias;
+        if (architecture == Architecture::Qwen2Moe)
+            j["qkv_bias"] = qkv_bias;
+        else if (architecture != Architecture::Qwen2)
+            j["attention_bias"] = qkv_bias;
+        if (architecture == Architecture::Qwen2Moe || architecture == Architecture::Qwen3Moe) {
+            j["num_experts"] = num_experts;
+            j["num_experts_per_tok"] = num_experts_per_tok;
+            j["moe_intermediate_size"] = moe_intermediate_size;
+            j["norm_topk_prob"] = norm_topk_prob;
+            j["decoder_sparse_step"] = decoder_sparse_step;
+            j["mlp_only_layers"] = mlp_only_layers;
+            j["router_aux_loss_coef"] = router_aux_loss_coef;
+            j["output_router_logits"] = output_router_logits;
+            if (architecture == Architecture::Qwen2Moe)
+                j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+        }
         if (architecture == Architecture::Llama) j["mlp_bias"] = mlp_bias;
         switch (rope_scaling) {
             case RopeScaling::None:

@@ -259,6 +259,13 @@ LoraAdapter::LoraAdapter(const CausalLM &model, std::string name, LoraConfig con
     config_.target_modules = normalize_targets(config_.target_modules, "lora.target_modules");
     scale_ = config_.scale();
     const ModelConfig &mc = model.config();
+    if (mc.has_moe())
+        for (LoraTarget t : {LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down})
+            if (config_.targets(t))
+                invalid("lora.target_modules: " + std::string(lora_target_name(t)) + " on " +
+                        architecture_name(mc.architecture) +
+                        ": LoRA on the MLP of a mixture-of-experts model is not supported; "
+                        "target the attention (q_proj, k_proj, v_proj, o_proj)");
     const auto opts = at::TensorOptions().dtype(model.dtype()).device(model.device());
     auto gen = at::make_generator<at::CPUGeneratorImpl>(config_.seed);
     at::NoGradGuard no_grad;

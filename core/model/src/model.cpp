@@ -7,6 +7,7 @@
 #include "rope.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/lora.hpp"
+#include "rl/core/moe.hpp"
 #include "rl/core/threads.hpp"
 #include "rl/core/torch_compat.hpp"
 
@@ -194,22 +195,25 @@ Attention::Attention(const ModelConfig &c, const ModelOptions &o) {
     }
 }
 
-MLP::MLP(const ModelConfig &c, const ModelOptions &o) {
-    gate_proj = register_module(
-        "gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
-    up_proj = register_module(
-        "up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, o));
-    down_proj = register_module(
-        "down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, o));
+MLP::MLP(const ModelConfig &c, const ModelOptions &o, int64_t intermediate_size) {
+    const int64_t n = intermediate_size > 0 ? intermediate_size : c.intermediate_size;
+    gate_proj =
+        register_module("gate_proj", std::make_shared<Linear>(c.hidden_size, n, c.mlp_bias, o));
+    up_proj = register_module("up_proj", std::make_shared<Linear>(c.hidden_size, n, c.mlp_bias, o));
+    down_proj =
+        register_module("down_proj", std::make_shared<Linear>(n, c.hidden_size, c.mlp_bias, o));
 }
 
 at::Tensor MLP::forward(const at::Tensor &x) const {
     return down_proj->forward(swiglu(gate_proj->forward(x), up_proj->forward(x)));
 }
 
-DecoderLayer::DecoderLayer(const ModelConfig &c, const ModelOptions &o) {
+DecoderLayer::DecoderLayer(const ModelConfig &c, const ModelOptions &o, int64_t index) {
     self_attn = register_module("self_attn", std::make_shared<Attention>(c, o));
-    mlp = register_module("mlp", std::make_shared<MLP>(c, o));
+    if (c.is_moe_layer(index))
+        moe = register_module("mlp", std::make_shared<SparseMoeBlock>(c, o));
+    else
+        mlp = register_module("mlp", std::make_shared<MLP>(c, o));
     input_layernorm = register_module("input_layernorm",
                                       std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
     post_attention_layernorm = register_module(
@@ -225,7 +229,7 @@ DecoderModel::DecoderModel(const ModelConfig &c, const ModelOptions &o) {
                                    std::make_shared<Embedding>(c.vocab_size, c.hidden_size, o));
     layers_list = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-        auto layer = std::make_shared<DecoderLayer>(c, o);
+        auto layer = std::make_shared<DecoderLayer>(c, o, i);
         layers_list->push_back(layer);
         layers.push_back(layer);
     }
@@ -379,6 +383,7 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
                            : packed_attention(q, k, v, packed, scale);
         at::Tensor hout = hin + proj(*attn.o_proj, a, LoraTarget::O);
         at::Tensor y = layer.post_attention_layernorm->forward(hout);
+        if (layer.moe) return hout + layer.moe->forward(y, /*decoding=*/cache != nullptr);
         if (!adapter && cache == nullptr) return hout + layer.mlp->forward(y);
         const MLP &mlp = *layer.mlp;
         at::Tensor g = swiglu(proj(*mlp.gate_proj, y, LoraTarget::Gate),

@@ -48,10 +48,28 @@ std::string byte_char(int b) {
 
 } // namespace
 
+TinyModelSpec tiny_moe_spec() {
+    TinyModelSpec s;
+    s.num_experts = 8;
+    return s;
+}
+
+TinyModelSpec tiny_preset_spec(const std::string &preset) {
+    if (preset == "tiny") return TinyModelSpec{};
+    if (preset == "tiny-moe") return tiny_moe_spec();
+    if (preset == "tiny-reward") { // a reward model's shape, random weights
+        TinyModelSpec s;
+        s.num_labels = 1;
+        return s;
+    }
+    throw Error("unknown model preset '" + preset + "'; valid: tiny, tiny-moe, tiny-reward");
+}
+
 std::string tiny_config_json(const TinyModelSpec &s) {
+    const bool moe = s.num_experts > 0;
     Json j;
-    j["architectures"] = Json::array({"Qwen3ForCausalLM"});
-    j["model_type"] = "qwen3";
+    j["architectures"] = Json::array({moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"});
+    j["model_type"] = moe ? "qwen3_moe" : "qwen3";
     j["vocab_size"] = kTinyVocabSize;
     j["hidden_size"] = s.hidden_size;
     j["intermediate_size"] = s.intermediate_size;
@@ -73,8 +91,19 @@ std::string tiny_config_json(const TinyModelSpec &s) {
     j["bos_token_id"] = nullptr;
     j["eos_token_id"] = kTinyImEnd;
     j["torch_dtype"] = "float32";
+    if (moe) {
+        j["num_experts"] = s.num_experts;
+        j["num_experts_per_tok"] = s.num_experts_per_tok;
+        j["moe_intermediate_size"] = s.moe_intermediate_size;
+        j["norm_topk_prob"] = s.norm_topk_prob;
+        j["decoder_sparse_step"] = 1;
+        j["mlp_only_layers"] = Json::array();
+        j["router_aux_loss_coef"] = 0.001;
+        j["output_router_logits"] = false;
+    }
     if (s.num_labels > 0) {
-        j["architectures"] = Json::array({"Qwen3ForSequenceClassification"});
+        j["architectures"] =
+            Json::array({std::string(moe ? "Qwen3Moe" : "Qwen3") + "ForSequenceClassification"});
         Json labels = Json::object();
         for (int64_t i = 0; i < s.num_labels; ++i)
             labels[std::to_string(i)] = "LABEL_" + std::to_string(i);

@@ -9,6 +9,7 @@
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/dist.hpp"
 #include "rl/core/checkpoint.hpp"
+#include "rl/core/moe.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
@@ -83,6 +84,77 @@ std::map<std::string, at::Tensor> load_model_tensors(const fs::path &dir) {
     return out;
 }
 
+// Mixture of experts: the load-balancing loss weight for this model (0: none).
+double moe_aux_coef(const TrainerConfig &t, const ModelConfig &m) {
+    if (!m.has_moe()) return 0.0;
+    return t.moe_aux_loss_coef.value_or(m.output_router_logits ? m.router_aux_loss_coef : 0.0);
+}
+
+// The router statistics of one trainer call, pooled over its micro-batches
+// (no gradient): the metrics moe/aux_loss (transformers' load-balancing loss
+// over all the call's tokens), moe/z_loss and the expert loads per layer.
+class MoeStats {
+public:
+    explicit MoeStats(const ModelConfig &c) : config_(c) {
+        for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+            if (c.is_moe_layer(i)) layers_.push_back(i);
+    }
+
+    void add(const std::vector<at::Tensor> &router_logits) {
+        at::NoGradGuard no_grad;
+        const int64_t E = config_.num_experts, K = config_.num_experts_per_tok;
+        require(router_logits.size() == layers_.size(), ErrorKind::BadState,
+                "trainer: " + std::to_string(router_logits.size()) +
+                    " router outputs recorded for " + std::to_string(layers_.size()) +
+                    " sparse layers");
+        if (!assigned_.defined()) {
+            assigned_ = at::zeros({static_cast<int64_t>(layers_.size()), E}, at::kDouble);
+            probs_ = at::zeros({E}, at::kDouble);
+        }
+        for (size_t l = 0; l < router_logits.size(); ++l) {
+            const at::Tensor logits = router_logits[l].detach().to(at::kCPU).to(at::kDouble);
+            const at::Tensor p = at::softmax(logits, -1);
+            const at::Tensor chosen = std::get<1>(at::topk(p, K, -1)).reshape({-1});
+            assigned_[static_cast<int64_t>(l)].index_add_(0, chosen,
+                                                          at::ones({chosen.size(0)}, at::kDouble));
+            probs_ += p.sum(0);
+            z_ += at::logsumexp(logits, {-1}).pow(2).sum().item<double>();
+        }
+        tokens_ += router_logits.empty() ? 0 : router_logits[0].size(0);
+    }
+
+    void report(std::map<std::string, double> &metrics) const {
+        if (!assigned_.defined() || tokens_ == 0) return;
+        const double E = static_cast<double>(config_.num_experts);
+        const double rows = static_cast<double>(tokens_) * static_cast<double>(layers_.size());
+        metrics["moe/aux_loss"] =
+            E * (assigned_.sum(0) / rows * (probs_ / rows)).sum().item<double>();
+        metrics["moe/z_loss"] = z_ / rows;
+        // Load of an expert relative to a uniform spread (1: its share is 1/E).
+        const at::Tensor ratio =
+            assigned_ / (static_cast<double>(tokens_ * config_.num_experts_per_tok)) * E;
+        double hi = 0, lo = 1e300;
+        for (size_t l = 0; l < layers_.size(); ++l) {
+            const double mx = ratio[static_cast<int64_t>(l)].max().item<double>();
+            const double mn = ratio[static_cast<int64_t>(l)].min().item<double>();
+            const std::string layer = "/layer_" + std::to_string(layers_[l]);
+            metrics["moe/max_load_ratio" + layer] = mx;
+            metrics["moe/min_load_ratio" + layer] = mn;
+            hi = std::max(hi, mx);
+            lo = std::min(lo, mn);
+        }
+        metrics["moe/max_load_ratio"] = hi;
+        metrics["moe/min_load_ratio"] = lo;
+    }
+
+private:
+    const ModelConfig &config_;
+    std::vector<int64_t> layers_;
+    at::Tensor assigned_, probs_;
+    double z_ = 0;
+    int64_t tokens_ = 0;
+};
+
 } // namespace
 
 // -- signature --------------------------------------------------------------
@@ -142,6 +214,17 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
         for (auto &kv : head->named_weights()) params_.push_back(kv);
     }
     for (auto &kv : params_) kv.second.set_requires_grad(true);
+    if (moe_aux_coef(config_, policy_->model().config()) > 0 ||
+        (policy_->model().config().has_moe() && config_.moe_z_loss_coef > 0)) {
+        // A recomputed layer's router logits are recorded without autograd.
+        require(!config_.activation_checkpointing, ErrorKind::InvalidArgument,
+                "trainer: the router losses (trainer.moe_aux_loss_coef / moe_z_loss_coef, or the "
+                "model's router_aux_loss_coef with output_router_logits) need "
+                "trainer.activation_checkpointing off; set the coefficients to 0 to use it");
+        require(!(group_ && config_.parallel == "fsdp"), ErrorKind::InvalidArgument,
+                "trainer: the router losses (trainer.moe_aux_loss_coef / moe_z_loss_coef) are not "
+                "supported with trainer.parallel fsdp; use dp or set the coefficients to 0");
+    }
     if (group_ && config_.parallel == "fsdp") {
         // The shards are the optimizer's float32 masters (no masters_).
         masters_.assign(params_.size(), at::Tensor());
@@ -527,6 +610,13 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
     lopts.logsumexp = P.want_lse;
     lopts.keep_hidden = P.want_values;
     std::vector<at::Tensor> out_val;
+    // Mixture of experts: router statistics always, router losses when weighted.
+    const ModelConfig &mc = model.config();
+    const bool moe = mc.has_moe();
+    const double aux_coef = backward ? moe_aux_coef(config_, mc) : 0.0;
+    const double z_coef = backward && moe ? config_.moe_z_loss_coef : 0.0;
+    const double ranks = group_ ? static_cast<double>(group_->size()) : 1.0;
+    MoeStats moe_stats(mc);
     bool greedy = false;
     lopts.temperature = logprob_temperature_for(config_, batch.sampling_temperature, &greedy);
     R.logprob_temperature = lopts.temperature;
@@ -566,7 +656,25 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         PackedBatch pb;
         pb.input_ids = P.ids.narrow(0, a, n);
         pb.cu_seqlens = long_tensor(cu_local);
+        std::optional<RouterLogitsRecorder> recorder;
+        if (moe) recorder.emplace();
         TokenLogprobs tl = model.token_logprobs(pb, P.model_labels.narrow(0, a, n), lopts);
+        // The router losses of this micro-batch, weighted by its share of the
+        // call's tokens (and of the ranks', whose gradients dp sums).
+        at::Tensor moe_loss;
+        if (recorder) {
+            const std::vector<at::Tensor> router_logits = recorder->logits();
+            recorder.reset();
+            moe_stats.add(router_logits);
+            if (aux_coef > 0 || z_coef > 0) {
+                at::Tensor term = at::zeros({}, router_logits[0].options());
+                if (aux_coef > 0)
+                    term = term + aux_coef * load_balancing_loss(router_logits, mc.num_experts,
+                                                                 mc.num_experts_per_tok);
+                if (z_coef > 0) term = term + z_coef * router_z_loss(router_logits);
+                moe_loss = term * (static_cast<double>(n) / (static_cast<double>(P.T) * ranks));
+            }
+        }
         // Shift to the batch alignment: position t holds the prediction of token t.
         const at::Tensor zero = at::zeros({1}, tl.logprobs.options());
         at::Tensor lp = at::cat({zero, tl.logprobs.narrow(0, 0, n - 1)});
@@ -613,6 +721,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (!std::isfinite(res.loss))
             throw Error(ErrorKind::Numeric, loss->name + ": the loss is not finite");
         R.loss += res.loss;
+        if (moe_loss.defined()) R.loss += moe_loss.item<double>();
 
         const double w = P.counted.narrow(0, a, n).sum().item<double>();
         for (const auto &m : res.metrics) {
@@ -647,6 +756,10 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
             take("entropy", ent);
             take("logsumexp", lse);
             take("values", vals);
+            if (moe_loss.defined()) {
+                outs.push_back(moe_loss);
+                grads.push_back(at::ones_like(moe_loss));
+            }
             if (outs.empty() && fsdp_) { // the layers' collectives run regardless
                 outs.push_back(lp);
                 grads.push_back(at::zeros_like(lp));
@@ -675,6 +788,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
                              ": the ranks emitted different metrics; each reports its own");
     }
     R.metrics = metrics.values();
+    moe_stats.report(R.metrics);
     for (auto &e : extras) {
         if (static_cast<int64_t>(e.second.size()) != R.micro_batches)
             throw Error(ErrorKind::InvalidArgument, loss->name + ": emitted tensor '" + e.first +

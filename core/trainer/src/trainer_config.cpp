@@ -66,6 +66,9 @@ TrainerConfig TrainerConfig::from_json(const std::string &text) {
     if (!j["seed"].is_null()) c.seed = j["seed"].get<uint64_t>();
     if (!j["logprob_temperature"].is_null())
         c.logprob_temperature = j["logprob_temperature"].get<double>();
+    if (!j["moe_aux_loss_coef"].is_null())
+        c.moe_aux_loss_coef = j["moe_aux_loss_coef"].get<double>();
+    c.moe_z_loss_coef = j["moe_z_loss_coef"].get<double>();
     c.validate();
     return c;
 }
@@ -109,6 +112,8 @@ std::string TrainerConfig::to_json() const {
               {"overlap_grad_reduce", overlap_grad_reduce}};
     j["seed"] = seed ? json(*seed) : json(nullptr);
     j["logprob_temperature"] = logprob_temperature ? json(*logprob_temperature) : json(nullptr);
+    j["moe_aux_loss_coef"] = moe_aux_loss_coef ? json(*moe_aux_loss_coef) : json(nullptr);
+    j["moe_z_loss_coef"] = moe_z_loss_coef;
     return j.dump();
 }
 

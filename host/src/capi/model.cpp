@@ -52,11 +52,10 @@ RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uin
     return train_boundary([&] {
         require(preset && dir && *dir, "rl_model_init_preset: preset and dir are required");
         const std::string name = preset;
-        require(name == "tiny" || name == "tiny-reward",
-                "rl_model_init_preset: unknown preset '" + name + "'; valid: tiny, tiny-reward");
-        core::TinyModelSpec spec;
-        if (name == "tiny-reward") spec.num_labels = 1; // a reward model's shape, random weights
-        core::write_tiny_model(dir, seed, spec);
+        require(name == "tiny" || name == "tiny-moe" || name == "tiny-reward",
+                "rl_model_init_preset: unknown preset '" + name +
+                    "'; valid: tiny, tiny-moe, tiny-reward");
+        core::write_tiny_model(dir, seed, core::tiny_preset_spec(name));
         return RL_OK;
     });
 }

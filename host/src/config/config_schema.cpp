@@ -57,7 +57,7 @@ std::vector<ConfigKey> build() {
 
         param("model.path", T::String, "",
               "Hugging Face model folder; empty: the built-in tiny model (created if absent)."),
-        choice_param("model.preset", "tiny", {"tiny"},
+        choice_param("model.preset", "tiny", {"tiny", "tiny-moe"},
                      "Built-in model created when model.path is empty."),
         param("model.init_dir", T::String, "models/tiny",
               "Where the built-in model is created when model.path is empty."),

@@ -1,7 +1,8 @@
 // Model configuration from a Hugging Face config.json (LlamaForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM, and the ...ForSequenceClassification
-// classes of the same trunks: reward models). Anything this core cannot run
-// exactly as transformers would is refused with an error naming the key.
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, and
+// the ...ForSequenceClassification classes of the same trunks: reward models).
+// Anything this core cannot run exactly as transformers would is refused with
+// an error naming the key.
 #pragma once
 
 #include <cstdint>
@@ -11,19 +12,20 @@
 
 namespace rl::core {
 
-enum class Architecture { Llama, Qwen2, Qwen3 };
+enum class Architecture { Llama, Qwen2, Qwen3, Qwen2Moe, Qwen3Moe };
 enum class RopeScaling { None, Linear, Llama3 };
 /// What sits on the trunk: the language-model head (lm_head, or the tied
 /// embedding), or a sequence-classification head (`score`, [num_labels,
 /// hidden], no bias) read at each sequence's last token: a reward model.
 enum class Head { CausalLM, SequenceClassification };
 
-/// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM".
+/// "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM",
+/// "Qwen3MoeForCausalLM".
 const char *architecture_name(Architecture a);
 
 struct ModelConfig {
     Architecture architecture = Architecture::Qwen3;
-    std::string model_type; ///< "llama", "qwen2", "qwen3"
+    std::string model_type; ///< "llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"
     Head head = Head::CausalLM;
     /// SequenceClassification: the score head's outputs (config "num_labels",
     /// else the size of "id2label", else 2 as transformers defaults); 0 otherwise.
@@ -52,6 +54,20 @@ struct ModelConfig {
     bool mlp_bias = false; ///< bias on gate_proj, up_proj, down_proj
     bool qk_norm = false;  ///< per-head RMSNorm on q and k before RoPE (Qwen3)
 
+    // Mixture of experts (Qwen2-MoE, Qwen3-MoE; docs/model.md). num_experts 0: every layer dense.
+    int64_t num_experts = 0;
+    int64_t num_experts_per_tok = 0;             ///< top-k
+    int64_t moe_intermediate_size = 0;           ///< each expert's SwiGLU width
+    bool norm_topk_prob = false;                 ///< renormalize the top-k probabilities to sum 1
+    int64_t decoder_sparse_step = 1;             ///< layer i is MoE when (i + 1) % step == 0 ...
+    std::vector<int64_t> mlp_only_layers;        ///< ... and i is not listed here
+    int64_t shared_expert_intermediate_size = 0; ///< Qwen2-MoE's gated shared expert; 0: none
+    double router_aux_loss_coef = 0.0;           ///< the load-balancing loss weight
+    bool output_router_logits = false;           ///< transformers adds the aux loss only when set
+    /// Router product, softmax and top-k in float32 whatever the model dtype
+    /// (not a config.json key; transformers multiplies in the model dtype).
+    bool router_fp32 = true;
+
     std::optional<int64_t> bos_token_id;
     std::vector<int64_t> eos_token_ids;
     std::optional<int64_t> pad_token_id;
@@ -66,6 +82,10 @@ struct ModelConfig {
     bool is_classifier() const { return head == Head::SequenceClassification; }
     /// The transformers class: "Qwen3ForCausalLM", "Qwen3ForSequenceClassification", ...
     std::string class_name() const;
+    /// Whether decoder layer `layer` is a sparse MoE block (else a dense MLP).
+    bool is_moe_layer(int64_t layer) const;
+    /// Whether any layer is.
+    bool has_moe() const;
 
     /// Parses config.json text; `source` names the file in errors.
     static ModelConfig parse(const std::string &json_text,

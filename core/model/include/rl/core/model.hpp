@@ -90,16 +90,21 @@ public:
 
 class MLP : public torch::nn::Module {
 public:
-    MLP(const ModelConfig &c, const ModelOptions &o);
+    /// SwiGLU of width `intermediate_size` (0: c.intermediate_size).
+    MLP(const ModelConfig &c, const ModelOptions &o, int64_t intermediate_size = 0);
     at::Tensor forward(const at::Tensor &x) const;
     std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
 };
 
+class SparseMoeBlock; // moe.hpp
+
 class DecoderLayer : public torch::nn::Module {
 public:
-    DecoderLayer(const ModelConfig &c, const ModelOptions &o);
+    DecoderLayer(const ModelConfig &c, const ModelOptions &o, int64_t index);
     std::shared_ptr<Attention> self_attn;
-    std::shared_ptr<MLP> mlp;
+    std::shared_ptr<MLP> mlp; ///< null on a sparse layer
+    std::shared_ptr<SparseMoeBlock>
+        moe; ///< "mlp" of a sparse layer (config.is_moe_layer), else null
     std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
 };
 

@@ -1,4 +1,5 @@
-// The built-in tiny model: a Qwen3-architecture model of a few million
+// The built-in tiny model: a Qwen3-architecture model (or Qwen3-MoE, the
+// "tiny-moe" preset) of a few million
 // parameters over a byte-level vocabulary (256 byte tokens + <|endoftext|>,
 // <|im_start|>, <|im_end|>), small enough to train from scratch on a laptop
 // CPU. Written as a complete Hugging Face folder that loads through
@@ -24,7 +25,18 @@ struct TinyModelSpec {
     /// model's shape: score head, pad_token_id <|endoftext|>) instead of the
     /// causal LM.
     int64_t num_labels = 0;
+    // num_experts > 0: Qwen3-MoE (Qwen3MoeForCausalLM) with every layer sparse.
+    int64_t num_experts = 0;
+    int64_t num_experts_per_tok = 2;
+    int64_t moe_intermediate_size = 192;
+    bool norm_topk_prob = true;
 };
+
+/// The "tiny-moe" preset: the tiny shape with 8 experts of width 192, top-2.
+TinyModelSpec tiny_moe_spec();
+/// The spec of a preset by name ("tiny", "tiny-moe"); an unknown name is an
+/// error listing the valid ones.
+TinyModelSpec tiny_preset_spec(const std::string &preset);
 
 /// Token ids of the tiny vocabulary: byte b is id b.
 constexpr int32_t kTinyEndOfText = 256; ///< <|endoftext|> (pad)

@@ -57,6 +57,11 @@ struct TrainerConfig {
     /// logprobs and entropy (verl / xorl). Unset: the batch's sampling
     /// temperature when it carries one, else 1 (logprob_temperature_for).
     std::optional<double> logprob_temperature;
+    /// Mixture of experts: weight of the load-balancing loss (unset: the
+    /// model's router_aux_loss_coef when output_router_logits, else 0) and of
+    /// the router z-loss.
+    std::optional<double> moe_aux_loss_coef;
+    double moe_z_loss_coef = 0.0;
 
     /// Parses a JSON object; unknown keys and wrong types are errors naming
     /// the key ("trainer.<key>"). Validates.

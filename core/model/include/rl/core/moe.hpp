@@ -1,0 +1,89 @@
+// Sparse mixture-of-experts blocks of Qwen2-MoE and Qwen3-MoE (docs/model.md):
+// a router (top-k of a softmax over the experts), SwiGLU experts, and for
+// Qwen2-MoE a shared expert with a sigmoid gate. Parameters carry the names
+// the Hugging Face checkpoints store: mlp.gate.weight,
+// mlp.experts.E.{gate,up,down}_proj.weight, mlp.shared_expert.*,
+// mlp.shared_expert_gate.weight. Also the router losses of transformers
+// (load-balancing auxiliary loss, router z-loss).
+#pragma once
+
+#include "rl/core/config.hpp"
+#include "rl/core/model.hpp"
+
+#include <ATen/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace rl::core {
+
+/// The routing of a batch of tokens through one sparse block.
+struct MoeRouting {
+    at::Tensor logits;  ///< [T, E] router logits (float32 when config.router_fp32)
+    at::Tensor weights; ///< [T, K] the chosen experts' weights (renormalized when norm_topk_prob)
+    at::Tensor experts; ///< [T, K] int64 expert ids, by decreasing probability
+};
+
+class SparseMoeBlock : public torch::nn::Module {
+public:
+    SparseMoeBlock(const ModelConfig &c, const ModelOptions &o);
+
+    /// Router logits, softmax (float32), top-k and renormalization of x [T, hidden].
+    MoeRouting route(const at::Tensor &x) const;
+    /// The block's output for x [T, hidden] under `routing`: the experts'
+    /// outputs weighted and summed per token, plus the gated shared expert.
+    /// `decoding`: a few rows of a decoding step (the row kernel where it applies).
+    at::Tensor mix(const at::Tensor &x, const MoeRouting &routing, bool decoding = false) const;
+    /// route + mix; the routing goes to `routing_out` when given, and its
+    /// logits to the RouterLogitsRecorder of this thread when one is active.
+    at::Tensor forward(const at::Tensor &x, bool decoding = false,
+                       MoeRouting *routing_out = nullptr) const;
+
+    std::shared_ptr<Linear> gate; ///< router, weight [E, hidden], no bias
+    torch::nn::ModuleList experts_list;
+    std::vector<std::shared_ptr<MLP>> experts;
+    std::shared_ptr<MLP> shared_expert;         ///< Qwen2-MoE, else null
+    std::shared_ptr<Linear> shared_expert_gate; ///< Qwen2-MoE [1, hidden], else null
+    int64_t num_experts = 0, top_k = 0;
+    bool norm_topk_prob = false, router_fp32 = true;
+};
+
+/// While alive, every sparse block that runs on the constructing thread
+/// appends its router logits [T, E] (differentiable unless the layer was
+/// run without autograd, e.g. under activation checkpointing) in layer order.
+/// Nested recorders: the innermost records.
+class RouterLogitsRecorder {
+public:
+    RouterLogitsRecorder();
+    ~RouterLogitsRecorder();
+    RouterLogitsRecorder(const RouterLogitsRecorder &) = delete;
+    RouterLogitsRecorder &operator=(const RouterLogitsRecorder &) = delete;
+
+    const std::vector<at::Tensor> &logits() const { return logits_; }
+    void add(const at::Tensor &logits) { logits_.push_back(logits); }
+    /// The recorder active on this thread, or null.
+    static RouterLogitsRecorder *current();
+
+private:
+    std::vector<at::Tensor> logits_;
+    RouterLogitsRecorder *previous_;
+};
+
+/// transformers' load_balancing_loss_func (Switch Transformer eq. 4-6) over
+/// the router logits of every sparse layer ([T, E] each, the same T rows):
+/// E * sum_e f_e * P_e with f_e the share of top-k assignments to expert e
+/// and P_e its mean router probability, both pooled over layers and tokens.
+/// `mask` [T] (1 counts a token, 0 drops it; undefined: all count) is
+/// transformers' attention_mask. A float32 scalar, differentiable through P.
+at::Tensor load_balancing_loss(const std::vector<at::Tensor> &router_logits, int64_t num_experts,
+                               int64_t top_k, const at::Tensor &mask = at::Tensor());
+
+/// Router z-loss (ST-MoE; transformers' router_z_loss_func): the mean over
+/// layers and counted tokens of logsumexp(router logits)^2. float32 scalar.
+at::Tensor router_z_loss(const std::vector<at::Tensor> &router_logits,
+                         const at::Tensor &mask = at::Tensor());
+
+} // namespace rl::core

@@ -1,0 +1,202 @@
+#include "rl/core/moe.hpp"
+
+#include "decode_linear.hpp"
+#include "rl/core/error.hpp"
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace rl::core {
+namespace {
+
+thread_local RouterLogitsRecorder *tl_recorder = nullptr;
+
+at::Tensor as_float(const at::Tensor &t) {
+    return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
+}
+
+at::Tensor linear(const Linear &l, const at::Tensor &x, bool decoding) {
+    return decoding ? decode_linear(x, l.weight, l.bias) : l.forward(x);
+}
+
+at::Tensor swiglu_mlp(const MLP &m, const at::Tensor &x, bool decoding) {
+    at::Tensor g = linear(*m.gate_proj, x, decoding), u = linear(*m.up_proj, x, decoding);
+    return linear(*m.down_proj, at::silu(g) * u, decoding);
+}
+
+// The router logits of every layer: [T, E] tensors with the same T.
+int64_t check_router_logits(const std::vector<at::Tensor> &logits, const at::Tensor &mask,
+                            const char *what) {
+    check(!logits.empty(),
+          std::string(what) + ": no router logits (the model has no sparse layer)");
+    const int64_t T = logits[0].dim() == 2 ? logits[0].size(0) : -1;
+    for (size_t l = 0; l < logits.size(); ++l)
+        check(logits[l].dim() == 2 && logits[l].size(0) == T &&
+                  logits[l].size(1) == logits[0].size(1),
+              std::string(what) + ": router logits of layer " + std::to_string(l) + " must be [" +
+                  std::to_string(T) + ", experts] like the first layer's");
+    if (mask.defined())
+        check(mask.dim() == 1 && mask.size(0) == T,
+              std::string(what) + ": mask must be [" + std::to_string(T) + "], one per token");
+    return T;
+}
+
+} // namespace
+
+// -- the block ----------------------------------------------------------------
+
+SparseMoeBlock::SparseMoeBlock(const ModelConfig &c, const ModelOptions &o)
+    : num_experts(c.num_experts), top_k(c.num_experts_per_tok), norm_topk_prob(c.norm_topk_prob),
+      router_fp32(c.router_fp32) {
+    check(c.num_experts > 0 && c.num_experts_per_tok >= 1 &&
+              c.num_experts_per_tok <= c.num_experts && c.moe_intermediate_size > 0,
+          "a sparse MoE block needs num_experts > 0, 1 <= num_experts_per_tok <= num_experts "
+          "and moe_intermediate_size > 0");
+    gate =
+        register_module("gate", std::make_shared<Linear>(c.hidden_size, c.num_experts, false, o));
+    experts_list = register_module("experts", torch::nn::ModuleList());
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+        auto expert = std::make_shared<MLP>(c, o, c.moe_intermediate_size);
+        experts_list->push_back(expert);
+        experts.push_back(expert);
+    }
+    if (c.shared_expert_intermediate_size > 0) {
+        shared_expert = register_module(
+            "shared_expert", std::make_shared<MLP>(c, o, c.shared_expert_intermediate_size));
+        shared_expert_gate = register_module("shared_expert_gate",
+                                             std::make_shared<Linear>(c.hidden_size, 1, false, o));
+    }
+}
+
+MoeRouting SparseMoeBlock::route(const at::Tensor &x) const {
+    MoeRouting r;
+    r.logits =
+        router_fp32 ? at::linear(as_float(x), as_float(gate->weight)) : at::linear(x, gate->weight);
+    const at::Tensor probs = at::softmax(r.logits, -1, at::kFloat);
+    auto [values, ids] = at::topk(probs, top_k, -1);
+    if (norm_topk_prob) values = values / values.sum(-1, /*keepdim=*/true);
+    r.weights = values;
+    r.experts = ids;
+    return r;
+}
+
+at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing,
+                               bool decoding) const {
+    const int64_t T = x.size(0);
+    check(routing.experts.dim() == 2 && routing.experts.size(0) == T &&
+              routing.weights.sizes().equals(routing.experts.sizes()),
+          "moe: routing must give [" + std::to_string(T) + ", k] expert ids and weights");
+    const int64_t K = routing.experts.size(1);
+    // The (token, slot) pairs sorted by expert: expert e owns a contiguous run.
+    const at::Tensor flat = routing.experts.reshape({-1}).to(at::kLong);
+    if (T == 0) return at::zeros_like(x);
+    check(flat.min().item<int64_t>() >= 0, "moe: routing names a negative expert id");
+    const at::Tensor counts = at::bincount(flat, {}, num_experts).to(at::kCPU);
+    check(counts.size(0) == num_experts,
+          "moe: routing names expert " + std::to_string(flat.max().item<int64_t>()) +
+              " but the block has " + std::to_string(num_experts) + " experts");
+    const at::Tensor order = at::argsort(flat, /*stable=*/true);
+    // Each (token, slot) row in expert order: the rows of expert e are one
+    // contiguous run, so each expert multiplies a slice; one gather in, and
+    // one scatter back to (token, slot) order summed over the k slots (a
+    // per-expert index_add into [T, hidden] cost ~10x the products on the CPU).
+    const at::Tensor xs = x.index_select(0, at::floor_divide(order, K));
+    // Weights in the activations' dtype, as transformers multiplies them.
+    const at::Tensor slot_weight =
+        routing.weights.reshape({-1}).index_select(0, order).to(x.scalar_type()).unsqueeze(1);
+    const int64_t *n = counts.data_ptr<int64_t>();
+    std::vector<at::Tensor> ys;
+    int64_t begin = 0;
+    for (int64_t e = 0; e < num_experts; ++e) {
+        if (n[e] == 0) continue;
+        ys.push_back(
+            swiglu_mlp(*experts[static_cast<size_t>(e)], xs.narrow(0, begin, n[e]), decoding));
+        begin += n[e];
+    }
+    const at::Tensor y = (ys.size() == 1 ? ys[0] : at::cat(ys)) * slot_weight;
+    at::Tensor out = at::zeros({T * K, x.size(1)}, x.options())
+                         .index_copy(0, order, y)
+                         .view({T, K, x.size(1)})
+                         .sum(1);
+    if (shared_expert) {
+        const at::Tensor g = at::sigmoid(linear(*shared_expert_gate, x, decoding));
+        out = out + g * swiglu_mlp(*shared_expert, x, decoding);
+    }
+    return out;
+}
+
+at::Tensor SparseMoeBlock::forward(const at::Tensor &x, bool decoding,
+                                   MoeRouting *routing_out) const {
+    MoeRouting r = route(x);
+    if (RouterLogitsRecorder *rec = RouterLogitsRecorder::current()) rec->add(r.logits);
+    at::Tensor out = mix(x, r, decoding);
+    if (routing_out != nullptr) *routing_out = std::move(r);
+    return out;
+}
+
+// -- recorder -----------------------------------------------------------------
+
+RouterLogitsRecorder::RouterLogitsRecorder() : previous_(tl_recorder) {
+    tl_recorder = this;
+}
+
+RouterLogitsRecorder::~RouterLogitsRecorder() {
+    tl_recorder = previous_;
+}
+
+RouterLogitsRecorder *RouterLogitsRecorder::current() {
+    return tl_recorder;
+}
+
+// -- router losses ------------------------------------------------------------
+
+at::Tensor load_balancing_loss(const std::vector<at::Tensor> &router_logits, int64_t num_experts,
+                               int64_t top_k, const at::Tensor &mask) {
+    check_router_logits(router_logits, mask, "load_balancing_loss");
+    const int64_t E = router_logits[0].size(1);
+    check(num_experts == E, "load_balancing_loss: num_experts is " + std::to_string(num_experts) +
+                                " but the router logits have " + std::to_string(E) + " columns");
+    check(top_k >= 1 && top_k <= E, "load_balancing_loss: top_k must be in [1, " +
+                                        std::to_string(E) + "], got " + std::to_string(top_k));
+    const at::Device dev = router_logits[0].device();
+    const at::Tensor m = mask.defined() ? as_float(mask.to(dev)) : at::Tensor();
+    at::Tensor assigned = at::zeros({E}, at::TensorOptions().dtype(at::kFloat).device(dev));
+    at::Tensor prob_sum = assigned.clone();
+    at::Tensor rows = at::zeros({}, assigned.options());
+    for (const at::Tensor &layer : router_logits) {
+        const at::Tensor probs = at::softmax(as_float(layer), -1);
+        const at::Tensor chosen = std::get<1>(at::topk(probs.detach(), top_k, -1)); // [T, K]
+        at::Tensor one_hot =
+            at::zeros({layer.size(0), E}, assigned.options())
+                .scatter_add_(1, chosen, at::ones(chosen.sizes(), assigned.options()));
+        if (m.defined()) {
+            assigned = assigned + (one_hot * m.unsqueeze(1)).sum(0);
+            prob_sum = prob_sum + (probs * m.unsqueeze(1)).sum(0);
+            rows = rows + m.sum();
+        } else {
+            assigned = assigned + one_hot.sum(0);
+            prob_sum = prob_sum + probs.sum(0);
+            rows = rows + static_cast<double>(layer.size(0));
+        }
+    }
+    return (assigned / rows * (prob_sum / rows)).sum() * static_cast<double>(E);
+}
+
+at::Tensor router_z_loss(const std::vector<at::Tensor> &router_logits, const at::Tensor &mask) {
+    check_router_logits(router_logits, mask, "router_z_loss");
+    const at::Device dev = router_logits[0].device();
+    const at::Tensor m = mask.defined() ? as_float(mask.to(dev)) : at::Tensor();
+    at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(dev));
+    at::Tensor rows = total.clone();
+    for (const at::Tensor &layer : router_logits) {
+        const at::Tensor z2 = at::logsumexp(as_float(layer), {-1}).pow(2);
+        total = total + (m.defined() ? (z2 * m).sum() : z2.sum());
+        rows = rows + (m.defined()
+                           ? m.sum()
+                           : at::scalar_tensor(static_cast<double>(z2.size(0)), total.options()));
+    }
+    return total / rows;
+}
+
+} // namespace rl::core

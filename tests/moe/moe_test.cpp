@@ -1,0 +1,528 @@
+// Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE; docs/model.md): config
+// keys and their refusals, per-expert checkpoints in and out, the sparse block
+// against a token-by-token reference, cached decoding, the router losses, the
+// tiny-moe preset training and generating, and what is refused.
+#include "../platform/platform_util.hpp"
+
+#include "rl/core/config.hpp"
+#include "rl/core/engine.hpp"
+#include "rl/core/lora.hpp"
+#include "rl/core/moe.hpp"
+#include "rl/core/policy.hpp"
+#include "rl/core/pretrained.hpp"
+#include "rl/core/safetensors.hpp"
+#include "rl/core/tensor_io.hpp"
+#include "rl/core/tiny.hpp"
+#include "rl/core/trainer.hpp"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace rl::core;
+using Json = nlohmann::json;
+using test::error_of;
+using test::nll_loss;
+using test::TempDir;
+
+namespace {
+
+// A small Qwen3-MoE (or Qwen2-MoE with a shared expert) config: 3 layers,
+// layer 1 dense when `mixed` (mlp_only_layers), 6 experts, top-2.
+Json moe_config(const std::string &arch, bool mixed = false) {
+    Json j{{"vocab_size", 97},
+           {"hidden_size", 48},
+           {"intermediate_size", 80},
+           {"num_hidden_layers", 3},
+           {"num_attention_heads", 4},
+           {"num_key_value_heads", 2},
+           {"rms_norm_eps", 1e-6},
+           {"rope_theta", 10000.0},
+           {"tie_word_embeddings", false},
+           {"num_experts", 6},
+           {"num_experts_per_tok", 2},
+           {"moe_intermediate_size", 24},
+           {"norm_topk_prob", arch == "qwen3_moe"},
+           {"mlp_only_layers", mixed ? Json::array({1}) : Json::array()}};
+    if (arch == "qwen3_moe") {
+        j["architectures"] = {"Qwen3MoeForCausalLM"};
+        j["head_dim"] = 16;
+    } else {
+        j["architectures"] = {"Qwen2MoeForCausalLM"};
+        j["shared_expert_intermediate_size"] = 40;
+    }
+    j["model_type"] = arch;
+    return j;
+}
+
+// A model of `config` with weights drawn from `seed`; the router weights are
+// scaled up so that tokens prefer experts clearly.
+std::shared_ptr<CausalLM> make_model(const Json &config, uint64_t seed) {
+    auto m = std::make_shared<CausalLM>(ModelConfig::parse(config.dump()));
+    m->init_weights(seed, 0.08);
+    at::NoGradGuard g;
+    for (auto &[name, p] : m->named_weights())
+        if (name.find("mlp.gate.weight") != std::string::npos) p.mul_(8.0);
+    return m;
+}
+
+std::vector<std::vector<int64_t>> random_seqs(const std::vector<int64_t> &lens, int64_t vocab,
+                                              uint64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    std::vector<std::vector<int64_t>> out;
+    for (int64_t n : lens) {
+        at::Tensor t = at::randint(vocab, {n}, gen, at::kLong);
+        out.emplace_back(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + n);
+    }
+    return out;
+}
+
+// The sparse block written token by token from the equations, in float64:
+// p = softmax(x W_r^T); the k largest p_e (renormalized when norm_topk_prob);
+// y = sum_e p_e * down_e(silu(gate_e x) * up_e x) + sigmoid(g . x) * shared(x).
+at::Tensor reference_block(const SparseMoeBlock &b, const at::Tensor &x) {
+    auto d = [](const at::Tensor &t) { return t.detach().to(at::kDouble); };
+    auto mlp = [&](const MLP &m, const at::Tensor &v) {
+        return at::matmul(d(m.down_proj->weight), at::silu(at::matmul(d(m.gate_proj->weight), v)) *
+                                                      at::matmul(d(m.up_proj->weight), v));
+    };
+    at::Tensor out = at::zeros({x.size(0), x.size(1)}, at::kDouble);
+    for (int64_t t = 0; t < x.size(0); ++t) {
+        const at::Tensor v = d(x[t]);
+        const at::Tensor p = at::softmax(at::matmul(d(b.gate->weight), v), 0);
+        std::vector<std::pair<double, int64_t>> ranked;
+        for (int64_t e = 0; e < b.num_experts; ++e) ranked.emplace_back(p[e].item<double>(), e);
+        std::sort(ranked.rbegin(), ranked.rend());
+        double total = 0;
+        for (int64_t k = 0; k < b.top_k; ++k) total += ranked[static_cast<size_t>(k)].first;
+        at::Tensor y = at::zeros({x.size(1)}, at::kDouble);
+        for (int64_t k = 0; k < b.top_k; ++k) {
+            const auto [w, e] = ranked[static_cast<size_t>(k)];
+            y += (b.norm_topk_prob ? w / total : w) * mlp(*b.experts[static_cast<size_t>(e)], v);
+        }
+        if (b.shared_expert)
+            y += at::sigmoid(at::dot(d(b.shared_expert_gate->weight[0]), v)) *
+                 mlp(*b.shared_expert, v);
+        out[t] = y;
+    }
+    return out;
+}
+
+TrainBatch batch_of(const std::vector<std::vector<int64_t>> &seqs) {
+    TrainBatch b;
+    std::vector<int64_t> ids;
+    b.cu_seqlens = {0};
+    for (const auto &s : seqs) {
+        ids.insert(ids.end(), s.begin(), s.end());
+        b.cu_seqlens.push_back(static_cast<int64_t>(ids.size()));
+    }
+    b.input_ids = at::tensor(ids, at::kLong);
+    return b;
+}
+
+// The tiny-moe preset shrunk for tests: hidden 64, 2 layers, 8 experts of 32, top-2.
+TinyModelSpec small_moe_spec() {
+    TinyModelSpec s = test::small_tiny_spec(2);
+    s.num_experts = 8;
+    s.moe_intermediate_size = 32;
+    s.max_position_embeddings = 256;
+    return s;
+}
+
+} // namespace
+
+// -- config ---------------------------------------------------------------------
+
+TEST(MoeConfig, ReadsTheSparseLayoutOfQwen3MoeAndQwen2Moe) {
+    Json j = moe_config("qwen3_moe");
+    j["decoder_sparse_step"] = 2;
+    j["num_hidden_layers"] = 4;
+    j["mlp_only_layers"] = {3};
+    const ModelConfig c = ModelConfig::parse(j.dump());
+    EXPECT_EQ(c.architecture, Architecture::Qwen3Moe);
+    EXPECT_EQ(c.num_experts, 6);
+    EXPECT_EQ(c.num_experts_per_tok, 2);
+    EXPECT_EQ(c.moe_intermediate_size, 24);
+    EXPECT_TRUE(c.norm_topk_prob && c.qk_norm);
+    EXPECT_DOUBLE_EQ(c.router_aux_loss_coef, 0.001); // transformers' default
+    // (i + 1) % 2 == 0 and not listed: only layer 1 (layer 3 is mlp-only).
+    EXPECT_FALSE(c.is_moe_layer(0));
+    EXPECT_TRUE(c.is_moe_layer(1));
+    EXPECT_FALSE(c.is_moe_layer(2));
+    EXPECT_FALSE(c.is_moe_layer(3));
+
+    // transformers 5 saves Qwen3-MoE's expert count as num_local_experts.
+    Json local = moe_config("qwen3_moe");
+    local.erase("num_experts");
+    local["num_local_experts"] = 5;
+    EXPECT_EQ(ModelConfig::parse(local.dump()).num_experts, 5);
+
+    const ModelConfig q2 = ModelConfig::parse(moe_config("qwen2_moe").dump());
+    EXPECT_EQ(q2.architecture, Architecture::Qwen2Moe);
+    EXPECT_EQ(q2.shared_expert_intermediate_size, 40);
+    EXPECT_TRUE(q2.qkv_bias);
+    EXPECT_FALSE(q2.qk_norm);
+    EXPECT_EQ(q2.head_dim, 12); // derived: hidden / heads
+    // model_type alone names the architecture too.
+    Json by_type = moe_config("qwen2_moe");
+    by_type.erase("architectures");
+    EXPECT_EQ(ModelConfig::parse(by_type.dump()).architecture, Architecture::Qwen2Moe);
+}
+
+TEST(MoeConfig, BadValuesAreRefusedNamingTheKey) {
+    auto refused = [](Json j, const std::string &what) {
+        const std::string msg = error_of([&] { ModelConfig::parse(j.dump()); });
+        EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    };
+    Json j = moe_config("qwen3_moe");
+    j["num_experts_per_tok"] = 7;
+    refused(j, "'num_experts_per_tok' (7) must not exceed num_experts (6)");
+    j = moe_config("qwen3_moe");
+    j.erase("moe_intermediate_size");
+    refused(j, "'moe_intermediate_size' is required");
+    j = moe_config("qwen3_moe");
+    j["mlp_only_layers"] = {0, 3};
+    refused(j, "'mlp_only_layers' holds 3: layer indices must be in [0, 3)");
+    j = moe_config("qwen3_moe");
+    j["num_local_experts"] = 4;
+    refused(j, "'num_local_experts' (4) differs from num_experts (6)");
+    j = moe_config("qwen2_moe");
+    j.erase("shared_expert_intermediate_size");
+    refused(j, "'shared_expert_intermediate_size' is required");
+    j = moe_config("qwen3_moe");
+    j["decoder_sparse_step"] = 0;
+    refused(j, "'decoder_sparse_step' must be >= 1");
+    j = moe_config("qwen3_moe");
+    j["num_experts_per_tok"] = 0;
+    refused(j, "'num_experts_per_tok' must be >= 1");
+}
+
+// -- checkpoints ------------------------------------------------------------------
+
+TEST(MoeCheckpoint, PerExpertTensorsRoundTripAndAMissingOneIsNamed) {
+    TempDir d;
+    auto m = make_model(moe_config("qwen2_moe", /*mixed=*/true), 3);
+    std::map<std::string, at::Tensor> names;
+    for (auto &[n, p] : m->named_weights()) names[n] = p;
+    for (const char *n :
+         {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.5.down_proj.weight",
+          "model.layers.2.mlp.experts.0.gate_proj.weight",
+          "model.layers.2.mlp.shared_expert.up_proj.weight",
+          "model.layers.2.mlp.shared_expert_gate.weight",
+          "model.layers.1.mlp.up_proj.weight"}) // the dense layer
+        EXPECT_TRUE(names.count(n)) << n;
+    EXPECT_FALSE(names.count("model.layers.1.mlp.gate.weight"));
+    EXPECT_EQ(names["model.layers.0.mlp.experts.5.down_proj.weight"].sizes(),
+              (at::IntArrayRef{48, 24}));
+    EXPECT_EQ(names["model.layers.0.mlp.shared_expert_gate.weight"].sizes(),
+              (at::IntArrayRef{1, 48}));
+
+    // Sharded (experts split across files) and whole.
+    for (uint64_t shard_bytes : {uint64_t{40000}, uint64_t{5} << 30}) {
+        SaveOptions so;
+        so.max_shard_bytes = shard_bytes;
+        save_pretrained(*m, d.path(), so);
+        EXPECT_EQ(std::filesystem::exists(d / "model.safetensors.index.json"),
+                  shard_bytes < 1000000);
+        auto back = load_pretrained(d.path());
+        auto wa = m->named_weights(), wb = back->named_weights();
+        ASSERT_EQ(wa.size(), wb.size());
+        for (size_t i = 0; i < wa.size(); ++i) {
+            EXPECT_EQ(wa[i].first, wb[i].first);
+            EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
+        }
+    }
+
+    const std::string file = d / "model.safetensors";
+    auto weights = load_safetensors(file);
+    weights.erase("model.layers.2.mlp.experts.3.up_proj.weight");
+    save_safetensors(file, {weights.begin(), weights.end()});
+    const std::string msg = error_of([&] { load_pretrained(d.path()); });
+    EXPECT_NE(msg.find("missing tensor(s) model.layers.2.mlp.experts.3.up_proj.weight"),
+              std::string::npos)
+        << msg;
+}
+
+// -- forward ----------------------------------------------------------------------
+
+TEST(MoeForward, SparseBlockEqualsATokenByTokenReference) {
+    for (const char *arch : {"qwen3_moe", "qwen2_moe"}) {
+        auto m = make_model(moe_config(arch), 5);
+        const SparseMoeBlock &b = *m->model->layers[0]->moe;
+        ASSERT_EQ(b.shared_expert != nullptr, std::string(arch) == "qwen2_moe");
+        at::Tensor x = at::randn({13, 48}, at::make_generator<at::CPUGeneratorImpl>(1));
+        MoeRouting r;
+        const at::Tensor y = b.forward(x, false, &r);
+        EXPECT_LT((y.to(at::kDouble) - reference_block(b, x)).abs().max().item<double>(), 1e-5)
+            << arch;
+        // The routing picks several experts overall (the test exercises the loop).
+        EXPECT_GE(std::get<0>(at::_unique(r.experts)).numel(), 4) << arch;
+        if (b.norm_topk_prob) {
+            EXPECT_LT((r.weights.sum(-1) - 1).abs().max().item<double>(), 1e-6);
+        }
+        // The decoding path (row kernel where it applies) gives the same.
+        EXPECT_LT((b.forward(x, /*decoding=*/true) - y).abs().max().item<double>(), 1e-5) << arch;
+    }
+}
+
+TEST(MoeForward, ARoutingWithExpertIdsOutOfRangeIsRefused) {
+    auto m = make_model(moe_config("qwen3_moe"), 5);
+    const SparseMoeBlock &b = *m->model->layers[0]->moe;
+    const at::Tensor x = at::randn({3, 48});
+    MoeRouting r = b.route(x);
+    r.experts[1][0] = 9;
+    EXPECT_NE(error_of([&] { b.mix(x, r); }).find("routing names expert 9 but the block has 6"),
+              std::string::npos);
+    r.experts[1][0] = -1;
+    EXPECT_NE(error_of([&] { b.mix(x, r); }).find("negative expert id"), std::string::npos);
+    r = b.route(x);
+    r.weights = r.weights.narrow(1, 0, 1);
+    EXPECT_NE(
+        error_of([&] { b.mix(x, r); }).find("routing must give [3, k] expert ids and weights"),
+        std::string::npos);
+}
+
+TEST(MoeForward, GradientsReachTheRouterTheChosenExpertsAndTheSharedExpert) {
+    auto m = make_model(moe_config("qwen2_moe"), 6);
+    const auto seqs = random_seqs({9, 4}, 97, 2);
+    m->logits(PackedBatch::from_sequences(seqs)).logsumexp(-1).sum().backward();
+    const SparseMoeBlock &b = *m->model->layers[0]->moe;
+    EXPECT_GT(b.gate->weight.grad().abs().sum().item<double>(), 0);
+    EXPECT_GT(b.shared_expert_gate->weight.grad().abs().sum().item<double>(), 0);
+    EXPECT_GT(b.shared_expert->down_proj->weight.grad().abs().sum().item<double>(), 0);
+    int64_t with_grad = 0;
+    for (const auto &e : b.experts)
+        with_grad += e->down_proj->weight.grad().defined() &&
+                     e->down_proj->weight.grad().abs().sum().item<double>() > 0;
+    EXPECT_GE(with_grad, 2);
+}
+
+TEST(MoeForward, CachedDecodingEqualsThePackedForward) {
+    for (const char *arch : {"qwen3_moe", "qwen2_moe"}) {
+        auto m = make_model(moe_config(arch, /*mixed=*/true), 7);
+        const auto seqs = random_seqs({11, 6}, 97, 4);
+        const at::Tensor full = m->logits(PackedBatch::from_sequences(seqs)).detach();
+        KVCache cache = m->make_cache(2, 4);
+        // Prefill all but the last 3 tokens of each, then decode them one by one.
+        std::vector<std::vector<int64_t>> prompts;
+        for (const auto &s : seqs) prompts.emplace_back(s.begin(), s.end() - 3);
+        at::Tensor last = m->prefill(cache, {0, 1}, prompts);
+        const int64_t off[2] = {0, 11};
+        for (int step = 0; step < 3; ++step) {
+            for (int64_t s = 0; s < 2; ++s) {
+                const int64_t pos = static_cast<int64_t>(seqs[s].size()) - 4 + step;
+                EXPECT_LT((last[s] - full[off[s] + pos]).abs().max().item<double>(), 1e-4)
+                    << arch << " sequence " << s << " step " << step;
+            }
+            std::vector<int64_t> next;
+            for (const auto &s : seqs) next.push_back(s[s.size() - 3 + step]);
+            last = m->decode(cache, {0, 1}, at::tensor(next, at::kLong));
+        }
+    }
+}
+
+TEST(MoeForward, Bfloat16ModelRoutesInFloat32UnlessTurnedOff) {
+    for (bool fp32 : {true, false}) {
+        ModelConfig c = ModelConfig::parse(moe_config("qwen3_moe").dump());
+        c.router_fp32 = fp32;
+        CausalLM m(c, ModelOptions{at::kBFloat16, at::kCPU});
+        m.init_weights(3, 0.08);
+        const SparseMoeBlock &b = *m.model->layers[0]->moe;
+        const at::Tensor x = at::randn({5, 48}).to(at::kBFloat16);
+        const MoeRouting r = b.route(x);
+        EXPECT_EQ(r.logits.scalar_type(), fp32 ? at::kFloat : at::kBFloat16);
+        EXPECT_EQ(r.weights.scalar_type(), at::kFloat);
+        const at::Tensor y = b.forward(x);
+        EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+        EXPECT_TRUE(at::isfinite(y).all().item<bool>());
+        // The router product in float32 is the float32 product of the bf16 values.
+        if (fp32) {
+            const at::Tensor want = at::matmul(x.to(at::kFloat), b.gate->weight.to(at::kFloat).t());
+            EXPECT_TRUE(at::equal(r.logits, want));
+        }
+    }
+}
+
+TEST(MoeForward, ActivationCheckpointingGivesTheSameGradients) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 5, small_moe_spec());
+    const TrainBatch batch = batch_of(random_seqs({10, 6, 3}, 256, 1));
+    std::vector<std::map<std::string, at::Tensor>> grads;
+    for (bool checkpoint : {false, true}) {
+        auto policy = Policy::load(tmp / "m");
+        TrainerConfig tc;
+        tc.activation_checkpointing = checkpoint;
+        Trainer t(policy, tc);
+        t.forward_backward(batch, nll_loss());
+        std::map<std::string, at::Tensor> g;
+        for (auto &[name, p] : policy->model().named_weights())
+            if (p.grad().defined()) g[name] = p.grad().clone();
+        grads.push_back(std::move(g));
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    EXPECT_TRUE(grads[0].count("model.layers.1.mlp.gate.weight"));
+    for (const auto &[name, g] : grads[0])
+        EXPECT_LT((g - grads[1].at(name)).abs().max().item<double>(), 1e-6) << name;
+}
+
+// -- router losses ----------------------------------------------------------------
+
+TEST(MoeLosses, LoadBalancingAndZLossHaveTheirClosedFormValues) {
+    // Uniform routing: P_e = 1/E, the assignments sum to k per token, so
+    // E * sum_e f_e P_e = k; z-loss = (log E)^2.
+    const at::Tensor uniform = at::zeros({10, 4});
+    EXPECT_NEAR(load_balancing_loss({uniform, uniform}, 4, 2).item<double>(), 2.0, 1e-6);
+    EXPECT_NEAR(router_z_loss({uniform}).item<double>(), std::pow(std::log(4.0), 2), 1e-6);
+    // One token, logits (2, 0, 0), top-1: f = (1, 0, 0), P = softmax.
+    const at::Tensor one = at::tensor({2.0f, 0.0f, 0.0f}).unsqueeze(0);
+    const double p0 = std::exp(2.0) / (std::exp(2.0) + 2.0);
+    EXPECT_NEAR(load_balancing_loss({one}, 3, 1).item<double>(), 3.0 * p0, 1e-6);
+    EXPECT_NEAR(router_z_loss({one}).item<double>(), std::pow(std::log(std::exp(2.0) + 2.0), 2),
+                1e-5);
+    // A masked token does not count: the same as leaving it out.
+    const at::Tensor two = at::cat({one, at::tensor({0.0f, 3.0f, 1.0f}).unsqueeze(0)});
+    EXPECT_NEAR(load_balancing_loss({two}, 3, 1, at::tensor({1.0f, 0.0f})).item<double>(), 3.0 * p0,
+                1e-6);
+    // The gradient flows through the probabilities only: d/dlogit of E * f . softmax.
+    at::Tensor l = one.clone().requires_grad_(true);
+    load_balancing_loss({l}, 3, 1).backward();
+    const at::Tensor p = at::softmax(one, -1)[0];
+    const at::Tensor f = at::tensor({1.0f, 0.0f, 0.0f});
+    const at::Tensor expected = 3.0 * p * (f - (f * p).sum());
+    EXPECT_LT((l.grad()[0] - expected).abs().max().item<double>(), 1e-6);
+
+    EXPECT_NE(error_of([&] { load_balancing_loss({uniform}, 4, 5); }).find("top_k"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  load_balancing_loss({uniform, at::zeros({9, 4})}, 4, 2);
+              }).find("router logits of layer 1"),
+              std::string::npos);
+}
+
+TEST(MoeLosses, TrainerReportsRouterMetricsAndAddsTheWeightedAuxLoss) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 3, small_moe_spec());
+    const TrainBatch batch = batch_of(random_seqs({12, 7}, 256, 9));
+    const LossFunction nll = nll_loss();
+    auto router_grad = [&](std::optional<double> coef, double *aux, double *loss) {
+        auto policy = Policy::load(tmp / "m");
+        TrainerConfig tc;
+        tc.moe_aux_loss_coef = coef;
+        Trainer t(policy, tc);
+        const StepResult r = t.forward_backward(batch, nll);
+        *aux = r.metrics.at("moe/aux_loss");
+        *loss = r.loss;
+        EXPECT_GE(r.metrics.at("moe/max_load_ratio/layer_1"), 1.0);
+        EXPECT_LE(r.metrics.at("moe/min_load_ratio"), 1.0);
+        EXPECT_GT(r.metrics.at("moe/z_loss"), 0.0);
+        return policy->model().model->layers[1]->moe->gate->weight.grad().clone();
+    };
+    double aux0 = 0, aux1 = 0, loss0 = 0, loss1 = 0;
+    const at::Tensor g0 =
+        router_grad(std::nullopt, &aux0, &loss0); // config: no output_router_logits
+    const at::Tensor g1 = router_grad(0.5, &aux1, &loss1);
+    EXPECT_NEAR(aux0, aux1, 1e-9);
+    EXPECT_GE(aux0, 2.0 - 1e-6);                  // k = 2 is its minimum (uniform load)
+    EXPECT_NEAR(loss1 - loss0, 0.5 * aux0, 1e-5); // one micro-batch: the pooled value
+    EXPECT_GT((g1 - g0).abs().max().item<double>(), 1e-6);
+
+    // The aux loss's gradient cannot pass through recomputed layers.
+    TrainerConfig ck;
+    ck.moe_aux_loss_coef = 0.1;
+    ck.activation_checkpointing = true;
+    EXPECT_NE(error_of([&] {
+                  Trainer(Policy::load(tmp / "m"), ck);
+              }).find("need trainer.activation_checkpointing off"),
+              std::string::npos);
+}
+
+// -- the tiny-moe preset ----------------------------------------------------------
+
+TEST(TinyMoe, PresetIsAQwen3MoeAndUnknownPresetsAreNamed) {
+    const TinyModelSpec s = tiny_preset_spec("tiny-moe");
+    const ModelConfig c = ModelConfig::parse(tiny_config_json(s));
+    EXPECT_EQ(c.architecture, Architecture::Qwen3Moe);
+    EXPECT_EQ(c.num_experts, 8);
+    EXPECT_EQ(c.num_experts_per_tok, 2);
+    EXPECT_TRUE(c.has_moe());
+    EXPECT_FALSE(ModelConfig::parse(tiny_config_json(tiny_preset_spec("tiny"))).has_moe());
+    EXPECT_NE(error_of([] { tiny_preset_spec("huge"); }).find("valid: tiny, tiny-moe"),
+              std::string::npos);
+}
+
+TEST(TinyMoe, TrainingLowersTheLoss) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 1, small_moe_spec());
+    auto policy = Policy::load(tmp / "m");
+    TrainerConfig tc;
+    tc.learning_rate = 3e-3;
+    Trainer t(policy, tc);
+    const TrainBatch batch = batch_of({{'a', 'b', 'c', 'a', 'b', 'c', 'a', 'b', 'c'},
+                                       {'h', 'e', 'l', 'l', 'o', ' ', 'm', 'o', 'e'},
+                                       {'x', 'y', 'z'}});
+    const LossFunction nll = nll_loss();
+    std::vector<double> losses;
+    for (int i = 0; i < 8; ++i) {
+        losses.push_back(t.forward_backward(batch, nll).loss);
+        t.optim_step();
+    }
+    EXPECT_LT(losses.back(), 0.7 * losses.front())
+        << "first " << losses.front() << " last " << losses.back();
+}
+
+TEST(TinyMoe, EngineGeneratesTheTokensAStepByStepRecomputePicks) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 2, small_moe_spec());
+    auto policy = Policy::load(tmp / "m");
+    {
+        at::NoGradGuard g; // routers that pick clearly
+        for (auto &[name, p] : policy->model().named_weights())
+            if (name.find("mlp.gate.weight") != std::string::npos) p.mul_(20.0);
+    }
+    Engine e(policy);
+    SamplingParams sp;
+    sp.temperature = 0.0;
+    sp.max_tokens = 10;
+    sp.stop_token_ids = std::vector<int64_t>{};
+    const std::vector<std::vector<int64_t>> prompts{{'t', 'h', 'e', ' '}, {'m', 'o'}};
+    const Generation g = e.generate(prompts, sp);
+    ASSERT_EQ(g.samples(), 2);
+    CausalLM &m = policy->model();
+    for (int64_t s = 0; s < 2; ++s) {
+        std::vector<int64_t> ids = prompts[static_cast<size_t>(s)];
+        for (int64_t i = g.cu_seqlens[s]; i < g.cu_seqlens[s + 1]; ++i) {
+            at::NoGradGuard ng;
+            const at::Tensor logits = m.logits(PackedBatch::from_sequences({ids}));
+            const int64_t want =
+                logits[static_cast<int64_t>(ids.size()) - 1].argmax().item<int64_t>();
+            ASSERT_EQ(g.token_ids[static_cast<size_t>(i)], want)
+                << "sample " << s << " token " << i - g.cu_seqlens[s];
+            ids.push_back(want);
+        }
+        EXPECT_EQ(g.cu_seqlens[s + 1] - g.cu_seqlens[s], 10);
+    }
+}
+
+TEST(TinyMoe, LoraOnTheExpertsIsRefusedAndOnAttentionWorks) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 4, small_moe_spec());
+    auto policy = Policy::load(tmp / "m");
+    LoraConfig lc;
+    lc.rank = 2;
+    lc.target_modules = {"all-linear"};
+    EXPECT_NE(error_of([&] {
+                  policy->create_adapter("a", lc);
+              }).find("LoRA on the MLP of a mixture-of-experts model is not supported"),
+              std::string::npos);
+    lc.target_modules = {"q_proj", "v_proj"};
+    auto a = policy->create_adapter("b", lc);
+    Trainer t(policy, TrainerConfig{}, a);
+    EXPECT_TRUE(
+        std::isfinite(t.forward_backward(batch_of({{'a', 'b', 'c', 'd'}}), nll_loss()).loss));
+}
