@@ -340,6 +340,19 @@ struct Trainer::Prepared {
     bool want_values = false; // from the value head
     int64_t loss_tokens = 0, loss_seqs = 0;
     double global_tokens = 0, global_seqs = 0;
+
+    /// The model's input of one micro-batch: its tokens and their sequences'
+    /// boundaries, relative to the micro-batch.
+    PackedBatch input_of(const MicroBatch &mb) const {
+        const int64_t a = mb.range.token_begin;
+        std::vector<int64_t> cu_local;
+        for (int64_t s = mb.range.first_seq; s <= mb.range.end_seq; ++s)
+            cu_local.push_back(cu[static_cast<size_t>(s)] - a);
+        PackedBatch pb;
+        pb.input_ids = ids.narrow(0, a, mb.range.tokens());
+        pb.cu_seqlens = long_tensor(cu_local);
+        return pb;
+    }
 };
 
 Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *loss,
@@ -543,16 +556,8 @@ StepResult Trainer::classify(const TrainBatch &batch) {
     R.bins = static_cast<int64_t>(P.plan.bins.size());
     R.micro_batches = static_cast<int64_t>(P.plan.micro_batches.size());
     std::vector<at::Tensor> scores;
-    for (const MicroBatch &mb : P.plan.micro_batches) {
-        const int64_t a = mb.range.token_begin, n = mb.range.tokens();
-        std::vector<int64_t> cu_local;
-        for (int64_t s = mb.range.first_seq; s <= mb.range.end_seq; ++s)
-            cu_local.push_back(P.cu[s] - a);
-        PackedBatch pb;
-        pb.input_ids = P.ids.narrow(0, a, n);
-        pb.cu_seqlens = long_tensor(cu_local);
-        scores.push_back(policy_->model().sequence_scores(pb).to(at::kCPU));
-    }
+    for (const MicroBatch &mb : P.plan.micro_batches)
+        scores.push_back(policy_->model().sequence_scores(P.input_of(mb)).to(at::kCPU));
     R.tensors["scores"] =
         scores.empty() ? at::zeros({0, policy_->model().config().num_labels}) : at::cat(scores);
     return R;
@@ -650,12 +655,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (fsdp_) fsdp_->begin_micro_batch();
         if (disarm.r && &mb == &P.plan.micro_batches.back()) reducer_->arm(step_);
         const int64_t a = mb.range.token_begin, n = mb.range.tokens();
-        std::vector<int64_t> cu_local;
-        for (int64_t s = mb.range.first_seq; s <= mb.range.end_seq; ++s)
-            cu_local.push_back(P.cu[s] - a);
-        PackedBatch pb;
-        pb.input_ids = P.ids.narrow(0, a, n);
-        pb.cu_seqlens = long_tensor(cu_local);
+        const PackedBatch pb = P.input_of(mb);
         std::optional<RouterLogitsRecorder> recorder;
         if (moe) recorder.emplace();
         TokenLogprobs tl = model.token_logprobs(pb, P.model_labels.narrow(0, a, n), lopts);
@@ -713,7 +713,7 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (P.want_values) call.tensors.emplace_back("values", to_host(vals));
         for (const auto &kv : P.inputs)
             call.tensors.emplace_back(kv.first, kv.second.narrow(0, a, n).contiguous());
-        call.cu_seqlens = long_tensor(cu_local);
+        call.cu_seqlens = pb.cu_seqlens;
         call.global_tokens = P.global_tokens;
         call.global_seqs = P.global_seqs;
         call.want_grads = backward;
