@@ -664,19 +664,27 @@ def areal_vectors(path, w):
             "metrics as areal/trainer/ppo/actor.py logs them from the returned stat dict")
 
     cases = []
-    for i, (tp, tn, lens) in enumerate([(1.0, 1.05, [6, 1, 9, 4]), (2.0, 3.0, [7, 5, 8, 3, 6])]):
-        inp = packed_inputs(2100 + i, lens, (1,) if i else (),
-                            log_ratio_prox=lambda g, s: uni(g, s, -1.5, 1.5))
+    # token level; then sequence level (one gate of the geometric-mean ratio and
+    # the mean advantage per sequence): an empty sequence, per-token and
+    # per-sequence advantages, ratios around the gates' bend
+    for i, (tp, tn, lens, level, seed, empty, seq_adv, spread) in enumerate([
+            (1.0, 1.05, [6, 1, 9, 4], "token", 2100, (), False, 1.5),
+            (2.0, 3.0, [7, 5, 8, 3, 6], "token", 2101, (1,), False, 1.5),
+            (1.0, 1.05, [6, 1, 9, 4, 7], "sequence", 2110, (), False, 0.8),
+            (2.0, 3.0, [7, 5, 8, 3, 6, 9], "sequence", 2111, (2,), False, 0.8),
+            (0.5, 4.0, [5, 8, 6, 4, 7, 3], "sequence", 2112, (), True, 0.8)]):
+        inp = packed_inputs(seed, lens, empty, seq_adv=seq_adv,
+                            log_ratio_prox=lambda g, s, a=spread: uni(g, s, -a, a))
         lp = inp["logprobs"].clone().requires_grad_(True)
         loss, stat = F.sapo_loss_fn(logprobs=lp, old_logprobs=inp["proximal_logprobs"],
                                     advantages=inp["advantages"], tau_pos=tp, tau_neg=tn,
-                                    loss_mask=inp["loss_mask"], importance_sampling_level="token",
+                                    loss_mask=inp["loss_mask"], importance_sampling_level=level,
                                     cu_seqlens=inp["cu_seqlens"])
         loss.backward()
         n = inp["loss_mask"].sum().double()
         cases.append({
-            "name": f"sapo_token_{i}",
-            "parameters": {"tau_pos": tp, "tau_neg": tn, "importance_sampling_level": "token"},
+            "name": f"sapo_{level}_{i if level == 'token' else i - 2}",
+            "parameters": {"tau_pos": tp, "tau_neg": tn, "importance_sampling_level": level},
             "inputs": {"logprobs": tolist(inp["logprobs"]),
                        "old_logprobs": tolist(inp["proximal_logprobs"]),
                        "advantages": tolist(inp["advantages"]), "loss_mask": tolist(inp["loss_mask"]),

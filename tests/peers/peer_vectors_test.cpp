@@ -796,11 +796,13 @@ void areal_legacy_ppo_actor(const json &c, const std::string &where) {
     }
 }
 
+// sapo_loss_fn at token and sequence level: `sapo` with the same
+// importance_sampling_level; AReaL's logged importance_weight and soft gate are
+// token means over the loss tokens (at sequence level of s_i and the sequence's gate).
 void areal_sapo(const json &c, const std::string &where) {
-    if (c["parameters"].at("importance_sampling_level") != "token")
-        throw std::runtime_error(where + ": only token-level SAPO has an equivalent here");
     const json p = {{"tau_pos", param(c, "tau_pos")},
                     {"tau_neg", param(c, "tau_neg")},
+                    {"importance_sampling_level", c["parameters"].at("importance_sampling_level")},
                     {"loss_agg_mode", "token-mean"}};
     std::vector<double> mask;
     const T::LossInputs in = areal_inputs(c["inputs"], where, &mask, false);
