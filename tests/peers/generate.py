@@ -777,7 +777,24 @@ def areal_vectors(path, w):
                                                               std_level="batch")),
             dict(discount=1.0, gae_lambda=1.0, values=False,
                  adv_norm=dict(mean_level="group", std_level=None, mean_leave1out=True,
-                               group_size=3))]):
+                               group_size=3)),
+            # reward_norm: AReaL's Normalization on the [batch] rewards (no mask)
+            # after bias / scaling / clip, before the no-EOS zeroing
+            dict(reward_bias=0.5, reward_scaling=1.5, reward_clip=3.0,
+                 mask_no_eos_with_zero=True, kl_ctl=0.1, kl_estimator="k3", discount=0.9,
+                 gae_lambda=0.8, reward_norm=dict(mean_level="group", std_level="group",
+                                                  group_size=3)),
+            dict(kl_ctl=0.05, reward_norm=dict(mean_level="batch", std_level="batch",
+                                               std_unbiased=False, eps=1e-3),
+                 adv_norm=dict(mean_level="group", std_level="group", group_size=3)),
+            dict(discount=1.0, gae_lambda=1.0, values=False,
+                 reward_norm=dict(mean_level="group", std_level=None, mean_leave1out=True,
+                                  group_size=2)),
+            dict(discount=0.95, gae_lambda=0.9,
+                 reward_norm=dict(mean_level=None, std_level="group", group_size=3),
+                 adv_norm=dict(mean_level="batch", std_level="batch")),
+            dict(reward_norm=dict(mean_level="batch", std_level="group", mean_leave1out=True,
+                                  group_size=2))]):
         full = dict(reward_bias=0.0, reward_scaling=1.0, reward_clip=20.0, kl_ctl=0.0,
                     kl_estimator="k1", discount=1.0, gae_lambda=1.0,
                     mask_no_eos_with_zero=False, adv_norm=None, values=True)
@@ -808,7 +825,12 @@ def areal_vectors(path, w):
         actor.reward_bias = full["reward_bias"]
         actor.reward_scaling = full["reward_scaling"]
         actor.reward_clip = full["reward_clip"]
-        actor.reward_norm = None
+        rnorm = None
+        if "reward_norm" in full:
+            rnorm = dict(dict(mean_level="batch", std_level="batch", mean_leave1out=False,
+                              std_unbiased=True, eps=1e-5, group_size=1), **full["reward_norm"])
+            full["reward_norm"] = rnorm
+        actor.reward_norm = Normalization(NormConfig(**rnorm)) if rnorm else None
         actor.kl_ctl = full["kl_ctl"]
         actor.kl_estimator = KLEstimator(full["kl_estimator"])
         norm = None
@@ -833,7 +855,7 @@ def areal_vectors(path, w):
             "padded: [batch, max_seqlen] rows aligned with input_ids; AReaL rolls loss_mask "
             "and logprobs by -1 (position t acts on token t + 1)", cases,
             "PPOActor._compute_advantages on an actor built with object.__new__ and the "
-            "attributes its __init__ sets from PPOActorConfig (reward_norm None)")
+            "attributes its __init__ sets from PPOActorConfig (reward_norm as given, else None)")
 
 
 def areal_legacy_vectors(path, w):

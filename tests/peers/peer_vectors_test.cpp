@@ -896,8 +896,18 @@ void areal_compute_advantages(const json &c, const std::string &where) {
     const auto lp = flat(require(in, "logprobs", where), "logprobs");
     std::vector<double> mask(lmask.size()), old(lp.size()), truncated(lp.size());
     std::vector<int64_t> cu = {0}, groups;
-    const int64_t group_size =
-        pp.at("adv_norm").is_null() ? 1 : pp["adv_norm"].at("group_size").get<int64_t>();
+    // AReaL groups group_size consecutive rows; ours are the batch's group ids,
+    // one set for adv_norm and reward_norm: a vector with both must agree.
+    const json reward_norm = pp.value("reward_norm", json());
+    int64_t group_size = 1;
+    for (const json *n : {&pp.at("adv_norm"), &reward_norm}) {
+        if (n->is_null()) continue;
+        const int64_t g = n->at("group_size").get<int64_t>();
+        if (group_size != 1 && g != 1 && g != group_size)
+            throw std::runtime_error(where + ": adv_norm and reward_norm with different "
+                                             "group_size have no equivalent here");
+        if (g != 1) group_size = g;
+    }
     for (int64_t i = 0; i < B; ++i) {
         cu.push_back(cu.back() + M);
         groups.push_back(i / group_size);
@@ -928,14 +938,15 @@ void areal_compute_advantages(const json &c, const std::string &where) {
                    {"lambda", pp.at("gae_lambda")},
                    {"kl_coef", pp.at("kl_ctl")},
                    {"kl_estimator", pp.at("kl_estimator")}};
-    if (!pp.at("adv_norm").is_null()) {
-        const json &n = pp["adv_norm"];
+    for (const char *key : {"adv_norm", "reward_norm"}) {
+        const json n = pp.value(key, json());
+        if (n.is_null()) continue;
         const auto level = [](const json &l) { return l.is_null() ? json("none") : l; };
-        params["adv_norm"] = {{"mean_level", level(n.at("mean_level"))},
-                              {"std_level", level(n.at("std_level"))},
-                              {"mean_leave1out", n.at("mean_leave1out")},
-                              {"std_unbiased", n.at("std_unbiased")},
-                              {"eps", n.at("eps")}};
+        params[key] = {{"mean_level", level(n.at("mean_level"))},
+                       {"std_level", level(n.at("std_level"))},
+                       {"mean_leave1out", n.at("mean_leave1out")},
+                       {"std_unbiased", n.at("std_unbiased")},
+                       {"eps", n.at("eps")}};
     }
     rltest::Instance inst(rltest::load("advantage-areal"), params.dump());
     const rltest::Outputs o =
