@@ -645,6 +645,59 @@ TEST(Areal, NormalizationLevelsLeaveOneOutAndGroupsOfOne) {
                     {-1 / std::sqrt(2.0), 1 / std::sqrt(2.0), 3, 6});
 }
 
+TEST(Areal, RewardNormNormalizesOneRewardPerSequenceAfterClipAndBeforeNoEosZeroing) {
+    // Scaled by 2 and clipped to 4: {2, 4 | 1, 4, 0}. Group {2, 4}: mean 3, unbiased
+    // std sqrt 2. Group {1, 4, 0}: mean 5/3, unbiased std sqrt(39) / 3. One value per
+    // sequence whatever its length (1, 3 | 2, 1, 0 completion tokens); the last sequence
+    // has none and still counts. gamma = lambda = 1, no values: A_t = normalized reward.
+    auto inst = make("areal", R"({"reward_scaling": 2, "reward_clip": 4,
+        "reward_norm": {"mean_level": "group", "std_level": "group", "eps": 0}})");
+    Outputs o = inst->advantage({1, 3, 0.5, 2.5, 0}, {0, 0, 1, 1, 1}, {0, 1, 4, 6, 7, 9},
+                                {{"loss_mask", {1, 1, 1, 1, 1, 1, 1, 0, 0}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    const double a = 1 / std::sqrt(2.0), b = 1 / std::sqrt(39.0);
+    expect_near_all(adv(o), {-a, a, a, a, -2 * b, -2 * b, 7 * b, 0, 0});
+    EXPECT_NEAR(o.metrics["shaped_reward_mean"], (-a + a - 2 * b + 7 * b - 5 * b) / 5, kTol);
+    // Batch mean 3 of {1, 2, 6} first, then the truncated sequence's reward becomes 0.
+    auto no_eos = make("areal", R"({"mask_no_eos_with_zero": true,
+        "reward_norm": {"mean_level": "batch", "std_level": null}})");
+    o = no_eos->advantage({1, 2, 6}, {0, 0, 0}, {0, 1, 2, 3}, {{"truncated", {0, 0, 1}}});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {-2, -1, 0});
+    // Population std, eps added to it.
+    auto pop = make("areal", R"({"reward_norm": {"std_unbiased": false, "eps": 0.5}})");
+    o = pop->advantage({1, 3}, {0, 1}, {0, 1, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {-1 / 1.5, 1 / 1.5});
+    // Groups of one: leave-one-out mean 0 and unbiased std 1 (AReaL's group_size 1 rule).
+    auto single = make("areal", R"({"reward_norm": {"mean_level": "group",
+        "mean_leave1out": true, "std_level": "group", "eps": 0}})");
+    o = single->advantage({2, 3}, {0, 1}, {0, 1, 2}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {2, 3});
+    // Leave-one-out over the batch {1, 2, 6}: means {4, 3.5, 1.5}, no std.
+    auto loo = make("areal", R"({"reward_norm": {"mean_leave1out": true, "std_level": null}})");
+    o = loo->advantage({1, 2, 6}, {0, 0, 0}, {0, 1, 2, 3}, {});
+    ASSERT_TRUE(o.ok()) << o.error;
+    expect_near_all(adv(o), {-3, -1.5, 4.5});
+}
+
+TEST(Areal, BadRewardNormIsRefusedNamingIt) {
+    auto refused = [](const std::string &params, const std::vector<std::string> &want) {
+        Outputs o = Instance::create_status(rltest::load("advantage-areal"), params);
+        EXPECT_EQ(o.status, RL_ERR_INVALID_ARG) << params;
+        for (const auto &w : want)
+            EXPECT_NE(o.error.find(w), std::string::npos) << params << ": " << o.error;
+    };
+    refused(R"({"reward_norm": "group"})", {"'reward_norm' must be an object"});
+    refused(R"({"reward_norm": {"mean_level": "group", "group_size": 4}})",
+            {"'reward_norm'", "unknown parameter 'group_size'"});
+    refused(R"({"reward_norm": {"mean_level": null, "mean_leave1out": true}})",
+            {"'reward_norm'", "'mean_leave1out' needs a mean_level"});
+    refused(R"({"reward_norm": {"std_level": "token"}})", {"'reward_norm'", "'std_level'"});
+    refused(R"({"reward_norm": {"eps": -1}})", {"'reward_norm'", "'eps'"});
+}
+
 TEST(Areal, BadParametersAndMissingInputsAreNamed) {
     auto refused = [](const std::string &params, const std::string &want) {
         Outputs o = Instance::create_status(rltest::load("advantage-areal"), params);

@@ -91,6 +91,9 @@ TEST(Parameters, NewLossesAndOptionsRefuseBadValuesNamingTheParameter) {
     expect_refused("sapo", R"({"tau_pos": 0})", {"'tau_pos'", "> 0"});
     expect_refused("sapo", R"({"tau_neg": -1})", {"'tau_neg'"});
     expect_refused("sapo", R"({"tau": 1})", {"unknown parameter 'tau'", "tau_pos", "tau_neg"});
+    expect_refused("sapo", R"({"importance_sampling_level": "group"})",
+                   {"'importance_sampling_level'", "'group'", "token", "sequence"});
+    expect_refused("sapo", R"({"importance_sampling_level": 1})", {"'importance_sampling_level'"});
     expect_refused("gmpo", R"({"eps_clip": -0.1})", {"'eps_clip'"});
     expect_refused("gmpo", R"({"eps_clip_high": "0.4"})", {"'eps_clip_high'", "number"});
     expect_refused("clip_cov", R"({"clip_cov_ratio": 0})", {"'clip_cov_ratio'", "> 0"});

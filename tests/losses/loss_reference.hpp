@@ -488,6 +488,33 @@ inline RefResult sapo(const Batch &b, const json &p) {
     PolicyFrame f(b, p);
     const double tp = num_or(p, "tau_pos", 1.0), tn = num_or(p, "tau_neg", 1.05);
     Mean gate, ratio;
+    if (p.value("importance_sampling_level", std::string("token")) == "sequence") {
+        // AReaL's sequence level: the gate of the geometric-mean ratio, times the
+        // sequence's mean advantage, on each of its loss tokens.
+        for (int64_t s = 0; s < b.n_seqs(); ++s) {
+            double lr = 0, a = 0, k = 0;
+            for (int64_t t = b.cu[s]; t < b.cu[s + 1]; ++t)
+                if (f.m[t]) {
+                    lr += b["logprobs"][t] - b["old_logprobs"][t];
+                    a += b["advantages"][t];
+                    k += 1;
+                }
+            if (!k) continue;
+            const double si = std::exp(lr / k), abar = a / k, tau = abar > 0 ? tp : tn;
+            const double g = 4.0 / tau / (1.0 + std::exp(-tau * (si - 1.0)));
+            f.each_token(
+                [&](int64_t t) {
+                    gate.add(g);
+                    ratio.add(si);
+                    f.pg_tok[t] = -g * abar;
+                    f.l[t] += f.pg_tok[t];
+                },
+                b.cu[s], b.cu[s + 1]);
+        }
+        f.out.metrics["gate_mean"] = gate.mean();
+        ratio_metrics(f.out, "ratio", ratio);
+        return f.result(b, p, "seq-mean-token-mean");
+    }
     f.each_token([&](int64_t t) {
         const double A = b["advantages"][t];
         const double r = std::exp(b["logprobs"][t] - b["old_logprobs"][t]);

@@ -664,19 +664,27 @@ def areal_vectors(path, w):
             "metrics as areal/trainer/ppo/actor.py logs them from the returned stat dict")
 
     cases = []
-    for i, (tp, tn, lens) in enumerate([(1.0, 1.05, [6, 1, 9, 4]), (2.0, 3.0, [7, 5, 8, 3, 6])]):
-        inp = packed_inputs(2100 + i, lens, (1,) if i else (),
-                            log_ratio_prox=lambda g, s: uni(g, s, -1.5, 1.5))
+    # token level; then sequence level (one gate of the geometric-mean ratio and
+    # the mean advantage per sequence): an empty sequence, per-token and
+    # per-sequence advantages, ratios around the gates' bend
+    for i, (tp, tn, lens, level, seed, empty, seq_adv, spread) in enumerate([
+            (1.0, 1.05, [6, 1, 9, 4], "token", 2100, (), False, 1.5),
+            (2.0, 3.0, [7, 5, 8, 3, 6], "token", 2101, (1,), False, 1.5),
+            (1.0, 1.05, [6, 1, 9, 4, 7], "sequence", 2110, (), False, 0.8),
+            (2.0, 3.0, [7, 5, 8, 3, 6, 9], "sequence", 2111, (2,), False, 0.8),
+            (0.5, 4.0, [5, 8, 6, 4, 7, 3], "sequence", 2112, (), True, 0.8)]):
+        inp = packed_inputs(seed, lens, empty, seq_adv=seq_adv,
+                            log_ratio_prox=lambda g, s, a=spread: uni(g, s, -a, a))
         lp = inp["logprobs"].clone().requires_grad_(True)
         loss, stat = F.sapo_loss_fn(logprobs=lp, old_logprobs=inp["proximal_logprobs"],
                                     advantages=inp["advantages"], tau_pos=tp, tau_neg=tn,
-                                    loss_mask=inp["loss_mask"], importance_sampling_level="token",
+                                    loss_mask=inp["loss_mask"], importance_sampling_level=level,
                                     cu_seqlens=inp["cu_seqlens"])
         loss.backward()
         n = inp["loss_mask"].sum().double()
         cases.append({
-            "name": f"sapo_token_{i}",
-            "parameters": {"tau_pos": tp, "tau_neg": tn, "importance_sampling_level": "token"},
+            "name": f"sapo_{level}_{i if level == 'token' else i - 2}",
+            "parameters": {"tau_pos": tp, "tau_neg": tn, "importance_sampling_level": level},
             "inputs": {"logprobs": tolist(inp["logprobs"]),
                        "old_logprobs": tolist(inp["proximal_logprobs"]),
                        "advantages": tolist(inp["advantages"]), "loss_mask": tolist(inp["loss_mask"]),
@@ -769,7 +777,24 @@ def areal_vectors(path, w):
                                                               std_level="batch")),
             dict(discount=1.0, gae_lambda=1.0, values=False,
                  adv_norm=dict(mean_level="group", std_level=None, mean_leave1out=True,
-                               group_size=3))]):
+                               group_size=3)),
+            # reward_norm: AReaL's Normalization on the [batch] rewards (no mask)
+            # after bias / scaling / clip, before the no-EOS zeroing
+            dict(reward_bias=0.5, reward_scaling=1.5, reward_clip=3.0,
+                 mask_no_eos_with_zero=True, kl_ctl=0.1, kl_estimator="k3", discount=0.9,
+                 gae_lambda=0.8, reward_norm=dict(mean_level="group", std_level="group",
+                                                  group_size=3)),
+            dict(kl_ctl=0.05, reward_norm=dict(mean_level="batch", std_level="batch",
+                                               std_unbiased=False, eps=1e-3),
+                 adv_norm=dict(mean_level="group", std_level="group", group_size=3)),
+            dict(discount=1.0, gae_lambda=1.0, values=False,
+                 reward_norm=dict(mean_level="group", std_level=None, mean_leave1out=True,
+                                  group_size=2)),
+            dict(discount=0.95, gae_lambda=0.9,
+                 reward_norm=dict(mean_level=None, std_level="group", group_size=3),
+                 adv_norm=dict(mean_level="batch", std_level="batch")),
+            dict(reward_norm=dict(mean_level="batch", std_level="group", mean_leave1out=True,
+                                  group_size=2))]):
         full = dict(reward_bias=0.0, reward_scaling=1.0, reward_clip=20.0, kl_ctl=0.0,
                     kl_estimator="k1", discount=1.0, gae_lambda=1.0,
                     mask_no_eos_with_zero=False, adv_norm=None, values=True)
@@ -800,7 +825,12 @@ def areal_vectors(path, w):
         actor.reward_bias = full["reward_bias"]
         actor.reward_scaling = full["reward_scaling"]
         actor.reward_clip = full["reward_clip"]
-        actor.reward_norm = None
+        rnorm = None
+        if "reward_norm" in full:
+            rnorm = dict(dict(mean_level="batch", std_level="batch", mean_leave1out=False,
+                              std_unbiased=True, eps=1e-5, group_size=1), **full["reward_norm"])
+            full["reward_norm"] = rnorm
+        actor.reward_norm = Normalization(NormConfig(**rnorm)) if rnorm else None
         actor.kl_ctl = full["kl_ctl"]
         actor.kl_estimator = KLEstimator(full["kl_estimator"])
         norm = None
@@ -825,7 +855,7 @@ def areal_vectors(path, w):
             "padded: [batch, max_seqlen] rows aligned with input_ids; AReaL rolls loss_mask "
             "and logprobs by -1 (position t acts on token t + 1)", cases,
             "PPOActor._compute_advantages on an actor built with object.__new__ and the "
-            "attributes its __init__ sets from PPOActorConfig (reward_norm None)")
+            "attributes its __init__ sets from PPOActorConfig (reward_norm as given, else None)")
 
 
 def areal_legacy_vectors(path, w):

@@ -796,11 +796,13 @@ void areal_legacy_ppo_actor(const json &c, const std::string &where) {
     }
 }
 
+// sapo_loss_fn at token and sequence level: `sapo` with the same
+// importance_sampling_level; AReaL's logged importance_weight and soft gate are
+// token means over the loss tokens (at sequence level of s_i and the sequence's gate).
 void areal_sapo(const json &c, const std::string &where) {
-    if (c["parameters"].at("importance_sampling_level") != "token")
-        throw std::runtime_error(where + ": only token-level SAPO has an equivalent here");
     const json p = {{"tau_pos", param(c, "tau_pos")},
                     {"tau_neg", param(c, "tau_neg")},
+                    {"importance_sampling_level", c["parameters"].at("importance_sampling_level")},
                     {"loss_agg_mode", "token-mean"}};
     std::vector<double> mask;
     const T::LossInputs in = areal_inputs(c["inputs"], where, &mask, false);
@@ -894,8 +896,18 @@ void areal_compute_advantages(const json &c, const std::string &where) {
     const auto lp = flat(require(in, "logprobs", where), "logprobs");
     std::vector<double> mask(lmask.size()), old(lp.size()), truncated(lp.size());
     std::vector<int64_t> cu = {0}, groups;
-    const int64_t group_size =
-        pp.at("adv_norm").is_null() ? 1 : pp["adv_norm"].at("group_size").get<int64_t>();
+    // AReaL groups group_size consecutive rows; ours are the batch's group ids,
+    // one set for adv_norm and reward_norm: a vector with both must agree.
+    const json reward_norm = pp.value("reward_norm", json());
+    int64_t group_size = 1;
+    for (const json *n : {&pp.at("adv_norm"), &reward_norm}) {
+        if (n->is_null()) continue;
+        const int64_t g = n->at("group_size").get<int64_t>();
+        if (group_size != 1 && g != 1 && g != group_size)
+            throw std::runtime_error(where + ": adv_norm and reward_norm with different "
+                                             "group_size have no equivalent here");
+        if (g != 1) group_size = g;
+    }
     for (int64_t i = 0; i < B; ++i) {
         cu.push_back(cu.back() + M);
         groups.push_back(i / group_size);
@@ -926,14 +938,15 @@ void areal_compute_advantages(const json &c, const std::string &where) {
                    {"lambda", pp.at("gae_lambda")},
                    {"kl_coef", pp.at("kl_ctl")},
                    {"kl_estimator", pp.at("kl_estimator")}};
-    if (!pp.at("adv_norm").is_null()) {
-        const json &n = pp["adv_norm"];
+    for (const char *key : {"adv_norm", "reward_norm"}) {
+        const json n = pp.value(key, json());
+        if (n.is_null()) continue;
         const auto level = [](const json &l) { return l.is_null() ? json("none") : l; };
-        params["adv_norm"] = {{"mean_level", level(n.at("mean_level"))},
-                              {"std_level", level(n.at("std_level"))},
-                              {"mean_leave1out", n.at("mean_leave1out")},
-                              {"std_unbiased", n.at("std_unbiased")},
-                              {"eps", n.at("eps")}};
+        params[key] = {{"mean_level", level(n.at("mean_level"))},
+                       {"std_level", level(n.at("std_level"))},
+                       {"mean_leave1out", n.at("mean_leave1out")},
+                       {"std_unbiased", n.at("std_unbiased")},
+                       {"eps", n.at("eps")}};
     }
     rltest::Instance inst(rltest::load("advantage-areal"), params.dump());
     const rltest::Outputs o =

@@ -4,6 +4,8 @@
 //
 // Per sequence s with reward r_s, over its completion tokens c_1..c_k only:
 //   r'_s  = clip((r_s + reward_bias) * reward_scaling, -reward_clip, reward_clip)
+//           then, with reward_norm, AReaL's Normalization over the batch's rewards
+//           (one value per sequence, every sequence counted)
 //           (0 with mask_no_eos_with_zero when the sequence is truncated)
 //   u_t   = token_rewards[t] - beta * k(old_logprobs_t, ref_logprobs_t) + (t == c_k ? r'_s : 0)
 //   delta = u_t + gamma * V_next - V_t,  A_t = delta + gamma * lambda * A_next
@@ -53,25 +55,8 @@ public:
         if (target_ && horizon_ <= 0) invalid(p.owner() + ": parameter 'kl_horizon' must be > 0");
         if (!target_ && p.has("kl_horizon"))
             invalid(p.owner() + ": parameter 'kl_horizon' only applies with 'kl_target'");
-        const rl::sdk::json norm = p.raw("adv_norm");
-        if (!norm.is_null()) {
-            if (!norm.is_object())
-                invalid(p.owner() +
-                        ": parameter 'adv_norm' must be an object {mean_level, std_level, "
-                        "mean_leave1out, std_unbiased, eps} (or null for none), got " +
-                        norm.dump());
-            rl::sdk::Params q(norm.dump(), p.owner() + ": parameter 'adv_norm'");
-            Norm n;
-            n.mean = read_level(q, "mean_level");
-            n.std = read_level(q, "std_level");
-            n.leave1out = q.boolean("mean_leave1out", false);
-            n.unbiased = q.boolean("std_unbiased", true);
-            n.eps = q.number("eps", 1e-5, 0.0);
-            q.finish();
-            if (n.leave1out && n.mean == Level::None)
-                invalid(q.owner() + ": 'mean_leave1out' needs a mean_level");
-            norm_ = n;
-        }
+        norm_ = read_norm(p, "adv_norm");
+        reward_norm_ = read_norm(p, "reward_norm");
     }
 
     void compute(Call &call, const AdvantageBatch &b) override {
@@ -100,9 +85,13 @@ public:
         const double beta = beta_;
         std::vector<double> adv(n, 0.0), returns(n, 0.0), shaped(rewards.size(), 0.0);
         int64_t masked_no_eos = 0;
+        std::vector<double> scored(rewards.size());
+        for (size_t s = 0; s < rewards.size(); ++s)
+            scored[s] = std::clamp((rewards[s] + bias_) * scaling_, -clip_, clip_);
+        if (reward_norm_) normalize_rewards(scored, b);
         for (size_t s = 0; s < rewards.size(); ++s) {
             const std::vector<int64_t> pos = masked_positions(b.cu_seqlens, mask, s);
-            double r = std::clamp((rewards[s] + bias_) * scaling_, -clip_, clip_);
+            double r = scored[s];
             bool trunc = false;
             if (b.tensors.has("truncated")) {
                 const int64_t first = b.cu_seqlens[s], last = b.cu_seqlens[s + 1];
@@ -179,36 +168,97 @@ private:
         double eps = 1e-5;
     };
 
-    // AReaL's Normalization over completion tokens: mean and std per level, the
-    // leave-one-out mean (each token's mean excludes itself), std around that mean.
-    // A set with one sequence gives mean 0 with leave-one-out and std 1 when
-    // unbiased (AReaL's rule for groups of one); a set of <= 1 token likewise.
-    void normalize_tokens(std::vector<double> &x, const std::vector<uint8_t> &mask,
-                          const AdvantageBatch &b) const {
-        const Norm &nm = *norm_;
+    // AReaL's NormConfig object (adv_norm, reward_norm); null or absent: none.
+    static std::optional<Norm> read_norm(rl::sdk::Params &p, const char *key) {
+        const rl::sdk::json norm = p.raw(key);
+        if (norm.is_null()) return std::nullopt;
+        const std::string name = std::string("parameter '") + key + "'";
+        if (!norm.is_object())
+            invalid(p.owner() + ": " + name +
+                    " must be an object {mean_level, std_level, mean_leave1out, std_unbiased, "
+                    "eps} (or null for none), got " +
+                    norm.dump());
+        rl::sdk::Params q(norm.dump(), p.owner() + ": " + name);
+        Norm n;
+        n.mean = read_level(q, "mean_level");
+        n.std = read_level(q, "std_level");
+        n.leave1out = q.boolean("mean_leave1out", false);
+        n.unbiased = q.boolean("std_unbiased", true);
+        n.eps = q.number("eps", 1e-5, 0.0);
+        q.finish();
+        if (n.leave1out && n.mean == Level::None)
+            invalid(q.owner() + ": 'mean_leave1out' needs a mean_level");
+        return n;
+    }
+
+    // A normalization's sets of indices: the whole batch, or one per group, each
+    // with the number of sequences it spans.
+    struct Sets {
+        std::vector<std::vector<size_t>> members;
+        std::vector<size_t> seqs;
+    };
+
+    // reward_norm: each sequence's reward is one element, every sequence counts
+    // (AReaL normalizes the [batch] rewards without a mask).
+    void normalize_rewards(std::vector<double> &x, const AdvantageBatch &b) const {
         const size_t n = x.size();
-        // Token sets: the batch, or each group's completion tokens.
-        auto sets = [&](Level level) {
-            std::vector<std::vector<size_t>> out;
-            std::vector<size_t> seqs_in;
+        const auto sets = [&](Level level) {
+            Sets out;
             if (level == Level::Batch) {
-                out.emplace_back();
-                for (size_t t = 0; t < n; ++t)
-                    if (mask[t]) out.back().push_back(t);
-                return std::make_pair(out, std::vector<size_t>{b.cu_seqlens.size() - 1});
+                out.members.emplace_back();
+                for (size_t s = 0; s < n; ++s) out.members.back().push_back(s);
+                out.seqs.push_back(n);
+                return out;
             }
             for (const auto &members : group_members(b.group_ids)) {
-                out.emplace_back();
+                out.members.emplace_back(members.begin(), members.end());
+                out.seqs.push_back(members.size());
+            }
+            return out;
+        };
+        normalize(*reward_norm_, x, std::vector<uint8_t>(n, 1), sets);
+    }
+
+    // adv_norm over completion tokens.
+    void normalize_tokens(std::vector<double> &x, const std::vector<uint8_t> &mask,
+                          const AdvantageBatch &b) const {
+        const size_t n = x.size();
+        // Token sets: the batch, or each group's completion tokens.
+        const auto sets = [&](Level level) {
+            Sets out;
+            if (level == Level::Batch) {
+                out.members.emplace_back();
+                for (size_t t = 0; t < n; ++t)
+                    if (mask[t]) out.members.back().push_back(t);
+                out.seqs.push_back(b.cu_seqlens.size() - 1);
+                return out;
+            }
+            for (const auto &members : group_members(b.group_ids)) {
+                out.members.emplace_back();
                 for (int64_t s : members)
                     for (int64_t t = b.cu_seqlens[s]; t < b.cu_seqlens[s + 1]; ++t)
-                        if (mask[static_cast<size_t>(t)]) out.back().push_back(size_t(t));
-                seqs_in.push_back(members.size());
+                        if (mask[static_cast<size_t>(t)]) out.members.back().push_back(size_t(t));
+                out.seqs.push_back(members.size());
             }
-            return std::make_pair(out, seqs_in);
+            return out;
         };
+        normalize(*norm_, x, mask, sets);
+    }
+
+    // AReaL's Normalization: mean and std per level, the leave-one-out mean (each
+    // element's mean excludes itself), std around that mean. A set with one
+    // sequence gives mean 0 with leave-one-out and std 1 when unbiased (AReaL's
+    // rule for groups of one); a set of <= 1 element likewise. Elements outside
+    // `active` become 0.
+    template <class SetsOf>
+    static void normalize(const Norm &nm, std::vector<double> &x,
+                          const std::vector<uint8_t> &active, const SetsOf &sets_of) {
+        const size_t n = x.size();
         std::vector<double> mean(n, 0.0), sd(n, 1.0);
         if (nm.mean != Level::None) {
-            const auto [ss, seqs] = sets(nm.mean);
+            const Sets sets = sets_of(nm.mean);
+            const auto &ss = sets.members;
+            const auto &seqs = sets.seqs;
             for (size_t i = 0; i < ss.size(); ++i) {
                 const auto &set = ss[i];
                 double sum = 0;
@@ -226,7 +276,9 @@ private:
         }
         double eps = nm.eps;
         if (nm.std != Level::None) {
-            const auto [ss, seqs] = sets(nm.std);
+            const Sets sets = sets_of(nm.std);
+            const auto &ss = sets.members;
+            const auto &seqs = sets.seqs;
             for (size_t i = 0; i < ss.size(); ++i) {
                 const auto &set = ss[i];
                 double sq = 0;
@@ -244,7 +296,7 @@ private:
         } else {
             eps = 0.0;
         }
-        for (size_t t = 0; t < n; ++t) x[t] = mask[t] ? (x[t] - mean[t]) / (sd[t] + eps) : 0.0;
+        for (size_t t = 0; t < n; ++t) x[t] = active[t] ? (x[t] - mean[t]) / (sd[t] + eps) : 0.0;
     }
 
     double bias_ = 0, scaling_ = 1, clip_ = 20;
@@ -254,7 +306,7 @@ private:
     std::optional<double> target_;
     double horizon_ = 10000;
     int kl_ = 1;
-    std::optional<Norm> norm_;
+    std::optional<Norm> norm_, reward_norm_;
 };
 
 } // namespace

@@ -6,6 +6,13 @@
 // tau, so at r = 1 the gradient is the plain policy gradient -A_t; it decays
 // smoothly as r leaves 1 (faster for larger tau). The gradient is
 //   d l_t / d logprobs_t = -A_t * 4 * s (1 - s) * r_t,   s = sigmoid(tau_t (r_t - 1)).
+//
+// importance_sampling_level "sequence" (AReaL's sapo_loss_fn at that level): per
+// sequence i over its n_i loss tokens, s_i = exp(mean(logprobs - old_logprobs)) and
+// Abar_i = mean(A); every loss token of i gets l_t = -f(s_i, tau_i) * Abar_i with
+// tau_i chosen by the sign of Abar_i. d s_i / d logprobs_u = s_i / n_i for every
+// loss token u of i, so
+//   d L / d logprobs_u = (sum over loss tokens t of i of w_t) * -Abar_i * 4 s (1 - s) * s_i / n_i.
 #pragma once
 
 #include <rl/sdk/pg_loss.hpp>
@@ -21,6 +28,8 @@ public:
         tau_neg_ = p.number("tau_neg", 1.05, 0.0);
         check_positive(p, "tau_pos", tau_pos_);
         check_positive(p, "tau_neg", tau_neg_);
+        sequence_ =
+            p.choice("importance_sampling_level", "token", {"token", "sequence"}) == "sequence";
         read_shared(p, "seq-mean-token-mean");
     }
 
@@ -31,6 +40,10 @@ public:
     }
 
     void policy(PgCall &c) const override {
+        if (sequence_) {
+            policy_sequence(c);
+            return;
+        }
         Stat gate;
         RatioStats rs;
         for (int64_t t : c.tokens()) {
@@ -51,7 +64,47 @@ public:
     }
 
 private:
+    // One gate per sequence: the geometric-mean ratio s_i and the mean advantage
+    // over the sequence's loss tokens, broadcast to each of them.
+    void policy_sequence(PgCall &c) const {
+        const Data &d = c.d;
+        Stat gate, ratio;
+        for (int64_t s = 0; s < d.n_seqs(); ++s) {
+            const int64_t ni = d.seq_tokens[s];
+            if (ni == 0) continue;
+            double sum_a = 0, sum_w = 0;
+            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t)
+                if (d.mask[t] != 0) {
+                    sum_a += c.adv[t];
+                    sum_w += c.w[t];
+                }
+            const double abar = sum_a / double(ni);
+            const double tau = abar > 0 ? tau_pos_ : tau_neg_;
+            const double si = seq_geo_ratio(d, c.lp, c.old, s);
+            const double si_sg = seq_geo_ratio(d, c.lp_sg, c.old, s);
+            const double sig = sigmoid(tau * (si - 1.0));
+            const double f = 4.0 / tau * sig;
+            const double f_sg = 4.0 / tau * sigmoid(tau * (si_sg - 1.0));
+            c.pg += -sum_w * f * abar;
+            const double per_token = -sum_w * abar * 4.0 * sig * (1.0 - sig) * si / double(ni);
+            for (int64_t t = d.cu[s]; t < d.cu[s + 1]; ++t) {
+                if (d.mask[t] == 0) continue;
+                c.g[t] += per_token;
+                gate.add(f_sg);
+                ratio.add(si_sg);
+                c.put("elementwise_loss", t, -f * abar);
+                c.put("gate", t, f);
+                c.put("ratio", t, si);
+            }
+        }
+        gate.emit_mean(c.r, metrics::kGateMean);
+        ratio.emit_mean(c.r, metrics::kRatioMean, 1.0);
+        ratio.emit_min(c.r, metrics::kRatioMin, 1.0);
+        ratio.emit_max(c.r, metrics::kRatioMax, 1.0);
+    }
+
     double tau_pos_, tau_neg_;
+    bool sequence_ = false;
 };
 
 } // namespace rl::losses
