@@ -62,6 +62,11 @@ for step in run:steps("rl", cfg.run.steps) do
         engine:sync_weights(buffer)
         for k, v in pairs(rl.loss_stats(out)) do record[k] = v end
         record.ref_kl = out.metrics and out.metrics.ref_kl
+        -- An MoE model's router (model.preset tiny-moe, Qwen3-MoE): moe/aux_loss,
+        -- moe/z_loss and the experts' load ratios, overall and per layer.
+        for k, v in pairs(out.metrics or {}) do
+            if k:sub(1, 4) == "moe/" then record[k] = v end
+        end
         record.mask_frac = record.mask_frac or flagged.masked / r.rollouts
         record.tokens, record.grad_norm, record.lr = out.tokens, opt.grad_norm, opt.learning_rate
         record.groups = batch:info().groups

@@ -2,6 +2,8 @@
 
 - online evaluation (eval.every): ppo, distill, agent and the disaggregated
   trainer log eval/* on exactly the steps that are multiples of eval.every;
+- the GRPO example on the MoE preset logs the router's aux loss and the
+  experts' load ratios;
 - the disaggregated trainer's frozen reference (ref.model): every trained
   batch gets ref_logprobs, ref_kl is 0 on the first step (the batch of the
   initial weights, scored by the initial weights) and above 0 once the policy
@@ -68,6 +70,18 @@ class ExampleLoops(unittest.TestCase):
         recs = self.run_example("examples/agent.lua", "examples/agent.yaml", "agent",
                                 ["sft.steps=2", "run.steps=2"] + EVAL)
         self.expect_eval_on_even_steps(recs, 2)
+
+    def test_grpo_on_the_moe_preset_logs_the_router(self):
+        recs = self.run_example("examples/grpo.lua", "examples/grpo.yaml", "moe",
+                                ["model.preset=tiny-moe", f"model.init_dir={self.tmp.name}/moe",
+                                 "sft.steps=2", "run.steps=2", "buffer.min_rollouts=8"])
+        trained = [r for r in recs if "grad_norm" in r]
+        self.assertTrue(trained, recs)
+        for r in trained:
+            self.assertGreater(r["moe/aux_loss"], 0.0)
+            self.assertGreaterEqual(r["moe/max_load_ratio"], 1.0)
+            self.assertLessEqual(r["moe/min_load_ratio"], 1.0)
+            self.assertIn("moe/max_load_ratio/layer_0", r)
 
     def test_disaggregated_trainer_scores_a_reference_and_evaluates(self):
         recs = self.run_example(
