@@ -11,6 +11,7 @@
 #include "rl/core/policy.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
+#include "rl/core/scheduler.hpp"
 #include "rl/core/tensor_io.hpp"
 #include "rl/core/tiny.hpp"
 #include "rl/core/trainer.hpp"
@@ -554,33 +555,23 @@ at::Tensor logprobs_of(Trainer &t, const TrainBatch &batch) {
     return t.forward(batch, nullptr).tensors.at("logprobs").to(at::kDouble);
 }
 
-} // namespace
-
-TEST(MoeReplay, ReplayedRoutingKeepsTheRecordedLogprobsWhenTheRouterFlipsSomeTokens) {
-    TempDir tmp;
-    write_tiny_model(tmp / "m", 5, small_moe_spec()); // norm_topk_prob, 2 sparse layers
-    auto policy = Policy::load(tmp / "m");
-    CausalLM &m = policy->model();
-    Trainer t(policy, TrainerConfig{});
-    TrainBatch batch = batch_of(random_seqs({14, 9, 11}, 256, 21));
-    const int64_t T = batch.input_ids.size(0), K = m.config().num_experts_per_tok;
-    const int64_t E = m.config().num_experts;
-
-    // The rollout: its routing and logprobs.
-    const auto [recorded, logits] = routing_of(m, batch);
-    const at::Tensor lp0 = logprobs_of(t, batch);
-
-    // Move the last layer's router so that expert e enters the top-k of a few
-    // tokens while the logits of the tokens that already route to e stay put:
-    // row e gains alpha * v^T W (v in the null space of those tokens' logits),
-    // which changes the logit of e at token t by alpha * (logits_t . v).
+// Moves the last layer's router of `m` so that expert e enters the top-k of a
+// few tokens of the routing `recorded` [T, L_moe, K] (router logits `logits`
+// [T, L_moe, E]) while the logits of the tokens that already route to e stay
+// put: row e gains alpha * v^T W (v in the null space of those tokens'
+// logits), which changes the logit of e at token t by alpha * (logits_t . v).
+// With norm_topk_prob the other tokens' weights at their recorded experts stay
+// exact. False when no such move exists.
+bool flip_some_in_the_last_layer(CausalLM &m, const at::Tensor &recorded, const at::Tensor &logits,
+                                 const at::Tensor &targets = at::Tensor()) {
+    const int64_t K = m.config().num_experts_per_tok, E = m.config().num_experts;
     const int64_t last = recorded.size(1) - 1;
     const at::Tensor used = recorded.select(1, last); // [T, K]
     const at::Tensor lg = logits.select(1, last);     // [T, E]
     const at::Tensor counts = at::bincount(used.reshape({-1}), {}, E);
     const int64_t e = counts.argmin().item<int64_t>();
     const at::Tensor uses_e = used.eq(e).any(1);
-    ASSERT_LT(uses_e.sum().item<int64_t>(), E - 1);
+    if (uses_e.sum().item<int64_t>() >= E - 1) return false;
     at::Tensor v;
     if (uses_e.any().item<bool>()) {
         const at::Tensor vh = std::get<2>(at::linalg_svd(lg.index({uses_e}), true));
@@ -594,15 +585,41 @@ TEST(MoeReplay, ReplayedRoutingKeepsTheRecordedLogprobsWhenTheRouterFlipsSomeTok
     at::Tensor need = (kth - lg.select(1, e)) / shift;
     need = at::where(uses_e.logical_not() & need.gt(0), need,
                      at::full_like(need, std::numeric_limits<double>::infinity()));
-    const at::Tensor sorted = std::get<0>(at::sort(need));
-    ASSERT_TRUE(std::isfinite(sorted[1].item<double>()));
-    const double alpha = 0.5 * (sorted[0].item<double>() + sorted[1].item<double>());
+    // alpha past the first target token's (all tokens when no targets), short
+    // of the next token's: a few tokens flip, most keep their routing.
+    const at::Tensor first =
+        (targets.defined() ? at::where(targets, need, at::full_like(need, INFINITY)) : need).min();
+    if (!std::isfinite(first.item<double>())) return false;
+    const at::Tensor later = at::where(need.gt(first), need, at::full_like(need, INFINITY)).min();
+    const double alpha = std::isfinite(later.item<double>())
+                             ? 0.5 * (first.item<double>() + later.item<double>())
+                             : 1.5 * first.item<double>();
     {
         at::NoGradGuard g;
         at::Tensor w = m.model->layers[static_cast<size_t>(m.config().num_hidden_layers - 1)]
                            ->moe->gate->weight;
         w[e].add_((alpha * at::mv(w.to(at::kDouble).t(), v)).to(w.scalar_type()));
     }
+
+    return true;
+}
+
+} // namespace
+
+TEST(MoeReplay, ReplayedRoutingKeepsTheRecordedLogprobsWhenTheRouterFlipsSomeTokens) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 5, small_moe_spec()); // norm_topk_prob, 2 sparse layers
+    auto policy = Policy::load(tmp / "m");
+    CausalLM &m = policy->model();
+    Trainer t(policy, TrainerConfig{});
+    TrainBatch batch = batch_of(random_seqs({14, 9, 11}, 256, 21));
+    const int64_t T = batch.input_ids.size(0);
+
+    // The rollout: its routing and logprobs.
+    const auto [recorded, logits] = routing_of(m, batch);
+    const at::Tensor lp0 = logprobs_of(t, batch);
+
+    ASSERT_TRUE(flip_some_in_the_last_layer(m, recorded, logits));
 
     // Which tokens the moved router now routes elsewhere (as sets of experts).
     const at::Tensor now = routing_of(m, batch).first;
@@ -714,5 +731,125 @@ TEST(MoeReplay, BadRoutedExpertsAreRefusedNamingTheTensorLayerAndToken) {
     EXPECT_NE(error_of([&] { dense.forward_backward(b, nll_loss()); })
                   .find("'routed_experts' replays a mixture-of-experts routing but the model has "
                         "no sparse MoE layer"),
+              std::string::npos);
+}
+
+TEST(MoeReplay, EngineRecordsTheRoutingThatGivesItsLogprobsBackAfterARouterChange) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 11, small_moe_spec());
+    auto policy = Policy::load(tmp / "m");
+    CausalLM &m = policy->model();
+    const int64_t L = 2, K = m.config().num_experts_per_tok;
+    Engine engine(policy);
+    SamplingParams sp;
+    sp.temperature = 1.0;
+    sp.max_tokens = 8;
+    sp.n = 2;
+    sp.stop_token_ids = std::vector<int64_t>{};
+    sp.return_routed_experts = true;
+    const std::vector<std::vector<int64_t>> prompts{{'t', 'h', 'e', ' '}, {'m', 'o', 'e'}};
+    const Generation g = engine.generate(prompts, sp);
+    ASSERT_EQ(g.routed_layers, L);
+    ASSERT_EQ(g.routed_k, K);
+
+    // The rollouts as a batch: prompt + completion per sample, the recorded
+    // routing of every token, the engine's logprobs at the completion tokens.
+    std::vector<std::vector<int64_t>> seqs;
+    std::vector<int64_t> completion_row; // batch row of each completion token
+    for (int64_t s = 0; s < g.samples(); ++s) {
+        std::vector<int64_t> seq = prompts[static_cast<size_t>(g.prompt_index[s])];
+        int64_t start = 0;
+        for (const auto &q : seqs) start += static_cast<int64_t>(q.size());
+        for (int64_t i = g.cu_seqlens[s]; i < g.cu_seqlens[s + 1]; ++i) {
+            completion_row.push_back(start + static_cast<int64_t>(seq.size()));
+            seq.push_back(g.token_ids[static_cast<size_t>(i)]);
+        }
+        seqs.push_back(seq);
+    }
+    TrainBatch batch = batch_of(seqs);
+    batch.sampling_temperature = 1.0;
+    const int64_t T = batch.input_ids.size(0);
+    ASSERT_EQ(static_cast<int64_t>(g.routed_experts.size()), T * L * K);
+    const at::Tensor recorded = at::tensor(g.routed_experts, at::kLong).view({T, L, K});
+    const at::Tensor engine_lp = at::tensor(g.logprobs, at::kFloat).to(at::kDouble);
+    const at::Tensor rows = at::tensor(completion_row, at::kLong);
+
+    // What the engine recorded is what the packed forward routes (as sets),
+    // but for the last token of each sample, which the engine never read (-1).
+    const auto [own, logits] = routing_of(m, batch);
+    const at::Tensor unread = recorded.select(2, 0).select(1, 0).lt(0);
+    for (size_t s = 1; s < batch.cu_seqlens.size(); ++s)
+        EXPECT_TRUE(unread[batch.cu_seqlens[s] - 1].item<bool>()) << "sample " << s - 1;
+    EXPECT_EQ(unread.sum().item<int64_t>(), g.samples());
+    const at::Tensor read = unread.logical_not();
+    EXPECT_TRUE(at::equal(std::get<0>(at::sort(recorded.index({read}), -1)),
+                          std::get<0>(at::sort(own.index({read}), -1))));
+
+    Trainer t(policy, TrainerConfig{});
+    TrainBatch replayed = batch;
+    replayed.tensors["routed_experts"] = recorded;
+    EXPECT_LT(
+        (logprobs_of(t, replayed).index_select(0, rows) - engine_lp).abs().max().item<double>(),
+        1e-4);
+
+    // After a router change that routes some tokens elsewhere, replay still
+    // gives the engine's logprobs; routing itself moves those scored at them.
+    at::Tensor before_completion = at::zeros({T}, at::kBool);
+    for (int64_t r : completion_row) before_completion[r - 1] = true;
+    ASSERT_TRUE(flip_some_in_the_last_layer(m, own, logits, before_completion));
+    const at::Tensor now = routing_of(m, batch).first;
+    const at::Tensor flipped =
+        (std::get<0>(at::sort(now, -1)) != std::get<0>(at::sort(own, -1))).any(-1).any(-1);
+    int64_t flipped_before_completion = 0;
+    for (int64_t r : completion_row) flipped_before_completion += flipped[r - 1].item<bool>();
+    ASSERT_GE(flipped_before_completion, 1);
+    EXPECT_LT(
+        (logprobs_of(t, replayed).index_select(0, rows) - engine_lp).abs().max().item<double>(),
+        1e-4);
+    const at::Tensor self_lp = logprobs_of(t, batch).index_select(0, rows);
+    for (size_t i = 0; i < completion_row.size(); ++i) {
+        const double d = std::abs(self_lp[static_cast<int64_t>(i)].item<double>() -
+                                  engine_lp[static_cast<int64_t>(i)].item<double>());
+        if (flipped[completion_row[i] - 1].item<bool>())
+            EXPECT_GT(d, 1e-4) << "completion token " << i << " is scored at a flipped token";
+        else
+            EXPECT_LT(d, 1e-4) << "completion token " << i;
+    }
+}
+
+TEST(MoeReplay, RecordingRoutingsIsRefusedWhereItIsNotSupported) {
+    TempDir tmp;
+    write_tiny_model(tmp / "d", 12, test::small_tiny_spec(2));
+    Engine dense(Policy::load(tmp / "d"));
+    SamplingParams sp;
+    sp.max_tokens = 2;
+    sp.return_routed_experts = true;
+    EXPECT_NE(error_of([&] {
+                  dense.generate({{'a', 'b'}}, sp);
+              }).find("generate: return_routed_experts: the model has no sparse MoE layer"),
+              std::string::npos);
+    // Episodes and the serving scheduler do not record routings yet.
+    write_tiny_model(tmp / "m", 12, small_moe_spec());
+    auto moe = Policy::load(tmp / "m");
+    Engine engine(moe);
+    EXPECT_NE(error_of([&] {
+                  engine.generate_episodes({{'a', 'b'}}, sp, EpisodeOptions{}, [](const TurnEnd &) {
+                      return TurnReply{true, {}, {}};
+                  });
+              }).find("return_routed_experts is supported by generate only"),
+              std::string::npos);
+    Scheduler scheduler(moe);
+    ServeRequest request;
+    request.prompt = {'a', 'b'};
+    request.params = sp;
+    EXPECT_NE(error_of([&] {
+                  scheduler.submit(request);
+              }).find("return_routed_experts is not supported by the serving scheduler"),
+              std::string::npos);
+    EXPECT_TRUE(
+        SamplingParams::from_json(R"({"return_routed_experts": true})").return_routed_experts);
+    EXPECT_NE(error_of([] {
+                  SamplingParams::from_json(R"({"return_routed_experts": 1})");
+              }).find("return_routed_experts must be true or false"),
               std::string::npos);
 }

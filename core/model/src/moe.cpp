@@ -187,6 +187,14 @@ at::Tensor RoutingReplayScope::current() {
     return tl_replay != nullptr ? tl_replay->experts_ : at::Tensor();
 }
 
+at::Tensor routed_experts_of(const std::vector<at::Tensor> &router_logits, int64_t top_k) {
+    check(!router_logits.empty(), "routed_experts_of: no router logits (no sparse layer ran)");
+    std::vector<at::Tensor> ids;
+    for (const at::Tensor &l : router_logits)
+        ids.push_back(std::get<1>(at::topk(at::softmax(l, -1, at::kFloat), top_k, -1)));
+    return at::stack(ids, 1).to(at::kCPU).to(at::kLong).contiguous();
+}
+
 void check_routed_experts(const at::Tensor &experts, int64_t T, const ModelConfig &c,
                           const std::string &what) {
     std::vector<int64_t> sparse; // decoder layer of each sparse layer

@@ -103,6 +103,12 @@ private:
     RoutingReplayScope *previous_;
 };
 
+/// The experts a routing chose from the router logits of every sparse layer
+/// (as RouterLogitsRecorder collects them, [T, E] each): int64 [T, L_moe, K]
+/// on the CPU, the top-k of each layer's softmax as SparseMoeBlock::route
+/// picks them.
+at::Tensor routed_experts_of(const std::vector<at::Tensor> &router_logits, int64_t top_k);
+
 /// Checks a routing to replay for a model: `experts` must be an integer
 /// tensor [T, L_moe, K] (T tokens, L_moe = the model's sparse layers, K =
 /// num_experts_per_tok), every id in [0, num_experts) or a whole row of -1.
