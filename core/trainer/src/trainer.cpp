@@ -570,8 +570,12 @@ StepResult Trainer::classify(const TrainBatch &batch) {
     R.bins = static_cast<int64_t>(P.plan.bins.size());
     R.micro_batches = static_cast<int64_t>(P.plan.micro_batches.size());
     std::vector<at::Tensor> scores;
-    for (const MicroBatch &mb : P.plan.micro_batches)
+    for (const MicroBatch &mb : P.plan.micro_batches) {
+        std::optional<RoutingReplayScope> replay;
+        if (P.routed.defined())
+            replay.emplace(P.routed.narrow(0, mb.range.token_begin, mb.range.tokens()));
         scores.push_back(policy_->model().sequence_scores(P.input_of(mb)).to(at::kCPU));
+    }
     R.tensors["scores"] =
         scores.empty() ? at::zeros({0, policy_->model().config().num_labels}) : at::cat(scores);
     return R;
