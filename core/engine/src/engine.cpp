@@ -1,10 +1,10 @@
 #include "rl/core/engine.hpp"
-#include "rl/core/moe.hpp"
 
 #include "text_tracker.hpp"
 
 #include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/moe.hpp"
 #include "rl/core/params.hpp"
 
 #include <ATen/ATen.h>
