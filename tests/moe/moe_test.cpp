@@ -11,6 +11,7 @@
 #include "rl/core/policy.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
+#include "rl/core/scheduler.hpp"
 #include "rl/core/tensor_io.hpp"
 #include "rl/core/tiny.hpp"
 #include "rl/core/trainer.hpp"
@@ -21,6 +22,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -525,4 +527,329 @@ TEST(TinyMoe, LoraOnTheExpertsIsRefusedAndOnAttentionWorks) {
     Trainer t(policy, TrainerConfig{}, a);
     EXPECT_TRUE(
         std::isfinite(t.forward_backward(batch_of({{'a', 'b', 'c', 'd'}}), nll_loss()).loss));
+}
+
+// -- routing replay (R3) ------------------------------------------------------------
+
+namespace {
+
+// The routing `m` chooses for `batch` now: [T, L_moe, K] expert ids (the top-k
+// of each sparse layer's router softmax) and the router logits [T, L_moe, E].
+std::pair<at::Tensor, at::Tensor> routing_of(CausalLM &m, const TrainBatch &batch) {
+    at::NoGradGuard g;
+    RouterLogitsRecorder rec;
+    PackedBatch pb;
+    pb.input_ids = batch.input_ids;
+    pb.cu_seqlens = at::tensor(batch.cu_seqlens, at::kLong);
+    m.logits(pb);
+    std::vector<at::Tensor> ids, logits;
+    for (const at::Tensor &l : rec.logits()) {
+        logits.push_back(l.to(at::kDouble));
+        ids.push_back(std::get<1>(
+            at::topk(at::softmax(l, -1, at::kFloat), m.config().num_experts_per_tok, -1)));
+    }
+    return {at::stack(ids, 1), at::stack(logits, 1)};
+}
+
+at::Tensor logprobs_of(Trainer &t, const TrainBatch &batch) {
+    return t.forward(batch, nullptr).tensors.at("logprobs").to(at::kDouble);
+}
+
+// Moves the last layer's router of `m` so that expert e enters the top-k of a
+// few tokens of the routing `recorded` [T, L_moe, K] (router logits `logits`
+// [T, L_moe, E]) while the logits of the tokens that already route to e stay
+// put: row e gains alpha * v^T W (v in the null space of those tokens'
+// logits), which changes the logit of e at token t by alpha * (logits_t . v).
+// With norm_topk_prob the other tokens' weights at their recorded experts stay
+// exact. False when no such move exists.
+bool flip_some_in_the_last_layer(CausalLM &m, const at::Tensor &recorded, const at::Tensor &logits,
+                                 const at::Tensor &targets = at::Tensor()) {
+    const int64_t K = m.config().num_experts_per_tok, E = m.config().num_experts;
+    const int64_t last = recorded.size(1) - 1;
+    const at::Tensor used = recorded.select(1, last); // [T, K]
+    const at::Tensor lg = logits.select(1, last);     // [T, E]
+    const at::Tensor counts = at::bincount(used.reshape({-1}), {}, E);
+    const int64_t e = counts.argmin().item<int64_t>();
+    const at::Tensor uses_e = used.eq(e).any(1);
+    if (uses_e.sum().item<int64_t>() >= E - 1) return false;
+    at::Tensor v;
+    if (uses_e.any().item<bool>()) {
+        const at::Tensor vh = std::get<2>(at::linalg_svd(lg.index({uses_e}), true));
+        v = vh[E - 1]; // orthogonal to the rows of those tokens
+    } else {
+        v = at::randn({E}, at::kDouble);
+    }
+    const at::Tensor shift = at::mv(lg, v); // logit change of e per unit alpha
+    // The alpha at which each other token's logit of e reaches its k-th best.
+    const at::Tensor kth = std::get<0>(at::topk(lg, K, -1)).select(1, K - 1);
+    at::Tensor need = (kth - lg.select(1, e)) / shift;
+    need = at::where(uses_e.logical_not() & need.gt(0), need,
+                     at::full_like(need, std::numeric_limits<double>::infinity()));
+    // alpha past the first target token's (all tokens when no targets), short
+    // of the next token's: a few tokens flip, most keep their routing.
+    const at::Tensor first =
+        (targets.defined() ? at::where(targets, need, at::full_like(need, INFINITY)) : need).min();
+    if (!std::isfinite(first.item<double>())) return false;
+    const at::Tensor later = at::where(need.gt(first), need, at::full_like(need, INFINITY)).min();
+    const double alpha = std::isfinite(later.item<double>())
+                             ? 0.5 * (first.item<double>() + later.item<double>())
+                             : 1.5 * first.item<double>();
+    {
+        at::NoGradGuard g;
+        at::Tensor w = m.model->layers[static_cast<size_t>(m.config().num_hidden_layers - 1)]
+                           ->moe->gate->weight;
+        w[e].add_((alpha * at::mv(w.to(at::kDouble).t(), v)).to(w.scalar_type()));
+    }
+
+    return true;
+}
+
+} // namespace
+
+TEST(MoeReplay, ReplayedRoutingKeepsTheRecordedLogprobsWhenTheRouterFlipsSomeTokens) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 5, small_moe_spec()); // norm_topk_prob, 2 sparse layers
+    auto policy = Policy::load(tmp / "m");
+    CausalLM &m = policy->model();
+    Trainer t(policy, TrainerConfig{});
+    TrainBatch batch = batch_of(random_seqs({14, 9, 11}, 256, 21));
+    const int64_t T = batch.input_ids.size(0);
+
+    // The rollout: its routing and logprobs.
+    const auto [recorded, logits] = routing_of(m, batch);
+    const at::Tensor lp0 = logprobs_of(t, batch);
+
+    ASSERT_TRUE(flip_some_in_the_last_layer(m, recorded, logits));
+
+    // Which tokens the moved router now routes elsewhere (as sets of experts).
+    const at::Tensor now = routing_of(m, batch).first;
+    const at::Tensor flipped =
+        (std::get<0>(at::sort(now, -1)) != std::get<0>(at::sort(recorded, -1)))
+            .any(-1)
+            .any(-1); // [T]
+    const int64_t n_flipped = flipped.sum().item<int64_t>();
+    ASSERT_GE(n_flipped, 1);
+    ASSERT_LT(n_flipped, T);
+    // The first layer routes as recorded: only the last layer flipped.
+    ASSERT_TRUE(at::equal(std::get<0>(at::sort(now.select(1, 0), -1)),
+                          std::get<0>(at::sort(recorded.select(1, 0), -1))));
+
+    // Replayed: every logprob is the recorded one.
+    TrainBatch replayed = batch;
+    replayed.tensors["routed_experts"] = recorded;
+    const at::Tensor lp_replay = logprobs_of(t, replayed);
+    EXPECT_LT((lp_replay - lp0).abs().max().item<double>(), 1e-6);
+
+    // Routing itself: the logprob scored at a flipped token (of the next
+    // token of its sequence) moves, and only those.
+    const at::Tensor lp_self = logprobs_of(t, batch);
+    std::vector<uint8_t> scored_at_flip(static_cast<size_t>(T), 0);
+    for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s)
+        for (int64_t i = batch.cu_seqlens[s]; i + 1 < batch.cu_seqlens[s + 1]; ++i)
+            scored_at_flip[static_cast<size_t>(i + 1)] = flipped[i].item<bool>() ? 1 : 0;
+    int64_t moved = 0;
+    for (int64_t i = 0; i < T; ++i) {
+        const double d = std::abs(lp_self[i].item<double>() - lp0[i].item<double>());
+        if (scored_at_flip[static_cast<size_t>(i)]) {
+            EXPECT_GT(d, 1e-4) << "token " << i << " was routed elsewhere";
+            ++moved;
+        } else {
+            EXPECT_LT(d, 1e-5) << "token " << i << " kept its routing";
+        }
+    }
+    EXPECT_GE(moved, 1);
+
+    // A row of -1 routes itself: all -1 is the unreplayed forward.
+    replayed.tensors["routed_experts"] = at::full_like(recorded, -1);
+    EXPECT_LT((logprobs_of(t, replayed) - lp_self).abs().max().item<double>(), 1e-6);
+}
+
+TEST(MoeReplay, ReplayedRoutingReachesTheGradientsUnderActivationCheckpointing) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 6, small_moe_spec());
+    const TrainBatch batch = batch_of(random_seqs({10, 7}, 256, 3));
+    auto policy = Policy::load(tmp / "m");
+    const at::Tensor recorded = routing_of(policy->model(), batch).first;
+    // A routing the router would not choose: each token's experts shifted by one.
+    TrainBatch replayed = batch;
+    replayed.tensors["routed_experts"] = (recorded + 1) % policy->model().config().num_experts;
+    auto grads = [&](bool checkpointing, const TrainBatch &b) {
+        auto p = Policy::load(tmp / "m");
+        TrainerConfig tc;
+        tc.activation_checkpointing = checkpointing;
+        Trainer t(p, tc);
+        t.forward_backward(b, nll_loss());
+        return p->model().model->layers[0]->moe->gate->weight.grad().clone();
+    };
+    const at::Tensor plain = grads(false, replayed);
+    EXPECT_LT((grads(true, replayed) - plain).abs().max().item<double>(), 1e-6);
+    EXPECT_GT((grads(false, batch) - plain).abs().max().item<double>(), 1e-6);
+}
+
+TEST(MoeReplay, BadRoutedExpertsAreRefusedNamingTheTensorLayerAndToken) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 7, small_moe_spec());
+    auto policy = Policy::load(tmp / "m");
+    Trainer t(policy, TrainerConfig{});
+    TrainBatch batch = batch_of(random_seqs({6, 4}, 256, 8));
+    const at::Tensor good = routing_of(policy->model(), batch).first; // [10, 2, 2]
+    auto refusal = [&](const at::Tensor &routed) {
+        TrainBatch b = batch;
+        b.tensors["routed_experts"] = routed;
+        return error_of([&] { t.forward_backward(b, nll_loss()); });
+    };
+    EXPECT_NE(refusal(good.narrow(0, 0, 9))
+                  .find("'routed_experts' must be [10, 2, 2] (tokens, "
+                        "sparse layers, experts per token), got [9, 2, 2]"),
+              std::string::npos);
+    EXPECT_NE(refusal(good.reshape({10, 4})).find("got [10, 4]"), std::string::npos);
+    EXPECT_NE(refusal(good.to(at::kFloat)).find("must hold integer expert ids"), std::string::npos);
+    at::Tensor bad = good.clone();
+    bad[7][1][0] = 8;
+    EXPECT_NE(refusal(bad).find("'routed_experts' at token 7, sparse layer 1 (decoder layer 1): "
+                                "expert id 8 is outside [0, 8)"),
+              std::string::npos);
+    bad = good.clone();
+    bad[3][0][1] = -1;
+    EXPECT_NE(refusal(bad).find("at token 3, sparse layer 0 (decoder layer 0): expert id -1"),
+              std::string::npos);
+    bad = good.clone();
+    bad[2][1][1] = bad[2][1][0].item<int64_t>();
+    EXPECT_NE(refusal(bad).find("at token 2, sparse layer 1 (decoder layer 1): expert " +
+                                std::to_string(bad[2][1][0].item<int64_t>()) + " is named twice"),
+              std::string::npos);
+    bad = good.clone();
+    bad[4][0][0] = -1;
+    EXPECT_NE(refusal(bad).find("a row that starts with -1 (route yourself) must be all -1"),
+              std::string::npos);
+
+    // A dense model has nothing to replay.
+    write_tiny_model(tmp / "d", 7, test::small_tiny_spec(2));
+    Trainer dense(Policy::load(tmp / "d"), TrainerConfig{});
+    TrainBatch b = batch;
+    b.tensors["routed_experts"] = good;
+    EXPECT_NE(error_of([&] { dense.forward_backward(b, nll_loss()); })
+                  .find("'routed_experts' replays a mixture-of-experts routing but the model has "
+                        "no sparse MoE layer"),
+              std::string::npos);
+}
+
+TEST(MoeReplay, EngineRecordsTheRoutingThatGivesItsLogprobsBackAfterARouterChange) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 11, small_moe_spec());
+    auto policy = Policy::load(tmp / "m");
+    CausalLM &m = policy->model();
+    const int64_t L = 2, K = m.config().num_experts_per_tok;
+    Engine engine(policy);
+    SamplingParams sp;
+    sp.temperature = 1.0;
+    sp.max_tokens = 8;
+    sp.n = 2;
+    sp.stop_token_ids = std::vector<int64_t>{};
+    sp.return_routed_experts = true;
+    const std::vector<std::vector<int64_t>> prompts{{'t', 'h', 'e', ' '}, {'m', 'o', 'e'}};
+    const Generation g = engine.generate(prompts, sp);
+    ASSERT_EQ(g.routed_layers, L);
+    ASSERT_EQ(g.routed_k, K);
+
+    // The rollouts as a batch: prompt + completion per sample, the recorded
+    // routing of every token, the engine's logprobs at the completion tokens.
+    std::vector<std::vector<int64_t>> seqs;
+    std::vector<int64_t> completion_row; // batch row of each completion token
+    for (int64_t s = 0; s < g.samples(); ++s) {
+        std::vector<int64_t> seq = prompts[static_cast<size_t>(g.prompt_index[s])];
+        int64_t start = 0;
+        for (const auto &q : seqs) start += static_cast<int64_t>(q.size());
+        for (int64_t i = g.cu_seqlens[s]; i < g.cu_seqlens[s + 1]; ++i) {
+            completion_row.push_back(start + static_cast<int64_t>(seq.size()));
+            seq.push_back(g.token_ids[static_cast<size_t>(i)]);
+        }
+        seqs.push_back(seq);
+    }
+    TrainBatch batch = batch_of(seqs);
+    batch.sampling_temperature = 1.0;
+    const int64_t T = batch.input_ids.size(0);
+    ASSERT_EQ(static_cast<int64_t>(g.routed_experts.size()), T * L * K);
+    const at::Tensor recorded = at::tensor(g.routed_experts, at::kLong).view({T, L, K});
+    const at::Tensor engine_lp = at::tensor(g.logprobs, at::kFloat).to(at::kDouble);
+    const at::Tensor rows = at::tensor(completion_row, at::kLong);
+
+    // What the engine recorded is what the packed forward routes (as sets),
+    // but for the last token of each sample, which the engine never read (-1).
+    const auto [own, logits] = routing_of(m, batch);
+    const at::Tensor unread = recorded.select(2, 0).select(1, 0).lt(0);
+    for (size_t s = 1; s < batch.cu_seqlens.size(); ++s)
+        EXPECT_TRUE(unread[batch.cu_seqlens[s] - 1].item<bool>()) << "sample " << s - 1;
+    EXPECT_EQ(unread.sum().item<int64_t>(), g.samples());
+    const at::Tensor read = unread.logical_not();
+    EXPECT_TRUE(at::equal(std::get<0>(at::sort(recorded.index({read}), -1)),
+                          std::get<0>(at::sort(own.index({read}), -1))));
+
+    Trainer t(policy, TrainerConfig{});
+    TrainBatch replayed = batch;
+    replayed.tensors["routed_experts"] = recorded;
+    EXPECT_LT(
+        (logprobs_of(t, replayed).index_select(0, rows) - engine_lp).abs().max().item<double>(),
+        1e-4);
+
+    // After a router change that routes some tokens elsewhere, replay still
+    // gives the engine's logprobs; routing itself moves those scored at them.
+    at::Tensor before_completion = at::zeros({T}, at::kBool);
+    for (int64_t r : completion_row) before_completion[r - 1] = true;
+    ASSERT_TRUE(flip_some_in_the_last_layer(m, own, logits, before_completion));
+    const at::Tensor now = routing_of(m, batch).first;
+    const at::Tensor flipped =
+        (std::get<0>(at::sort(now, -1)) != std::get<0>(at::sort(own, -1))).any(-1).any(-1);
+    int64_t flipped_before_completion = 0;
+    for (int64_t r : completion_row) flipped_before_completion += flipped[r - 1].item<bool>();
+    ASSERT_GE(flipped_before_completion, 1);
+    EXPECT_LT(
+        (logprobs_of(t, replayed).index_select(0, rows) - engine_lp).abs().max().item<double>(),
+        1e-4);
+    const at::Tensor self_lp = logprobs_of(t, batch).index_select(0, rows);
+    for (size_t i = 0; i < completion_row.size(); ++i) {
+        const double d = std::abs(self_lp[static_cast<int64_t>(i)].item<double>() -
+                                  engine_lp[static_cast<int64_t>(i)].item<double>());
+        if (flipped[completion_row[i] - 1].item<bool>())
+            EXPECT_GT(d, 1e-4) << "completion token " << i << " is scored at a flipped token";
+        else
+            EXPECT_LT(d, 1e-4) << "completion token " << i;
+    }
+}
+
+TEST(MoeReplay, RecordingRoutingsIsRefusedWhereItIsNotSupported) {
+    TempDir tmp;
+    write_tiny_model(tmp / "d", 12, test::small_tiny_spec(2));
+    Engine dense(Policy::load(tmp / "d"));
+    SamplingParams sp;
+    sp.max_tokens = 2;
+    sp.return_routed_experts = true;
+    EXPECT_NE(error_of([&] {
+                  dense.generate({{'a', 'b'}}, sp);
+              }).find("generate: return_routed_experts: the model has no sparse MoE layer"),
+              std::string::npos);
+    // Episodes and the serving scheduler do not record routings yet.
+    write_tiny_model(tmp / "m", 12, small_moe_spec());
+    auto moe = Policy::load(tmp / "m");
+    Engine engine(moe);
+    EXPECT_NE(error_of([&] {
+                  engine.generate_episodes({{'a', 'b'}}, sp, EpisodeOptions{}, [](const TurnEnd &) {
+                      return TurnReply{true, {}, {}};
+                  });
+              }).find("return_routed_experts is supported by generate only"),
+              std::string::npos);
+    Scheduler scheduler(moe);
+    ServeRequest request;
+    request.prompt = {'a', 'b'};
+    request.params = sp;
+    EXPECT_NE(error_of([&] {
+                  scheduler.submit(request);
+              }).find("return_routed_experts is not supported by the serving scheduler"),
+              std::string::npos);
+    EXPECT_TRUE(
+        SamplingParams::from_json(R"({"return_routed_experts": true})").return_routed_experts);
+    EXPECT_NE(error_of([] {
+                  SamplingParams::from_json(R"({"return_routed_experts": 1})");
+              }).find("return_routed_experts must be true or false"),
+              std::string::npos);
 }

@@ -4,6 +4,7 @@
 
 #include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/moe.hpp"
 #include "rl/core/params.hpp"
 
 #include <ATen/ATen.h>
@@ -23,6 +24,7 @@ using nlohmann::json;
 struct Engine::SampleOut {
     std::vector<int64_t> tokens;
     std::vector<float> logprobs;
+    std::vector<int64_t> routed; // [rows, L_moe, K] flattened (return_routed_experts)
     std::string text;
     FinishReason reason = FinishReason::Length;
 };
@@ -140,6 +142,12 @@ Engine::Prepared Engine::prepare(const std::vector<std::vector<int64_t>> &prompt
                 "); call sync_weights first");
     params.validate();
     require(!prompts.empty(), ErrorKind::InvalidArgument, who + ": no prompts given");
+    if (params.return_routed_experts) {
+        if (who != "generate")
+            invalid(who + ": return_routed_experts is supported by generate only");
+        if (!policy_->model().config().has_moe())
+            invalid(who + ": return_routed_experts: the model has no sparse MoE layer");
+    }
     const ModelConfig &mc = policy_->model().config();
     for (size_t i = 0; i < prompts.size(); ++i) {
         const auto &p = prompts[i];
@@ -205,12 +213,17 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
                  std::min(total, first + prep.wave), outs);
 
     Generation g;
+    if (params.return_routed_experts) {
+        for (int64_t i = 0; i < mc.num_hidden_layers; ++i) g.routed_layers += mc.is_moe_layer(i);
+        g.routed_k = mc.num_experts_per_tok;
+    }
     g.policy_version = prep.adapter ? prep.adapter->version() : version_;
     g.cu_seqlens.push_back(0);
     for (int64_t i = 0; i < total; ++i) {
         SampleOut &o = outs[static_cast<size_t>(i)];
         g.token_ids.insert(g.token_ids.end(), o.tokens.begin(), o.tokens.end());
         g.logprobs.insert(g.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+        g.routed_experts.insert(g.routed_experts.end(), o.routed.begin(), o.routed.end());
         g.cu_seqlens.push_back(static_cast<int64_t>(g.token_ids.size()));
         g.prompt_index.push_back(i / params.n);
         g.completions.push_back(std::move(o.text));
@@ -259,7 +272,29 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
     const int64_t max_pos = model.config().max_position_embeddings;
     const int64_t count = end_sample - first_sample;
 
+    const bool record = params.return_routed_experts;
+    const int64_t K = model.config().num_experts_per_tok;
+    std::optional<RouterLogitsRecorder> recorder;
+    if (record) recorder.emplace();
     at::Tensor logits = prefill_wave(prompts, params.n, first_sample, end_sample);
+    if (record) {
+        // The prefill ran each distinct prompt once, in order of first sample.
+        const at::Tensor ids = routed_experts_of(recorder->logits(), K);
+        const int64_t row = ids.size(1) * K; // ids per token
+        std::map<int64_t, int64_t> offset;   // prompt -> its first prefill row
+        int64_t next = 0;
+        for (int64_t s = first_sample; s < end_sample; ++s) {
+            const int64_t prompt = s / params.n;
+            if (!offset.count(prompt)) {
+                offset[prompt] = next;
+                next += static_cast<int64_t>(prompts[static_cast<size_t>(prompt)].size());
+            }
+            const int64_t *p = ids.data_ptr<int64_t>() + offset[prompt] * row;
+            outs[static_cast<size_t>(s)].routed.assign(
+                p, p + static_cast<int64_t>(prompts[static_cast<size_t>(prompt)].size()) * row);
+        }
+        recorder.reset();
+    }
 
     std::vector<int64_t> active(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) active[static_cast<size_t>(k)] = k;
@@ -305,7 +340,29 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
         }
         active.swap(next_active);
         if (active.empty()) break;
+        if (record) recorder.emplace();
         logits = model.decode(cache, active, long_tensor(next_tokens));
+        if (record) {
+            // Row i: the routing of the token active[i] just read.
+            const at::Tensor ids = routed_experts_of(recorder->logits(), K);
+            const int64_t row = ids.size(1) * K;
+            for (size_t i = 0; i < active.size(); ++i) {
+                const int64_t *p = ids.data_ptr<int64_t>() + static_cast<int64_t>(i) * row;
+                auto &routed = outs[static_cast<size_t>(first_sample + active[i])].routed;
+                routed.insert(routed.end(), p, p + row);
+            }
+            recorder.reset();
+        }
+    }
+    if (record) {
+        // The last token of every sample was never read: route yourself.
+        int64_t layers = 0;
+        for (int64_t i = 0; i < model.config().num_hidden_layers; ++i)
+            layers += model.config().is_moe_layer(i) ? 1 : 0;
+        for (int64_t s = first_sample; s < end_sample; ++s) {
+            auto &routed = outs[static_cast<size_t>(s)].routed;
+            routed.insert(routed.end(), static_cast<size_t>(layers * K), -1);
+        }
     }
 }
 

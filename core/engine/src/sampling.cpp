@@ -83,10 +83,14 @@ SamplingParams SamplingParams::from_json(const std::string &text) {
             if (!v.is_string() && !v.is_null())
                 bad("adapter must be the name of a LoRA adapter of the model, got " + v.dump());
             p.adapter = v.is_string() ? v.get<std::string>() : "";
+        } else if (k == "return_routed_experts") {
+            if (!v.is_boolean())
+                bad("return_routed_experts must be true or false, got " + v.dump());
+            p.return_routed_experts = v.get<bool>();
         } else {
             bad("unknown key '" + k +
                 "'; valid: n, temperature, top_p, top_k, seed, max_tokens, stop, stop_token_ids, "
-                "adapter");
+                "adapter, return_routed_experts");
         }
     }
     p.validate();

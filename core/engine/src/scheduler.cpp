@@ -432,6 +432,9 @@ uint64_t Scheduler::submit(ServeRequest request) {
     Impl &s = *impl_;
     const SamplingParams &p = request.params;
     p.validate();
+    if (p.return_routed_experts)
+        invalid("sampling params: return_routed_experts is not supported by the serving "
+                "scheduler yet (Engine::generate records routings)");
     if (p.n != 1)
         invalid("sampling params: n must be 1 per scheduler request (got " + std::to_string(p.n) +
                 "); submit one request per sample with sample_index 0..n-1");

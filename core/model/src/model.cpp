@@ -210,9 +210,10 @@ at::Tensor MLP::forward(const at::Tensor &x) const {
 
 DecoderLayer::DecoderLayer(const ModelConfig &c, const ModelOptions &o, int64_t index) {
     self_attn = register_module("self_attn", std::make_shared<Attention>(c, o));
-    if (c.is_moe_layer(index))
+    if (c.is_moe_layer(index)) {
         moe = register_module("mlp", std::make_shared<SparseMoeBlock>(c, o));
-    else
+        for (int64_t j = 0; j < index; ++j) moe->moe_index += c.is_moe_layer(j) ? 1 : 0;
+    } else
         mlp = register_module("mlp", std::make_shared<MLP>(c, o));
     input_layernorm = register_module("input_layernorm",
                                       std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, o));
@@ -343,12 +344,20 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         at::GradMode::is_enabled())
         dropout_seed = adapter->next_dropout_seed();
 
+    // Routing replay (R3, moe.hpp) of a training or scoring forward: [T,
+    // L_moe, K] expert ids, held by the closure for a recomputation.
+    at::Tensor replay = cache == nullptr ? RoutingReplayScope::current() : at::Tensor();
+    if (replay.defined()) {
+        check_routed_experts(replay, T, config_, "routed_experts");
+        replay = replay.to(options_.device).to(at::kLong);
+    }
+
     // One decoder layer: h -> h'. The closure holds what every layer shares
     // (rotary tables, attention plan), so a checkpointed layer can run again
     // in the backward.
     auto layer_fn = [this, T, scale, cos = cos, sin = sin, packed = std::move(packed),
-                     cached = std::move(cached), cache, adapter,
-                     dropout_seed](size_t i, const at::Tensor &hin) {
+                     cached = std::move(cached), cache, adapter, dropout_seed,
+                     replay](size_t i, const at::Tensor &hin) {
         const ModelConfig &c = config_;
         const DecoderLayer &layer = *model->layers[i];
         const Attention &attn = *layer.self_attn;
@@ -383,7 +392,11 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
                            : packed_attention(q, k, v, packed, scale);
         at::Tensor hout = hin + proj(*attn.o_proj, a, LoraTarget::O);
         at::Tensor y = layer.post_attention_layernorm->forward(hout);
-        if (layer.moe) return hout + layer.moe->forward(y, /*decoding=*/cache != nullptr);
+        if (layer.moe)
+            return hout + layer.moe->forward(y, /*decoding=*/cache != nullptr, nullptr,
+                                             replay.defined()
+                                                 ? replay.select(1, layer.moe->moe_index)
+                                                 : at::Tensor());
         if (!adapter && cache == nullptr) return hout + layer.mlp->forward(y);
         const MLP &mlp = *layer.mlp;
         at::Tensor g = swiglu(proj(*mlp.gate_proj, y, LoraTarget::Gate),

@@ -6,11 +6,14 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace rl::core {
 namespace {
 
 thread_local RouterLogitsRecorder *tl_recorder = nullptr;
+thread_local RoutingReplayScope *tl_replay = nullptr;
 
 at::Tensor as_float(const at::Tensor &t) {
     return t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
@@ -70,11 +73,31 @@ SparseMoeBlock::SparseMoeBlock(const ModelConfig &c, const ModelOptions &o)
 }
 
 MoeRouting SparseMoeBlock::route(const at::Tensor &x) const {
+    return replay(x, at::Tensor());
+}
+
+MoeRouting SparseMoeBlock::replay(const at::Tensor &x, const at::Tensor &experts) const {
     MoeRouting r;
     r.logits =
         router_fp32 ? at::linear(as_float(x), as_float(gate->weight)) : at::linear(x, gate->weight);
     const at::Tensor probs = at::softmax(r.logits, -1, at::kFloat);
     auto [values, ids] = at::topk(probs, top_k, -1);
+    if (experts.defined()) {
+        const int64_t T = x.size(0);
+        check(experts.dim() == 2 && experts.size(0) == T && experts.size(1) == top_k &&
+                  at::isIntegralType(experts.scalar_type(), /*includeBool=*/false),
+              "moe: replayed experts must be integer ids [" + std::to_string(T) + ", " +
+                  std::to_string(top_k) + "]");
+        const at::Tensor want = experts.to(ids.device()).to(at::kLong);
+        check(T == 0 ||
+                  (want.max().item<int64_t>() < num_experts && want.min().item<int64_t>() >= -1),
+              "moe: replayed expert ids must be in [0, " + std::to_string(num_experts) +
+                  ") or -1 (route yourself)");
+        // A row of -1 keeps the router's own choice.
+        const at::Tensor own = want.select(1, 0).lt(0).unsqueeze(1);
+        ids = at::where(own, ids, want);
+        values = probs.gather(1, ids);
+    }
     if (norm_topk_prob) values = values / values.sum(-1, /*keepdim=*/true);
     r.weights = values;
     r.experts = ids;
@@ -126,9 +149,9 @@ at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing,
     return out;
 }
 
-at::Tensor SparseMoeBlock::forward(const at::Tensor &x, bool decoding,
-                                   MoeRouting *routing_out) const {
-    MoeRouting r = route(x);
+at::Tensor SparseMoeBlock::forward(const at::Tensor &x, bool decoding, MoeRouting *routing_out,
+                                   const at::Tensor &replay_experts) const {
+    MoeRouting r = replay(x, replay_experts);
     if (RouterLogitsRecorder *rec = RouterLogitsRecorder::current()) rec->add(r.logits);
     at::Tensor out = mix(x, r, decoding);
     if (routing_out != nullptr) *routing_out = std::move(r);
@@ -147,6 +170,78 @@ RouterLogitsRecorder::~RouterLogitsRecorder() {
 
 RouterLogitsRecorder *RouterLogitsRecorder::current() {
     return tl_recorder;
+}
+
+// -- routing replay -------------------------------------------------------------
+
+RoutingReplayScope::RoutingReplayScope(at::Tensor experts)
+    : experts_(std::move(experts)), previous_(tl_replay) {
+    tl_replay = this;
+}
+
+RoutingReplayScope::~RoutingReplayScope() {
+    tl_replay = previous_;
+}
+
+at::Tensor RoutingReplayScope::current() {
+    return tl_replay != nullptr ? tl_replay->experts_ : at::Tensor();
+}
+
+at::Tensor routed_experts_of(const std::vector<at::Tensor> &router_logits, int64_t top_k) {
+    check(!router_logits.empty(), "routed_experts_of: no router logits (no sparse layer ran)");
+    std::vector<at::Tensor> ids;
+    for (const at::Tensor &l : router_logits)
+        ids.push_back(std::get<1>(at::topk(at::softmax(l, -1, at::kFloat), top_k, -1)));
+    return at::stack(ids, 1).to(at::kCPU).to(at::kLong).contiguous();
+}
+
+void check_routed_experts(const at::Tensor &experts, int64_t T, const ModelConfig &c,
+                          const std::string &what) {
+    std::vector<int64_t> sparse; // decoder layer of each sparse layer
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+        if (c.is_moe_layer(i)) sparse.push_back(i);
+    const int64_t L = static_cast<int64_t>(sparse.size()), K = c.num_experts_per_tok;
+    check(L > 0, what + ": the model has no sparse MoE layer to replay a routing in");
+    const std::string shape = "[" + std::to_string(T) + ", " + std::to_string(L) + ", " +
+                              std::to_string(K) + "] (tokens, sparse layers, experts per token)";
+    check(experts.defined(), what + " is an undefined tensor; it must be " + shape);
+    check(at::isIntegralType(experts.scalar_type(), /*includeBool=*/false),
+          what + " must hold integer expert ids, got " +
+              std::string(c10::toString(experts.scalar_type())));
+    std::string got;
+    for (int64_t d = 0; d < experts.dim(); ++d)
+        got += (d ? ", " : "") + std::to_string(experts.size(d));
+    check(experts.dim() == 3 && experts.size(0) == T && experts.size(1) == L &&
+              experts.size(2) == K,
+          what + " must be " + shape + ", got [" + got + "]");
+    const at::Tensor ids = experts.to(at::kCPU).to(at::kLong).contiguous();
+    const int64_t *p = ids.data_ptr<int64_t>();
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t l = 0; l < L; ++l) {
+            const int64_t *row = p + (t * L + l) * K;
+            const auto where = [&] {
+                return what + " at token " + std::to_string(t) + ", sparse layer " +
+                       std::to_string(l) + " (decoder layer " +
+                       std::to_string(sparse[static_cast<size_t>(l)]) + ")";
+            };
+            if (row[0] == -1) {
+                for (int64_t k = 1; k < K; ++k)
+                    check(row[k] == -1, where() +
+                                            ": a row that starts with -1 (route yourself) "
+                                            "must be all -1, got " +
+                                            std::to_string(row[k]) + " at slot " +
+                                            std::to_string(k));
+                continue;
+            }
+            for (int64_t k = 0; k < K; ++k) {
+                check(row[k] >= 0 && row[k] < c.num_experts,
+                      where() + ": expert id " + std::to_string(row[k]) + " is outside [0, " +
+                          std::to_string(c.num_experts) + ")");
+                for (int64_t j = 0; j < k; ++j)
+                    check(row[j] != row[k],
+                          where() + ": expert " + std::to_string(row[k]) + " is named twice");
+            }
+        }
 }
 
 // -- router losses ------------------------------------------------------------

@@ -41,7 +41,8 @@ namespace {
 constexpr int64_t kIgnore = -100;
 constexpr const char *kCheckpointFormat = "rl-trainer-checkpoint/1";
 constexpr const char *kMasterFile = "master_weights.safetensors";
-constexpr const char *kAdapterFolder = "adapter"; // a LoRA trainer's checkpoint: PEFT folder
+constexpr const char *kRoutedExperts = "routed_experts"; // R3 routing replay, [T, L_moe, K]
+constexpr const char *kAdapterFolder = "adapter";        // a LoRA trainer's checkpoint: PEFT folder
 
 [[noreturn]] void invalid(const std::string &msg) {
     throw Error(ErrorKind::InvalidArgument, msg);
@@ -333,6 +334,7 @@ struct Trainer::Prepared {
     at::Tensor model_labels; // int64 [T]: label of the next token in the sequence, else -100
     at::Tensor not_first;    // float32 [T]: 0 at each sequence's first token
     at::Tensor counted;      // float64 [T]: 1 where the loss counts the token
+    at::Tensor routed;       // int64 [T, L_moe, K]: routing to replay (R3), else undefined
     // Loss inputs over the whole batch (float64, labels int64), sliced per micro-batch.
     std::vector<std::pair<std::string, at::Tensor>> inputs;
     bool want_logprobs = false, want_entropy = false;
@@ -381,10 +383,22 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
     P.plan = plan_packing(P.cu, config_.packing);
     const int64_t S = static_cast<int64_t>(P.cu.size()) - 1;
 
+    // Routing replay (R3): the experts every sparse layer routes each token
+    // to, [T, L_moe, K]; a model input, not a loss input.
+    if (auto it = batch.tensors.find(kRoutedExperts); it != batch.tensors.end()) {
+        if (!policy_->model().config().has_moe())
+            invalid("batch tensor 'routed_experts' replays a mixture-of-experts routing but the "
+                    "model has no sparse MoE layer");
+        check_routed_experts(it->second, P.T, policy_->model().config(),
+                             "batch tensor 'routed_experts'");
+        P.routed = it->second.to(at::kCPU).to(at::kLong).contiguous();
+    }
+
     // Per-token tensors: shape and dtype checks, reserved names.
     for (const auto &kv : batch.tensors) {
         const std::string &name = kv.first;
         const at::Tensor &t = kv.second;
+        if (name == kRoutedExperts) continue;
         if (name.empty()) invalid("batch has a tensor with an empty name");
         if (name == "logprobs" || name == "entropy" || name == "logsumexp")
             invalid("batch tensor '" + name +
@@ -448,7 +462,7 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
     // Inputs the loss reads; refuse what it cannot take or misses.
     const LossSignature &sig = loss->signature;
     for (const auto &kv : batch.tensors)
-        if (!sig.accepts(kv.first))
+        if (kv.first != kRoutedExperts && !sig.accepts(kv.first))
             invalid(loss->name + " does not read batch tensor '" + kv.first +
                     "'; it reads: " + list_names([&] {
                         std::vector<std::string> a = sig.required;
@@ -525,7 +539,7 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
     if (sig.accepts("labels")) P.inputs.emplace_back("labels", labels);
     if (mask.defined()) P.inputs.emplace_back("loss_mask", mask);
     for (const auto &kv : batch.tensors) {
-        if (kv.first == "labels" || kv.first == "loss_mask") continue;
+        if (kv.first == "labels" || kv.first == "loss_mask" || kv.first == kRoutedExperts) continue;
         P.inputs.emplace_back(kv.first, kv.second.to(at::kCPU).to(at::kDouble).contiguous());
     }
     return P;
@@ -556,8 +570,12 @@ StepResult Trainer::classify(const TrainBatch &batch) {
     R.bins = static_cast<int64_t>(P.plan.bins.size());
     R.micro_batches = static_cast<int64_t>(P.plan.micro_batches.size());
     std::vector<at::Tensor> scores;
-    for (const MicroBatch &mb : P.plan.micro_batches)
+    for (const MicroBatch &mb : P.plan.micro_batches) {
+        std::optional<RoutingReplayScope> replay;
+        if (P.routed.defined())
+            replay.emplace(P.routed.narrow(0, mb.range.token_begin, mb.range.tokens()));
         scores.push_back(policy_->model().sequence_scores(P.input_of(mb)).to(at::kCPU));
+    }
     R.tensors["scores"] =
         scores.empty() ? at::zeros({0, policy_->model().config().num_labels}) : at::cat(scores);
     return R;
@@ -658,6 +676,8 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         const PackedBatch pb = P.input_of(mb);
         std::optional<RouterLogitsRecorder> recorder;
         if (moe) recorder.emplace();
+        std::optional<RoutingReplayScope> replay;
+        if (P.routed.defined()) replay.emplace(P.routed.narrow(0, a, n));
         TokenLogprobs tl = model.token_logprobs(pb, P.model_labels.narrow(0, a, n), lopts);
         // The router losses of this micro-batch, weighted by its share of the
         // call's tokens (and of the ranks', whose gradients dp sums).

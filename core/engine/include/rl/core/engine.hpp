@@ -48,6 +48,15 @@ struct Generation {
     std::vector<std::string> completions;
     std::vector<FinishReason> finish_reasons;
     int64_t policy_version = 0;
+    /// With SamplingParams::return_routed_experts: the mixture-of-experts
+    /// routing of every input token, int64 [rows, L_moe, K] flattened, the
+    /// rows of each sample back to back: its prompt tokens (the prefill's
+    /// routing), then its completion tokens (the routing of the decoding step
+    /// that read the token; the last token is never read: a row of -1, "route
+    /// yourself"). Sample s has prompt length + completion length rows, the
+    /// layout of the trainer's `routed_experts` for that sequence. Else empty.
+    std::vector<int64_t> routed_experts;
+    int64_t routed_layers = 0, routed_k = 0; ///< L_moe and K of routed_experts
     int64_t samples() const { return static_cast<int64_t>(prompt_index.size()); }
 };
 

@@ -40,6 +40,9 @@ struct SamplingParams {
     /// The LoRA adapter to sample with, by its name in the policy's registry
     /// (docs/lora.md); empty: the engine's default (EngineConfig::adapter).
     std::string adapter;
+    /// Record the mixture-of-experts routing of every token (Engine::generate
+    /// only; Generation::routed_experts, docs/model.md "Mixture of experts").
+    bool return_routed_experts = false;
 
     /// JSON object with the keys above (all optional); unknown keys and bad
     /// values are errors naming the key.

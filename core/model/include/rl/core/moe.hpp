@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace rl::core {
@@ -37,10 +38,18 @@ public:
     /// outputs weighted and summed per token, plus the gated shared expert.
     /// `decoding`: a few rows of a decoding step (the row kernel where it applies).
     at::Tensor mix(const at::Tensor &x, const MoeRouting &routing, bool decoding = false) const;
-    /// route + mix; the routing goes to `routing_out` when given, and its
-    /// logits to the RouterLogitsRecorder of this thread when one is active.
+    /// Routing replay (R3): the router's logits and softmax of x [T, hidden]
+    /// as in route, but token t goes to the experts `experts`[t] ([T, K]
+    /// integer ids, a row of -1: the token routes itself), weighted by the
+    /// softmax probabilities at those ids (renormalized over the k when
+    /// norm_topk_prob), as Megatron's router replay (verl R3) weighs them.
+    MoeRouting replay(const at::Tensor &x, const at::Tensor &experts) const;
+    /// route (or replay when `replay_experts` [T, K] is defined) + mix; the
+    /// routing goes to `routing_out` when given, and its logits to the
+    /// RouterLogitsRecorder of this thread when one is active.
     at::Tensor forward(const at::Tensor &x, bool decoding = false,
-                       MoeRouting *routing_out = nullptr) const;
+                       MoeRouting *routing_out = nullptr,
+                       const at::Tensor &replay_experts = at::Tensor()) const;
 
     std::shared_ptr<Linear> gate; ///< router, weight [E, hidden], no bias
     torch::nn::ModuleList experts_list;
@@ -48,6 +57,7 @@ public:
     std::shared_ptr<MLP> shared_expert;         ///< Qwen2-MoE, else null
     std::shared_ptr<Linear> shared_expert_gate; ///< Qwen2-MoE [1, hidden], else null
     int64_t num_experts = 0, top_k = 0;
+    int64_t moe_index = 0; ///< the block's position among the model's sparse layers
     bool norm_topk_prob = false, router_fp32 = true;
 };
 
@@ -71,6 +81,40 @@ private:
     std::vector<at::Tensor> logits_;
     RouterLogitsRecorder *previous_;
 };
+
+/// While alive, every training or scoring forward (no KV cache) run on the
+/// constructing thread replays `experts`: int64 [T, L_moe, K], for each of
+/// the forward's T packed tokens the K expert ids every sparse layer (in
+/// layer order, L_moe of them) routes it to; a token whose K ids of a layer
+/// are all -1 routes itself in that layer. A checkpointed layer recomputes
+/// with the replay of its forward. Nested scopes: the innermost applies.
+class RoutingReplayScope {
+public:
+    explicit RoutingReplayScope(at::Tensor experts);
+    ~RoutingReplayScope();
+    RoutingReplayScope(const RoutingReplayScope &) = delete;
+    RoutingReplayScope &operator=(const RoutingReplayScope &) = delete;
+
+    /// The replayed ids of the scope active on this thread; undefined when none.
+    static at::Tensor current();
+
+private:
+    at::Tensor experts_;
+    RoutingReplayScope *previous_;
+};
+
+/// The experts a routing chose from the router logits of every sparse layer
+/// (as RouterLogitsRecorder collects them, [T, E] each): int64 [T, L_moe, K]
+/// on the CPU, the top-k of each layer's softmax as SparseMoeBlock::route
+/// picks them.
+at::Tensor routed_experts_of(const std::vector<at::Tensor> &router_logits, int64_t top_k);
+
+/// Checks a routing to replay for a model: `experts` must be an integer
+/// tensor [T, L_moe, K] (T tokens, L_moe = the model's sparse layers, K =
+/// num_experts_per_tok), every id in [0, num_experts) or a whole row of -1.
+/// Errors name `what`, the token, the sparse layer and its decoder layer.
+void check_routed_experts(const at::Tensor &experts, int64_t T, const ModelConfig &c,
+                          const std::string &what);
 
 /// transformers' load_balancing_loss_func (Switch Transformer eq. 4-6) over
 /// the router logits of every sparse layer ([T, E] each, the same T rows):
