@@ -5,7 +5,8 @@ removed), and sync_inference_weights; the server's greedy tokens then equal
 the trained model's (saved with save_state and loaded by rl). An endpoint
 that does not answer, and a sync without endpoints, are refused with a
 message; without --lora off the client's model is a LoRA adapter, whose sync
-is refused naming why. Skips (77) without xorl_client (no PyPI)."""
+is refused naming why; malformed endpoint and sync requests get a 400 naming
+the field. Skips (77) without xorl_client (no PyPI)."""
 
 import glob
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.error
 import urllib.request
 import json
 
@@ -131,6 +133,29 @@ class XorlClient(unittest.TestCase):
         self.assertFalse(added.success)
         self.assertIn("http://127.0.0.1:9 does not answer", added.message)
         self.assertEqual(tc.list_inference_endpoints().result().count, 0)
+
+    def test_malformed_endpoint_requests_are_refused_naming_the_field(self):
+        def post(path, body):
+            req = urllib.request.Request(self.train_url + path, json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=60)
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+            return 200, ""
+        cases = [
+            ("/add_inference_endpoint", {"port": 30000}, "host is required"),
+            ("/add_inference_endpoint", {"host": "127.0.0.1", "port": 70000}, "port"),
+            ("/add_inference_endpoint", {"host": "127.0.0.1", "port": 1, "colour": 1}, "colour"),
+            ("/remove_inference_endpoint", {"host": "127.0.0.1"}, "port is required"),
+            ("/sync_inference_weights", {"sync_method": "rdma"}, "sync_method 'rdma'"),
+            ("/sync_inference_weights", {"buffer_size_mb": 0}, "buffer_size_mb"),
+            ("/sync_inference_weights", {"group_name": ""}, "group_name must not be empty"),
+        ]
+        for path, body, want in cases:
+            code, text = post(path, body)
+            self.assertEqual(code, 400, f"{path} {body}: {text}")
+            self.assertIn(want, text, f"{path} {body}")
 
     def test_a_lora_model_is_not_synced_as_full_weights(self):
         # Without --lora off the client's lora_config makes a LoRA adapter (Tinker's way).
