@@ -1117,33 +1117,45 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
                        "forward_backward_input.data");
     const std::string in = forward_route ? "forward_input" : "forward_backward_input";
 
-    // The loss: a Tinker built-in, else a loss plugin by name with its params.
-    std::optional<core::LossFunction> loss = tinker::builtin_loss(fb.loss_fn, fb.loss_fn_config);
-    const bool plugin = !loss.has_value();
-    if (plugin) {
-        if (fb.loss_fn == "dro" || fb.loss_fn == "custom" || fb.loss_fn == "stable_reinforce")
+    // The loss: a loss plugin by name with its params. Tinker's built-in names
+    // run the plugins that implement them, as sums (tinker_losses.hpp).
+    const std::optional<tinker::PluginLoss> builtin =
+        tinker::builtin_plugin(fb.loss_fn, fb.loss_fn_config);
+    const bool plugin = !builtin.has_value(); // a plugin named by the client itself
+    const std::string plugin_name = builtin ? builtin->plugin : fb.loss_fn;
+    const std::string runs =
+        builtin ? " (Tinker's " + fb.loss_fn + " runs loss plugin '" + plugin_name + "')" : "";
+    if (fb.loss_fn == "dro" || fb.loss_fn == "custom" || fb.loss_fn == "stable_reinforce")
+        throw ApiError(400,
+                       in + ".loss_fn '" + fb.loss_fn +
+                           "' is not implemented: its formula is not published (use "
+                           "cross_entropy, importance_sampling, ppo, cispo or a loss plugin)",
+                       in + ".loss_fn");
+    if (!plugins)
+        throw ApiError(400,
+                       in + ".loss_fn '" + fb.loss_fn + "' is unknown" + runs +
+                           ": no loss plugins are loaded",
+                       in + ".loss_fn");
+    std::optional<core::LossFunction> loss;
+    try {
+        loss = plugins(plugin_name, builtin ? builtin->params.dump() : fb.loss_fn_config.dump());
+    } catch (const core::Error &e) {
+        if (e.kind() == core::ErrorKind::NotFound && builtin)
+            throw ApiError(400,
+                           in + ".loss_fn '" + fb.loss_fn + "' runs loss plugin '" + plugin_name +
+                               "', which is not loaded (is the plugins folder on the plugin "
+                               "path?)",
+                           in + ".loss_fn");
+        if (e.kind() == core::ErrorKind::NotFound)
             throw ApiError(400,
                            in + ".loss_fn '" + fb.loss_fn +
-                               "' is not implemented: its formula is not published (use "
-                               "cross_entropy, importance_sampling, ppo, cispo or a loss plugin)",
+                               "' is unknown: no loss plugin has that name (Tinker's built-in "
+                               "names are cross_entropy, importance_sampling, ppo, cispo)",
                            in + ".loss_fn");
-        if (!plugins)
-            throw ApiError(400,
-                           in + ".loss_fn '" + fb.loss_fn +
-                               "' is unknown: built-in losses are cross_entropy, "
-                               "importance_sampling, ppo, cispo (no loss plugins are loaded)",
-                           in + ".loss_fn");
-        try {
-            loss = plugins(fb.loss_fn, fb.loss_fn_config.dump());
-        } catch (const core::Error &e) {
-            if (e.kind() == core::ErrorKind::NotFound)
-                throw ApiError(400,
-                               in + ".loss_fn '" + fb.loss_fn +
-                                   "' is unknown: built-in losses are cross_entropy, "
-                                   "importance_sampling, ppo, cispo; no loss plugin has that name",
-                               in + ".loss_fn");
-            throw ApiError(400, in + ".loss_fn_config: " + e.what(), in + ".loss_fn_config");
-        }
+        throw ApiError(400, in + ".loss_fn_config" + runs + ": " + e.what(),
+                       in + ".loss_fn_config");
+    }
+    {
         // Keep the per-token logprobs for the response.
         auto inner = loss->compute;
         loss->compute = [inner](const core::LossCall &call) {
@@ -1249,7 +1261,7 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
                                    field + " is not an input of " + fb.loss_fn + " (it reads " +
                                        inputs_list() + ")",
                                    field);
-                if (name == "logprobs") name = "sampling_logprobs";
+                if (name == "logprobs") name = "old_logprobs";
                 if (!sig.accepts(name)) continue; // a Tinker input this loss does not read
             } else {
                 if (name == "logprobs") name = "old_logprobs";
@@ -1270,18 +1282,20 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
             if (want == "logprobs" || want == "labels" || want == "entropy" ||
                 want == "loss_mask" || want == "weights" || seen.count(want))
                 continue;
-            const std::string tinker_name =
-                want == "sampling_logprobs" || want == "old_logprobs" ? "logprobs" : want;
+            const std::string tinker_name = want == "old_logprobs" ? "logprobs" : want;
             throw ApiError(400,
                            dn + ".loss_fn_inputs." + tinker_name + " is required by " + fb.loss_fn,
                            dn + ".loss_fn_inputs." + tinker_name);
         }
     }
-    if (!plugin && sig.needs("weights")) per_token["weights"]; // cross_entropy: 1 when not given
     const int64_t T = static_cast<int64_t>(ids.size());
     pb->batch.input_ids = at::tensor(ids, at::kLong);
     pb->batch.cu_seqlens = cu;
     pb->batch.tensors["labels"] = at::tensor(labels, at::kLong);
+    // Tinker's losses run over the tokens with a target; a plugin that does
+    // not read labels learns them from its loss mask.
+    if (!plugin && !sig.accepts("labels") && sig.accepts("loss_mask"))
+        pb->batch.tensors["loss_mask"] = (pb->batch.tensors["labels"] != -100).to(at::kDouble);
     for (auto &[name, vec] : per_token) {
         vec.resize(static_cast<size_t>(T), fill_value(name));
         pb->batch.tensors[name] = at::tensor(vec, at::kDouble);

@@ -2,6 +2,7 @@
 // model, driven over loopback HTTP with the server's own client as the Tinker
 // SDK drives it: sessions, futures, JSON and protobuf wires, the ordering of a
 // model's calls, isolation of sessions, and refusals that name the field.
+#include "bridge/loss_node.hpp"
 #include "serve/http.hpp"
 #include "serve/training_server.hpp"
 
@@ -54,12 +55,28 @@ const std::string &tiny_dir() {
     return dir;
 }
 
+// The built plugins (Tinker's loss names run them), loaded once for every server.
+rl::host::bridge::LossFactory plugin_losses() {
+    static rl_runtime_t *runtime = [] {
+        rl_runtime_desc_t desc = RL_RUNTIME_DESC_INIT;
+        desc.flags = RL_RUNTIME_NO_DEFAULT_PLUGINS;
+        desc.plugin_path = RL_TEST_PLUGIN_DIR;
+        desc.log_level = "error";
+        rl_runtime_t *r = nullptr;
+        if (rl_runtime_create(&desc, &r) != RL_OK) throw std::runtime_error(rl_last_error());
+        return r;
+    }();
+    return rl::host::bridge::loss_factory(runtime);
+}
+
 struct Srv {
     std::shared_ptr<core::Policy> base;
     std::unique_ptr<rl::serve::TrainingServer> server;
     rl::serve::Headers auth;
 
-    explicit Srv(json options = json::object()) : base(core::Policy::load(tiny_dir())) {
+    explicit Srv(json options = json::object(),
+                 rl::host::bridge::LossFactory losses = plugin_losses())
+        : base(core::Policy::load(tiny_dir())) {
         options["port"] = 0;
         options["model_path"] = tiny_dir();
         options["base_model"] = "tiny";
@@ -69,7 +86,7 @@ struct Srv {
                 tiny_dir() + "-ckpt/" +
                 std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
         server = std::make_unique<rl::serve::TrainingServer>(
-            base, rl::serve::TrainingServerConfig::from_json(options.dump()));
+            base, rl::serve::TrainingServerConfig::from_json(options.dump()), std::move(losses));
         server->start();
     }
     HttpResponse post(const std::string &path, const json &body) const {
@@ -418,7 +435,13 @@ TEST(TrainingServer, BadRequestsAreRefusedNamingTheField) {
         "forward_backward_input.data[0].loss_fn_inputs.logprobs", "required");
     expect_refused(
         s.post("/api/v1/forward_backward", fb_body(model, 1, data, "ppo", {{"clip_bogus", 1.0}})),
-        400, "loss_fn_config.clip_bogus", "not a parameter of ppo");
+        400, "forward_backward_input.loss_fn_config", "'clip_bogus'");
+    expect_refused(s.post("/api/v1/forward_backward",
+                          fb_body(model, 1, data, "ppo", {{"clip_low_threshold", 0.0}})),
+                   400, "loss_fn_config.clip_low_threshold", "outside (0, 1]");
+    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, data, "importance_sampling",
+                                                              {{"clip_high_threshold", 2.0}})),
+                   400, "loss_fn_config.clip_high_threshold", "only ppo and cispo clip");
     json extra = data;
     extra[0]["loss_fn_inputs"]["mystery"] = {1, 2, 3};
     expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, extra)), 400,
@@ -452,6 +475,121 @@ TEST(TrainingServer, BadRequestsAreRefusedNamingTheField) {
     const json opt = s.call("/api/v1/optim_step", {{"model_id", model}, {"seq_id", 1}});
     EXPECT_EQ(opt.value("category", ""), "user") << opt.dump();
     EXPECT_FALSE(opt.value("error", "").empty());
+}
+
+/// A Tinker RL datum over `text`: the sampler's logprobs `sampled` and the
+/// advantages and weights per target token (as many as the text has tokens - 1).
+json rl_datum(const std::string &text, const std::vector<double> &sampled,
+              const std::vector<double> &adv, const std::vector<double> &w) {
+    json d = sft_datum(text);
+    auto tensor = [](const std::vector<double> &v) {
+        return json{{"data", v}, {"dtype", "float32"}, {"shape", {v.size()}}};
+    };
+    d["loss_fn_inputs"]["logprobs"] = tensor(sampled);
+    d["loss_fn_inputs"]["advantages"] = tensor(adv);
+    d["loss_fn_inputs"]["weights"] = tensor(w);
+    return d;
+}
+
+// Tinker's four loss names run the loss plugins that implement them (one
+// implementation per loss everywhere), as sums over the target tokens, with
+// Tinker's thresholds translated; the summed loss is Tinker's formula over the
+// logprobs the server returns.
+TEST(TrainingServer, TinkerLossNamesRunTheLossPluginsAsSums) {
+    auto asked = std::make_shared<std::vector<std::pair<std::string, json>>>();
+    rl::host::bridge::LossFactory inner = plugin_losses();
+    Srv s(json::object(), [asked, inner](const std::string &name, const std::string &params) {
+        asked->emplace_back(name, json::parse(params));
+        return inner(name, params);
+    });
+    const std::string model = s.model(s.session());
+    const std::string text = kText;
+    const size_t n = text.size() - 1;
+    std::vector<double> sampled(n), adv(n), w(n);
+    for (size_t i = 0; i < n; ++i) {
+        sampled[i] = -4.0 + 0.35 * std::sin(1.7 * static_cast<double>(i)) * 6;
+        adv[i] = std::cos(0.9 * static_cast<double>(i));
+        w[i] = i % 5 == 3 ? 0.0 : 0.5 + 0.25 * static_cast<double>(i % 3);
+    }
+    const json data = json::array({rl_datum(text, sampled, adv, w)});
+    int64_t seq = 1;
+    // Forward-only calls: the weights stay as they are, so every formula reads
+    // the same logprobs.
+    auto run = [&](const std::string &loss, const json &config) {
+        const json r = s.call(
+            "/api/v1/forward",
+            {{"model_id", model},
+             {"seq_id", seq++},
+             {"forward_input", {{"data", data}, {"loss_fn", loss}, {"loss_fn_config", config}}}});
+        EXPECT_TRUE(r.contains("metrics")) << r.dump();
+        return r;
+    };
+    auto sum = [&](const json &r, const std::function<double(double, size_t)> &term) {
+        const auto lp = logprobs_of(r, 0);
+        EXPECT_EQ(lp.size(), n);
+        double total = 0;
+        for (size_t i = 0; i < n; ++i) total += w[i] * term(lp[i], i);
+        return total;
+    };
+    auto expect_loss = [&](const json &r, double want) {
+        const double got = r["metrics"]["loss:sum"].get<double>();
+        EXPECT_NEAR(got, want, 1e-4 * (1 + std::fabs(want))) << r.dump();
+    };
+
+    const json is = run("importance_sampling", nullptr);
+    expect_loss(is,
+                sum(is, [&](double lp, size_t i) { return -std::exp(lp - sampled[i]) * adv[i]; }));
+    const json ppo = run("ppo", {{"clip_low_threshold", 0.9}, {"clip_high_threshold", 1.1}});
+    expect_loss(ppo, sum(ppo, [&](double lp, size_t i) {
+                    const double r = std::exp(lp - sampled[i]);
+                    return -std::min(r * adv[i], std::clamp(r, 0.9, 1.1) * adv[i]);
+                }));
+    const json cispo = run("cispo", {{"clip_high_threshold", 2.0}});
+    expect_loss(cispo, sum(cispo, [&](double lp, size_t i) {
+                    return -std::clamp(std::exp(lp - sampled[i]), 0.0, 2.0) * adv[i] * lp;
+                }));
+    // Weights of either sign: what the SDK's forward_backward_custom sends.
+    json ce_data = json::array({sft_datum(text)});
+    std::vector<double> signed_w(n);
+    for (size_t i = 0; i < n; ++i) signed_w[i] = i % 2 ? -0.5 : 1.5;
+    ce_data[0]["loss_fn_inputs"]["weights"]["data"] = signed_w;
+    const json ce = s.call("/api/v1/forward",
+                           {{"model_id", model},
+                            {"seq_id", seq++},
+                            {"forward_input", {{"data", ce_data}, {"loss_fn", "cross_entropy"}}}});
+    {
+        const auto lp = logprobs_of(ce, 0);
+        double want = 0;
+        for (size_t i = 0; i < n; ++i) want += -signed_w[i] * lp[i];
+        expect_loss(ce, want);
+    }
+
+    ASSERT_EQ(asked->size(), 4u);
+    EXPECT_EQ((*asked)[0].first, "importance_sampling");
+    EXPECT_EQ((*asked)[0].second, json({{"loss_agg_mode", "sum"}}));
+    EXPECT_EQ((*asked)[1].first, "policy_loss");
+    EXPECT_EQ((*asked)[1].second.value("loss_agg_mode", ""), "sum");
+    EXPECT_NEAR((*asked)[1].second.value("eps_clip", 0.0), 0.1, 1e-12);
+    EXPECT_NEAR((*asked)[1].second.value("eps_clip_high", 0.0), 0.1, 1e-12);
+    EXPECT_EQ((*asked)[2].first, "cispo");
+    EXPECT_EQ((*asked)[2].second, json({{"loss_agg_mode", "sum"}, {"clip_high", 2.0}}));
+    EXPECT_EQ((*asked)[3].first, "per_token_ce");
+
+    // The plugin's own parameters pass through (xorl clients send them).
+    const json xorl_style = run("cispo", {{"clip_low", 0.5}, {"clip_high", 1.5}});
+    expect_loss(xorl_style, sum(xorl_style, [&](double lp, size_t i) {
+                    return -std::clamp(std::exp(lp - sampled[i]), 0.5, 1.5) * adv[i] * lp;
+                }));
+}
+
+TEST(TrainingServer, WithoutLossPluginsTinkerLossNamesAreRefusedSayingSo) {
+    Srv s(json::object(), rl::host::bridge::LossFactory());
+    const std::string model = s.model(s.session());
+    expect_refused(
+        s.post("/api/v1/forward_backward", fb_body(model, 1, json::array({sft_datum(kText)}))), 400,
+        "forward_backward_input.loss_fn",
+        "Tinker's cross_entropy runs loss plugin 'per_token_ce'): no loss plugins are "
+        "loaded");
 }
 
 // Bodies a hostile client can send: each is a 400 naming the field, and the
