@@ -844,6 +844,115 @@ TEST(TrainingServer, SaveStateAndLoadItBack) {
     EXPECT_GE(cks[0]["time"].get<std::string>(), cks[1]["time"].get<std::string>());
 }
 
+// The REST client's get_training_run, which tinker-cookbook asks for the renderer
+// a checkpoint was trained with: the user_metadata given at create_model (or at a
+// create-via-load), the base model and LoRA rank, the newest checkpoints; answered
+// after the model's session is finished too.
+TEST(TrainingServer, TrainingRunsCarryTheirUserMetadataAndLastCheckpoints) {
+    Srv s;
+    auto get = [&](const std::string &id) {
+        return http_request(s.server->url(), "GET",
+                            "/api/v1/training_runs/" + id + "?access_scope=owned", "", s.auth, 60);
+    };
+    const std::string session = s.session();
+    const json created =
+        s.call("/api/v1/create_model", {{"session_id", session},
+                                        {"model_seq_id", 0},
+                                        {"base_model", "tiny"},
+                                        {"lora_config", {{"rank", 4}}},
+                                        {"user_metadata", {{"renderer_name", "qwen3_instruct"}}}});
+    const std::string model = created.value("model_id", "");
+    ASSERT_FALSE(model.empty()) << created.dump();
+    HttpResponse r = get(model);
+    ASSERT_EQ(r.status, 200) << r.body;
+    json run = json::parse(r.body);
+    EXPECT_EQ(run["training_run_id"], model);
+    EXPECT_EQ(run["base_model"], "tiny");
+    EXPECT_EQ(run["model_owner"], session);
+    EXPECT_EQ(run["is_lora"], true);
+    EXPECT_EQ(run["lora_rank"], 4);
+    EXPECT_EQ(run["corrupted"], false);
+    EXPECT_EQ(run["user_metadata"], json({{"renderer_name", "qwen3_instruct"}}));
+    EXPECT_TRUE(run["last_checkpoint"].is_null()) << r.body;
+    EXPECT_TRUE(run["last_sampler_checkpoint"].is_null()) << r.body;
+    const std::regex iso(R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}\+00:00)");
+    EXPECT_TRUE(std::regex_match(run["last_request_time"].get<std::string>(), iso)) << r.body;
+
+    int64_t seq = 1;
+    s.call("/api/v1/forward_backward", fb_body(model, seq++, json::array({sft_datum(kText)})));
+    s.call("/api/v1/optim_step",
+           {{"model_id", model}, {"seq_id", seq++}, {"adam_params", {{"learning_rate", 1e-2}}}});
+    const json saved =
+        s.call("/api/v1/save_weights", {{"model_id", model}, {"seq_id", seq++}, {"path", "a"}});
+    s.call("/api/v1/save_weights", {{"model_id", model}, {"seq_id", seq++}, {"path", "b"}});
+    s.call("/api/v1/save_weights_for_sampler",
+           {{"model_id", model}, {"seq_id", seq++}, {"path", "s"}});
+    ASSERT_EQ(s.post("/api/v1/sessions/" + session + "/finish", json::object()).status, 200);
+    r = get(model); // the run outlives its session
+    ASSERT_EQ(r.status, 200) << r.body;
+    run = json::parse(r.body);
+    EXPECT_EQ(run["last_checkpoint"].value("tinker_path", ""), "tinker://" + model + "/weights/b")
+        << r.body;
+    EXPECT_EQ(run["last_checkpoint"].value("checkpoint_type", ""), "training");
+    EXPECT_EQ(run["last_sampler_checkpoint"].value("tinker_path", ""),
+              "tinker://" + model + "/sampler_weights/s")
+        << r.body;
+    EXPECT_EQ(run["user_metadata"]["renderer_name"], "qwen3_instruct");
+    // A checkpoint folder without run.json (written by an older server): the
+    // run as its newest checkpoint describes it, without user_metadata.
+    fs::remove(fs::path(s.server->config().checkpoint_dir) / model / "run.json");
+    r = get(model);
+    ASSERT_EQ(r.status, 200) << r.body;
+    run = json::parse(r.body);
+    EXPECT_EQ(run["is_lora"], true);
+    EXPECT_EQ(run["lora_rank"], 4);
+    EXPECT_EQ(run["user_metadata"], json::object());
+    EXPECT_EQ(run["last_checkpoint"].value("tinker_path", ""), "tinker://" + model + "/weights/b");
+
+    // Create-via-load (newer SDKs' create_training_client_from_state): the new
+    // run has the load's user_metadata and the checkpoint's LoRA rank.
+    const std::string other = s.session();
+    const json loaded =
+        s.call("/api/v1/load_weights", {{"session_id", other},
+                                        {"model_seq_id", 0},
+                                        {"path", saved["path"]},
+                                        {"optimizer", false},
+                                        {"user_metadata", {{"renderer_name", "role_colon"}}}});
+    ASSERT_FALSE(loaded.contains("error")) << loaded.dump();
+    r = get(loaded.value("model_id", ""));
+    ASSERT_EQ(r.status, 200) << r.body;
+    run = json::parse(r.body);
+    EXPECT_EQ(run["lora_rank"], 4);
+    EXPECT_EQ(run["user_metadata"], json({{"renderer_name", "role_colon"}}));
+    EXPECT_TRUE(run["last_checkpoint"].is_null()) << r.body;
+
+    // Values that are not strings (the SDK types them Any) come back as their
+    // JSON text.
+    const json numbered = s.call(
+        "/api/v1/create_model",
+        {{"session_id", s.session()}, {"model_seq_id", 0}, {"user_metadata", {{"step", 3}}}});
+    r = get(numbered.value("model_id", ""));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["user_metadata"], json({{"step", "3"}})) << r.body;
+
+    // A full-weight model without user_metadata.
+    const std::string full = s.model(s.session());
+    r = get(full);
+    ASSERT_EQ(r.status, 200) << r.body;
+    run = json::parse(r.body);
+    EXPECT_EQ(run["is_lora"], false);
+    EXPECT_TRUE(run["lora_rank"].is_null());
+    EXPECT_EQ(run["user_metadata"], json::object());
+
+    expect_refused(get("session-nope:train:0"), 404, "training_run_id", "session-nope:train:0");
+    expect_refused(get(".."), 400, "training_run_id", "'..'");
+    EXPECT_EQ(get(model + "/checkpoints").status, 404);
+    expect_refused(
+        s.post("/api/v1/create_model",
+               {{"session_id", s.session()}, {"model_seq_id", 0}, {"user_metadata", "qwen3"}}),
+        400, "user_metadata", "must be an object");
+}
+
 TEST(TrainingServer, BackPressureApiKeyAndDisconnects) {
     Srv s(
         json{{"max_queued", 2}, {"workers", 1}, {"api_key", "tml-secret"}, {"poll_timeout_s", 2}});
