@@ -278,9 +278,22 @@ TEST(DistCheckpoints, FsdpRanksWriteTheirOwnShardsAndResumeAtAnyWorldSize) {
 TEST(DistExpertParallel, FiveStepsWithTheExpertsSplitOverTwoRanksEqualOneProcess) {
     Ranks ranks("rl_dist_ep_parity");
     const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp", "5", one}, kOneProcess));
-    expect_all_ok(ranks.run({"train", "moe-ep", "5", two}, Ranks::world(2)));
+    const auto single = ranks.run({"train", "moe-dp", "5", one}, kOneProcess);
+    expect_all_ok(single);
+    const auto split = ranks.run({"train", "moe-ep", "5", two}, Ranks::world(2));
+    expect_all_ok(split);
     EXPECT_LE(max_abs_diff(one, two), 1e-5);
+    // Each rank holds the training state (gradients, AdamW moments) of half
+    // of the experts.
+    auto state_bytes = [](const std::string &err) {
+        const size_t at = err.find("state bytes ");
+        return at == std::string::npos ? -1.0 : std::stod(err.substr(at + 12));
+    };
+    const double whole = state_bytes(single[0].err);
+    for (const auto &rank : split) {
+        EXPECT_GT(state_bytes(rank.err), 0.5 * whole) << rank.err;
+        EXPECT_LT(state_bytes(rank.err), 0.8 * whole) << rank.err;
+    }
     // The loss (with the load-balancing and z losses of the pooled routing)
     // and the loss's metrics equal the single process's.
     const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");

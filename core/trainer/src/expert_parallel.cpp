@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <map>
 
 namespace rl::core {
@@ -43,15 +44,19 @@ ExpertParallel::ExpertParallel(CausalLM &model, std::shared_ptr<dist::Group> wor
     const int N = static_cast<int>(shards_);
     shard_ = r % N;
     const int group = r / N;
+    // Every rank makes its expert-parallel trainers in the same order, so
+    // the k-th one's subgroups have the same names everywhere.
+    static std::atomic<int> made{0};
+    const std::string prefix = "ep" + std::to_string(made++) + "/";
     if (N == W) {
         experts_group_ = world_;
     } else {
         std::vector<int> members;
         for (int k = 0; k < N; ++k) members.push_back(group * N + k);
-        experts_group_ = world_->subgroup(members, "ep/experts/" + std::to_string(group));
+        experts_group_ = world_->subgroup(members, prefix + "experts/" + std::to_string(group));
         std::vector<int> same_shard;
         for (int k = static_cast<int>(shard_); k < W; k += N) same_shard.push_back(k);
-        replicas_ = world_->subgroup(same_shard, "ep/replicas/" + std::to_string(shard_));
+        replicas_ = world_->subgroup(same_shard, prefix + "replicas/" + std::to_string(shard_));
     }
     exchange_ = std::make_shared<Exchange>(shards_, shard_, *experts_group_);
     // Expert weights: the shard of each, in checkpoint order.
