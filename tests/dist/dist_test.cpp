@@ -326,6 +326,18 @@ TEST(DistExpertParallel, AReplayedRoutingTrainsAsInOneProcess) {
     EXPECT_GT(max_abs_diff(own, one), 1e-4);
 }
 
+TEST(DistExpertParallel, RecomputedLayersAndUnevenMicroBatchesEqualOneProcess) {
+    Ranks ranks("rl_dist_ep_ckpt");
+    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
+    expect_all_ok(ranks.run({"train", "moe-dp-ckpt", "3", one}, kOneProcess));
+    // Rank 1 has fewer micro-batches than rank 0: it joins the exchanges of
+    // rank 0's extra ones with empty turns.
+    expect_all_ok(ranks.run({"train", "moe-ep-ckpt", "3", two}, Ranks::world(2)));
+    EXPECT_LE(max_abs_diff(one, two), 1e-5);
+    const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
+    EXPECT_NEAR(m2.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))));
+}
+
 TEST(DistExpertParallel, ExpertGroupsCombinedWithDataParallelEqualOneProcess) {
     Ranks ranks("rl_dist_ep_dp");
     const std::string one = ranks.path("one.safetensors");

@@ -4,7 +4,8 @@
 //   dist_worker train STRATEGY STEPS OUT.safetensors [--save DIR] [--resume DIR]
 //     (STRATEGY dp, fsdp, dp-overlap on the tiny model; moe-dp, moe-ep on a
 //     tiny Qwen3-MoE with the router losses, moe-ep = trainer.expert_parallel 2,
-//     moe-ep4 = 4; a suffix -r3 replays a routing given with the batch)
+//     moe-ep4 = 4; a suffix -r3 replays a routing given with the batch, -ckpt
+//     recomputes the layers in the backward with uneven micro-batch counts)
 //   dist_worker ep-refused CASE
 //   dist_worker die-before-collective
 //   dist_worker mismatched-calls
@@ -104,8 +105,12 @@ int train(int argc, char **argv) {
     const int rank = g ? g->rank() : 0, world = g ? g->size() : 1;
 
     const bool moe = strategy.rfind("moe-", 0) == 0;
-    const bool r3 = moe && strategy.size() > 3 && strategy.substr(strategy.size() - 3) == "-r3";
-    const std::string base = r3 ? strategy.substr(0, strategy.size() - 3) : strategy;
+    auto suffix = [&](const std::string &s) {
+        return moe && strategy.size() > s.size() &&
+               strategy.compare(strategy.size() - s.size(), s.size(), s) == 0;
+    };
+    const bool r3 = suffix("-r3"), ckpt = suffix("-ckpt");
+    const std::string base = strategy.substr(0, strategy.size() - (r3 ? 3 : ckpt ? 5 : 0));
     auto policy = moe ? rl_dist_test::tiny_moe_policy() : rl_dist_test::tiny_policy();
     rl::core::TrainerConfig tc = rl_dist_test::trainer_config();
     if (moe) {
@@ -115,6 +120,15 @@ int train(int argc, char **argv) {
         tc.packing.micro_batch_tokens = 256;
         tc.moe_aux_loss_coef = 0.05;
         tc.moe_z_loss_coef = 0.01;
+        if (ckpt) {
+            // Layers recomputed in the backward (no router losses then), and
+            // small micro-batches: the ranks run different numbers of them.
+            tc.activation_checkpointing = true;
+            tc.packing.sample_packing_sequence_len = 32;
+            tc.packing.micro_batch_tokens = 32;
+            tc.moe_aux_loss_coef = 0.0;
+            tc.moe_z_loss_coef = 0.0;
+        }
         if (base == "moe-ep") tc.expert_parallel = 2;
         if (base == "moe-ep4") tc.expert_parallel = 4;
     }
