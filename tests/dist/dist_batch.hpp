@@ -25,6 +25,18 @@ inline std::shared_ptr<rl::core::Policy> tiny_policy() {
     return std::make_shared<rl::core::Policy>(model, nullptr);
 }
 
+// Qwen3-MoE, 2 sparse layers of 4 experts (top-2) of width 32.
+inline std::shared_ptr<rl::core::Policy> tiny_moe_policy() {
+    rl::core::TinyModelSpec spec = rl::core::test::small_tiny_spec(2);
+    spec.num_experts = 4;
+    spec.num_experts_per_tok = 2;
+    spec.moe_intermediate_size = 32;
+    auto model = std::make_shared<rl::core::CausalLM>(
+        rl::core::ModelConfig::parse(rl::core::tiny_config_json(spec)));
+    model->init_weights(7);
+    return std::make_shared<rl::core::Policy>(model, nullptr);
+}
+
 inline rl::core::TrainerConfig trainer_config() {
     rl::core::TrainerConfig c;
     c.learning_rate = 1e-3;
@@ -56,13 +68,19 @@ inline std::vector<Seq> global_half_batch(int step, int half) {
     return out;
 }
 
-// Rank r's share: all of it for one rank; 4 + 2 sequences for two ranks.
+// Rank r's share: all of it for one rank; 4 + 2 sequences for two ranks;
+// 2 + 2 + 1 + 1 for four.
 inline rl::core::TrainBatch rank_batch(int step, int half, int rank, int world) {
     const std::vector<Seq> all = global_half_batch(step, half);
     size_t begin = 0, end = all.size();
     if (world == 2) {
         begin = rank == 0 ? 0 : 4;
         end = rank == 0 ? 4 : all.size();
+    }
+    if (world == 4) {
+        const size_t starts[] = {0, 2, 4, 5, 6};
+        begin = starts[rank];
+        end = starts[rank + 1];
     }
     std::vector<int64_t> ids, cu{0};
     std::vector<float> adv;
@@ -76,6 +94,21 @@ inline rl::core::TrainBatch rank_batch(int step, int half, int rank, int world) 
     b.cu_seqlens = cu;
     b.tensors["advantages"] = at::tensor(adv, at::kFloat);
     return b;
+}
+
+// A routing to replay for the tiny MoE model (2 sparse layers, 4 experts,
+// top-2), a function of each token's id: every fifth id routes itself.
+inline at::Tensor routed_experts_of(const at::Tensor &ids) {
+    const int64_t T = ids.size(0);
+    at::Tensor out = at::empty({T, 2, 2}, at::kLong);
+    for (int64_t t = 0; t < T; ++t) {
+        const int64_t v = ids[t].item<int64_t>();
+        for (int64_t l = 0; l < 2; ++l) {
+            out[t][l][0] = v % 5 == 0 ? -1 : (v + l) % 4;
+            out[t][l][1] = v % 5 == 0 ? -1 : (v + l + 1 + v % 3) % 4; // never slot 0's
+        }
+    }
+    return out;
 }
 
 // Loss tokens of the global half-batch (every token but each sequence's first).

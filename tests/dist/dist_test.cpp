@@ -273,6 +273,144 @@ TEST(DistCheckpoints, FsdpRanksWriteTheirOwnShardsAndResumeAtAnyWorldSize) {
     EXPECT_NE(exits[0].err.find("rank_1.safetensors': missing"), std::string::npos) << exits[0].err;
 }
 
+// -- expert parallelism (trainer.expert_parallel) ----------------------------------
+
+TEST(DistExpertParallel, FiveStepsWithTheExpertsSplitOverTwoRanksEqualOneProcess) {
+    Ranks ranks("rl_dist_ep_parity");
+    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
+    const auto single = ranks.run({"train", "moe-dp", "5", one}, kOneProcess);
+    expect_all_ok(single);
+    const auto split = ranks.run({"train", "moe-ep", "5", two}, Ranks::world(2));
+    expect_all_ok(split);
+    EXPECT_LE(max_abs_diff(one, two), 1e-5);
+    // Each rank holds the training state (gradients, AdamW moments) of half
+    // of the experts.
+    auto state_bytes = [](const std::string &err) {
+        const size_t at = err.find("state bytes ");
+        return at == std::string::npos ? -1.0 : std::stod(err.substr(at + 12));
+    };
+    const double whole = state_bytes(single[0].err);
+    for (const auto &rank : split) {
+        EXPECT_GT(state_bytes(rank.err), 0.5 * whole) << rank.err;
+        EXPECT_LT(state_bytes(rank.err), 0.8 * whole) << rank.err;
+    }
+    // The loss (with the load-balancing and z losses of the pooled routing)
+    // and the loss's metrics equal the single process's.
+    const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
+    ASSERT_TRUE(m1.count("loss_sum"));
+    for (const auto &kv : m1) {
+        ASSERT_TRUE(m2.count(kv.first)) << kv.first;
+        EXPECT_NEAR(m2.at(kv.first), kv.second, 1e-5 * (1 + std::abs(kv.second))) << kv.first;
+    }
+    // The run changed the weights, experts included.
+    const std::string zero = ranks.path("zero.safetensors");
+    expect_all_ok(ranks.run({"train", "moe-dp", "0", zero}, kOneProcess));
+    EXPECT_GT(max_abs_diff(zero, one), 1e-3);
+    auto w0 = rl::core::load_safetensors(zero), w1 = rl::core::load_safetensors(one);
+    for (const char *e : {"model.layers.0.mlp.experts.0.up_proj.weight",
+                          "model.layers.1.mlp.experts.3.down_proj.weight"})
+        EXPECT_GT((w0.at(e) - w1.at(e)).abs().max().item<double>(), 1e-4) << e;
+}
+
+TEST(DistExpertParallel, AReplayedRoutingTrainsAsInOneProcess) {
+    Ranks ranks("rl_dist_ep_r3");
+    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
+    expect_all_ok(ranks.run({"train", "moe-dp-r3", "3", one}, kOneProcess));
+    expect_all_ok(ranks.run({"train", "moe-ep-r3", "3", two}, Ranks::world(2)));
+    EXPECT_LE(max_abs_diff(one, two), 1e-5);
+    const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
+    EXPECT_NEAR(m2.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))));
+    // The replay matters: the routing's own choices train other weights.
+    const std::string own = ranks.path("own.safetensors");
+    expect_all_ok(ranks.run({"train", "moe-dp", "3", own}, kOneProcess));
+    EXPECT_GT(max_abs_diff(own, one), 1e-4);
+}
+
+TEST(DistExpertParallel, RecomputedLayersAndUnevenMicroBatchesEqualOneProcess) {
+    Ranks ranks("rl_dist_ep_ckpt");
+    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
+    expect_all_ok(ranks.run({"train", "moe-dp-ckpt", "3", one}, kOneProcess));
+    // Rank 1 has fewer micro-batches than rank 0: it joins the exchanges of
+    // rank 0's extra ones with empty turns.
+    expect_all_ok(ranks.run({"train", "moe-ep-ckpt", "3", two}, Ranks::world(2)));
+    EXPECT_LE(max_abs_diff(one, two), 1e-5);
+    const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
+    EXPECT_NEAR(m2.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))));
+}
+
+TEST(DistExpertParallel, ExpertGroupsCombinedWithDataParallelEqualOneProcess) {
+    Ranks ranks("rl_dist_ep_dp");
+    const std::string one = ranks.path("one.safetensors");
+    expect_all_ok(ranks.run({"train", "moe-dp", "3", one}, kOneProcess));
+    // 4 ranks: two expert groups of 2 (each expert's gradient summed over
+    // the 2 ranks that hold it), then every rank one expert of its own.
+    for (const std::string strategy : {"moe-ep", "moe-ep4"}) {
+        const std::string four = ranks.path(strategy + ".safetensors");
+        expect_all_ok(ranks.run({"train", strategy, "3", four}, Ranks::world(4)));
+        EXPECT_LE(max_abs_diff(one, four), 1e-5) << strategy;
+        const auto m1 = read_metrics(one + ".metrics"), m4 = read_metrics(four + ".metrics");
+        EXPECT_NEAR(m4.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))))
+            << strategy;
+    }
+}
+
+TEST(DistExpertParallel, CheckpointsResumeFromTwoRanksOnOneProcessAndBack) {
+    Ranks ranks("rl_dist_ep_resume");
+    const std::string full = ranks.path("full.safetensors");
+    expect_all_ok(ranks.run({"train", "moe-dp", "5", full}, kOneProcess));
+
+    // Expert parallel on 2 ranks for 3 steps (experts and their AdamW state
+    // gathered into the checkpoint), then one process to step 5.
+    const std::string ck1 = ranks.path("ck1").string();
+    const std::string a = ranks.path("a.safetensors"), a2 = ranks.path("a2.safetensors");
+    expect_all_ok(ranks.run({"train", "moe-ep", "3", a, "--save", ck1}, Ranks::world(2)));
+    expect_all_ok(ranks.run({"train", "moe-dp", "5", a2, "--resume", ck1}, kOneProcess));
+    EXPECT_LE(max_abs_diff(full, a2), 1e-5);
+
+    // One process for 3 steps, then expert parallel on 2 ranks.
+    const std::string ck2 = ranks.path("ck2").string();
+    const std::string b = ranks.path("b.safetensors"), b2 = ranks.path("b2.safetensors");
+    expect_all_ok(ranks.run({"train", "moe-dp", "3", b, "--save", ck2}, kOneProcess));
+    expect_all_ok(ranks.run({"train", "moe-ep", "5", b2, "--resume", ck2}, Ranks::world(2)));
+    EXPECT_LE(max_abs_diff(full, b2), 1e-5);
+
+    // Both checkpoints hold the same tensors: the HF model folder and the
+    // optimizer state of every expert, as one process writes them.
+    for (const char *file : {"model/model.safetensors", "optimizer.safetensors"}) {
+        const auto t1 = rl::core::load_safetensors((fs::path(ck1) / "step_3" / file).string());
+        const auto t2 = rl::core::load_safetensors((fs::path(ck2) / "step_3" / file).string());
+        ASSERT_EQ(t1.size(), t2.size()) << file;
+        for (const auto &kv : t2) {
+            ASSERT_TRUE(t1.count(kv.first)) << file << ": " << kv.first;
+            EXPECT_TRUE(t1.at(kv.first).sizes().equals(kv.second.sizes())) << kv.first;
+        }
+    }
+}
+
+TEST(DistExpertParallel, UnsupportedSettingsAreRefusedNamingTheKey) {
+    Ranks ranks("rl_dist_ep_refused");
+    auto refused = [&](const std::string &what, const std::string &message, int world) {
+        const auto exits =
+            ranks.run({"ep-refused", what}, world == 1 ? kOneProcess : Ranks::world(world));
+        for (size_t r = 0; r < exits.size(); ++r) {
+            EXPECT_EQ(exits[r].status, 3) << what << ", rank " << r << ":\n" << exits[r].err;
+            EXPECT_NE(exits[r].err.find(message), std::string::npos)
+                << what << ", rank " << r << ":\n"
+                << exits[r].err;
+        }
+    };
+    // Checked before the world size: one process says it as well.
+    refused("dense", "trainer.expert_parallel (2) needs a mixture-of-experts model", 1);
+    refused("experts", "trainer.expert_parallel (3) must divide num_experts (4)", 1);
+    refused("fsdp", "trainer.expert_parallel (2) is not supported with trainer.parallel fsdp", 1);
+    refused("overlap",
+            "trainer.expert_parallel (2) is not supported with trainer.overlap_grad_reduce", 1);
+    refused("lora", "trainer.expert_parallel (2) is not supported with LoRA adapters", 1);
+    refused("forward-only", "trainer.expert_parallel (2) applies to a trainer that trains", 1);
+    refused("moe", "trainer.expert_parallel (2) must divide the world size (1 process)", 1);
+    refused("world", "trainer.expert_parallel (4) must divide the world size (2 ranks)", 2);
+}
+
 TEST(DistFaults, ARankThatDiesIsNamedByTheOthersWithinTheTimeout) {
     Ranks ranks("rl_dist_die");
     const auto t0 = std::chrono::steady_clock::now();

@@ -407,6 +407,40 @@ TEST(MoeLosses, LoadBalancingAndZLossHaveTheirClosedFormValues) {
               std::string::npos);
 }
 
+// Expert parallelism pools the routing statistics of every rank: each
+// rank's parts of the losses add up to the losses of all tokens, gradients too.
+TEST(MoeLosses, PartsOfTokensSplitOverRanksAddUpToTheLossesOfAllTokens) {
+    at::manual_seed(3);
+    const int64_t E = 6, K = 2;
+    const at::Tensor l0 = at::randn({10, E}, at::kFloat), l1 = at::randn({10, E}, at::kFloat);
+    auto leaf = [](const at::Tensor &t) { return t.clone().requires_grad_(true); };
+    // One process: all 10 tokens of both layers.
+    const at::Tensor a0 = leaf(l0), a1 = leaf(l1);
+    const at::Tensor whole = load_balancing_loss({a0, a1}, E, K) + 0.5 * router_z_loss({a0, a1});
+    whole.backward();
+    // Two "ranks": tokens 0..3 and 4..9, statistics pooled.
+    const at::Tensor b0 = leaf(l0), b1 = leaf(l1);
+    const std::vector<at::Tensor> first = {b0.narrow(0, 0, 4), b1.narrow(0, 0, 4)};
+    const std::vector<at::Tensor> second = {b0.narrow(0, 4, 6), b1.narrow(0, 4, 6)};
+    const at::Tensor pooled =
+        router_assignment_counts(first, E, K) + router_assignment_counts(second, E, K);
+    EXPECT_EQ(pooled[E].item<double>(), 20.0);                    // rows: tokens x layers
+    EXPECT_EQ(pooled.narrow(0, 0, E).sum().item<double>(), 40.0); // k per row
+    const double rows = pooled[E].item<double>();
+    const at::Tensor parts =
+        load_balancing_loss_part(first, E, K, pooled) +
+        load_balancing_loss_part(second, E, K, pooled) +
+        0.5 * (router_z_loss_part(first, rows) + router_z_loss_part(second, rows));
+    parts.backward();
+    EXPECT_NEAR(parts.item<double>(), whole.item<double>(), 1e-6);
+    EXPECT_LE((b0.grad() - a0.grad()).abs().max().item<double>(), 1e-7);
+    EXPECT_LE((b1.grad() - a1.grad()).abs().max().item<double>(), 1e-7);
+    // A rank's part alone is not the loss of its own tokens.
+    EXPECT_GT(std::abs(load_balancing_loss_part(first, E, K, pooled).item<double>() -
+                       load_balancing_loss(first, E, K).item<double>()),
+              1e-4);
+}
+
 TEST(MoeLosses, TrainerReportsRouterMetricsAndAddsTheWeightedAuxLoss) {
     TempDir tmp;
     write_tiny_model(tmp / "m", 3, small_moe_spec());

@@ -65,6 +65,13 @@ const std::vector<ParamSpec> &trainer_params() {
               "forward_backward call's last micro-batch still runs, instead of all at the "
               "optimizer step. Every rank must then make the same number of forward_backward "
               "calls between optimizer steps (a mismatch is an error naming it)."),
+        param("expert_parallel", T::Integer, 1,
+              "Mixture-of-experts models: split the experts of every sparse layer over this "
+              "many ranks (expert parallelism): each rank holds and trains num_experts / N "
+              "experts, tokens reach their experts by all-to-all; combines with dp (expert "
+              "gradients are summed over the ranks that hold the same experts). Must divide the "
+              "world size and num_experts; not with fsdp or LoRA (docs/distributed.md).",
+              Range::at_least(1)),
         choice_param("checkpoint_format", "auto", {"auto", "consolidated", "sharded"},
                      "Checkpoint layout. consolidated: one whole copy (model/ folder, optimizer "
                      "state), written by rank 0; sharded: every rank writes its own fsdp shards "

@@ -64,6 +64,18 @@ std::string seconds(std::chrono::milliseconds ms) {
     return buf;
 }
 
+c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options(const Env &env,
+                                                                 const Options &options) {
+    auto o = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    if (const auto ifname = getenv_str("GLOO_SOCKET_IFNAME"))
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(*ifname));
+    else if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else
+        o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    return o;
+}
+
 std::shared_ptr<Group> g_current;
 bool g_tried_env = false;
 std::mutex g_mutex;
@@ -232,13 +244,7 @@ std::shared_ptr<Group> Group::create(const Env &env, const Options &options,
                                        " failed: " + std::string(e.what()).substr(0, 300));
     }
 
-    auto gloo_opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    if (const auto ifname = getenv_str("GLOO_SOCKET_IFNAME"))
-        gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(*ifname));
-    else if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost")
-        gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    else
-        gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    auto gloo_opts = gloo_options(env, options);
     try {
         im.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
             c10::make_intrusive<c10d::PrefixStore>("gloo", im.store), env.rank, env.world_size,
@@ -312,8 +318,13 @@ void Group::run(const char *what, F &&issue) {
     // else ranks behind this one in the collective count.
     std::string culprit;
     try {
+        // A subgroup's rank r is rank members_[r] of the world, whose
+        // heartbeat counts the world's collectives (not comparable here).
+        auto world_rank = [&](int r) {
+            return members_.empty() ? r : members_[static_cast<size_t>(r)];
+        };
         auto read = [&](int r) -> std::pair<int64_t, int64_t> {
-            const std::string key = "rl/hb/" + std::to_string(r);
+            const std::string key = "rl/hb/" + std::to_string(world_rank(r));
             if (!im.hb_store->check({key})) return {-1, -1};
             const std::string v = to_string(im.hb_store->get(key));
             const auto sp = v.find(' ');
@@ -327,8 +338,8 @@ void Group::run(const char *what, F &&issue) {
             if (r == rank()) continue;
             const auto now = read(r);
             if (now.first == first[static_cast<size_t>(r)].first)
-                stale.push_back(r);
-            else if (now.second < my_seq)
+                stale.push_back(world_rank(r));
+            else if (now.second < my_seq && members_.empty())
                 behind.push_back(r);
         }
         auto list = [](const std::vector<int> &v) {
@@ -431,6 +442,67 @@ void Group::broadcast(at::Tensor &t, int root) {
     c10d::BroadcastOptions o;
     o.rootRank = root;
     run("broadcast", [&] { return impl_->backend_for(t).broadcast(v, o); });
+}
+
+void Group::all_to_all(at::Tensor &out, const at::Tensor &in, const std::vector<int64_t> &out_rows,
+                       const std::vector<int64_t> &in_rows) {
+    const auto W = static_cast<size_t>(size());
+    if (out_rows.size() != W || in_rows.size() != W)
+        throw Error(ErrorKind::InvalidArgument, "all_to_all: one row count per rank is needed");
+    int64_t n_in = 0, n_out = 0;
+    for (size_t r = 0; r < W; ++r) {
+        n_in += in_rows[r];
+        n_out += out_rows[r];
+    }
+    if (in.dim() < 1 || out.dim() < 1 || in.size(0) != n_in || out.size(0) != n_out ||
+        !out.is_contiguous())
+        throw Error(ErrorKind::InvalidArgument,
+                    "all_to_all: the tensors' rows must add up to the row counts (output "
+                    "contiguous)");
+    at::Tensor src = in.contiguous();
+    std::vector<int64_t> o = out_rows, i = in_rows;
+    run("all_to_all", [&] { return impl_->backend_for(in).alltoall_base(out, src, o, i); });
+}
+
+std::shared_ptr<Group> Group::subgroup(const std::vector<int> &ranks, const std::string &name) {
+    const auto me = std::find(ranks.begin(), ranks.end(), rank());
+    if (me == ranks.end())
+        throw Error(ErrorKind::InvalidArgument, "distributed: rank " + std::to_string(rank()) +
+                                                    " is not a member of subgroup '" + name + "'");
+    for (int r : ranks)
+        if (r < 0 || r >= size() || std::count(ranks.begin(), ranks.end(), r) != 1)
+            throw Error(ErrorKind::InvalidArgument,
+                        "distributed: subgroup '" + name + "' names rank " + std::to_string(r) +
+                            " twice or outside the world of " + std::to_string(size()));
+    Env env = env_;
+    env.rank = static_cast<int>(me - ranks.begin());
+    env.world_size = static_cast<int>(ranks.size());
+    std::shared_ptr<Group> g(new Group(env, options_));
+    for (int r : ranks)
+        g->members_.push_back(members_.empty() ? r : members_[static_cast<size_t>(r)]);
+    Impl &im = *g->impl_;
+    im.store = c10::make_intrusive<c10d::PrefixStore>("rl/sub/" + name, impl_->store);
+    im.hb_store = impl_->store->clone();
+    try {
+        im.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+            c10::make_intrusive<c10d::PrefixStore>("gloo", im.store), env.rank, env.world_size,
+            gloo_options(env, options_));
+#if defined(USE_C10D_NCCL)
+        if (impl_->nccl) {
+            auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
+            nccl_opts->timeout = options_.timeout;
+            im.nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+                c10::make_intrusive<c10d::PrefixStore>("nccl", im.store), env.rank, env.world_size,
+                nccl_opts);
+        }
+#endif
+    } catch (const std::exception &e) {
+        throw Error(ErrorKind::Io, "distributed: rank " + std::to_string(rank()) +
+                                       " cannot form subgroup '" + name +
+                                       "': " + std::string(e.what()).substr(0, 300));
+    }
+    g->barrier();
+    return g;
 }
 
 void Group::barrier() {

@@ -4,6 +4,8 @@
 #include "rl/core/error.hpp"
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/custom_class.h>
 
 #include <string>
 #include <utility>
@@ -43,6 +45,45 @@ int64_t check_router_logits(const std::vector<at::Tensor> &logits, const at::Ten
         check(mask.dim() == 1 && mask.size(0) == T,
               std::string(what) + ": mask must be [" + std::to_string(T) + "], one per token");
     return T;
+}
+
+// The exchange of a block, carried by the autograd graph of its rows.
+struct ExchangeHolder : torch::CustomClassHolder {
+    std::shared_ptr<ExpertExchange> exchange;
+    std::vector<int64_t> in_rows, out_rows;
+};
+
+// All-to-all of rows whose backward sends the gradients back the same way.
+struct ExchangeRowsFn : public torch::autograd::Function<ExchangeRowsFn> {
+    static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &rows,
+                              c10::intrusive_ptr<ExchangeHolder> holder) {
+        at::Tensor out = holder->exchange->all_to_all(rows, holder->in_rows, holder->out_rows);
+        ctx->saved_data["exchange"] = c10::IValue::make_capsule(std::move(holder));
+        return out;
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                   torch::autograd::variable_list grads) {
+        auto holder = c10::static_intrusive_pointer_cast<ExchangeHolder>(
+            ctx->saved_data["exchange"].toCapsule());
+        return {
+            holder->exchange->all_to_all(grads[0].contiguous(), holder->out_rows, holder->in_rows),
+            at::Tensor()};
+    }
+};
+
+at::Tensor exchange_rows(const std::shared_ptr<ExpertExchange> &ex, const at::Tensor &rows,
+                         std::vector<int64_t> in_rows, std::vector<int64_t> out_rows) {
+    auto holder = c10::make_intrusive<ExchangeHolder>();
+    holder->exchange = ex;
+    holder->in_rows = std::move(in_rows);
+    holder->out_rows = std::move(out_rows);
+    return ExchangeRowsFn::apply(rows, std::move(holder));
+}
+
+std::vector<int64_t> to_vector(const at::Tensor &t) {
+    const at::Tensor c = t.to(at::kCPU).to(at::kLong).contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
 } // namespace
@@ -113,12 +154,15 @@ at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing,
     const int64_t K = routing.experts.size(1);
     // The (token, slot) pairs sorted by expert: expert e owns a contiguous run.
     const at::Tensor flat = routing.experts.reshape({-1}).to(at::kLong);
-    if (T == 0) return at::zeros_like(x);
-    check(flat.min().item<int64_t>() >= 0, "moe: routing names a negative expert id");
+    // Expert parallelism: every rank takes part in the exchanges, with or
+    // without tokens of its own.
+    const bool exchanged = exchange && exchange->active() && !decoding;
+    if (T == 0 && !exchanged) return at::zeros_like(x);
+    check(T == 0 || flat.min().item<int64_t>() >= 0, "moe: routing names a negative expert id");
     const at::Tensor counts = at::bincount(flat, {}, num_experts).to(at::kCPU);
-    check(counts.size(0) == num_experts,
-          "moe: routing names expert " + std::to_string(flat.max().item<int64_t>()) +
-              " but the block has " + std::to_string(num_experts) + " experts");
+    if (counts.size(0) != num_experts) // (the message reads the ids: only then)
+        check(false, "moe: routing names expert " + std::to_string(flat.max().item<int64_t>()) +
+                         " but the block has " + std::to_string(num_experts) + " experts");
     const at::Tensor order = at::argsort(flat, /*stable=*/true);
     // Each (token, slot) row in expert order: the rows of expert e are one
     // contiguous run, so each expert multiplies a slice; one gather in, and
@@ -128,16 +172,21 @@ at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing,
     // Weights in the activations' dtype, as transformers multiplies them.
     const at::Tensor slot_weight =
         routing.weights.reshape({-1}).index_select(0, order).to(x.scalar_type()).unsqueeze(1);
-    const int64_t *n = counts.data_ptr<int64_t>();
-    std::vector<at::Tensor> ys;
-    int64_t begin = 0;
-    for (int64_t e = 0; e < num_experts; ++e) {
-        if (n[e] == 0) continue;
-        ys.push_back(
-            swiglu_mlp(*experts[static_cast<size_t>(e)], xs.narrow(0, begin, n[e]), decoding));
-        begin += n[e];
+    at::Tensor y;
+    if (exchanged) {
+        y = mix_exchanged(xs, counts) * slot_weight;
+    } else {
+        const int64_t *n = counts.data_ptr<int64_t>();
+        std::vector<at::Tensor> ys;
+        int64_t begin = 0;
+        for (int64_t e = 0; e < num_experts; ++e) {
+            if (n[e] == 0) continue;
+            ys.push_back(
+                swiglu_mlp(*experts[static_cast<size_t>(e)], xs.narrow(0, begin, n[e]), decoding));
+            begin += n[e];
+        }
+        y = (ys.size() == 1 ? ys[0] : at::cat(ys)) * slot_weight;
     }
-    const at::Tensor y = (ys.size() == 1 ? ys[0] : at::cat(ys)) * slot_weight;
     at::Tensor out = at::zeros({T * K, x.size(1)}, x.options())
                          .index_copy(0, order, y)
                          .view({T, K, x.size(1)})
@@ -147,6 +196,60 @@ at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing,
         out = out + g * swiglu_mlp(*shared_expert, x, decoding);
     }
     return out;
+}
+
+at::Tensor SparseMoeBlock::mix_exchanged(const at::Tensor &xs, const at::Tensor &counts) const {
+    const int64_t S = exchange->shards(), me = exchange->shard();
+    check(S >= 1 && num_experts % S == 0 && me >= 0 && me < S,
+          "moe: expert parallelism over " + std::to_string(S) + " ranks needs num_experts (" +
+              std::to_string(num_experts) + ") divisible by it");
+    const int64_t local = num_experts / S;
+    // Rows to each rank (its experts are a contiguous run of the sorted rows),
+    // and what each rank sends here for each of this rank's experts.
+    const std::vector<int64_t> send = to_vector(counts.view({S, local}).sum(1));
+    const std::vector<int64_t> ones(static_cast<size_t>(S), local);
+    const std::vector<int64_t> got = to_vector(exchange->all_to_all(
+        counts.to(xs.device()).contiguous(), ones, ones)); // [S * local]: from rank s, expert j
+    std::vector<int64_t> recv(static_cast<size_t>(S), 0);
+    for (int64_t s = 0; s < S; ++s)
+        for (int64_t j = 0; j < local; ++j)
+            recv[static_cast<size_t>(s)] += got[static_cast<size_t>(s * local + j)];
+    const at::Tensor rows = exchange_rows(exchange, xs, send, recv);
+    // The received rows come by source rank, each by expert; each expert
+    // takes its rows of every source, in source order.
+    std::vector<int64_t> start(static_cast<size_t>(S * local));
+    int64_t at_row = 0;
+    for (int64_t s = 0; s < S; ++s)
+        for (int64_t j = 0; j < local; ++j) {
+            start[static_cast<size_t>(s * local + j)] = at_row;
+            at_row += got[static_cast<size_t>(s * local + j)];
+        }
+    std::vector<int64_t> perm;
+    perm.reserve(static_cast<size_t>(at_row));
+    std::vector<at::Tensor> ys;
+    for (int64_t j = 0; j < local; ++j) {
+        const size_t first = perm.size();
+        for (int64_t s = 0; s < S; ++s) {
+            const size_t k = static_cast<size_t>(s * local + j);
+            for (int64_t r = 0; r < got[k]; ++r) perm.push_back(start[k] + r);
+        }
+        const auto n = static_cast<int64_t>(perm.size() - first);
+        if (n == 0) continue;
+        const at::Tensor idx =
+            at::tensor(
+                std::vector<int64_t>(perm.begin() + static_cast<std::ptrdiff_t>(first), perm.end()),
+                at::kLong)
+                .to(rows.device());
+        ys.push_back(swiglu_mlp(*experts[static_cast<size_t>(me * local + j)],
+                                rows.index_select(0, idx), false));
+    }
+    // Back in received order (no rows here: the received rows themselves, so
+    // that the return exchange is part of the graph on every rank).
+    at::Tensor back = rows;
+    if (!ys.empty())
+        back = at::zeros_like(rows).index_copy(0, at::tensor(perm, at::kLong).to(rows.device()),
+                                               ys.size() == 1 ? ys[0] : at::cat(ys));
+    return exchange_rows(exchange, back, recv, send);
 }
 
 at::Tensor SparseMoeBlock::forward(const at::Tensor &x, bool decoding, MoeRouting *routing_out,
@@ -292,6 +395,54 @@ at::Tensor router_z_loss(const std::vector<at::Tensor> &router_logits, const at:
                            : at::scalar_tensor(static_cast<double>(z2.size(0)), total.options()));
     }
     return total / rows;
+}
+
+at::Tensor router_assignment_counts(const std::vector<at::Tensor> &router_logits,
+                                    int64_t num_experts, int64_t top_k) {
+    check_router_logits(router_logits, at::Tensor(), "router_assignment_counts");
+    at::NoGradGuard no_grad;
+    at::Tensor counts = at::zeros({num_experts + 1}, at::kDouble);
+    for (const at::Tensor &layer : router_logits) {
+        check(layer.size(1) == num_experts,
+              "router_assignment_counts: the router logits have " + std::to_string(layer.size(1)) +
+                  " columns, the model " + std::to_string(num_experts) + " experts");
+        const at::Tensor chosen =
+            std::get<1>(at::topk(at::softmax(as_float(layer), -1), top_k, -1)).reshape({-1});
+        counts.narrow(0, 0, num_experts)
+            .index_add_(0, chosen.to(at::kCPU), at::ones({chosen.size(0)}, at::kDouble));
+        counts[num_experts] += static_cast<double>(layer.size(0));
+    }
+    return counts;
+}
+
+at::Tensor load_balancing_loss_part(const std::vector<at::Tensor> &router_logits,
+                                    int64_t num_experts, int64_t top_k,
+                                    const at::Tensor &pooled_counts) {
+    check_router_logits(router_logits, at::Tensor(), "load_balancing_loss_part");
+    check(pooled_counts.dim() == 1 && pooled_counts.size(0) == num_experts + 1,
+          "load_balancing_loss_part: the pooled counts must be [num_experts + 1]");
+    check(top_k >= 1 && top_k <= num_experts,
+          "load_balancing_loss_part: top_k must be in [1, " + std::to_string(num_experts) + "]");
+    const at::Device dev = router_logits[0].device();
+    const double rows = pooled_counts[num_experts].item<double>();
+    if (rows <= 0) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(dev));
+    const at::Tensor share =
+        (pooled_counts.narrow(0, 0, num_experts) / rows).to(at::kFloat).to(dev);
+    at::Tensor prob_sum =
+        at::zeros({num_experts}, at::TensorOptions().dtype(at::kFloat).device(dev));
+    for (const at::Tensor &layer : router_logits)
+        prob_sum = prob_sum + at::softmax(as_float(layer), -1).sum(0);
+    return (share * (prob_sum / rows)).sum() * static_cast<double>(num_experts);
+}
+
+at::Tensor router_z_loss_part(const std::vector<at::Tensor> &router_logits, double pooled_rows) {
+    check_router_logits(router_logits, at::Tensor(), "router_z_loss_part");
+    at::Tensor total =
+        at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(router_logits[0].device()));
+    if (pooled_rows <= 0) return total;
+    for (const at::Tensor &layer : router_logits)
+        total = total + at::logsumexp(as_float(layer), {-1}).pow(2).sum();
+    return total / pooled_rows;
 }
 
 } // namespace rl::core

@@ -1,5 +1,6 @@
 #include "rl/core/trainer.hpp"
 
+#include "expert_parallel.hpp"
 #include "fsdp.hpp"
 #include "fused_adamw.hpp"
 #include "grad_reducer.hpp"
@@ -185,6 +186,10 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
             "trainer: the model is a " + mc.class_name() +
                 " (a reward model); it scores sequences with a forward-only trainer "
                 "(trainer.forward_only = true) and is not trained here");
+    require(!config_.forward_only || config_.expert_parallel == 1, ErrorKind::InvalidArgument,
+            "trainer.expert_parallel (" + std::to_string(config_.expert_parallel) +
+                ") applies to a trainer that trains; a forward-only trainer "
+                "(trainer.forward_only) scores with every expert on every rank (set it to 1)");
     if (config_.forward_only) {
         // A frozen scorer over the model as it is (with `adapter`, if one is
         // given): nothing to train, so nothing of the model is changed.
@@ -214,6 +219,7 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
                 "trainer: model.value_head is not supported with trainer.parallel fsdp (use dp)");
         for (auto &kv : head->named_weights()) params_.push_back(kv);
     }
+    setup_expert_parallel();
     for (auto &kv : params_) kv.second.set_requires_grad(true);
     if (moe_aux_coef(config_, policy_->model().config()) > 0 ||
         (policy_->model().config().has_moe() && config_.moe_z_loss_coef > 0)) {
@@ -233,7 +239,14 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
     } else if (group_) {
         // Replicas start from rank 0's weights.
         at::NoGradGuard no_grad;
-        for (auto &kv : params_) group_->broadcast(kv.second, 0);
+        if (ep_) {
+            // The same order on every rank (each rank's params_ holds its own experts).
+            for (auto &kv : policy_->model().named_weights()) group_->broadcast(kv.second, 0);
+            if (const auto &head = policy_->value_head())
+                for (auto &kv : head->named_weights()) group_->broadcast(kv.second, 0);
+        } else {
+            for (auto &kv : params_) group_->broadcast(kv.second, 0);
+        }
         if (config_.overlap_grad_reduce) {
             std::vector<at::Tensor> ps;
             for (auto &kv : params_) ps.push_back(kv.second);
@@ -263,6 +276,41 @@ Trainer::Trainer(std::shared_ptr<Policy> policy, TrainerConfig config,
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::setup_expert_parallel() {
+    const int64_t N = config_.expert_parallel;
+    if (N <= 1) return;
+    const ModelConfig &mc = policy_->model().config();
+    const std::string key = "trainer.expert_parallel (" + std::to_string(N) + ")";
+    require(mc.has_moe(), ErrorKind::InvalidArgument,
+            key + " needs a mixture-of-experts model; " + mc.class_name() +
+                " has no sparse layer (set it to 1)");
+    require(mc.num_experts % N == 0, ErrorKind::InvalidArgument,
+            key + " must divide num_experts (" + std::to_string(mc.num_experts) + ")");
+    require(config_.parallel != "fsdp", ErrorKind::InvalidArgument,
+            key + " is not supported with trainer.parallel fsdp (use dp)");
+    require(adapter_ == nullptr, ErrorKind::InvalidArgument,
+            key + " is not supported with LoRA adapters (LoRA on a mixture-of-experts model "
+                  "trains the attention; set it to 1)");
+    require(!config_.overlap_grad_reduce, ErrorKind::InvalidArgument,
+            key + " is not supported with trainer.overlap_grad_reduce (set it to false)");
+    require(world_size() % N == 0, ErrorKind::InvalidArgument,
+            key + " must divide the world size (" + std::to_string(world_size()) +
+                (world_size() == 1 ? " process" : " ranks") + ")");
+    ep_ = std::make_unique<ExpertParallel>(policy_->model(), group_, N);
+    // Only this rank's experts train here; the others' weights stay for the
+    // engine and are refreshed from their ranks after each step.
+    std::vector<std::pair<std::string, at::Tensor>> kept;
+    for (auto &kv : params_) {
+        if (ep_->owns(kv.second)) {
+            kept.push_back(kv);
+        } else {
+            kv.second.set_requires_grad(false);
+            ep_foreign_.push_back(kv);
+        }
+    }
+    params_ = std::move(kept);
+}
 
 int64_t Trainer::version() const {
     return adapter_ ? adapter_->version() : policy_->version();
@@ -587,15 +635,26 @@ StepResult Trainer::classify(const TrainBatch &batch) {
 void Trainer::idle_micro_batch(bool backward) {
     std::optional<at::NoGradGuard> no_grad;
     if (!backward) no_grad.emplace();
-    fsdp_->begin_micro_batch();
+    if (fsdp_) fsdp_->begin_micro_batch();
     PackedBatch pb;
     pb.input_ids = at::zeros({1}, at::kLong);
     pb.cu_seqlens = long_tensor({0, 1});
     LogprobOptions lopts;
     lopts.chunk_tokens = config_.logprob_chunk_tokens;
     TokenLogprobs tl = policy_->model().token_logprobs(pb, at::zeros({1}, at::kLong), lopts);
+    // Expert parallelism with router losses: the pooled routing statistics
+    // of the round, to which this turn adds nothing.
+    if (ep_ && backward && router_losses_weighted()) {
+        at::Tensor none = at::zeros({policy_->model().config().num_experts + 1}, at::kDouble);
+        group_->all_reduce_sum(none);
+    }
     if (backward) torch::autograd::backward({tl.logprobs}, {at::zeros_like(tl.logprobs)});
-    fsdp_->end_micro_batch(backward);
+    if (fsdp_) fsdp_->end_micro_batch(backward);
+}
+
+bool Trainer::router_losses_weighted() const {
+    const ModelConfig &mc = policy_->model().config();
+    return moe_aux_coef(config_, mc) > 0 || (mc.has_moe() && config_.moe_z_loss_coef > 0);
 }
 
 StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool backward) {
@@ -651,11 +710,23 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
             json(lopts.temperature).dump() + " (trainer.logprob_temperature, else 1)");
     }
 
-    // fsdp: every rank runs as many micro-batches as the rank with the most
-    // (the per-layer collectives must pair up); the extra ones are empty.
+    // fsdp, expert parallelism: every rank runs as many micro-batches as the
+    // rank with the most (the per-layer collectives must pair up); the extra
+    // ones are empty.
     int64_t rounds = static_cast<int64_t>(P.plan.micro_batches.size());
-    if (fsdp_) {
-        fsdp_->begin_pass(backward);
+    ExpertParallel::Active exchanging(ep_.get());
+    // Expert parallelism: the router losses of each round are those of all
+    // ranks' tokens of the round pooled, weighted by the round's share of
+    // the call's tokens over all ranks (their parts add up over the ranks).
+    const bool ep_router_losses = ep_ && (aux_coef > 0 || z_coef > 0);
+    double ep_tokens = 0;
+    if (ep_router_losses) {
+        at::Tensor t = at::full({1}, static_cast<double>(P.T), at::kDouble);
+        group_->all_reduce_sum(t);
+        ep_tokens = t.item<double>();
+    }
+    if (fsdp_ || ep_) {
+        if (fsdp_) fsdp_->begin_pass(backward);
         at::Tensor most = at::full({1}, rounds, at::kLong);
         group_->all_reduce_max(most);
         for (int64_t k = rounds; k < most.item<int64_t>(); ++k) idle_micro_batch(backward);
@@ -686,7 +757,20 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
             const std::vector<at::Tensor> router_logits = recorder->logits();
             recorder.reset();
             moe_stats.add(router_logits);
-            if (aux_coef > 0 || z_coef > 0) {
+            if (ep_router_losses) {
+                at::Tensor pooled =
+                    router_assignment_counts(router_logits, mc.num_experts, mc.num_experts_per_tok);
+                group_->all_reduce_sum(pooled);
+                const double rows = pooled[mc.num_experts].item<double>();
+                at::Tensor term = at::zeros({}, router_logits[0].options());
+                if (aux_coef > 0)
+                    term =
+                        term + aux_coef * load_balancing_loss_part(router_logits, mc.num_experts,
+                                                                   mc.num_experts_per_tok, pooled);
+                if (z_coef > 0) term = term + z_coef * router_z_loss_part(router_logits, rows);
+                const double round_tokens = rows / static_cast<double>(router_logits.size());
+                moe_loss = term * (round_tokens / ep_tokens);
+            } else if (aux_coef > 0 || z_coef > 0) {
                 at::Tensor term = at::zeros({}, router_logits[0].options());
                 if (aux_coef > 0)
                     term = term + aux_coef * load_balancing_loss(router_logits, mc.num_experts,
@@ -780,6 +864,12 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
                 outs.push_back(moe_loss);
                 grads.push_back(at::ones_like(moe_loss));
             }
+            // Expert parallelism: the backward of every layer's exchanges runs
+            // on every rank of the expert group, with or without a gradient.
+            if (ep_ && (outs.empty() || !outs[0].is_same(lp))) {
+                outs.push_back(lp);
+                grads.push_back(at::zeros_like(lp));
+            }
             if (outs.empty() && fsdp_) { // the layers' collectives run regardless
                 outs.push_back(lp);
                 grads.push_back(at::zeros_like(lp));
@@ -853,7 +943,7 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     if (group_) reduced = reducer_ ? reducer_->take() : all_reduce_gradients();
     // Gradients as the optimizer sees them (float32 on the masters), and
     // their global norm with one device-to-host read.
-    std::vector<at::Tensor> grads;
+    std::vector<at::Tensor> grads, expert_grads;
     for (size_t i = 0; i < params_.size(); ++i) {
         // dp: the reduced float32 sum goes straight to the optimized tensor.
         const at::Tensor g = group_ ? reduced[i] : params_[i].second.grad();
@@ -862,9 +952,18 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
             masters_[i].mutable_grad() = g.to(at::kFloat);
         else if (group_)
             params_[i].second.mutable_grad() = g.to(params_[i].second.scalar_type());
-        grads.push_back(optimized(i).grad());
+        (ep_ && ep_->is_expert(params_[i].second) ? expert_grads : grads)
+            .push_back(optimized(i).grad());
     }
-    const double norm = std::sqrt(sum_of_squares(grads));
+    double squares = sum_of_squares(grads);
+    if (ep_) {
+        // Each rank of an expert group holds other experts' gradients.
+        at::Tensor sq = at::full({1}, sum_of_squares(expert_grads), at::kDouble);
+        ep_->experts_group().all_reduce_sum(sq);
+        squares += sq.item<double>();
+        grads.insert(grads.end(), expert_grads.begin(), expert_grads.end());
+    }
+    const double norm = std::sqrt(squares);
     refuse_non_finite(norm);
     const double clip = ov.gradient_clip.value_or(config_.gradient_clip);
     if (clip > 0 && norm > clip) {
@@ -876,6 +975,7 @@ OptimResult Trainer::optim_step(const OptimOverrides &ov) {
     for (size_t i = 0; i < params_.size(); ++i)
         if (masters_[i].defined()) params_[i].second.copy_(masters_[i]);
     zero_grad();
+    if (ep_) ep_->refresh_experts(); // every rank's copy of the other ranks' experts
     // The step counts this one; the weights get a new version.
     return OptimResult{norm, lr, ++step_,
                        adapter_ ? adapter_->bump_version() : policy_->bump_version()};
@@ -906,12 +1006,33 @@ double Trainer::apply_optimizer_options(const OptimOverrides &ov) {
 }
 
 std::vector<at::Tensor> Trainer::all_reduce_gradients() {
+    std::vector<at::Tensor> out(params_.size());
+    std::vector<size_t> replicated, experts;
+    for (size_t i = 0; i < params_.size(); ++i)
+        (ep_ && ep_->is_expert(params_[i].second) ? experts : replicated).push_back(i);
+    reduce_gradients(replicated, group_.get(), out);
+    // Expert parallelism: an expert's gradient is summed over the ranks that
+    // hold its shard (none besides this one when expert_parallel = W).
+    if (!experts.empty()) reduce_gradients(experts, ep_->replicas(), out);
+    return out;
+}
+
+void Trainer::reduce_gradients(const std::vector<size_t> &which, dist::Group *group,
+                               std::vector<at::Tensor> &out) {
     at::NoGradGuard no_grad;
-    const size_t n = params_.size();
+    if (group == nullptr) {
+        for (size_t i : which) {
+            const at::Tensor &g = params_[i].second.grad();
+            if (g.defined()) out[i] = g.to(at::kFloat);
+        }
+        return;
+    }
+    const size_t n = which.size();
+    if (n == 0) return;
     at::Tensor present = at::zeros({static_cast<int64_t>(n)}, at::kFloat);
-    for (size_t i = 0; i < n; ++i)
-        if (params_[i].second.grad().defined()) present[static_cast<int64_t>(i)] = 1.0f;
-    group_->all_reduce_sum(present);
+    for (size_t k = 0; k < n; ++k)
+        if (params_[which[k]].second.grad().defined()) present[static_cast<int64_t>(k)] = 1.0f;
+    group->all_reduce_sum(present);
     // Buckets of about bucket_mb megabytes of float32, in parameter order.
     const int64_t cap =
         std::max<int64_t>(1, static_cast<int64_t>(config_.bucket_mb * 1024.0 * 1024.0 / 4.0));
@@ -921,29 +1042,28 @@ std::vector<at::Tensor> Trainer::all_reduce_gradients() {
     };
     std::vector<Slot> slots(n);
     std::vector<int64_t> sizes;
-    for (size_t i = 0; i < n; ++i) {
-        const int64_t k = params_[i].second.numel();
-        if (sizes.empty() || (sizes.back() > 0 && sizes.back() + k > cap)) sizes.push_back(0);
-        slots[i] = {sizes.size() - 1, sizes.back()};
-        sizes.back() += k;
+    for (size_t k = 0; k < n; ++k) {
+        const int64_t numel = params_[which[k]].second.numel();
+        if (sizes.empty() || (sizes.back() > 0 && sizes.back() + numel > cap)) sizes.push_back(0);
+        slots[k] = {sizes.size() - 1, sizes.back()};
+        sizes.back() += numel;
     }
     const at::TensorOptions fp32 =
         at::TensorOptions().dtype(at::kFloat).device(policy_->model().device());
     std::vector<at::Tensor> buckets;
     for (int64_t k : sizes) buckets.push_back(at::zeros({k}, fp32));
-    for (size_t i = 0; i < n; ++i) {
-        const at::Tensor &g = params_[i].second.grad();
+    for (size_t k = 0; k < n; ++k) {
+        const at::Tensor &g = params_[which[k]].second.grad();
         if (g.defined())
-            buckets[slots[i].bucket].narrow(0, slots[i].offset, g.numel()).copy_(g.reshape({-1}));
+            buckets[slots[k].bucket].narrow(0, slots[k].offset, g.numel()).copy_(g.reshape({-1}));
     }
-    group_->all_reduce_sum(buckets);
-    std::vector<at::Tensor> out(n);
-    for (size_t i = 0; i < n; ++i) {
-        if (present[static_cast<int64_t>(i)].item<float>() == 0.0f) continue;
-        const at::Tensor &p = params_[i].second;
-        out[i] = buckets[slots[i].bucket].narrow(0, slots[i].offset, p.numel()).view(p.sizes());
+    group->all_reduce_sum(buckets);
+    for (size_t k = 0; k < n; ++k) {
+        if (present[static_cast<int64_t>(k)].item<float>() == 0.0f) continue;
+        const at::Tensor &p = params_[which[k]].second;
+        out[which[k]] =
+            buckets[slots[k].bucket].narrow(0, slots[k].offset, p.numel()).view(p.sizes());
     }
-    return out;
 }
 
 OptimResult Trainer::fsdp_step(const OptimOverrides &ov) {
@@ -982,13 +1102,40 @@ void Trainer::collect_state(std::vector<std::pair<std::string, at::Tensor>> &opt
         opt.emplace_back("step." + name, at::full({1}, step, at::kLong));
     };
     if (!fsdp_) {
+        std::map<const void *, size_t> index_of; // expert parallelism: owned experts
         for (size_t i = 0; i < params_.size(); ++i) {
             const std::string &name = params_[i].first;
+            if (ep_ && ep_->is_expert(params_[i].second)) {
+                index_of[params_[i].second.unsafeGetTensorImpl()] = i;
+                continue;
+            }
             if (masters_[i].defined()) masters.emplace_back(name, masters_[i].to(at::kCPU));
             auto it = optimizer_->state().find(state_key_of(optimized(i)));
             if (it == optimizer_->state().end()) continue;
             auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
             add_moments(name, st.exp_avg(), st.exp_avg_sq(), st.step());
+        }
+        if (!ep_) return;
+        // Expert parallelism: every expert's state, gathered from its ranks.
+        const bool low_precision =
+            policy_->model().dtype() != at::kFloat && policy_->model().dtype() != at::kDouble;
+        const auto states = ep_->gather_state(
+            [&](const at::Tensor &weight) {
+                ExpertParallel::State st;
+                const size_t i = index_of.at(weight.unsafeGetTensorImpl());
+                if (masters_[i].defined()) st.master = masters_[i];
+                auto it = optimizer_->state().find(state_key_of(optimized(i)));
+                if (it == optimizer_->state().end()) return st;
+                auto &adam = static_cast<torch::optim::AdamWParamState &>(*it->second);
+                st.exp_avg = adam.exp_avg();
+                st.exp_avg_sq = adam.exp_avg_sq();
+                st.step = adam.step();
+                return st;
+            },
+            low_precision);
+        for (const auto &[name, st] : states) {
+            if (low_precision) masters.emplace_back(name, st.master);
+            if (st.step >= 0) add_moments(name, st.exp_avg, st.exp_avg_sq, st.step);
         }
         return;
     }
@@ -1103,7 +1250,8 @@ void Trainer::write_run_state(const std::string &folder, const std::string &stat
                  {"optimizer_params", optimizer_params},
                  {"config", json::parse(config_.to_json())},
                  {"world_size", world_size()},
-                 {"strategy", strategy()}};
+                 {"strategy", strategy()},
+                 {"expert_parallel", ep_ ? ep_->shards() : 1}};
     if (adapter_) {
         meta["adapter"] = adapter_->name();
         meta["adapter_version"] = adapter_->version();
@@ -1235,7 +1383,11 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
             it->second = std::move(kv.second);
         }
     }
-    for (const auto &kv : params_) {
+    // Expert parallelism: the other ranks' experts are read too (the model
+    // keeps their weights).
+    std::vector<std::pair<std::string, at::Tensor>> expected = params_;
+    expected.insert(expected.end(), ep_foreign_.begin(), ep_foreign_.end());
+    for (const auto &kv : expected) {
         auto it = weights.find(kv.first);
         if (it == weights.end())
             throw bad_file(adapter_ ? kAdapterFolder : "model",
@@ -1245,13 +1397,13 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
                            "tensor '" + kv.first + "' has shape " + c10::str(it->second.sizes()) +
                                ", the model has " + c10::str(kv.second.sizes()));
     }
-    if (weights.size() != params_.size())
+    if (weights.size() != expected.size())
         throw bad_file(adapter_ ? kAdapterFolder : "model",
                        std::to_string(weights.size()) + " tensors, the " +
                            (adapter_ ? "adapter" : "model") + " has " +
-                           std::to_string(params_.size()));
+                           std::to_string(expected.size()));
     size_t opt_params = 0;
-    for (const auto &kv : params_) {
+    for (const auto &kv : expected) {
         auto a = opt.find("exp_avg." + kv.first), b = opt.find("exp_avg_sq." + kv.first),
              s = opt.find("step." + kv.first);
         const int present = (a != opt.end()) + (b != opt.end()) + (s != opt.end());
@@ -1279,6 +1431,7 @@ CheckpointInfo Trainer::load_checkpoint(const std::string &dir) {
             if (masters_[i].defined()) masters_[i].copy_(w);
             params_[i].second.copy_(w);
         }
+        for (auto &kv : ep_foreign_) kv.second.copy_(weights.at(kv.first));
     }
     if (!fsdp_) {
         zero_grad();

@@ -63,6 +63,7 @@ TrainerConfig TrainerConfig::from_json(const std::string &text) {
     c.bucket_mb = j["bucket_mb"].get<double>();
     c.checkpoint_format = j["checkpoint_format"].get<std::string>();
     c.overlap_grad_reduce = j["overlap_grad_reduce"].get<bool>();
+    c.expert_parallel = j["expert_parallel"].get<int64_t>();
     if (!j["seed"].is_null()) c.seed = j["seed"].get<uint64_t>();
     if (!j["logprob_temperature"].is_null())
         c.logprob_temperature = j["logprob_temperature"].get<double>();
@@ -109,7 +110,8 @@ std::string TrainerConfig::to_json() const {
               {"parallel", parallel},
               {"bucket_mb", bucket_mb},
               {"checkpoint_format", checkpoint_format},
-              {"overlap_grad_reduce", overlap_grad_reduce}};
+              {"overlap_grad_reduce", overlap_grad_reduce},
+              {"expert_parallel", expert_parallel}};
     j["seed"] = seed ? json(*seed) : json(nullptr);
     j["logprob_temperature"] = logprob_temperature ? json(*logprob_temperature) : json(nullptr);
     j["moe_aux_loss_coef"] = moe_aux_loss_coef ? json(*moe_aux_loss_coef) : json(nullptr);

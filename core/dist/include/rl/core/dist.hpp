@@ -82,6 +82,17 @@ public:
     void reduce_scatter_sum(at::Tensor &out, const at::Tensor &in);
     /// `t` takes rank `root`'s value on every rank.
     void broadcast(at::Tensor &t, int root);
+    /// Rows to and from every rank: `in` (dim 0 split into in_rows[r] rows
+    /// for rank r, in rank order) is sent, `out` receives out_rows[r] rows
+    /// from each rank r, in rank order. Both contiguous, same dtype and row
+    /// shape; every rank's in_rows[me] must equal my out_rows[it].
+    void all_to_all(at::Tensor &out, const at::Tensor &in, const std::vector<int64_t> &out_rows,
+                    const std::vector<int64_t> &in_rows);
+    /// A group of some of this group's ranks (`ranks`, in the new group's
+    /// rank order), for collectives among them only; every member calls it
+    /// with the same ranks and `name` (unique per subgroup), other ranks do
+    /// not. Its rank() is this rank's position in `ranks`.
+    std::shared_ptr<Group> subgroup(const std::vector<int> &ranks, const std::string &name);
     void barrier();
 
     /// Bytes: rank `root`'s `value` on every rank.
@@ -98,6 +109,7 @@ private:
 
     Env env_;
     Options options_;
+    std::vector<int> members_; ///< a subgroup's ranks in the whole world (empty: the world)
     std::unique_ptr<Impl> impl_;
 };
 

@@ -28,6 +28,26 @@ struct MoeRouting {
     at::Tensor experts; ///< [T, K] int64 expert ids, by decreasing probability
 };
 
+/// Expert parallelism (docs/distributed.md): the experts of every sparse
+/// block split over shards() ranks, rank shard() holding experts
+/// [shard() * E / shards(), (shard() + 1) * E / shards()). While active(), a
+/// training or scoring forward (not decoding) sends each token's rows to the
+/// ranks that hold its experts and gets their outputs back, differentiably
+/// (the backward runs the inverse exchanges). Every rank of the exchange runs
+/// the same sparse layers in the same order.
+class ExpertExchange {
+public:
+    virtual ~ExpertExchange() = default;
+    virtual int64_t shards() const = 0;
+    virtual int64_t shard() const = 0;
+    virtual bool active() const = 0;
+    /// Rows of `in` to every rank (in_rows[r] rows to rank r, in rank order);
+    /// returns the rows every rank sent here (out_rows[r] from rank r, in
+    /// rank order). A collective of the ranks that share the experts.
+    virtual at::Tensor all_to_all(const at::Tensor &in, const std::vector<int64_t> &in_rows,
+                                  const std::vector<int64_t> &out_rows) = 0;
+};
+
 class SparseMoeBlock : public torch::nn::Module {
 public:
     SparseMoeBlock(const ModelConfig &c, const ModelOptions &o);
@@ -54,11 +74,19 @@ public:
     std::shared_ptr<Linear> gate; ///< router, weight [E, hidden], no bias
     torch::nn::ModuleList experts_list;
     std::vector<std::shared_ptr<MLP>> experts;
+    /// Expert parallelism: set by an expert-parallel trainer (null: every
+    /// expert runs here). Only the experts of this rank's shard then train.
+    std::shared_ptr<ExpertExchange> exchange;
     std::shared_ptr<MLP> shared_expert;         ///< Qwen2-MoE, else null
     std::shared_ptr<Linear> shared_expert_gate; ///< Qwen2-MoE [1, hidden], else null
     int64_t num_experts = 0, top_k = 0;
     int64_t moe_index = 0; ///< the block's position among the model's sparse layers
     bool norm_topk_prob = false, router_fp32 = true;
+
+private:
+    /// mix over an active exchange: the (token, slot) rows sorted by expert
+    /// (`order`, `counts` per expert) go to the experts' ranks and back.
+    at::Tensor mix_exchanged(const at::Tensor &xs, const at::Tensor &counts) const;
 };
 
 /// While alive, every sparse block that runs on the constructing thread
@@ -129,5 +157,25 @@ at::Tensor load_balancing_loss(const std::vector<at::Tensor> &router_logits, int
 /// layers and counted tokens of logsumexp(router logits)^2. float32 scalar.
 at::Tensor router_z_loss(const std::vector<at::Tensor> &router_logits,
                          const at::Tensor &mask = at::Tensor());
+
+/// The router statistics of several processes' tokens pooled (expert
+/// parallelism): `counts` (from router_assignment_counts, summed over the
+/// ranks) holds, per expert, its top-k assignments over every layer and rank,
+/// then the rows (tokens x layers) of every rank. Returns this rank's part of
+/// transformers' load-balancing loss of the pooled tokens: E * sum_e f_e *
+/// P_e(local) with f_e the pooled share of assignments and P_e(local) this
+/// rank's router probabilities summed over its rows, divided by the pooled
+/// rows; the parts of all ranks add up to the loss of all tokens pooled in one
+/// process, and so do their gradients. float32 scalar.
+at::Tensor load_balancing_loss_part(const std::vector<at::Tensor> &router_logits,
+                                    int64_t num_experts, int64_t top_k,
+                                    const at::Tensor &pooled_counts);
+/// This rank's part of the router z-loss of the pooled tokens: the sum over
+/// its layers and rows of logsumexp^2, divided by the pooled rows.
+at::Tensor router_z_loss_part(const std::vector<at::Tensor> &router_logits, double pooled_rows);
+/// float64 [E + 1] on the CPU: the top-k assignments of each expert over the
+/// layers of `router_logits`, then the rows (tokens x layers).
+at::Tensor router_assignment_counts(const std::vector<at::Tensor> &router_logits,
+                                    int64_t num_experts, int64_t top_k);
 
 } // namespace rl::core

@@ -34,6 +34,7 @@ namespace rl::core {
 namespace dist {
 class Group;
 }
+class ExpertParallel;
 class Fsdp;
 class GradReducer;
 
@@ -209,6 +210,8 @@ private:
     StepResult run(const TrainBatch &batch, const LossFunction *loss, bool backward);
     StepResult classify(const TrainBatch &batch);
     void idle_micro_batch(bool backward);
+    /// Whether a backward adds the router losses (a weight > 0).
+    bool router_losses_weighted() const;
     void rebuild_optimizer();
     /// The tensor the optimizer updates for parameter i: its float32 master,
     /// or the parameter itself when it is float32 already.
@@ -216,6 +219,13 @@ private:
     /// dp: every parameter's gradient summed over ranks, in float32 buckets
     /// (undefined where no rank has one).
     std::vector<at::Tensor> all_reduce_gradients();
+    /// all_reduce_gradients for the parameters `which` over `group` (null:
+    /// this rank's gradients alone, in float32) into `out`.
+    void reduce_gradients(const std::vector<size_t> &which, dist::Group *group,
+                          std::vector<at::Tensor> &out);
+    /// Expert parallelism: checks trainer.expert_parallel against the model
+    /// and the world, and keeps only this rank's experts in params_.
+    void setup_expert_parallel();
     OptimResult fsdp_step(const OptimOverrides &overrides);
     double apply_optimizer_options(const OptimOverrides &overrides);
     void refuse_non_finite(double grad_norm);
@@ -252,6 +262,9 @@ private:
     std::shared_ptr<dist::Group> group_;   ///< null for a single process
     std::unique_ptr<Fsdp> fsdp_;           ///< fsdp over W > 1 ranks
     std::unique_ptr<GradReducer> reducer_; ///< dp with overlap_grad_reduce
+    std::unique_ptr<ExpertParallel> ep_;   ///< trainer.expert_parallel > 1
+    /// Expert parallelism: the expert weights other ranks train (name, weight).
+    std::vector<std::pair<std::string, at::Tensor>> ep_foreign_;
 };
 
 } // namespace rl::core

@@ -48,6 +48,10 @@ struct TrainerConfig {
     /// forward_backward call's last micro-batch (every rank must make the
     /// same number of forward_backward calls between optimizer steps).
     bool overlap_grad_reduce = false;
+    /// Mixture-of-experts models: the experts of every sparse layer split
+    /// over this many ranks (all-to-all of the tokens' rows); divides the
+    /// world size and num_experts. 1: every rank runs every expert.
+    int64_t expert_parallel = 1;
     /// "auto" (sharded under fsdp on W > 1 ranks, else consolidated),
     /// "consolidated" (one whole copy, written by rank 0) or "sharded".
     std::string checkpoint_format = "auto";
