@@ -17,8 +17,10 @@ typedef struct rl_training_server rl_training_server_t;
 
 /* [control-thread] Start a training server over `model` (the base every
  * session starts from; it must outlive the server and is never modified).
- * `runtime` (may be NULL) provides loss plugins by name next to Tinker's
- * built-in losses. options_json (may be NULL) is a JSON object, every key
+ * `runtime` (may be NULL) provides the loss plugins by name; Tinker's loss
+ * names (cross_entropy, importance_sampling, ppo, cispo) run the plugins that
+ * implement them (docs/training-server.md), so without a runtime every
+ * forward_backward is refused naming the loss. options_json (may be NULL) is a JSON object, every key
  * optional but checkpoint_dir: {"host": "127.0.0.1", "port": 8000 (0: any
  * free port), "api_key": "" (set: "X-API-Key: <key>" or "Authorization:
  * Bearer <key>" needed), "model_path", "base_model" (the folder's name),
