@@ -29,6 +29,11 @@ json sglang_sampling(const core::SamplingParams &p) {
 core::Generation remote_generate(const rl::serve::InferenceClient &client,
                                  const std::vector<std::vector<int64_t>> &prompts,
                                  const core::SamplingParams &params, const char *fn) {
+    if (params.return_routed_experts)
+        throw HostError{RL_ERR_UNSUPPORTED,
+                        fn_msg(fn, "sampling.return_routed_experts: rollouts from an inference "
+                                   "server do not carry routings yet; sample them with the "
+                                   "co-located engine (rl_rollouts_generate)")};
     const json reply = client.call("POST", "/generate",
                                    {{"input_ids", prompts},
                                     {"sampling_params", sglang_sampling(params)},
