@@ -238,18 +238,24 @@ class TrainTest(unittest.TestCase):
                     info = ro.info()
                     self.assertEqual(len(routes), 4)
                     cu = info.tensors["routed_cu_seqlens"]
+                    L, K = int(info.scalars["routed_layers"]), int(info.scalars["routed_k"])
+                    with open(os.path.join(tmp, "moe", "config.json")) as f:
+                        self.assertEqual(L, json.load(f)["num_hidden_layers"])
                     flat = []
                     for i, r in enumerate(routes):
                         self.assertEqual(len(r), cu[i + 1] - cu[i])
-                        self.assertEqual({len(layer) for row in r for layer in row}, {2})
-                        self.assertEqual(r[-1], [[-1, -1], [-1, -1]])  # never read
+                        self.assertEqual({len(row) for row in r}, {L})
+                        self.assertEqual({len(layer) for row in r for layer in row}, {K})
+                        self.assertEqual(r[-1], [[-1] * K] * L)  # never read
+                        self.assertTrue(all(0 <= e < 8 for row in r[:-1] for layer in row
+                                            for e in layer))
                         flat += [e for row in r for layer in row for e in layer]
                     self.assertEqual(info.tensors["routed_experts"], flat)
                     ro.set_rewards([1.0, 0.0, 0.0, 1.0])
                     with ro.to_batch() as batch:
                         b = batch.info()
                         self.assertEqual(b.tensors["routed_experts"], flat)
-                        self.assertEqual(len(flat), b.scalars["tokens"] * 4)
+                        self.assertEqual(len(flat), b.scalars["tokens"] * L * K)
                         out = trainer.forward(batch)  # replays the routing
                         self.assertEqual(len(out.tensors["logprobs"]), b.scalars["tokens"])
         with self.model.engine() as engine:
