@@ -231,6 +231,64 @@ TEST(MoeRollouts, RolloutsCarryTheEngineRoutingAndTheTrainerReplaysIt) {
     }
 }
 
+TEST(MoeRollouts, TheBufferKeepsTheRoutingThroughSaveAndLoadAndRefusesMixedBatches) {
+    TempDir tmp("moe-r3-buffer");
+    const std::string dir = tmp.sub("m");
+    RL_ASSERT_OK(rl_model_init_preset("tiny-moe", dir.c_str(), 6));
+    ModelPtr m = load_model(dir);
+    EnginePtr e = make_engine(m.get());
+    rl_rollouts_t *raw = nullptr;
+    const std::string options = std::string(R"({"sampling": )") + kSampling + "}";
+    RL_ASSERT_OK(rl_rollouts_generate(e.get(), kTasks, options.c_str(), &raw));
+    RolloutsPtr r(raw);
+    const std::vector<double> rewards = {1, 0, 0, 1};
+    RL_ASSERT_OK(rl_rollouts_set_rewards(r.get(), rewards.data(), rewards.size()));
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    const IntTensor routes = int_tensor(info, "routed_experts");
+
+    const char *config = R"({"group_size": 2})";
+    rl_buffer_t *b1 = nullptr;
+    RL_ASSERT_OK(rl_buffer_create(config, &b1));
+    BufferPtr first(b1);
+    RL_ASSERT_OK(rl_buffer_push_rollouts(first.get(), r.get(), nullptr));
+    const std::string state = tmp.sub("buffer.json");
+    RL_ASSERT_OK(rl_buffer_save(first.get(), state.c_str()));
+    rl_buffer_t *b2 = nullptr;
+    RL_ASSERT_OK(rl_buffer_create(config, &b2));
+    BufferPtr second(b2);
+    RL_ASSERT_OK(rl_buffer_load(second.get(), state.c_str()));
+    rl_train_batch_t *braw = nullptr;
+    RL_ASSERT_OK(rl_buffer_pop_train_batch(second.get(), 4, 0, &braw));
+    ASSERT_NE(braw, nullptr);
+    BatchPtr batch(braw);
+    Result binfo;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
+    const IntTensor packed = int_tensor(binfo, "routed_experts");
+    EXPECT_EQ(packed.shape, routes.shape);
+    EXPECT_EQ(packed.values, routes.values);
+
+    // A group pushed without a routing cannot share a batch with them.
+    RL_ASSERT_OK(rl_buffer_push_rollouts(first.get(), r.get(), nullptr));
+    for (int k = 0; k < 2; ++k) {
+        std::vector<int64_t> ids = {'a', 'b', 'c'};
+        const int64_t n = static_cast<int64_t>(ids.size());
+        rl_tensor_arg_t arg{"token_ids", view_of(ids.data(), &n, kI64)};
+        const rl_tensor_list_t list{&arg, 1};
+        RL_ASSERT_OK(rl_buffer_push(
+            first.get(),
+            (R"({"group_id": 9, "sampling_temperature": 1.0, "reward": )" + std::to_string(k) + "}")
+                .c_str(),
+            &list));
+    }
+    rl_train_batch_t *mixed = nullptr;
+    EXPECT_EQ(rl_buffer_pop_train_batch(first.get(), 6, 0, &mixed), RL_ERR_BAD_STATE);
+    EXPECT_NE(std::string(rl_last_error()).find("carry different routed_experts (group 9: none"),
+              std::string::npos)
+        << rl_last_error();
+    EXPECT_EQ(mixed, nullptr);
+}
+
 TEST(MoeRollouts, RecordingIsRefusedOnADenseModelNamingTheOption) {
     ModelPtr m = load_model(); // the dense tiny preset
     EnginePtr e = make_engine(m.get());
