@@ -2,9 +2,10 @@
 
 #include "api.hpp"
 
-#include <ATen/ATen.h>
-
 #include <cmath>
+#include <map>
+#include <tuple>
+#include <utility>
 
 namespace rl::serve::tinker {
 
@@ -12,63 +13,24 @@ namespace {
 
 using nlohmann::json;
 
-const at::Tensor &input(const core::LossCall &call, const char *name) {
-    for (const auto &kv : call.tensors)
-        if (kv.first == name) return kv.second;
-    throw core::Error(std::string("tinker loss: input '") + name + "' is missing");
-}
-
-at::Tensor optional_input(const core::LossCall &call, const char *name) {
-    for (const auto &kv : call.tensors)
-        if (kv.first == name) return kv.second;
-    return {};
-}
-
-double config_number(const json &config, const std::string &loss, const char *key, double dflt,
-                     double min, double max) {
+// Tinker's threshold `key` (default `dflt`) after checking it lies in [min, max].
+double threshold(const json &config, const std::string &loss, const char *key, double dflt,
+                 double min, double max, const char *range) {
     auto it = config.find(key);
     if (it == config.end() || it->is_null()) return dflt;
     const std::string field = std::string("loss_fn_config.") + key;
     if (!it->is_number()) throw ApiError(400, field + " must be a number for " + loss, field);
     const double v = it->get<double>();
     if (!std::isfinite(v) || v < min || v > max)
-        throw ApiError(400,
-                       field + " = " + it->dump() + " is outside [" + json(min).dump() + ", " +
-                           json(max).dump() + "] for " + loss,
+        throw ApiError(400, field + " = " + it->dump() + " is outside " + range + " for " + loss,
                        field);
     return v;
 }
 
-void only_keys(const json &config, const std::string &loss,
-               std::initializer_list<const char *> keys) {
-    for (const auto &item : config.items()) {
-        bool known = false;
-        std::string list;
-        for (const char *k : keys) {
-            known = known || item.key() == k;
-            list += (list.empty() ? "" : ", ") + std::string(k);
-        }
-        if (!known)
-            throw ApiError(400,
-                           "loss_fn_config." + item.key() + " is not a parameter of " + loss +
-                               (list.empty() ? " (it takes none)" : " (it takes " + list + ")"),
-                           "loss_fn_config." + item.key());
-    }
-}
-
-core::LossResult finish(const at::Tensor &lp, const at::Tensor &elementwise, const at::Tensor &grad,
-                        bool want_grads) {
-    core::LossResult r;
-    r.loss = elementwise.sum().item<double>();
-    if (want_grads) r.grads["logprobs"] = grad;
-    r.tensors["logprobs"] = lp.to(at::kFloat);
-    r.tensors["elementwise_loss"] = elementwise.to(at::kFloat);
-    return r;
-}
-
-at::Tensor weights_of(const core::LossCall &call, const at::Tensor &like) {
-    at::Tensor w = optional_input(call, "weights");
-    return w.defined() ? w : at::ones_like(like);
+void check_order(double lo, double hi) {
+    if (lo > hi)
+        throw ApiError(400, "loss_fn_config.clip_low_threshold must not exceed clip_high_threshold",
+                       "loss_fn_config.clip_low_threshold");
 }
 
 } // namespace
@@ -84,76 +46,55 @@ BuiltinInputs builtin_inputs(const std::string &name) {
     return {{"target_tokens", "logprobs", "advantages"}, {"weights"}};
 }
 
-std::optional<core::LossFunction> builtin_loss(const std::string &name, const json &config) {
-    core::LossFunction f;
-    f.name = "loss '" + name + "'";
-    if (name == "cross_entropy") {
-        only_keys(config, name, {});
-        f.signature.required = {"logprobs", "weights"};
-        f.signature.differentiable = {"logprobs"};
-        f.compute = [](const core::LossCall &call) {
-            const at::Tensor lp = input(call, "logprobs");
-            const at::Tensor w = input(call, "weights");
-            return finish(lp, -lp * w, -w, call.want_grads);
-        };
-        return f;
+std::optional<PluginLoss> builtin_plugin(const std::string &name, const json &config) {
+    static const std::map<std::string, std::string> plugin_of{
+        {"cross_entropy", "per_token_ce"},
+        {"importance_sampling", "importance_sampling"},
+        {"ppo", "policy_loss"},
+        {"cispo", "cispo"}};
+    auto it = plugin_of.find(name);
+    if (it == plugin_of.end()) return std::nullopt;
+    PluginLoss out{it->second, json::object()};
+    for (const auto &item : config.items())
+        if (item.key() != "clip_low_threshold" && item.key() != "clip_high_threshold")
+            out.params[item.key()] = item.value();
+    if (!out.params.contains("loss_agg_mode")) out.params["loss_agg_mode"] = "sum";
+    // Tinker's thresholds, when given, become the plugin's bounds; the
+    // plugins' defaults are Tinker's (ppo 0.8 / 1.2, cispo 0 / 4).
+    const bool low = config.contains("clip_low_threshold");
+    const bool high = config.contains("clip_high_threshold");
+    if (name == "ppo" || name == "cispo") {
+        const bool ppo = name == "ppo";
+        const char *low_key = ppo ? "eps_clip" : "clip_low";
+        const char *high_key = ppo ? "eps_clip_high" : "clip_high";
+        for (const auto &[given, tinker_key, key] :
+             {std::tuple{low, "clip_low_threshold", low_key},
+              std::tuple{high, "clip_high_threshold", high_key}})
+            if (given && config.contains(key))
+                throw ApiError(400,
+                               std::string("loss_fn_config: give either ") + tinker_key + " or " +
+                                   key + " (the same bound of " + name + "), not both",
+                               std::string("loss_fn_config.") + tinker_key);
+        // -sum(min(r A, clip(r, lo, hi) A)) is policy_loss with eps = 1 - lo, eps_high = hi - 1.
+        const double lo =
+            ppo ? threshold(config, name, "clip_low_threshold", 0.8, 1e-9, 1.0, "(0, 1]")
+                : threshold(config, name, "clip_low_threshold", 0.0, 0, 1e9, "[0, 1e9]");
+        const double hi =
+            ppo ? threshold(config, name, "clip_high_threshold", 1.2, 1.0, 1e9, "[1, 1e9]")
+                : threshold(config, name, "clip_high_threshold", 4.0, 0, 1e9, "[0, 1e9]");
+        check_order(lo, hi);
+        if (low) out.params[low_key] = ppo ? 1.0 - lo : lo;
+        if (high) out.params[high_key] = ppo ? hi - 1.0 : hi;
+    } else {
+        for (const auto &[given, key] :
+             {std::pair{low, "clip_low_threshold"}, std::pair{high, "clip_high_threshold"}})
+            if (given)
+                throw ApiError(400,
+                               std::string("loss_fn_config.") + key + " is not a parameter of " +
+                                   name + " (only ppo and cispo clip)",
+                               std::string("loss_fn_config.") + key);
     }
-    if (name != "importance_sampling" && name != "ppo" && name != "cispo") return std::nullopt;
-    f.signature.required = {"logprobs", "sampling_logprobs", "advantages"};
-    f.signature.optional = {"weights"};
-    f.signature.differentiable = {"logprobs"};
-    if (name == "importance_sampling") {
-        only_keys(config, name, {});
-        // -sum(exp(lp - lp_sampler) * A)
-        f.compute = [](const core::LossCall &call) {
-            const at::Tensor lp = input(call, "logprobs");
-            const at::Tensor a = input(call, "advantages") * weights_of(call, lp);
-            const at::Tensor ratio = at::exp(lp - input(call, "sampling_logprobs"));
-            core::LossResult r = finish(lp, -ratio * a, -ratio * a, call.want_grads);
-            r.metrics["ratio_mean"] = ratio.mean().item<double>();
-            return r;
-        };
-        return f;
-    }
-    if (name == "ppo") {
-        only_keys(config, name, {"clip_low_threshold", "clip_high_threshold"});
-        const double lo = config_number(config, name, "clip_low_threshold", 0.8, 0, 1e9);
-        const double hi = config_number(config, name, "clip_high_threshold", 1.2, 0, 1e9);
-        if (lo > hi)
-            throw ApiError(400,
-                           "loss_fn_config.clip_low_threshold must not exceed clip_high_threshold",
-                           "loss_fn_config.clip_low_threshold");
-        // -sum(min(r A, clip(r, lo, hi) A)); the clipped branch has no gradient.
-        f.compute = [lo, hi](const core::LossCall &call) {
-            const at::Tensor lp = input(call, "logprobs");
-            const at::Tensor a = input(call, "advantages") * weights_of(call, lp);
-            const at::Tensor ratio = at::exp(lp - input(call, "sampling_logprobs"));
-            const at::Tensor plain = ratio * a;
-            const at::Tensor clipped = at::clamp(ratio, lo, hi) * a;
-            const at::Tensor use_plain = plain <= clipped;
-            const at::Tensor obj = at::where(use_plain, plain, clipped);
-            const at::Tensor grad = at::where(use_plain, -plain, at::zeros_like(plain));
-            core::LossResult r = finish(lp, -obj, grad, call.want_grads);
-            r.metrics["clip_fraction"] = (plain != clipped).to(at::kDouble).mean().item<double>();
-            return r;
-        };
-        return f;
-    }
-    // cispo: -sum(sg(clip(r, lo, hi)) A lp)
-    only_keys(config, name, {"clip_low_threshold", "clip_high_threshold"});
-    const double lo = config_number(config, name, "clip_low_threshold", 0.0, 0, 1e9);
-    const double hi = config_number(config, name, "clip_high_threshold", 4.0, 0, 1e9);
-    if (lo > hi)
-        throw ApiError(400, "loss_fn_config.clip_low_threshold must not exceed clip_high_threshold",
-                       "loss_fn_config.clip_low_threshold");
-    f.compute = [lo, hi](const core::LossCall &call) {
-        const at::Tensor lp = input(call, "logprobs");
-        const at::Tensor a = input(call, "advantages") * weights_of(call, lp);
-        const at::Tensor coef =
-            at::clamp(at::exp(lp - input(call, "sampling_logprobs")), lo, hi) * a;
-        return finish(lp, -coef * lp, -coef, call.want_grads);
-    };
-    return f;
+    return out;
 }
 
 } // namespace rl::serve::tinker

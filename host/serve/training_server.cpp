@@ -284,6 +284,21 @@ CheckpointRef parse_checkpoint_path(const std::string &path, const std::string &
     return r;
 }
 
+/// A create_model (or create-via-load) body's user_metadata as Tinker's
+/// TrainingRun carries it, an object of strings: the request's values (the SDK
+/// types them Any) kept when strings, else as their JSON text; empty when
+/// absent or null.
+json user_metadata_of(const Fields &f) {
+    json meta = json::object();
+    const json *um = f.get("user_metadata");
+    if (!um) return meta;
+    if (!um->is_object())
+        throw ApiError(400, f.name("user_metadata") + " must be an object (of strings)",
+                       f.name("user_metadata"));
+    for (const auto &[k, v] : um->items()) meta[k] = v.is_string() ? v : json(v.dump());
+    return meta;
+}
+
 std::string checkpoint_uri(const std::string &model_id, const std::string &kind,
                            const std::string &name) {
     return "tinker://" + model_id + "/" + kind + "/" + name;
@@ -697,6 +712,18 @@ struct TrainingServer::Impl {
     void unload_model(const Request &req, Responder &r, bool sync);
     void weights_info(const Request &req, Responder &r);
     void list_checkpoints(const Request &req, Responder &r);
+    void training_run(const Request &req, Responder &r);
+
+    /// The checkpoints of a model on disk (those whose tinker.json is written),
+    /// newest first, each as Tinker's and xorl's Checkpoint: checkpoint_id,
+    /// checkpoint_type, time, size_bytes, tinker_path, path.
+    std::vector<json> checkpoints_of(const std::string &model_id) const;
+    /// Writes <checkpoint_dir>/<model_id>/run.json: what GET
+    /// /api/v1/training_runs/<model_id> answers after the model (and its
+    /// session) are gone: base model, LoRA rank, owner (the session), the
+    /// client's user_metadata (from user_metadata_of).
+    void write_run_info(const std::string &model_id, const std::string &session_id, bool lora,
+                        int64_t rank, const json &user_metadata) const;
 
     /// A sampler of the session over `policy`; `adapter` (may be empty) makes
     /// its LoRA adapter, registered in the base under the sampler's id.
@@ -912,6 +939,11 @@ void TrainingServer::Impl::add_routes() {
     route("/api/v1/weights_info", [this](const Request &q, Responder &r) { weights_info(q, r); });
     route("/api/v1/list_checkpoints",
           [this](const Request &q, Responder &r) { list_checkpoints(q, r); });
+    // The REST client's get_training_run (tinker-cookbook reads the renderer
+    // name a run was trained with from its user_metadata when it loads a
+    // checkpoint of it).
+    route("/api/v1/training_runs/*", [this](const Request &q, Responder &r) { training_run(q, r); },
+          {"GET"});
 
     // Sampling.
     route("/api/v1/create_sampling_session",
@@ -975,6 +1007,7 @@ std::pair<std::string, std::string> TrainingServer::Impl::create_model_submit(co
                            "optimizer_config.type '" + type + "' is not supported (adamw only)",
                            "optimizer_config.type");
     }
+    const json user_metadata = user_metadata_of(f);
     bool lora = false;
     int64_t rank = 0;
     core::LoraConfig lcfg;
@@ -1065,8 +1098,9 @@ std::pair<std::string, std::string> TrainingServer::Impl::create_model_submit(co
         created = m;
     }
     std::shared_ptr<Model> m = created;
-    const std::string id =
-        submit("model:" + model_id, "CreateModel", model_id, session_id, 0, [this, m]() {
+    const std::string id = submit(
+        "model:" + model_id, "CreateModel", model_id, session_id, 0, [this, m, user_metadata]() {
+            write_run_info(m->id, m->session_id, m->lora, m->lora_rank, user_metadata);
             if (m->lora) { // an adapter of its own over the shared, frozen base
                 m->adapter = base->create_adapter(m->id, m->lora_config);
                 m->policy = base;
@@ -1120,33 +1154,45 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
                        "forward_backward_input.data");
     const std::string in = forward_route ? "forward_input" : "forward_backward_input";
 
-    // The loss: a Tinker built-in, else a loss plugin by name with its params.
-    std::optional<core::LossFunction> loss = tinker::builtin_loss(fb.loss_fn, fb.loss_fn_config);
-    const bool plugin = !loss.has_value();
-    if (plugin) {
-        if (fb.loss_fn == "dro" || fb.loss_fn == "custom" || fb.loss_fn == "stable_reinforce")
+    // The loss: a loss plugin by name with its params. Tinker's built-in names
+    // run the plugins that implement them, as sums (tinker_losses.hpp).
+    const std::optional<tinker::PluginLoss> builtin =
+        tinker::builtin_plugin(fb.loss_fn, fb.loss_fn_config);
+    const bool plugin = !builtin.has_value(); // a plugin named by the client itself
+    const std::string plugin_name = builtin ? builtin->plugin : fb.loss_fn;
+    const std::string runs =
+        builtin ? " (Tinker's " + fb.loss_fn + " runs loss plugin '" + plugin_name + "')" : "";
+    if (fb.loss_fn == "dro" || fb.loss_fn == "custom" || fb.loss_fn == "stable_reinforce")
+        throw ApiError(400,
+                       in + ".loss_fn '" + fb.loss_fn +
+                           "' is not implemented: its formula is not published (use "
+                           "cross_entropy, importance_sampling, ppo, cispo or a loss plugin)",
+                       in + ".loss_fn");
+    if (!plugins)
+        throw ApiError(400,
+                       in + ".loss_fn '" + fb.loss_fn + "' is unknown" + runs +
+                           ": no loss plugins are loaded",
+                       in + ".loss_fn");
+    std::optional<core::LossFunction> loss;
+    try {
+        loss = plugins(plugin_name, builtin ? builtin->params.dump() : fb.loss_fn_config.dump());
+    } catch (const core::Error &e) {
+        if (e.kind() == core::ErrorKind::NotFound && builtin)
+            throw ApiError(400,
+                           in + ".loss_fn '" + fb.loss_fn + "' runs loss plugin '" + plugin_name +
+                               "', which is not loaded (is the plugins folder on the plugin "
+                               "path?)",
+                           in + ".loss_fn");
+        if (e.kind() == core::ErrorKind::NotFound)
             throw ApiError(400,
                            in + ".loss_fn '" + fb.loss_fn +
-                               "' is not implemented: its formula is not published (use "
-                               "cross_entropy, importance_sampling, ppo, cispo or a loss plugin)",
+                               "' is unknown: no loss plugin has that name (Tinker's built-in "
+                               "names are cross_entropy, importance_sampling, ppo, cispo)",
                            in + ".loss_fn");
-        if (!plugins)
-            throw ApiError(400,
-                           in + ".loss_fn '" + fb.loss_fn +
-                               "' is unknown: built-in losses are cross_entropy, "
-                               "importance_sampling, ppo, cispo (no loss plugins are loaded)",
-                           in + ".loss_fn");
-        try {
-            loss = plugins(fb.loss_fn, fb.loss_fn_config.dump());
-        } catch (const core::Error &e) {
-            if (e.kind() == core::ErrorKind::NotFound)
-                throw ApiError(400,
-                               in + ".loss_fn '" + fb.loss_fn +
-                                   "' is unknown: built-in losses are cross_entropy, "
-                                   "importance_sampling, ppo, cispo; no loss plugin has that name",
-                               in + ".loss_fn");
-            throw ApiError(400, in + ".loss_fn_config: " + e.what(), in + ".loss_fn_config");
-        }
+        throw ApiError(400, in + ".loss_fn_config" + runs + ": " + e.what(),
+                       in + ".loss_fn_config");
+    }
+    {
         // Keep the per-token logprobs for the response.
         auto inner = loss->compute;
         loss->compute = [inner](const core::LossCall &call) {
@@ -1252,7 +1298,7 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
                                    field + " is not an input of " + fb.loss_fn + " (it reads " +
                                        inputs_list() + ")",
                                    field);
-                if (name == "logprobs") name = "sampling_logprobs";
+                if (name == "logprobs") name = "old_logprobs";
                 if (!sig.accepts(name)) continue; // a Tinker input this loss does not read
             } else {
                 if (name == "logprobs") name = "old_logprobs";
@@ -1273,18 +1319,20 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
             if (want == "logprobs" || want == "labels" || want == "entropy" ||
                 want == "loss_mask" || want == "weights" || seen.count(want))
                 continue;
-            const std::string tinker_name =
-                want == "sampling_logprobs" || want == "old_logprobs" ? "logprobs" : want;
+            const std::string tinker_name = want == "old_logprobs" ? "logprobs" : want;
             throw ApiError(400,
                            dn + ".loss_fn_inputs." + tinker_name + " is required by " + fb.loss_fn,
                            dn + ".loss_fn_inputs." + tinker_name);
         }
     }
-    if (!plugin && sig.needs("weights")) per_token["weights"]; // cross_entropy: 1 when not given
     const int64_t T = static_cast<int64_t>(ids.size());
     pb->batch.input_ids = at::tensor(ids, at::kLong);
     pb->batch.cu_seqlens = cu;
     pb->batch.tensors["labels"] = at::tensor(labels, at::kLong);
+    // Tinker's losses run over the tokens with a target; a plugin that does
+    // not read labels learns them from its loss mask.
+    if (!plugin && !sig.accepts("labels") && sig.accepts("loss_mask"))
+        pb->batch.tensors["loss_mask"] = (pb->batch.tensors["labels"] != -100).to(at::kDouble);
     for (auto &[name, vec] : per_token) {
         vec.resize(static_cast<size_t>(T), fill_value(name));
         pb->batch.tensors[name] = at::tensor(vec, at::kDouble);
@@ -1452,7 +1500,9 @@ void TrainingServer::Impl::load_weights(const Request &req, Responder &r) {
         const CheckpointRef ref = parse_checkpoint_path(*p, "", "weights", "path");
         const json meta = read_json_file(checkpoint_path(ref) / "tinker.json");
         if (!meta.is_object()) throw ApiError(404, "path '" + *p + "': no such checkpoint", "path");
-        json create = {{"session_id", body["session_id"]}, {"model_seq_id", body["model_seq_id"]}};
+        json create = {{"session_id", body["session_id"]},
+                       {"model_seq_id", body["model_seq_id"]},
+                       {"user_metadata", body.value("user_metadata", json())}};
         if (meta.value("is_lora", false)) {
             json lc = meta.contains("lora_config") && meta["lora_config"].is_object()
                           ? meta["lora_config"]
@@ -1649,6 +1699,12 @@ void TrainingServer::Impl::list_checkpoints(const Request &req, Responder &r) {
     Fields f(body);
     const std::string model_id = model_id_of(f);
     if (!valid_model_id(model_id)) throw ApiError(400, "model_id is not a valid id", "model_id");
+    json out = json::array();
+    for (json &entry : checkpoints_of(model_id)) out.push_back(std::move(entry));
+    send_json(r, {{"checkpoints", out}});
+}
+
+std::vector<json> TrainingServer::Impl::checkpoints_of(const std::string &model_id) const {
     // Newest first, each with its time (ISO 8601, UTC: when its tinker.json,
     // written last, was) and size, as xorl's and Tinker's Checkpoint carry them.
     std::vector<std::pair<int64_t, json>> found; // (microseconds since the epoch, entry)
@@ -1679,9 +1735,101 @@ void TrainingServer::Impl::list_checkpoints(const Request &req, Responder &r) {
         return a.first != b.first ? a.first > b.first
                                   : a.second["checkpoint_id"] < b.second["checkpoint_id"];
     });
-    json out = json::array();
+    std::vector<json> out;
     for (auto &[us, entry] : found) out.push_back(std::move(entry));
-    send_json(r, {{"checkpoints", out}});
+    return out;
+}
+
+namespace {
+int64_t now_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+} // namespace
+
+void TrainingServer::Impl::write_run_info(const std::string &model_id,
+                                          const std::string &session_id, bool lora, int64_t rank,
+                                          const json &user_metadata) const {
+    const fs::path dir = fs::path(cfg.checkpoint_dir) / model_id;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec)
+        throw core::Error(core::ErrorKind::Io,
+                          "cannot create " + dir.string() + ": " + ec.message());
+    write_text(dir / "run.json", json{{"training_run_id", model_id},
+                                      {"base_model", base_name},
+                                      {"model_owner", session_id},
+                                      {"is_lora", lora},
+                                      {"lora_rank", lora ? json(rank) : json(nullptr)},
+                                      {"created_us", now_us()},
+                                      {"user_metadata", user_metadata}}
+                                     .dump(2));
+}
+
+void TrainingServer::Impl::training_run(const Request &req, Responder &r) {
+    const std::string id = req.path.substr(std::string("/api/v1/training_runs/").size());
+    if (id.empty() || id.find('/') != std::string::npos)
+        throw ApiError(404, "unknown route '" + req.path +
+                                "' (training runs are /api/v1/training_runs/{training_run_id})");
+    if (!valid_model_id(id))
+        throw ApiError(400, "training_run_id '" + id + "' is not a model id ([A-Za-z0-9._:-])",
+                       "training_run_id");
+    json run = read_json_file(fs::path(cfg.checkpoint_dir) / id / "run.json");
+    const std::vector<json> checkpoints = checkpoints_of(id);
+    if (!run.is_object()) {
+        // A run without run.json (a checkpoint folder from an older server):
+        // what its newest checkpoint says.
+        if (checkpoints.empty())
+            throw ApiError(404, "unknown training_run_id '" + id + "' (no model of that id)",
+                           "training_run_id");
+        const std::string &name =
+            checkpoints.front()["checkpoint_id"].get_ref<const std::string &>();
+        const json meta = read_json_file(fs::path(cfg.checkpoint_dir) / id / name / "tinker.json");
+        run = {{"training_run_id", id},
+               {"base_model", meta.value("base_model", base_name)},
+               {"model_owner", ""},
+               {"is_lora", meta.value("is_lora", false)},
+               {"lora_rank", meta.contains("lora_rank") ? meta["lora_rank"] : json(nullptr)},
+               {"user_metadata", json::object()}};
+    }
+    json last_checkpoint, last_sampler_checkpoint; // null when none
+    for (const json &c : checkpoints) {
+        json &slot = c["checkpoint_type"] == "training" ? last_checkpoint : last_sampler_checkpoint;
+        if (slot.is_null()) slot = c;
+    }
+    // The last request: the session's last call while the model is live, else
+    // the newest of its checkpoints and its creation.
+    int64_t last_us = run.value("created_us", int64_t{0});
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (auto m = models.find(id); m != models.end()) {
+            if (auto s = sessions.find(m->second->session_id); s != sessions.end())
+                last_us = now_us() - std::chrono::duration_cast<std::chrono::microseconds>(
+                                         Clock::now() - s->second->last_seen)
+                                         .count();
+        }
+    }
+    if (!checkpoints.empty()) {
+        // checkpoints_of sorts by time; the newest one's time, in microseconds.
+        const fs::path newest = fs::path(cfg.checkpoint_dir) / id /
+                                checkpoints.front()["checkpoint_id"].get<std::string>() /
+                                "tinker.json";
+        struct stat st {};
+        if (::stat(newest.c_str(), &st) == 0)
+            last_us = std::max(last_us, static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000 +
+                                            static_cast<int64_t>(st.st_mtim.tv_nsec / 1000));
+    }
+    send_json(r, {{"training_run_id", id},
+                  {"base_model", run.value("base_model", base_name)},
+                  {"model_owner", run.value("model_owner", "")},
+                  {"is_lora", run.value("is_lora", false)},
+                  {"corrupted", false},
+                  {"lora_rank", run.contains("lora_rank") ? run["lora_rank"] : json(nullptr)},
+                  {"last_request_time", iso_time_utc(last_us)},
+                  {"last_checkpoint", last_checkpoint},
+                  {"last_sampler_checkpoint", last_sampler_checkpoint},
+                  {"user_metadata", run.value("user_metadata", json::object())}});
 }
 
 // ---- sampling

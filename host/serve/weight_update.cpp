@@ -5,12 +5,12 @@
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
+#include "rl/core/weight_set.hpp"
 #include "rl/core/json.hpp"
 
 #include <rl/sdk/transport.hpp>
 
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 
 #include <nlohmann/json.hpp>
 
@@ -36,12 +36,6 @@ constexpr const char *kChecksumsFile = "rl_checksums.json";
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string shape_text(at::IntArrayRef s) {
-    std::string out = "[";
-    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
 }
 
 std::string hex32(uint32_t v) {
@@ -282,61 +276,29 @@ UpdateOutcome WeightUpdater::swap_in(std::vector<std::pair<std::string, at::Tens
                                      const std::optional<std::string> &weight_version, bool full,
                                      double seconds_so_far) {
     const auto t0 = Clock::now();
-    core::CausalLM &model = policy_->model();
-    if (model.weight_hooks() != nullptr)
+    if (policy_->model().weight_hooks() != nullptr)
         refuse("the model is sharded; a serving model is never sharded", 500);
-    std::map<std::string, at::Tensor> params;
-    for (auto &[name, p] : model.named_weights()) params[name] = p;
-    if (checksums && checksums->size() != received.size())
-        refuse("checksums: " + std::to_string(checksums->size()) + " given for " +
-               std::to_string(received.size()) + " tensors");
-    std::set<std::string> seen;
-    for (size_t i = 0; i < received.size(); ++i) {
-        const auto &[name, t] = received[i];
-        auto it = params.find(name);
-        if (it == params.end())
-            refuse("tensor '" + name +
-                   "' is not a weight of the served model; is the sender training another "
-                   "model? The weights in use are kept");
-        if (!seen.insert(name).second) refuse("tensor '" + name + "' is given twice");
-        if (!it->second.sizes().equals(t.sizes()))
-            refuse("tensor '" + name + "' has shape " + shape_text(t.sizes()) +
-                   ", the served model's is " + shape_text(it->second.sizes()) +
-                   "; the weights in use are kept");
-        if (!at::isFloatingType(t.scalar_type()))
-            refuse("tensor '" + name + "' has dtype " + torch_dtype_name(t.scalar_type()) +
-                   "; weights are floating point");
-        if (checksums) {
-            const uint32_t got = tensor_crc32c(t);
+    // The wire's checksums cover the tensors as they arrived.
+    if (checksums) {
+        if (checksums->size() != received.size())
+            refuse("checksums: " + std::to_string(checksums->size()) + " given for " +
+                   std::to_string(received.size()) + " tensors");
+        for (size_t i = 0; i < received.size(); ++i) {
+            const uint32_t got = tensor_crc32c(received[i].second);
             if (got != (*checksums)[i])
-                refuse("tensor '" + name + "' fails its checksum (CRC-32C " + hex32(got) +
-                       ", expected " + hex32((*checksums)[i]) +
+                refuse("tensor '" + received[i].first + "' fails its checksum (CRC-32C " +
+                       hex32(got) + ", expected " + hex32((*checksums)[i]) +
                        "); nothing was swapped, the weights in use are kept");
         }
     }
-    if (full)
-        for (const auto &[name, p] : params)
-            if (!seen.count(name))
-                refuse("the weights lack tensor '" + name + "'; the weights in use are kept");
-
-    // Stage in the model's dtype and device before pausing anything.
-    std::vector<std::pair<at::Tensor, at::Tensor>> staged; // (parameter, new value)
-    uint64_t bytes = 0;
-    {
-        at::NoGradGuard no_grad;
-        for (auto &[name, t] : received) {
-            at::Tensor &p = params[name];
-            bytes += static_cast<uint64_t>(t.nbytes());
-            staged.emplace_back(p, t.to(p.device(), p.scalar_type()).contiguous());
-            // Checked in the model's dtype: a finite float32 can overflow a float16.
-            try {
-                core::require_finite(staged.back().second, "tensor '" + name + "'");
-            } catch (const core::Error &e) {
-                refuse(std::string(e.what()) +
-                       "; nothing was swapped, the weights in use are kept");
-            }
+    // Checked and staged in the model's dtype and device before pausing anything.
+    core::StagedWeights staged = [&] {
+        try {
+            return core::StagedWeights::stage(policy_->model(), std::move(received), full);
+        } catch (const core::Error &e) {
+            refuse(std::string(e.what()) + "; nothing was swapped, the weights in use are kept");
         }
-    }
+    }();
     int64_t version = policy_->version() + 1;
     if (weight_version) {
         try {
@@ -346,14 +308,10 @@ UpdateOutcome WeightUpdater::swap_in(std::vector<std::pair<std::string, at::Tens
         } catch (const std::exception &) {
         }
     }
-    scheduler_.exclusive([&] {
-        at::NoGradGuard no_grad;
-        for (auto &[p, v] : staged) p.copy_(v);
-        policy_->set_version(version);
-    });
     UpdateOutcome out;
     out.tensors = static_cast<int64_t>(staged.size());
-    out.bytes = bytes;
+    out.bytes = staged.bytes();
+    scheduler_.exclusive([&] { staged.swap_into(*policy_, version); });
     out.seconds = seconds_so_far + seconds_since(t0);
     out.weight_version = weight_version.value_or(std::to_string(version));
     return out;

@@ -1080,6 +1080,22 @@ TEST(Weights, ScaleTheWholePerTokenLossAndKeepTheNormalizer) {
     EXPECT_NE(bad.error.find("'weights' must be >= 0"), std::string::npos) << bad.error;
 }
 
+// Cross-entropy alone takes weights of either sign: Tinker's custom losses send
+// -dL/dlogprob as the weights of a summed cross-entropy, so the gradient is the
+// weight itself and the loss is the weighted sum.
+TEST(Weights, CrossEntropyTakesNegativeWeightsAsTheGradientOfACustomLoss) {
+    Batch ce = make({0, 3}, {{"logprobs", {-1.0, -3.0, -0.5}}, {"weights", {2.0, -0.5, 0.0}}});
+    ce.labels = {1, 2, 3};
+    ce.has_labels = true;
+    const auto c = run<CausalLmLoss>(R"({"loss_agg_mode": "sum"})", ce);
+    ASSERT_EQ(c.status, RL_OK) << c.error;
+    EXPECT_NEAR(c.loss, 2.0 * 1.0 - 0.5 * 3.0, 1e-12);
+    const auto &g = c.grads.at("logprobs");
+    EXPECT_EQ(g[0], -2.0);
+    EXPECT_EQ(g[1], 0.5);
+    EXPECT_EQ(g[2], 0.0);
+}
+
 // ---- per_token_outputs (every policy loss) ---------------------------------------------
 
 TEST(PerTokenOutputs, PolicyLossEmitsItsTermsMasksAndWeights) {

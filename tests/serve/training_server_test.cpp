@@ -2,6 +2,7 @@
 // model, driven over loopback HTTP with the server's own client as the Tinker
 // SDK drives it: sessions, futures, JSON and protobuf wires, the ordering of a
 // model's calls, isolation of sessions, and refusals that name the field.
+#include "bridge/loss_node.hpp"
 #include "serve/http.hpp"
 #include "serve/training_server.hpp"
 
@@ -57,12 +58,28 @@ const std::string &tiny_dir() {
     return dir;
 }
 
+// The built plugins (Tinker's loss names run them), loaded once for every server.
+rl::host::bridge::LossFactory plugin_losses() {
+    static rl_runtime_t *runtime = [] {
+        rl_runtime_desc_t desc = RL_RUNTIME_DESC_INIT;
+        desc.flags = RL_RUNTIME_NO_DEFAULT_PLUGINS;
+        desc.plugin_path = RL_TEST_PLUGIN_DIR;
+        desc.log_level = "error";
+        rl_runtime_t *r = nullptr;
+        if (rl_runtime_create(&desc, &r) != RL_OK) throw std::runtime_error(rl_last_error());
+        return r;
+    }();
+    return rl::host::bridge::loss_factory(runtime);
+}
+
 struct Srv {
     std::shared_ptr<core::Policy> base;
     std::unique_ptr<rl::serve::TrainingServer> server;
     rl::serve::Headers auth;
 
-    explicit Srv(json options = json::object(), const std::string &dir = tiny_dir())
+    explicit Srv(json options = json::object(),
+                 rl::host::bridge::LossFactory losses = plugin_losses(),
+                 const std::string &dir = tiny_dir())
         : base(core::Policy::load(dir)) {
         options["port"] = 0;
         options["model_path"] = dir;
@@ -73,7 +90,7 @@ struct Srv {
                 tiny_dir() + "-ckpt/" +
                 std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
         server = std::make_unique<rl::serve::TrainingServer>(
-            base, rl::serve::TrainingServerConfig::from_json(options.dump()));
+            base, rl::serve::TrainingServerConfig::from_json(options.dump()), std::move(losses));
         server->start();
     }
     HttpResponse post(const std::string &path, const json &body) const {
@@ -422,7 +439,13 @@ TEST(TrainingServer, BadRequestsAreRefusedNamingTheField) {
         "forward_backward_input.data[0].loss_fn_inputs.logprobs", "required");
     expect_refused(
         s.post("/api/v1/forward_backward", fb_body(model, 1, data, "ppo", {{"clip_bogus", 1.0}})),
-        400, "loss_fn_config.clip_bogus", "not a parameter of ppo");
+        400, "forward_backward_input.loss_fn_config", "'clip_bogus'");
+    expect_refused(s.post("/api/v1/forward_backward",
+                          fb_body(model, 1, data, "ppo", {{"clip_low_threshold", 0.0}})),
+                   400, "loss_fn_config.clip_low_threshold", "outside (0, 1]");
+    expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, data, "importance_sampling",
+                                                              {{"clip_high_threshold", 2.0}})),
+                   400, "loss_fn_config.clip_high_threshold", "only ppo and cispo clip");
     json extra = data;
     extra[0]["loss_fn_inputs"]["mystery"] = {1, 2, 3};
     expect_refused(s.post("/api/v1/forward_backward", fb_body(model, 1, extra)), 400,
@@ -456,6 +479,121 @@ TEST(TrainingServer, BadRequestsAreRefusedNamingTheField) {
     const json opt = s.call("/api/v1/optim_step", {{"model_id", model}, {"seq_id", 1}});
     EXPECT_EQ(opt.value("category", ""), "user") << opt.dump();
     EXPECT_FALSE(opt.value("error", "").empty());
+}
+
+/// A Tinker RL datum over `text`: the sampler's logprobs `sampled` and the
+/// advantages and weights per target token (as many as the text has tokens - 1).
+json rl_datum(const std::string &text, const std::vector<double> &sampled,
+              const std::vector<double> &adv, const std::vector<double> &w) {
+    json d = sft_datum(text);
+    auto tensor = [](const std::vector<double> &v) {
+        return json{{"data", v}, {"dtype", "float32"}, {"shape", {v.size()}}};
+    };
+    d["loss_fn_inputs"]["logprobs"] = tensor(sampled);
+    d["loss_fn_inputs"]["advantages"] = tensor(adv);
+    d["loss_fn_inputs"]["weights"] = tensor(w);
+    return d;
+}
+
+// Tinker's four loss names run the loss plugins that implement them (one
+// implementation per loss everywhere), as sums over the target tokens, with
+// Tinker's thresholds translated; the summed loss is Tinker's formula over the
+// logprobs the server returns.
+TEST(TrainingServer, TinkerLossNamesRunTheLossPluginsAsSums) {
+    auto asked = std::make_shared<std::vector<std::pair<std::string, json>>>();
+    rl::host::bridge::LossFactory inner = plugin_losses();
+    Srv s(json::object(), [asked, inner](const std::string &name, const std::string &params) {
+        asked->emplace_back(name, json::parse(params));
+        return inner(name, params);
+    });
+    const std::string model = s.model(s.session());
+    const std::string text = kText;
+    const size_t n = text.size() - 1;
+    std::vector<double> sampled(n), adv(n), w(n);
+    for (size_t i = 0; i < n; ++i) {
+        sampled[i] = -4.0 + 0.35 * std::sin(1.7 * static_cast<double>(i)) * 6;
+        adv[i] = std::cos(0.9 * static_cast<double>(i));
+        w[i] = i % 5 == 3 ? 0.0 : 0.5 + 0.25 * static_cast<double>(i % 3);
+    }
+    const json data = json::array({rl_datum(text, sampled, adv, w)});
+    int64_t seq = 1;
+    // Forward-only calls: the weights stay as they are, so every formula reads
+    // the same logprobs.
+    auto run = [&](const std::string &loss, const json &config) {
+        const json r = s.call(
+            "/api/v1/forward",
+            {{"model_id", model},
+             {"seq_id", seq++},
+             {"forward_input", {{"data", data}, {"loss_fn", loss}, {"loss_fn_config", config}}}});
+        EXPECT_TRUE(r.contains("metrics")) << r.dump();
+        return r;
+    };
+    auto sum = [&](const json &r, const std::function<double(double, size_t)> &term) {
+        const auto lp = logprobs_of(r, 0);
+        EXPECT_EQ(lp.size(), n);
+        double total = 0;
+        for (size_t i = 0; i < n; ++i) total += w[i] * term(lp[i], i);
+        return total;
+    };
+    auto expect_loss = [&](const json &r, double want) {
+        const double got = r["metrics"]["loss:sum"].get<double>();
+        EXPECT_NEAR(got, want, 1e-4 * (1 + std::fabs(want))) << r.dump();
+    };
+
+    const json is = run("importance_sampling", nullptr);
+    expect_loss(is,
+                sum(is, [&](double lp, size_t i) { return -std::exp(lp - sampled[i]) * adv[i]; }));
+    const json ppo = run("ppo", {{"clip_low_threshold", 0.9}, {"clip_high_threshold", 1.1}});
+    expect_loss(ppo, sum(ppo, [&](double lp, size_t i) {
+                    const double r = std::exp(lp - sampled[i]);
+                    return -std::min(r * adv[i], std::clamp(r, 0.9, 1.1) * adv[i]);
+                }));
+    const json cispo = run("cispo", {{"clip_high_threshold", 2.0}});
+    expect_loss(cispo, sum(cispo, [&](double lp, size_t i) {
+                    return -std::clamp(std::exp(lp - sampled[i]), 0.0, 2.0) * adv[i] * lp;
+                }));
+    // Weights of either sign: what the SDK's forward_backward_custom sends.
+    json ce_data = json::array({sft_datum(text)});
+    std::vector<double> signed_w(n);
+    for (size_t i = 0; i < n; ++i) signed_w[i] = i % 2 ? -0.5 : 1.5;
+    ce_data[0]["loss_fn_inputs"]["weights"]["data"] = signed_w;
+    const json ce = s.call("/api/v1/forward",
+                           {{"model_id", model},
+                            {"seq_id", seq++},
+                            {"forward_input", {{"data", ce_data}, {"loss_fn", "cross_entropy"}}}});
+    {
+        const auto lp = logprobs_of(ce, 0);
+        double want = 0;
+        for (size_t i = 0; i < n; ++i) want += -signed_w[i] * lp[i];
+        expect_loss(ce, want);
+    }
+
+    ASSERT_EQ(asked->size(), 4u);
+    EXPECT_EQ((*asked)[0].first, "importance_sampling");
+    EXPECT_EQ((*asked)[0].second, json({{"loss_agg_mode", "sum"}}));
+    EXPECT_EQ((*asked)[1].first, "policy_loss");
+    EXPECT_EQ((*asked)[1].second.value("loss_agg_mode", ""), "sum");
+    EXPECT_NEAR((*asked)[1].second.value("eps_clip", 0.0), 0.1, 1e-12);
+    EXPECT_NEAR((*asked)[1].second.value("eps_clip_high", 0.0), 0.1, 1e-12);
+    EXPECT_EQ((*asked)[2].first, "cispo");
+    EXPECT_EQ((*asked)[2].second, json({{"loss_agg_mode", "sum"}, {"clip_high", 2.0}}));
+    EXPECT_EQ((*asked)[3].first, "per_token_ce");
+
+    // The plugin's own parameters pass through (xorl clients send them).
+    const json xorl_style = run("cispo", {{"clip_low", 0.5}, {"clip_high", 1.5}});
+    expect_loss(xorl_style, sum(xorl_style, [&](double lp, size_t i) {
+                    return -std::clamp(std::exp(lp - sampled[i]), 0.5, 1.5) * adv[i] * lp;
+                }));
+}
+
+TEST(TrainingServer, WithoutLossPluginsTinkerLossNamesAreRefusedSayingSo) {
+    Srv s(json::object(), rl::host::bridge::LossFactory());
+    const std::string model = s.model(s.session());
+    expect_refused(
+        s.post("/api/v1/forward_backward", fb_body(model, 1, json::array({sft_datum(kText)}))), 400,
+        "forward_backward_input.loss_fn",
+        "Tinker's cross_entropy runs loss plugin 'per_token_ce'): no loss plugins are "
+        "loaded");
 }
 
 // Bodies a hostile client can send: each is a 400 naming the field, and the
@@ -708,6 +846,115 @@ TEST(TrainingServer, SaveStateAndLoadItBack) {
         EXPECT_GT(c["size_bytes"].get<int64_t>(), 10000) << c.dump();
     }
     EXPECT_GE(cks[0]["time"].get<std::string>(), cks[1]["time"].get<std::string>());
+}
+
+// The REST client's get_training_run, which tinker-cookbook asks for the renderer
+// a checkpoint was trained with: the user_metadata given at create_model (or at a
+// create-via-load), the base model and LoRA rank, the newest checkpoints; answered
+// after the model's session is finished too.
+TEST(TrainingServer, TrainingRunsCarryTheirUserMetadataAndLastCheckpoints) {
+    Srv s;
+    auto get = [&](const std::string &id) {
+        return http_request(s.server->url(), "GET",
+                            "/api/v1/training_runs/" + id + "?access_scope=owned", "", s.auth, 60);
+    };
+    const std::string session = s.session();
+    const json created =
+        s.call("/api/v1/create_model", {{"session_id", session},
+                                        {"model_seq_id", 0},
+                                        {"base_model", "tiny"},
+                                        {"lora_config", {{"rank", 4}}},
+                                        {"user_metadata", {{"renderer_name", "qwen3_instruct"}}}});
+    const std::string model = created.value("model_id", "");
+    ASSERT_FALSE(model.empty()) << created.dump();
+    HttpResponse r = get(model);
+    ASSERT_EQ(r.status, 200) << r.body;
+    json run = json::parse(r.body);
+    EXPECT_EQ(run["training_run_id"], model);
+    EXPECT_EQ(run["base_model"], "tiny");
+    EXPECT_EQ(run["model_owner"], session);
+    EXPECT_EQ(run["is_lora"], true);
+    EXPECT_EQ(run["lora_rank"], 4);
+    EXPECT_EQ(run["corrupted"], false);
+    EXPECT_EQ(run["user_metadata"], json({{"renderer_name", "qwen3_instruct"}}));
+    EXPECT_TRUE(run["last_checkpoint"].is_null()) << r.body;
+    EXPECT_TRUE(run["last_sampler_checkpoint"].is_null()) << r.body;
+    const std::regex iso(R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}\+00:00)");
+    EXPECT_TRUE(std::regex_match(run["last_request_time"].get<std::string>(), iso)) << r.body;
+
+    int64_t seq = 1;
+    s.call("/api/v1/forward_backward", fb_body(model, seq++, json::array({sft_datum(kText)})));
+    s.call("/api/v1/optim_step",
+           {{"model_id", model}, {"seq_id", seq++}, {"adam_params", {{"learning_rate", 1e-2}}}});
+    const json saved =
+        s.call("/api/v1/save_weights", {{"model_id", model}, {"seq_id", seq++}, {"path", "a"}});
+    s.call("/api/v1/save_weights", {{"model_id", model}, {"seq_id", seq++}, {"path", "b"}});
+    s.call("/api/v1/save_weights_for_sampler",
+           {{"model_id", model}, {"seq_id", seq++}, {"path", "s"}});
+    ASSERT_EQ(s.post("/api/v1/sessions/" + session + "/finish", json::object()).status, 200);
+    r = get(model); // the run outlives its session
+    ASSERT_EQ(r.status, 200) << r.body;
+    run = json::parse(r.body);
+    EXPECT_EQ(run["last_checkpoint"].value("tinker_path", ""), "tinker://" + model + "/weights/b")
+        << r.body;
+    EXPECT_EQ(run["last_checkpoint"].value("checkpoint_type", ""), "training");
+    EXPECT_EQ(run["last_sampler_checkpoint"].value("tinker_path", ""),
+              "tinker://" + model + "/sampler_weights/s")
+        << r.body;
+    EXPECT_EQ(run["user_metadata"]["renderer_name"], "qwen3_instruct");
+    // A checkpoint folder without run.json (written by an older server): the
+    // run as its newest checkpoint describes it, without user_metadata.
+    fs::remove(fs::path(s.server->config().checkpoint_dir) / model / "run.json");
+    r = get(model);
+    ASSERT_EQ(r.status, 200) << r.body;
+    run = json::parse(r.body);
+    EXPECT_EQ(run["is_lora"], true);
+    EXPECT_EQ(run["lora_rank"], 4);
+    EXPECT_EQ(run["user_metadata"], json::object());
+    EXPECT_EQ(run["last_checkpoint"].value("tinker_path", ""), "tinker://" + model + "/weights/b");
+
+    // Create-via-load (newer SDKs' create_training_client_from_state): the new
+    // run has the load's user_metadata and the checkpoint's LoRA rank.
+    const std::string other = s.session();
+    const json loaded =
+        s.call("/api/v1/load_weights", {{"session_id", other},
+                                        {"model_seq_id", 0},
+                                        {"path", saved["path"]},
+                                        {"optimizer", false},
+                                        {"user_metadata", {{"renderer_name", "role_colon"}}}});
+    ASSERT_FALSE(loaded.contains("error")) << loaded.dump();
+    r = get(loaded.value("model_id", ""));
+    ASSERT_EQ(r.status, 200) << r.body;
+    run = json::parse(r.body);
+    EXPECT_EQ(run["lora_rank"], 4);
+    EXPECT_EQ(run["user_metadata"], json({{"renderer_name", "role_colon"}}));
+    EXPECT_TRUE(run["last_checkpoint"].is_null()) << r.body;
+
+    // Values that are not strings (the SDK types them Any) come back as their
+    // JSON text.
+    const json numbered = s.call(
+        "/api/v1/create_model",
+        {{"session_id", s.session()}, {"model_seq_id", 0}, {"user_metadata", {{"step", 3}}}});
+    r = get(numbered.value("model_id", ""));
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(json::parse(r.body)["user_metadata"], json({{"step", "3"}})) << r.body;
+
+    // A full-weight model without user_metadata.
+    const std::string full = s.model(s.session());
+    r = get(full);
+    ASSERT_EQ(r.status, 200) << r.body;
+    run = json::parse(r.body);
+    EXPECT_EQ(run["is_lora"], false);
+    EXPECT_TRUE(run["lora_rank"].is_null());
+    EXPECT_EQ(run["user_metadata"], json::object());
+
+    expect_refused(get("session-nope:train:0"), 404, "training_run_id", "session-nope:train:0");
+    expect_refused(get(".."), 400, "training_run_id", "'..'");
+    EXPECT_EQ(get(model + "/checkpoints").status, 404);
+    expect_refused(
+        s.post("/api/v1/create_model",
+               {{"session_id", s.session()}, {"model_seq_id", 0}, {"user_metadata", "qwen3"}}),
+        400, "user_metadata", "must be an object");
 }
 
 TEST(TrainingServer, BackPressureApiKeyAndDisconnects) {
@@ -986,7 +1233,7 @@ std::string base64_of_int32(const json &routing) {
 TEST(TrainingServer, XorlRoutedExpertsAreReplayedByTheTrainer) {
     const std::string dir = tiny_dir() + "-moe";
     core::write_tiny_model(dir, 9, core::tiny_moe_spec());
-    Srv s(json::object(), dir);
+    Srv s(json::object(), plugin_losses(), dir);
     const std::string model = s.model(s.session());
     const std::vector<int64_t> ids = {'r', 'o', 'u', 't', 'e', ' ', 'm', 'e'};
     const int64_t T = static_cast<int64_t>(ids.size());

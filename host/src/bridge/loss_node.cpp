@@ -5,6 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
+#include <mutex>
+
 namespace rl::host::bridge {
 
 namespace core = rl::core;
@@ -73,6 +76,32 @@ core::LossFunction loss_node(Instance &inst) {
         return r;
     };
     return f;
+}
+
+LossFactory loss_factory(rl_runtime_t *runtime) {
+    if (runtime == nullptr) return {};
+    // One runtime serves every caller; its registry is entered one call at a time.
+    auto mu = std::make_shared<std::mutex>();
+    return [runtime, mu](const std::string &name, const std::string &params) {
+        rl_instance_t *inst = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(*mu);
+            const rl_status_t st =
+                rl_instance_create(runtime, RL_KIND_LOSS, name.c_str(), params.c_str(), &inst);
+            if (st != RL_OK)
+                throw core::Error(st == RL_ERR_NOT_FOUND ? core::ErrorKind::NotFound
+                                                         : core::ErrorKind::InvalidArgument,
+                                  rl_last_error());
+        }
+        std::shared_ptr<rl_instance_t> owner(inst, [mu](rl_instance_t *i) {
+            std::lock_guard<std::mutex> lock(*mu);
+            rl_instance_destroy(i);
+        });
+        core::LossFunction f = loss_node(capi::checked(inst, RL_KIND_LOSS, "loss plugin"));
+        auto compute = f.compute;
+        f.compute = [owner, compute](const core::LossCall &call) { return compute(call); };
+        return f;
+    };
 }
 
 } // namespace rl::host::bridge

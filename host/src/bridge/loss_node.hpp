@@ -8,11 +8,23 @@
 #include "rl/core/trainer.hpp"
 #include "rl/host/runtime.hpp"
 
+#include <functional>
+#include <string>
+
 namespace rl::host::bridge {
 
 // A trainer loss function that calls `loss` (a loss plugin instance, which
 // must outlive the returned function).
 rl::core::LossFunction loss_node(Instance &loss);
+
+// The loss plugins of `runtime` by name, as trainer loss functions: each call
+// creates one plugin instance with `params_json` as its parameters, destroyed
+// with the returned function. Throws rl::core::Error (NotFound when no plugin
+// has that name, InvalidArgument when the plugin refuses its parameters).
+// `runtime` NULL: an empty function.
+using LossFactory =
+    std::function<rl::core::LossFunction(const std::string &name, const std::string &params_json)>;
+LossFactory loss_factory(rl_runtime_t *runtime);
 
 // A borrowed ABI view of a contiguous CPU tensor (no copy). `t` must outlive
 // the view.

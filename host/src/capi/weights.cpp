@@ -16,6 +16,7 @@
 #include "train_common.hpp"
 #include "rl/core/json.hpp"
 #include "rl/core/tensor_io.hpp"
+#include "rl/core/weight_set.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -239,58 +240,29 @@ RL_API rl_status_t rl_weights_recv(rl_model_t *model, rl_instance_t *transport, 
                                                   : " (unknown tensor '" + extra + "')") +
                                    "; is the sender training another model?")};
             }
-            std::vector<at::Tensor> staged;
-            staged.reserve(weights.size());
-            uint64_t bytes = 0;
-            for (const auto &[name, p] : weights) {
-                auto it = in.tensors.find(name);
-                if (it == in.tensors.end())
-                    throw HostError{RL_ERR_INVALID_ARG,
-                                    fn_msg(fn, "weights version " + std::to_string(version) +
-                                                   " lack tensor '" + name + "'")};
-                const rl::host::OwnedTensor &o = it->second;
-                if (!p.sizes().equals(o.shape))
-                    throw HostError{RL_ERR_INVALID_ARG,
-                                    fn_msg(fn, "tensor '" + name + "' has shape " +
-                                                   json(o.shape).dump() + ", the model's is " +
-                                                   json(p.sizes().vec()).dump())};
-                // One copy, straight into the model's dtype and device.
-                const at::Tensor in_place =
-                    at::from_blob(const_cast<uint8_t *>(o.bytes.data()), o.shape,
-                                  at::TensorOptions().dtype(scalar_type_of(
-                                      o.dtype, fn_msg(fn, "tensor '" + name + "'"))));
-                staged.push_back(in_place.to(p.options(), /*non_blocking=*/false, /*copy=*/true));
+            // Views of the message's bytes; staging copies them into the
+            // model's dtype and device, checked, before anything is replaced.
+            std::vector<std::pair<std::string, at::Tensor>> received;
+            received.reserve(in.tensors.size());
+            for (const auto &[name, o] : in.tensors)
+                received.emplace_back(
+                    name, at::from_blob(const_cast<uint8_t *>(o.bytes.data()), o.shape,
+                                        at::TensorOptions().dtype(scalar_type_of(
+                                            o.dtype, fn_msg(fn, "tensor '" + name + "'")))));
+            rl::core::StagedWeights staged = [&] {
                 try {
-                    rl::core::require_finite(staged.back(), "tensor '" + name + "'");
+                    return rl::core::StagedWeights::stage(lm, std::move(received), true);
                 } catch (const rl::core::Error &e) {
-                    throw HostError{RL_ERR_NUMERIC,
+                    throw HostError{e.kind() == rl::core::ErrorKind::Numeric ? RL_ERR_NUMERIC
+                                                                             : RL_ERR_INVALID_ARG,
                                     fn_msg(fn, "weights version " + std::to_string(version) +
                                                    " refused, the model keeps " + in_use(model) +
                                                    ": " + e.what())};
                 }
-                bytes += o.bytes.size();
-            }
-            // Swap: every parameter at once; undo on any failure.
-            std::vector<at::Tensor> previous;
-            previous.reserve(weights.size());
-            {
-                at::NoGradGuard no_grad;
-                try {
-                    for (size_t i = 0; i < weights.size(); ++i) {
-                        at::Tensor p = weights[i].second;
-                        previous.push_back(p.data());
-                        p.set_data(staged[i]);
-                    }
-                } catch (...) {
-                    for (size_t i = 0; i < previous.size(); ++i) {
-                        at::Tensor p = weights[i].second;
-                        p.set_data(previous[i]);
-                    }
-                    throw;
-                }
-            }
+            }();
+            const uint64_t bytes = staged.bytes();
+            staged.swap_into(policy, version);
             model->synced_version = version;
-            policy.set_version(version);
             CallSink sink;
             sink.metrics["sync/bytes"] = static_cast<double>(bytes);
             sink.metrics["sync/seconds"] = seconds_since(t0);

@@ -189,6 +189,9 @@ enum class AggMode { TokenMean, SeqMeanTokenSum, SeqMeanTokenMean, SeqMeanTokenS
 struct Aggregation {
     AggMode mode = AggMode::TokenMean;
     int64_t max_seq_len = 0; // seq-mean-token-sum-norm only
+    // Accept negative per-token "weights" (cross-entropy: a negative weight
+    // pushes a token's logprob down, as Tinker's custom losses send it).
+    bool signed_weights = false;
 
     static const std::vector<std::string> &names() {
         static const std::vector<std::string> n = {"token-mean", "seq-mean-token-sum",
@@ -219,7 +222,7 @@ struct Aggregation {
     }
 
     // w_t with L = sum_t w_t * l_t; zero on tokens that are not loss tokens.
-    // The optional per-token input "weights" (>= 0, every loss of the toolkit
+    // The optional per-token input "weights" (>= 0 unless signed_weights; every loss of the toolkit
     // accepts it) multiplies each token's weight: it scales the whole per-token
     // loss and leaves the normalizers alone.
     std::vector<double> weights(const Data &d) const {
@@ -248,7 +251,7 @@ struct Aggregation {
                     break;
             }
             if (user) {
-                if ((*user)[t] < 0)
+                if ((*user)[t] < 0 && !signed_weights)
                     invalid("input 'weights' must be >= 0, got " + num((*user)[t]) + " at token " +
                             std::to_string(t));
                 w[t] *= (*user)[t];
@@ -593,6 +596,7 @@ public:
     CrossEntropyLoss(Params &p, bool per_token_outputs) : per_token_(per_token_outputs) {
         ignore_index_ = p.integer("ignore_index", -100);
         agg_ = Aggregation::read(p);
+        agg_.signed_weights = true;
         z_.read(p);
     }
 
