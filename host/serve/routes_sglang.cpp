@@ -3,6 +3,7 @@
 // equivalents (/pause, /resume, /is_paused, /sleep, /wake_up, /is_sleeping)
 // where they are the same operation. Shapes follow protocols.md part D.
 #include "api.hpp"
+#include "routed_experts_wire.hpp"
 
 #include "rl/core/error.hpp"
 #include "rl/core/model.hpp"
@@ -31,6 +32,7 @@ struct Item {
     int64_t logprob_start_len = -1;
     bool text_in_logprobs = false;
     bool no_stop_trim = false;
+    bool routed_experts = false; ///< return_routed_experts (R3)
     std::string rid;
     std::vector<float> input_logprobs; ///< prompt positions logprob_start_len.. (0: none)
 };
@@ -196,6 +198,10 @@ json generate_output(Server &server, const Item &item, const SampleSpec &spec,
             meta["input_token_logprobs"] = std::move(in);
         }
     }
+    if (item.routed_experts && finished && o.result.routed_layers > 0)
+        put_routed_experts(meta, o.result.routed_experts,
+                           static_cast<int64_t>(spec.prompt.size() + ids.size()),
+                           o.result.routed_layers, o.result.routed_k);
     return {{"text", text}, {"output_ids", ids}, {"meta_info", std::move(meta)}};
 }
 
@@ -210,7 +216,6 @@ void generate(Server &server, const Request &req, Responder &r) {
         refuse(f.has("text") ? "input_ids" : "text", "give exactly one of text and input_ids");
     f.string("model"); // one model is served; the name is not checked here
     if (f.has("lora_path")) refuse("lora_path", "LoRA adapters are not supported");
-    f.must_be_false("return_routed_experts", "the model has no experts");
     f.must_be_false("return_hidden_states", "hidden states are not returned");
     const bool stream = f.boolean("stream").value_or(false);
 
@@ -271,6 +276,19 @@ void generate(Server &server, const Request &req, Responder &r) {
                 .value_or(-1);
         it.text_in_logprobs =
             field("return_text_in_logprobs").boolean("return_text_in_logprobs").value_or(false);
+        it.routed_experts =
+            field("return_routed_experts").boolean("return_routed_experts").value_or(false);
+        if (it.routed_experts) {
+            if (!server.policy().model().config().has_moe())
+                refuse("return_routed_experts",
+                       "return_routed_experts: the model has no sparse mixture-of-experts "
+                       "layer to record routings of");
+            if (it.params.max_tokens == 0)
+                refuse("return_routed_experts",
+                       "return_routed_experts needs sampling (max_new_tokens > 0); scoring a "
+                       "prompt records no routing");
+            it.params.return_routed_experts = true;
+        }
         if (auto v = field("rid").string("rid"))
             it.rid = *v;
         else

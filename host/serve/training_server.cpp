@@ -1,6 +1,7 @@
 #include "training_server.hpp"
 
 #include "api.hpp"
+#include "routed_experts_wire.hpp"
 #include "tinker_losses.hpp"
 #include "tinker_wire.hpp"
 
@@ -1131,6 +1132,7 @@ const std::set<std::string> kTinkerInputs{"target_tokens", "weights", "logprobs"
 
 void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bool forward_route) {
     tinker::ForwardBackwardRequest fb;
+    json body; // a JSON request's body (xorl's routed_experts ride in it)
     const std::string ctype = req.header("content-type");
     if (ctype.find("application/x-protobuf") != std::string::npos) {
         const std::string enc = req.header("content-encoding");
@@ -1143,7 +1145,8 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
         fb = tinker::forward_backward_from_proto(req.body);
         if (forward_route) fb.forward_only = true;
     } else {
-        fb = tinker::forward_backward_from_json(json_body(req), forward_route);
+        body = json_body(req);
+        fb = tinker::forward_backward_from_json(body, forward_route);
     }
     if (fb.model_id.empty()) throw ApiError(400, "model_id is required", "model_id");
     if (fb.data.empty())
@@ -1333,6 +1336,17 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
     for (auto &[name, vec] : per_token) {
         vec.resize(static_cast<size_t>(T), fill_value(name));
         pb->batch.tensors[name] = at::tensor(vec, at::kDouble);
+    }
+    // Routing replay (R3): xorl's routed_experts, one routing per datum.
+    if (!body.is_null()) {
+        const core::ModelConfig &mc = base->model().config();
+        int64_t layers = 0;
+        for (int64_t l = 0; l < mc.num_hidden_layers; ++l) layers += mc.is_moe_layer(l) ? 1 : 0;
+        const int64_t k = mc.num_experts_per_tok;
+        std::vector<int32_t> routes = request_routed_experts(body, in, cu, layers, k);
+        if (!routes.empty())
+            pb->batch.tensors["routed_experts"] =
+                at::tensor(routes, at::kInt).view({T, layers, k}).clone();
     }
     if (plugin && pb->batch.tensors.count("loss_mask")) {
         const at::Tensor &mk = pb->batch.tensors["loss_mask"];

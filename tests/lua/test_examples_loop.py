@@ -3,7 +3,8 @@
 - online evaluation (eval.every): ppo, distill, agent and the disaggregated
   trainer log eval/* on exactly the steps that are multiples of eval.every;
 - the GRPO example on the MoE preset logs the router's aux loss and the
-  experts' load ratios;
+  experts' load ratios, and trains with routing replay (moe.routing_replay);
+  a dense model refuses that option;
 - the disaggregated trainer's frozen reference (ref.model): every trained
   batch gets ref_logprobs, ref_kl is 0 on the first step (the batch of the
   initial weights, scored by the initial weights) and above 0 once the policy
@@ -82,6 +83,27 @@ class ExampleLoops(unittest.TestCase):
             self.assertGreaterEqual(r["moe/max_load_ratio"], 1.0)
             self.assertLessEqual(r["moe/min_load_ratio"], 1.0)
             self.assertIn("moe/max_load_ratio/layer_0", r)
+
+    def test_grpo_replays_the_rollouts_routing_on_the_moe_preset(self):
+        # moe.routing_replay: rollouts record their routing, the batches carry
+        # it (routed_experts) and the trainer replays it.
+        recs = self.run_example("examples/grpo.lua", "examples/grpo.yaml", "moe_r3",
+                                ["model.preset=tiny-moe", f"model.init_dir={self.tmp.name}/moe",
+                                 "moe.routing_replay=true", "sft.steps=0", "run.steps=2",
+                                 "buffer.min_rollouts=8"])
+        trained = [r for r in recs if "grad_norm" in r]
+        self.assertTrue(trained, recs)
+        for r in trained:
+            self.assertGreater(r["moe/aux_loss"], 0.0)
+        # A dense model refuses it, naming the option.
+        args = [RLHOST, "run", "examples/grpo.lua", "--config", "examples/grpo.yaml",
+                "--set", "run.progress=lines", "--set", "run.tensorboard=false",
+                "--set", "run.name=dense_r3", "--set", f"run.dir={self.tmp.name}/runs",
+                "--set", f"model.init_dir={self.tmp.name}/tiny", "--set", "sft.steps=0",
+                "--set", "moe.routing_replay=true"]
+        p = subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=600)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("return_routed_experts", p.stdout + p.stderr)
 
     def test_disaggregated_trainer_scores_a_reference_and_evaluates(self):
         recs = self.run_example(

@@ -3,6 +3,7 @@
 // against a token-by-token reference, cached decoding, the router losses, the
 // tiny-moe preset training and generating, and what is refused.
 #include "../platform/platform_util.hpp"
+#include "flip_router.hpp"
 
 #include "rl/core/config.hpp"
 #include "rl/core/engine.hpp"
@@ -22,6 +23,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <future>
 #include <limits>
 #include <map>
 #include <string>
@@ -30,6 +32,7 @@
 using namespace rl::core;
 using Json = nlohmann::json;
 using test::error_of;
+using test::flip_some_in_the_last_layer;
 using test::nll_loss;
 using test::TempDir;
 
@@ -589,55 +592,6 @@ at::Tensor logprobs_of(Trainer &t, const TrainBatch &batch) {
     return t.forward(batch, nullptr).tensors.at("logprobs").to(at::kDouble);
 }
 
-// Moves the last layer's router of `m` so that expert e enters the top-k of a
-// few tokens of the routing `recorded` [T, L_moe, K] (router logits `logits`
-// [T, L_moe, E]) while the logits of the tokens that already route to e stay
-// put: row e gains alpha * v^T W (v in the null space of those tokens'
-// logits), which changes the logit of e at token t by alpha * (logits_t . v).
-// With norm_topk_prob the other tokens' weights at their recorded experts stay
-// exact. False when no such move exists.
-bool flip_some_in_the_last_layer(CausalLM &m, const at::Tensor &recorded, const at::Tensor &logits,
-                                 const at::Tensor &targets = at::Tensor()) {
-    const int64_t K = m.config().num_experts_per_tok, E = m.config().num_experts;
-    const int64_t last = recorded.size(1) - 1;
-    const at::Tensor used = recorded.select(1, last); // [T, K]
-    const at::Tensor lg = logits.select(1, last);     // [T, E]
-    const at::Tensor counts = at::bincount(used.reshape({-1}), {}, E);
-    const int64_t e = counts.argmin().item<int64_t>();
-    const at::Tensor uses_e = used.eq(e).any(1);
-    if (uses_e.sum().item<int64_t>() >= E - 1) return false;
-    at::Tensor v;
-    if (uses_e.any().item<bool>()) {
-        const at::Tensor vh = std::get<2>(at::linalg_svd(lg.index({uses_e}), true));
-        v = vh[E - 1]; // orthogonal to the rows of those tokens
-    } else {
-        v = at::randn({E}, at::kDouble);
-    }
-    const at::Tensor shift = at::mv(lg, v); // logit change of e per unit alpha
-    // The alpha at which each other token's logit of e reaches its k-th best.
-    const at::Tensor kth = std::get<0>(at::topk(lg, K, -1)).select(1, K - 1);
-    at::Tensor need = (kth - lg.select(1, e)) / shift;
-    need = at::where(uses_e.logical_not() & need.gt(0), need,
-                     at::full_like(need, std::numeric_limits<double>::infinity()));
-    // alpha past the first target token's (all tokens when no targets), short
-    // of the next token's: a few tokens flip, most keep their routing.
-    const at::Tensor first =
-        (targets.defined() ? at::where(targets, need, at::full_like(need, INFINITY)) : need).min();
-    if (!std::isfinite(first.item<double>())) return false;
-    const at::Tensor later = at::where(need.gt(first), need, at::full_like(need, INFINITY)).min();
-    const double alpha = std::isfinite(later.item<double>())
-                             ? 0.5 * (first.item<double>() + later.item<double>())
-                             : 1.5 * first.item<double>();
-    {
-        at::NoGradGuard g;
-        at::Tensor w = m.model->layers[static_cast<size_t>(m.config().num_hidden_layers - 1)]
-                           ->moe->gate->weight;
-        w[e].add_((alpha * at::mv(w.to(at::kDouble).t(), v)).to(w.scalar_type()));
-    }
-
-    return true;
-}
-
 } // namespace
 
 TEST(MoeReplay, ReplayedRoutingKeepsTheRecordedLogprobsWhenTheRouterFlipsSomeTokens) {
@@ -851,6 +805,50 @@ TEST(MoeReplay, EngineRecordsTheRoutingThatGivesItsLogprobsBackAfterARouterChang
     }
 }
 
+TEST(MoeReplay, TheServingSchedulerRecordsTheRoutingsEngineGenerateRecords) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 13, small_moe_spec());
+    auto policy = Policy::load(tmp / "m");
+    const int64_t L = 2, K = policy->model().config().num_experts_per_tok;
+    SamplingParams sp;
+    sp.temperature = 1.0;
+    sp.max_tokens = 7;
+    sp.seed = 3;
+    sp.stop_token_ids = std::vector<int64_t>{};
+    sp.return_routed_experts = true;
+    const std::vector<std::vector<int64_t>> prompts{{'r', 'o', 'u', 't', 'e'}, {'x', 'y'}};
+    Scheduler scheduler(policy);
+    std::vector<std::promise<RequestResult>> done(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) { // both run in the same steps
+        ServeRequest request;
+        request.prompt = prompts[i];
+        request.params = sp;
+        request.on_done = [&done, i](RequestResult r) { done[i].set_value(std::move(r)); };
+        scheduler.submit(std::move(request));
+    }
+    Engine engine(policy);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const RequestResult r = done[i].get_future().get();
+        const Generation g = engine.generate({prompts[i]}, sp);
+        ASSERT_EQ(r.tokens, g.token_ids) << "prompt " << i;
+        EXPECT_EQ(r.routed_layers, L);
+        EXPECT_EQ(r.routed_k, K);
+        ASSERT_EQ(r.routed_experts.size(), (prompts[i].size() + r.tokens.size()) * L * K);
+        EXPECT_EQ(std::vector<int64_t>(r.routed_experts.begin(), r.routed_experts.end()),
+                  g.routed_experts)
+            << "prompt " << i;
+    }
+    // Not asked: nothing recorded.
+    std::promise<RequestResult> plain;
+    ServeRequest request;
+    request.prompt = prompts[0];
+    request.params = sp;
+    request.params.return_routed_experts = false;
+    request.on_done = [&plain](RequestResult r) { plain.set_value(std::move(r)); };
+    scheduler.submit(std::move(request));
+    EXPECT_TRUE(plain.get_future().get().routed_experts.empty());
+}
+
 TEST(MoeReplay, RecordingRoutingsIsRefusedWhereItIsNotSupported) {
     TempDir tmp;
     write_tiny_model(tmp / "d", 12, test::small_tiny_spec(2));
@@ -862,7 +860,15 @@ TEST(MoeReplay, RecordingRoutingsIsRefusedWhereItIsNotSupported) {
                   dense.generate({{'a', 'b'}}, sp);
               }).find("generate: return_routed_experts: the model has no sparse MoE layer"),
               std::string::npos);
-    // Episodes and the serving scheduler do not record routings yet.
+    Scheduler dense_scheduler(Policy::load(tmp / "d"));
+    ServeRequest dense_request;
+    dense_request.prompt = {'a', 'b'};
+    dense_request.params = sp;
+    EXPECT_NE(error_of([&] {
+                  dense_scheduler.submit(dense_request);
+              }).find("return_routed_experts: the model has no sparse MoE layer"),
+              std::string::npos);
+    // Episodes do not record routings yet.
     write_tiny_model(tmp / "m", 12, small_moe_spec());
     auto moe = Policy::load(tmp / "m");
     Engine engine(moe);
@@ -871,14 +877,6 @@ TEST(MoeReplay, RecordingRoutingsIsRefusedWhereItIsNotSupported) {
                       return TurnReply{true, {}, {}};
                   });
               }).find("return_routed_experts is supported by generate only"),
-              std::string::npos);
-    Scheduler scheduler(moe);
-    ServeRequest request;
-    request.prompt = {'a', 'b'};
-    request.params = sp;
-    EXPECT_NE(error_of([&] {
-                  scheduler.submit(request);
-              }).find("return_routed_experts is not supported by the serving scheduler"),
               std::string::npos);
     EXPECT_TRUE(
         SamplingParams::from_json(R"({"return_routed_experts": true})").return_routed_experts);

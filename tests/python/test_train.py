@@ -224,6 +224,45 @@ class TrainTest(unittest.TestCase):
             self.assertEqual(engine.sync_weights(buffer), opt.scalars["policy_version"])
             self.assertEqual(buffer.stats().scalars["policy_version"], opt.scalars["policy_version"])
 
+    def test_moe_rollouts_carry_their_routing_into_the_batch(self):
+        # R3: sampling.return_routed_experts on the tiny-moe preset.
+        with tempfile.TemporaryDirectory(prefix="rl-py-moe-") as tmp:
+            rl.init_model("tiny-moe", os.path.join(tmp, "moe"), 3)
+            env = self.rt.create("env", "reverse_text")
+            tasks = env.sample(2, 5)
+            with rl.Model(os.path.join(tmp, "moe"), {"threads": 1}) as model, \
+                    model.engine() as engine, model.trainer({"seed": 1}) as trainer:
+                with engine.rollouts(tasks, group_offset=0, sampling={
+                        "n": 2, "max_tokens": 5, "seed": 4, "return_routed_experts": True}) as ro:
+                    routes = ro.routed_experts()
+                    info = ro.info()
+                    self.assertEqual(len(routes), 4)
+                    cu = info.tensors["routed_cu_seqlens"]
+                    L, K = int(info.scalars["routed_layers"]), int(info.scalars["routed_k"])
+                    with open(os.path.join(tmp, "moe", "config.json")) as f:
+                        self.assertEqual(L, json.load(f)["num_hidden_layers"])
+                    flat = []
+                    for i, r in enumerate(routes):
+                        self.assertEqual(len(r), cu[i + 1] - cu[i])
+                        self.assertEqual({len(row) for row in r}, {L})
+                        self.assertEqual({len(layer) for row in r for layer in row}, {K})
+                        self.assertEqual(r[-1], [[-1] * K] * L)  # never read
+                        self.assertTrue(all(0 <= e < 8 for row in r[:-1] for layer in row
+                                            for e in layer))
+                        flat += [e for row in r for layer in row for e in layer]
+                    self.assertEqual(info.tensors["routed_experts"], flat)
+                    ro.set_rewards([1.0, 0.0, 0.0, 1.0])
+                    with ro.to_batch() as batch:
+                        b = batch.info()
+                        self.assertEqual(b.tensors["routed_experts"], flat)
+                        self.assertEqual(len(flat), b.scalars["tokens"] * L * K)
+                        out = trainer.forward(batch)  # replays the routing
+                        self.assertEqual(len(out.tensors["logprobs"]), b.scalars["tokens"])
+        with self.model.engine() as engine:
+            with self.assertRaises(rl.Error) as cm:
+                engine.rollouts([{"prompt": "ab"}], sampling={"return_routed_experts": True})
+            self.assertIn("return_routed_experts", str(cm.exception))
+
     def test_multi_turn_episodes_and_env_steps(self):
         env = self.rt.create("env", "guess_number", {"lo": 1, "hi": 8, "max_guesses": 3})
         self.assertTrue(env.multi_turn())

@@ -150,6 +150,45 @@ class InferenceSync(unittest.TestCase):
         self.assertEqual(info["weight_version"], str(3 + trained))
 
 
+class RemoteRoutings(unittest.TestCase):
+    """R3 from a server: rollouts of rl_inference_client_rollouts with
+    sampling.return_routed_experts carry the routing `rlhost serve` returned
+    (meta_info routed_experts), equal to the co-located engine's for the same
+    seed; the batch packs it."""
+
+    def test_server_rollouts_carry_the_routing_the_engine_records(self):
+        tmp = tempfile.mkdtemp(prefix="rl-serve-r3-")
+        try:
+            model_dir = os.path.join(tmp, "moe")
+            rl.init_model("tiny-moe", model_dir, 5)
+            server = ServerProcess(model_dir, os.path.join(tmp, "server.log"))
+            tasks = [{"prompt": "ab"}, {"prompt": "moe"}]
+            opts = {"sampling": {"n": 2, "max_tokens": 5, "seed": 9, "temperature": 1.0,
+                                 "return_routed_experts": True}}
+            try:
+                with rl.InferenceClient(server.url) as client, rl.Model(model_dir) as model:
+                    with client.rollouts(model, tasks, opts) as remote, \
+                            model.engine() as engine:
+                        got = remote.routed_experts()
+                        self.assertEqual(len(got), 4)
+                        # The server samples each prompt as the engine samples
+                        # a call of that prompt alone (its own seed stream).
+                        for p, task in enumerate(tasks):
+                            with engine.rollouts([task], sampling=opts["sampling"]) as local:
+                                want = json.loads(local.info().texts["completions"])
+                                have = json.loads(remote.info().texts["completions"])
+                                self.assertEqual(have[2 * p:2 * p + 2], want)
+                                self.assertEqual(got[2 * p:2 * p + 2], local.routed_experts())
+                        remote.set_rewards([1.0, 0.0, 1.0, 0.0])
+                        with remote.to_batch() as batch:
+                            flat = [e for r in got for row in r for layer in row for e in layer]
+                            self.assertEqual(batch.info().tensors["routed_experts"], flat)
+            finally:
+                self.assertEqual(server.stop(), 0)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class StopSignal(unittest.TestCase):
     """A request that nothing can interrupt must not keep a stopped server alive."""
 

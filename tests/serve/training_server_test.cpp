@@ -7,6 +7,8 @@
 #include "serve/training_server.hpp"
 
 #include "rl/core/lora.hpp"
+#include "rl/core/model.hpp"
+#include "rl/core/moe.hpp"
 #include "rl/core/policy.hpp"
 #include "rl/core/tiny.hpp"
 #include "rl/core/trainer.hpp"
@@ -19,6 +21,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -75,10 +78,11 @@ struct Srv {
     rl::serve::Headers auth;
 
     explicit Srv(json options = json::object(),
-                 rl::host::bridge::LossFactory losses = plugin_losses())
-        : base(core::Policy::load(tiny_dir())) {
+                 rl::host::bridge::LossFactory losses = plugin_losses(),
+                 const std::string &dir = tiny_dir())
+        : base(core::Policy::load(dir)) {
         options["port"] = 0;
-        options["model_path"] = tiny_dir();
+        options["model_path"] = dir;
         options["base_model"] = "tiny";
         options["poll_timeout_s"] = options.value("poll_timeout_s", 5.0);
         if (!options.contains("checkpoint_dir"))
@@ -1170,3 +1174,148 @@ TEST(TrainingServer, XorlDialectAliases) {
 }
 
 } // namespace
+
+namespace {
+
+// The routing the model chooses for `ids` (one sequence): [T][L][K] expert ids.
+json own_routing(core::Policy &policy, const std::vector<int64_t> &ids) {
+    at::NoGradGuard ng;
+    core::RouterLogitsRecorder rec;
+    core::PackedBatch pb;
+    pb.input_ids = at::tensor(ids, at::kLong);
+    pb.cu_seqlens =
+        at::tensor(std::vector<int64_t>{0, static_cast<int64_t>(ids.size())}, at::kLong);
+    policy.model().logits(pb);
+    const at::Tensor r =
+        core::routed_experts_of(rec.logits(), policy.model().config().num_experts_per_tok);
+    json out = json::array();
+    for (int64_t t = 0; t < r.size(0); ++t) {
+        json layers = json::array();
+        for (int64_t l = 0; l < r.size(1); ++l) {
+            json ks = json::array();
+            for (int64_t k = 0; k < r.size(2); ++k) ks.push_back(r[t][l][k].item<int64_t>());
+            layers.push_back(ks);
+        }
+        out.push_back(layers);
+    }
+    return out;
+}
+
+std::string base64_of_int32(const json &routing) {
+    std::vector<uint8_t> bytes;
+    for (const auto &layers : routing)
+        for (const auto &ks : layers)
+            for (const auto &id : ks) {
+                const uint32_t u = static_cast<uint32_t>(id.get<int32_t>());
+                for (int b = 0; b < 4; ++b) bytes.push_back((u >> (8 * b)) & 0xFF);
+            }
+    const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string s;
+    for (size_t i = 0; i < bytes.size(); i += 3) {
+        const uint32_t w = static_cast<uint32_t>(bytes[i]) << 16 |
+                           (i + 1 < bytes.size() ? static_cast<uint32_t>(bytes[i + 1]) << 8 : 0) |
+                           (i + 2 < bytes.size() ? bytes[i + 2] : 0);
+        s += a[(w >> 18) & 63];
+        s += a[(w >> 12) & 63];
+        s += i + 1 < bytes.size() ? a[(w >> 6) & 63] : '=';
+        s += i + 2 < bytes.size() ? a[w & 63] : '=';
+    }
+    return s;
+}
+
+} // namespace
+
+// xorl's R3: forward_backward_input.routed_experts, one routing per datum (a
+// nested list, {data: base64 int32, shape} or the SGLang rows without the
+// last token), reaches the trainer: the model's own routing gives the
+// logprobs of routing itself, another routing changes them; bad ones, logits
+// and a dense model are refused naming the field.
+TEST(TrainingServer, XorlRoutedExpertsAreReplayedByTheTrainer) {
+    const std::string dir = tiny_dir() + "-moe";
+    core::write_tiny_model(dir, 9, core::tiny_moe_spec());
+    Srv s(json::object(), plugin_losses(), dir);
+    const std::string model = s.model(s.session());
+    const std::vector<int64_t> ids = {'r', 'o', 'u', 't', 'e', ' ', 'm', 'e'};
+    const int64_t T = static_cast<int64_t>(ids.size());
+    const json xdatum = {{"model_input", {{"input_ids", ids}}},
+                         {"loss_fn_inputs", {{"labels", ids}}}};
+    const int64_t E = s.base->model().config().num_experts;
+    auto forward = [&](const json &routes, int seq) {
+        json in = {{"data", json::array({xdatum})}, {"loss_fn", "cross_entropy"}};
+        if (!routes.is_null()) in["routed_experts"] = routes;
+        return s.post("/api/v1/forward",
+                      {{"model_id", model}, {"seq_id", seq}, {"forward_input", in}});
+    };
+    auto logprobs = [&](const json &routes, int seq) {
+        const HttpResponse r = forward(routes, seq);
+        EXPECT_EQ(r.status, 200) << r.body;
+        const json res = s.result(json::parse(r.body).value("request_id", ""));
+        return res["loss_fn_outputs"][0]["logprobs"]["data"].get<std::vector<double>>();
+    };
+    const json own = own_routing(*s.base, ids);
+    ASSERT_EQ(own.size(), static_cast<size_t>(T));
+    const std::vector<double> self = logprobs(nullptr, 1);
+    const std::vector<double> replayed = logprobs(json::array({own}), 2);
+    ASSERT_EQ(replayed.size(), self.size());
+    for (size_t i = 0; i < self.size(); ++i) EXPECT_NEAR(replayed[i], self[i], 1e-5) << i;
+    // SGLang's rows (the last token never forwarded) as {data, shape}: the same.
+    json sglang = own;
+    sglang.erase(sglang.size() - 1);
+    const json packed = {{"data", base64_of_int32(sglang)},
+                         {"shape", {T - 1, own[0].size(), own[0][0].size()}},
+                         {"dtype", "int32"}};
+    const std::vector<double> from_b64 = logprobs(json::array({packed}), 3);
+    for (size_t i = 0; i + 1 < self.size(); ++i) EXPECT_NEAR(from_b64[i], self[i], 1e-5) << i;
+    // Another routing in the last layer: other experts, other logprobs.
+    json other = own;
+    for (auto &layers : other) {
+        json &last = layers[layers.size() - 1];
+        std::vector<int64_t> mine = last.get<std::vector<int64_t>>(), pick;
+        for (int64_t e = 0; e < E && pick.size() < mine.size(); ++e)
+            if (std::find(mine.begin(), mine.end(), e) == mine.end()) pick.push_back(e);
+        last = pick;
+    }
+    const std::vector<double> moved = logprobs(json::array({other}), 4);
+    double diff = 0;
+    for (size_t i = 1; i < self.size(); ++i) diff = std::max(diff, std::abs(moved[i] - self[i]));
+    EXPECT_GT(diff, 1e-3);
+
+    // Refusals name the field.
+    json short_one = own;
+    short_one.erase(0);
+    short_one.erase(0);
+    expect_refused(forward(json::array({short_one}), 5), 400, "forward_input.routed_experts[0]",
+                   "must be [8, ");
+    expect_refused(forward(json::array({own, own}), 5), 400, "forward_input.routed_experts",
+                   "one routing per datum (1)");
+    json bad_id = own;
+    bad_id[3][1][0] = E;
+    // An id out of range fails the call in its future, naming token and layer.
+    const HttpResponse oor = forward(json::array({bad_id}), 5);
+    ASSERT_EQ(oor.status, 200) << oor.body;
+    const json failed = s.result(json::parse(oor.body).value("request_id", ""));
+    EXPECT_NE(failed.dump().find("at token 3, sparse layer 1 (decoder layer 1): expert id 8 is "
+                                 "outside [0, 8)"),
+              std::string::npos)
+        << failed.dump();
+    {
+        json in = {{"data", json::array({xdatum})},
+                   {"loss_fn", "cross_entropy"},
+                   {"routed_experts", json::array({own})},
+                   {"routed_expert_logits", json::array({own})}};
+        expect_refused(
+            s.post("/api/v1/forward", {{"model_id", model}, {"seq_id", 5}, {"forward_input", in}}),
+            400, "forward_input.routed_expert_logits", "not supported");
+    }
+    // A dense model has nothing to replay.
+    Srv dense;
+    const std::string dm = dense.model(dense.session());
+    json in = {{"data", json::array({xdatum})},
+               {"loss_fn", "cross_entropy"},
+               {"routed_experts", json::array({own})}};
+    expect_refused(
+        dense.post("/api/v1/forward", {{"model_id", dm}, {"seq_id", 1}, {"forward_input", in}}),
+        400, "forward_input.routed_experts", "no sparse MoE layer");
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+}

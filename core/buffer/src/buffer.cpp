@@ -180,6 +180,15 @@ void RolloutBuffer::validate_rollout(const Rollout &r, const char *where) const 
             bad(at + "extra '" + kv.first + "' has " + std::to_string(kv.second.size()) +
                 " entries, token_ids " + std::to_string(n));
     }
+    if (!r.routed_experts.empty() || r.routed_layers != 0 || r.routed_k != 0) {
+        if (r.routed_layers < 1 || r.routed_k < 1)
+            bad(at + "routed_experts needs routed_layers and routed_k >= 1, got " +
+                std::to_string(r.routed_layers) + " and " + std::to_string(r.routed_k));
+        const size_t want = n * static_cast<size_t>(r.routed_layers * r.routed_k);
+        if (r.routed_experts.size() != want)
+            bad(at + "routed_experts has " + std::to_string(r.routed_experts.size()) +
+                " ids, token_ids x routed_layers x routed_k = " + std::to_string(want));
+    }
     if (!std::isfinite(r.reward)) bad(at + "reward is not finite");
     if (r.policy_version < 0)
         bad(at + "policy_version must be >= 0, got " + std::to_string(r.policy_version));
@@ -456,6 +465,9 @@ json rollout_state(const Rollout &r) {
               {"extras", r.extras},        {"task", r.task},
               {"completion", r.completion}};
     if (r.sampling_temperature) j["sampling_temperature"] = *r.sampling_temperature;
+    if (!r.routed_experts.empty())
+        j["routed_experts"] = {
+            {"layers", r.routed_layers}, {"k", r.routed_k}, {"ids", r.routed_experts}};
     return j;
 }
 
@@ -500,6 +512,12 @@ Rollout rollout_from_state(const json &j, const std::string &where) {
     r.completion = f.get<std::string>("completion");
     if (j.contains("sampling_temperature"))
         r.sampling_temperature = f.get<double>("sampling_temperature");
+    if (j.contains("routed_experts")) {
+        const StateReader g{f.at("routed_experts"), where + ".routed_experts"};
+        r.routed_layers = g.get<int64_t>("layers");
+        r.routed_k = g.get<int64_t>("k");
+        r.routed_experts = g.get<std::vector<int32_t>>("ids");
+    }
     return r;
 }
 

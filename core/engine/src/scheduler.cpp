@@ -5,6 +5,7 @@
 #include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/kv_cache.hpp"
+#include "rl/core/moe.hpp"
 #include "rl/core/names.hpp"
 
 #include <ATen/ATen.h>
@@ -67,6 +68,10 @@ struct Scheduler::Impl {
         std::unique_ptr<detail::TextTracker> text;
         bool stale = true; // the cache slot does not hold prompt + tokens[..-1]
         int64_t first_version = -1, last_version = -1;
+        // return_routed_experts: the routing of every token read so far,
+        // [prompt + tokens read, L_moe, K] flattened.
+        std::vector<int32_t> routed;
+        int64_t routed_layers = 0, routed_k = 0;
     };
     using Finished = std::pair<std::unique_ptr<Request>, RequestResult>;
 
@@ -158,6 +163,15 @@ struct Scheduler::Impl {
         res.prompt_tokens = static_cast<int64_t>(r.req.prompt.size());
         res.first_version = r.first_version;
         res.last_version = r.last_version;
+        if (r.req.params.return_routed_experts) {
+            // Tokens never read (the last sampled one) route themselves: -1.
+            res.routed_layers = r.routed_layers;
+            res.routed_k = r.routed_k;
+            const size_t want = (r.req.prompt.size() + res.tokens.size()) *
+                                static_cast<size_t>(res.routed_layers * res.routed_k);
+            res.routed_experts = std::move(r.routed);
+            res.routed_experts.resize(want, -1);
+        }
         return res;
     }
 
@@ -283,8 +297,12 @@ struct Scheduler::Impl {
         }
         if (reqs.empty()) return;
         int64_t needed = 0;
+        std::vector<uint8_t> refilled(reqs.size(), 0); // prefilled from the prompt this step
+        bool record = false;                           // some request records its routing (R3)
         for (size_t i = 0; i < reqs.size(); ++i) {
             Request &r = *reqs[i];
+            record = record || r.req.params.return_routed_experts;
+            refilled[i] = r.stale ? 1 : 0;
             if (r.stale) {
                 cache.clear(slot_ids[i]);
                 packed.insert(packed.end(), r.req.prompt.begin(), r.req.prompt.end());
@@ -304,7 +322,13 @@ struct Scheduler::Impl {
                 cache.reserve(std::min(max_context, std::max(needed, 2 * cache.capacity())));
             at::Tensor tokens = at::empty({static_cast<int64_t>(packed.size())}, at::kLong);
             std::copy(packed.begin(), packed.end(), tokens.data_ptr<int64_t>());
+            std::optional<RouterLogitsRecorder> recorder;
+            if (record) recorder.emplace();
             logits = policy->model().extend(cache, slot_ids, tokens, counts);
+            if (record) {
+                keep_routing(reqs, counts, refilled, recorder->logits());
+                recorder.reset();
+            }
             cache_bytes = cache.bytes();
             sample(reqs, slot_ids, logits, step_version, done);
         } catch (const std::exception &e) {
@@ -321,6 +345,30 @@ struct Scheduler::Impl {
                 done.emplace_back(std::move(slot), std::move(res));
                 slot.reset();
             }
+        }
+    }
+
+    // Routing replay (R3): each recording request's rows of the step's
+    // forward (the routing of the tokens it read), appended, or replacing
+    // what it had when it was prefilled again from its prompt.
+    static void keep_routing(const std::vector<Request *> &reqs, const std::vector<int64_t> &counts,
+                             const std::vector<uint8_t> &refilled,
+                             const std::vector<at::Tensor> &router_logits) {
+        const Request *any = nullptr;
+        for (const Request *r : reqs)
+            if (r->req.params.return_routed_experts) any = r;
+        const at::Tensor ids =
+            routed_experts_of(router_logits, any->routed_k).to(at::kInt).contiguous();
+        const int64_t row = ids.size(1) * ids.size(2); // ids per token
+        const int32_t *p = ids.data_ptr<int32_t>();
+        int64_t at_row = 0;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            Request &r = *reqs[i];
+            if (r.req.params.return_routed_experts) {
+                if (refilled[i]) r.routed.clear();
+                r.routed.insert(r.routed.end(), p + at_row * row, p + (at_row + counts[i]) * row);
+            }
+            at_row += counts[i];
         }
     }
 
@@ -432,9 +480,6 @@ uint64_t Scheduler::submit(ServeRequest request) {
     Impl &s = *impl_;
     const SamplingParams &p = request.params;
     p.validate();
-    if (p.return_routed_experts)
-        invalid("sampling params: return_routed_experts is not supported by the serving "
-                "scheduler yet (Engine::generate records routings)");
     if (p.n != 1)
         invalid("sampling params: n must be 1 per scheduler request (got " + std::to_string(p.n) +
                 "); submit one request per sample with sample_index 0..n-1");
@@ -456,6 +501,13 @@ uint64_t Scheduler::submit(ServeRequest request) {
                 std::to_string(total) + " in all); the server's context is " +
                 std::to_string(s.max_context) + " tokens");
     auto r = std::make_unique<Impl::Request>();
+    if (p.return_routed_experts) {
+        if (!mc.has_moe())
+            invalid("sampling params: return_routed_experts: the model has no sparse MoE layer");
+        for (int64_t i = 0; i < mc.num_hidden_layers; ++i)
+            r->routed_layers += mc.is_moe_layer(i) ? 1 : 0;
+        r->routed_k = mc.num_experts_per_tok;
+    }
     r->stop_ids = p.stop_token_ids.value_or(s.policy->eos_token_ids());
     for (size_t i = 0; i < r->stop_ids.size(); ++i)
         if (r->stop_ids[i] < 0 || r->stop_ids[i] >= mc.vocab_size)

@@ -14,6 +14,12 @@ std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *
     std::vector<int64_t> ids, cu{0};
     std::vector<float> mask, old;
     std::map<std::string, std::vector<float>> extras;
+    // Routing replay (R3): the rollouts' recorded routings, packed like the
+    // tokens into the trainer's routed_experts [T, L_moe, K].
+    std::vector<int32_t> routed;
+    const bool routes = !rs.empty() && !rs.front()->routed_experts.empty();
+    const int64_t layers = routes ? rs.front()->routed_layers : 0;
+    const int64_t k = routes ? rs.front()->routed_k : 0;
     if (!rs.empty()) b->sampling_temperature = rs.front()->sampling_temperature;
     auto temperature_name = [](const std::optional<double> &t) {
         return t ? json(*t).dump() : std::string("none");
@@ -29,6 +35,29 @@ std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *
                                            std::to_string(r.group_id) +
                                            "); the trainer scores a batch at one temperature")};
         const size_t n = r.token_ids.size();
+        if (routes != !r.routed_experts.empty() ||
+            (routes && (r.routed_layers != layers || r.routed_k != k)))
+            throw HostError{
+                RL_ERR_BAD_STATE,
+                fn_msg(fn, "rollouts of the batch carry different routed_experts (group " +
+                               std::to_string(r.group_id) + ": " +
+                               (r.routed_experts.empty()
+                                    ? std::string("none")
+                                    : "[" + std::to_string(r.routed_layers) + ", " +
+                                          std::to_string(r.routed_k) + "] per token") +
+                               ", the batch's first: " +
+                               (routes ? "[" + std::to_string(layers) + ", " + std::to_string(k) +
+                                             "] per token"
+                                       : std::string("none")) +
+                               "); sample them all with or all without "
+                               "return_routed_experts")};
+        if (routes) {
+            require(r.routed_experts.size() == n * static_cast<size_t>(layers * k),
+                    fn_msg(fn, "a rollout of group " + std::to_string(r.group_id) + " has " +
+                                   std::to_string(r.routed_experts.size()) +
+                                   " routed_experts ids for " + std::to_string(n) + " tokens"));
+            routed.insert(routed.end(), r.routed_experts.begin(), r.routed_experts.end());
+        }
         ids.insert(ids.end(), r.token_ids.begin(), r.token_ids.end());
         cu.push_back(static_cast<int64_t>(ids.size()));
         if (r.loss_mask.empty())
@@ -60,6 +89,11 @@ std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *
     b->cu_seqlens = owned_from_vector(cu, rl_dtype_t{RL_DTYPE_INT, 64, 1});
     b->tensors["loss_mask"] = owned_from_vector(mask, rl_dtype_t{RL_DTYPE_FLOAT, 32, 1});
     b->tensors["old_logprobs"] = owned_from_vector(old, rl_dtype_t{RL_DTYPE_FLOAT, 32, 1});
+    if (routes) {
+        OwnedTensor t = owned_from_vector(routed, rl_dtype_t{RL_DTYPE_INT, 32, 1});
+        t.shape = {static_cast<int64_t>(ids.size()), layers, k};
+        b->tensors["routed_experts"] = std::move(t);
+    }
     for (const auto &kv : extras) {
         require(!b->tensors.count(kv.first),
                 fn_msg(fn, "an extra tensor is named '" + kv.first + "', a batch tensor"));

@@ -44,6 +44,28 @@ RL_API rl_status_t rl_engine_generate(rl_engine_t *engine, const rl_tensor_view_
         sink.tensors["logprobs"] = owned_from_vector(g.logprobs, f32);
         sink.tensors["cu_seqlens"] = owned_from_vector(g.cu_seqlens, i64);
         sink.tensors["prompt_index"] = owned_from_vector(g.prompt_index, i64);
+        if (g.routed_layers > 0 && g.routed_k > 0) {
+            // Routing replay (R3): per sample its prompt then its completion
+            // rows, sample s at rows routed_cu_seqlens[s] .. [s + 1].
+            std::vector<int64_t> cu{0};
+            for (int64_t s = 0; s < g.samples(); ++s)
+                cu.push_back(
+                    cu.back() +
+                    static_cast<int64_t>(
+                        prompts[static_cast<size_t>(g.prompt_index[static_cast<size_t>(s)])]
+                            .size()) +
+                    g.cu_seqlens[static_cast<size_t>(s) + 1] -
+                    g.cu_seqlens[static_cast<size_t>(s)]);
+            const std::vector<int32_t> ids(g.routed_experts.begin(), g.routed_experts.end());
+            OwnedTensor t = owned_from_vector(ids, rl_dtype_t{RL_DTYPE_INT, 32, 1});
+            t.shape = {cu.back(), g.routed_layers, g.routed_k};
+            require(t.numel() == static_cast<int64_t>(ids.size()),
+                    fn_msg(fn, "the engine recorded " + std::to_string(ids.size()) +
+                                   " routed expert ids for " + std::to_string(cu.back()) +
+                                   " tokens"));
+            sink.tensors["routed_experts"] = std::move(t);
+            sink.tensors["routed_cu_seqlens"] = owned_from_vector(cu, i64);
+        }
         json completions = json::array(), reasons = json::array();
         for (size_t i = 0; i < g.completions.size(); ++i) {
             // Invalid UTF-8 never reaches here (the decoder emits U+FFFD), but

@@ -2,7 +2,9 @@
 #include "rollouts.hpp"
 #include "train_common.hpp"
 
+#include "serve/fields.hpp"
 #include "serve/inference_client.hpp"
+#include "serve/routed_experts_wire.hpp"
 
 struct rl_inference_client {
     std::unique_ptr<rl::serve::InferenceClient> impl;
@@ -23,16 +25,51 @@ json sglang_sampling(const core::SamplingParams &p) {
     return s;
 }
 
+// Appends one sample's routing from its meta_info ("routed_experts", base64
+// int32 [tokens - 1, L, K], and "routed_expert_meta" {"shape"}) to g, the
+// never-forwarded last token as a -1 row: Generation::routed_experts' layout.
+void read_routing(const json &meta, int64_t tokens, const std::string &at, const char *fn,
+                  core::Generation &g) {
+    const json &shape = meta.value("routed_expert_meta", json::object()).value("shape", json());
+    if (!meta.contains("routed_experts") || !shape.is_array() || shape.size() != 3 ||
+        !shape[1].is_number_integer() || !shape[2].is_number_integer())
+        throw HostError{RL_ERR_IO,
+                        fn_msg(fn, at + " has no routed_experts with routed_expert_meta.shape "
+                                        "(sampling.return_routed_experts needs a server that "
+                                        "returns routings: rlhost serve or xorl-sglang on a "
+                                        "mixture-of-experts model)")};
+    const int64_t layers = shape[1].get<int64_t>(), k = shape[2].get<int64_t>();
+    if (g.routed_layers == 0) {
+        g.routed_layers = layers;
+        g.routed_k = k;
+    } else if (layers != g.routed_layers || k != g.routed_k) {
+        throw HostError{RL_ERR_IO,
+                        fn_msg(fn, at + "'s routing has another layout than sample 0's")};
+    }
+    std::vector<int32_t> ids;
+    try {
+        ids = rl::serve::parse_routed_experts(
+            {{"data", meta["routed_experts"]}, {"shape", shape}, {"dtype", "int32"}}, tokens,
+            layers, k, at + " meta_info.routed_experts");
+    } catch (const rl::serve::ApiError &e) {
+        throw HostError{RL_ERR_IO, fn_msg(fn, e.what())};
+    }
+    g.routed_experts.insert(g.routed_experts.end(), ids.begin(), ids.end());
+}
+
 // Samples `prompts` on the server (one /generate call for the batch) as a
 // Generation: tokens, their logprobs, texts, finish reasons, and the oldest
 // weight version the replies report.
 core::Generation remote_generate(const rl::serve::InferenceClient &client,
                                  const std::vector<std::vector<int64_t>> &prompts,
                                  const core::SamplingParams &params, const char *fn) {
-    const json reply = client.call("POST", "/generate",
-                                   {{"input_ids", prompts},
-                                    {"sampling_params", sglang_sampling(params)},
-                                    {"return_logprob", true}});
+    json request = {{"input_ids", prompts},
+                    {"sampling_params", sglang_sampling(params)},
+                    {"return_logprob", true}};
+    // Routing replay (R3): the server's routing of each sample, in meta_info
+    // as xorl-sglang encodes it (docs/serving.md).
+    if (params.return_routed_experts) request["return_routed_experts"] = true;
+    const json reply = client.call("POST", "/generate", request);
     const json items = reply.is_array() ? reply : json::array({reply});
     const size_t want = prompts.size() * static_cast<size_t>(params.n);
     if (items.size() != want)
@@ -60,6 +97,10 @@ core::Generation remote_generate(const rl::serve::InferenceClient &client,
         }
         g.cu_seqlens.push_back(static_cast<int64_t>(g.token_ids.size()));
         g.prompt_index.push_back(static_cast<int64_t>(i) / params.n);
+        if (params.return_routed_experts) {
+            const size_t prompt = prompts[i / static_cast<size_t>(params.n)].size();
+            read_routing(meta, static_cast<int64_t>(prompt + ids.size()), at, fn, g);
+        }
         g.completions.push_back(it.value("text", ""));
         const json &fr = meta.value("finish_reason", json());
         const std::string type = fr.is_object() ? fr.value("type", "") : "";

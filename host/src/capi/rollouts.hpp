@@ -36,6 +36,12 @@ struct rl_rollouts {
         std::vector<double> turn_rewards;
         std::string error;
         bool episode = false;
+        // Routing replay (R3, sampling.return_routed_experts): the experts of
+        // every sparse layer for each token of prompt_ids + token_ids,
+        // [prompt + completion, routed_layers, routed_k] flattened, as the
+        // engine recorded them (-1 rows: never read); empty: not recorded.
+        std::vector<int32_t> routed_experts;
+        int64_t routed_layers = 0, routed_k = 0;
     };
     std::vector<Item> items;
     int64_t groups = 0;

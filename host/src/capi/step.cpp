@@ -43,6 +43,9 @@ core::Rollout buffer_rollout(const rl_rollouts::Item &it, bool turn_tokens) {
     r.task = it.task;
     r.completion = it.text;
     r.sampling_temperature = it.sampling_temperature;
+    r.routed_experts = it.routed_experts;
+    r.routed_layers = it.routed_layers;
+    r.routed_k = it.routed_k;
     const size_t p = it.prompt_ids.size(), c = it.token_ids.size();
     r.token_ids = it.prompt_ids;
     r.token_ids.insert(r.token_ids.end(), it.token_ids.begin(), it.token_ids.end());
@@ -72,12 +75,16 @@ void require_scored(const rl_rollouts_t *rollouts, const char *fn) {
                                " is not scored (call rl_rollouts_score first)"));
 }
 
-// Elements [a, b) of a 1-D tensor.
+// Rows [a, b) of a tensor along its first dimension (elements of a 1-D
+// tensor, tokens of routed_experts [T, L, K]).
 OwnedTensor slice(const OwnedTensor &t, int64_t a, int64_t b) {
-    const size_t es = rl::host::dtype_size(t.dtype);
+    int64_t row = 1; // elements per row
+    for (size_t d = 1; d < t.shape.size(); ++d) row *= t.shape[d];
+    const size_t es = rl::host::dtype_size(t.dtype) * static_cast<size_t>(row);
     OwnedTensor o;
     o.dtype = t.dtype;
-    o.shape = {b - a};
+    o.shape = t.shape;
+    o.shape[0] = b - a;
     o.bytes.assign(t.bytes.begin() + static_cast<std::ptrdiff_t>(a * es),
                    t.bytes.begin() + static_cast<std::ptrdiff_t>(b * es));
     return o;
@@ -219,6 +226,11 @@ generate_rollouts(const core::Tokenizer &tok, int64_t vocab_size, const char *ta
     r->groups = static_cast<int64_t>(tasks.size());
     r->vocab_size = vocab_size;
     r->items.resize(static_cast<size_t>(g.samples()));
+    const int64_t route_row = g.routed_layers * g.routed_k; // ids per token
+    if (params.return_routed_experts)
+        require(route_row > 0,
+                fn_msg(fn, "sampling.return_routed_experts: the generator recorded no routing"));
+    size_t route_at = 0; // the sample's first id in g.routed_experts
     for (size_t s = 0; s < r->items.size(); ++s) {
         auto &it = r->items[s];
         const int64_t p = g.prompt_index[s];
@@ -234,7 +246,26 @@ generate_rollouts(const core::Tokenizer &tok, int64_t vocab_size, const char *ta
         it.finish_reason = core::finish_reason_name(g.finish_reasons[s]);
         it.policy_version = g.policy_version;
         it.sampling_temperature = temperature;
+        if (route_row > 0) {
+            // Prompt rows then completion rows: the trainer's routed_experts
+            // rows of the sequence prompt + completion.
+            const size_t n =
+                (it.prompt_ids.size() + it.token_ids.size()) * static_cast<size_t>(route_row);
+            require(route_at + n <= g.routed_experts.size(),
+                    fn_msg(fn, "the generator's routed_experts end before sample " +
+                                   std::to_string(s) + "'s"));
+            it.routed_experts.assign(
+                g.routed_experts.begin() + static_cast<std::ptrdiff_t>(route_at),
+                g.routed_experts.begin() + static_cast<std::ptrdiff_t>(route_at + n));
+            it.routed_layers = g.routed_layers;
+            it.routed_k = g.routed_k;
+            route_at += n;
+        }
     }
+    require(route_at == g.routed_experts.size(),
+            fn_msg(fn, "the generator's routed_experts hold " +
+                           std::to_string(g.routed_experts.size()) + " ids, its samples " +
+                           std::to_string(route_at)));
     return r.release();
 }
 
@@ -472,6 +503,29 @@ RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t *
         s.tensors["policy_versions"] = owned_from_vector(versions, kI64);
         s.tensors["completion_lengths"] = owned_from_vector(lengths, kI64);
         s.tensors["masked"] = owned_from_vector(masked, kU8);
+        if (!items.empty() && !items.front().routed_experts.empty()) {
+            // Routing replay (R3): every rollout's [prompt + completion, L, K]
+            // back to back, rollout i's rows routed_cu_seqlens[i] .. [i + 1].
+            const int64_t layers = items.front().routed_layers, k = items.front().routed_k;
+            std::vector<int32_t> ids;
+            std::vector<int64_t> cu{0};
+            for (size_t i = 0; i < items.size(); ++i) {
+                const auto &it = items[i];
+                require(it.routed_layers == layers && it.routed_k == k &&
+                            !it.routed_experts.empty(),
+                        "rl_rollouts_info: rollout " + std::to_string(i) +
+                            " carries a different routed_experts layout than rollout 0");
+                ids.insert(ids.end(), it.routed_experts.begin(), it.routed_experts.end());
+                cu.push_back(cu.back() +
+                             static_cast<int64_t>(it.prompt_ids.size() + it.token_ids.size()));
+            }
+            OwnedTensor t = owned_from_vector(ids, rl_dtype_t{RL_DTYPE_INT, 32, 1});
+            t.shape = {cu.back(), layers, k};
+            s.tensors["routed_experts"] = std::move(t);
+            s.tensors["routed_cu_seqlens"] = owned_from_vector(cu, kI64);
+            s.scalars["routed_layers"] = static_cast<double>(layers);
+            s.scalars["routed_k"] = static_cast<double>(k);
+        }
         if (std::any_of(items.begin(), items.end(), [](const auto &it) { return it.episode; })) {
             // Multi-turn episodes: turns per rollout, each turn's reward, errors.
             std::vector<int64_t> turns;

@@ -112,6 +112,10 @@ std::vector<ConfigKey> build() {
         param("rollout.top_k", T::Integer, 0, "Top-k sampling (0: off).", Range::at_least(0)),
         param("rollout.max_tokens", T::Integer, 32, "Completion length limit.", Range::at_least(1)),
         param("rollout.stop", T::StringList, json::array(), "Stop strings."),
+        param("moe.routing_replay", T::Boolean, false,
+              "Routing replay (R3) for a mixture-of-experts model: rollouts record the experts "
+              "every sparse layer routed each token to and the trainer replays them (see "
+              "docs/model.md); refused on a dense model."),
 
         param("env.name", T::String, "reverse_text", "Environment plugin."),
         param("env.params", T::Object, json::object(),

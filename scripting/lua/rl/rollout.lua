@@ -260,7 +260,11 @@ function M.scored_rollouts(engine, env, cfg, step)
     local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
     return M.scored(engine, env, tasks, cfg, {
         chat_template = cfg.tokenizer.chat_template, group_offset = step * #tasks,
-        sampling = rl.generation_params(cfg, { seed = rl.seed(cfg.run.seed, "generate", step) }),
+        sampling = rl.generation_params(cfg, {
+            seed = rl.seed(cfg.run.seed, "generate", step),
+            -- moe.routing_replay: the rollouts carry their routing, the batch replays it (R3)
+            return_routed_experts = (cfg.moe or {}).routing_replay or nil,
+        }),
     })
 end
 

@@ -416,6 +416,19 @@ class Rollouts(_Handle):
     def info(self):
         return _call(_lib().rl_rollouts_info, self._handle())
 
+    def routed_experts(self):
+        """Routing replay (R3): per rollout, the experts every sparse layer routed
+        each of its prompt + completion tokens to, a nested list [T][L][K] (-1
+        rows: never read); None when the rollouts were sampled without
+        sampling.return_routed_experts."""
+        r = self.info()
+        if "routed_experts" not in r.tensors:
+            return None
+        ids, cu = r.tensors["routed_experts"], r.tensors["routed_cu_seqlens"]
+        L, K = int(r.scalars["routed_layers"]), int(r.scalars["routed_k"])
+        return [[[ids[(t * L + l) * K:(t * L + l + 1) * K] for l in range(L)]
+                 for t in range(cu[i], cu[i + 1])] for i in range(len(cu) - 1)]
+
     def to_batch(self):
         h = _made(_lib().rl_rollouts_to_batch, self._handle())
         return TrainBatch(h)

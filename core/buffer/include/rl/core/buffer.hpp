@@ -44,6 +44,11 @@ struct Rollout {
     std::optional<double> sampling_temperature;
     std::string task;       // the task JSON, for logging; may be empty
     std::string completion; // the completion text, for logging; may be empty
+    // Mixture-of-experts routing replay (R3): the experts every sparse layer
+    // routed each token to when the rollout was sampled, [n, routed_layers,
+    // routed_k] flattened (-1 rows: route yourself); empty: none recorded.
+    std::vector<int32_t> routed_experts;
+    int64_t routed_layers = 0, routed_k = 0;
 };
 
 // A complete group that survived the filters, ready for training.

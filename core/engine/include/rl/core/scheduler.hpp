@@ -81,6 +81,14 @@ struct RequestResult {
     int64_t prompt_tokens = 0;
     int64_t first_version = 0; ///< weight version of the first sampled token
     int64_t last_version = 0;  ///< weight version of the last one
+    /// With SamplingParams::return_routed_experts: the mixture-of-experts
+    /// routing of prompt + tokens, [rows, routed_layers, routed_k] flattened,
+    /// as Engine::generate records it (Generation::routed_experts): the prompt
+    /// rows from its prefill, each token's row from the step that read it,
+    /// -1 rows for tokens never read (the last one). After a re-prefill
+    /// (weights changed, memory resumed) the rows are that forward's.
+    std::vector<int32_t> routed_experts;
+    int64_t routed_layers = 0, routed_k = 0;
 };
 
 struct ServeRequest {

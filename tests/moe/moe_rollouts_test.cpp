@@ -1,0 +1,303 @@
+// Routing replay (R3) through the C API on the tiny-moe preset: rollouts
+// sampled with sampling.return_routed_experts carry the engine's routing of
+// every token, the batch packs it as routed_experts [T, L_moe, K] aligned with
+// its tokens (also when split), and the trainer replays it: after a router
+// change that flips some top-k choices, the replayed logprobs are the
+// rollouts' while routing itself moves them. The router change is made on a
+// copy of the model loaded in process (rl/core) and saved for the C API.
+#include "../train/train_util.hpp"
+#include "flip_router.hpp"
+
+#include "rl/core/model.hpp"
+#include "rl/core/moe.hpp"
+#include "rl/core/policy.hpp"
+#include "rl/core/pretrained.hpp"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace rl_train_test;
+using nlohmann::json;
+
+// Short prompts and completions: few tokens per expert, so that a router
+// change can flip some tokens while keeping the others' weights
+// (flip_router.hpp needs fewer than E - 1 tokens on the expert it moves).
+const char *kTasks = R"([{"prompt": "ab", "answer": "ba"}, {"prompt": "moe", "answer": "eom"}])";
+const char *kSampling =
+    R"({"n": 2, "max_tokens": 4, "seed": 17, "temperature": 1.0, "return_routed_experts": true})";
+
+// A result tensor as int64 values and its shape.
+struct IntTensor {
+    std::vector<int64_t> shape, values;
+};
+IntTensor int_tensor(const Result &r, const char *name) {
+    rl_tensor_view_t v{};
+    EXPECT_EQ(rl_result_tensor(r.get(), name, &v), RL_OK) << name << ": " << rl_last_error();
+    IntTensor t;
+    int64_t n = 1;
+    for (int32_t d = 0; d < v.ndim; ++d) {
+        t.shape.push_back(v.shape[d]);
+        n *= v.shape[d];
+    }
+    EXPECT_EQ(v.dtype.code, RL_DTYPE_INT) << name;
+    for (int64_t i = 0; i < n; ++i)
+        t.values.push_back(v.dtype.bits == 32 ? static_cast<const int32_t *>(v.data)[i]
+                                              : static_cast<const int64_t *>(v.data)[i]);
+    return t;
+}
+
+std::vector<float> floats(const Result &r, const char *name) {
+    return r.tensor<float>(name);
+}
+
+// The batch's rl_batch_t without its routed_experts (the trainer routes itself).
+struct WithoutRoutes {
+    rl_batch_t b{};
+    std::vector<rl_tensor_arg_t> args;
+    explicit WithoutRoutes(const rl_train_batch_t *batch) {
+        b.struct_size = sizeof b;
+        EXPECT_EQ(rl_train_batch_view(batch, &b), RL_OK) << rl_last_error();
+        for (uint64_t i = 0; i < b.tensors.count; ++i)
+            if (std::strcmp(b.tensors.items[i].name, "routed_experts") != 0)
+                args.push_back(b.tensors.items[i]);
+        b.tensors = rl_tensor_list_t{args.data(), args.size()};
+    }
+};
+
+std::vector<float> logprobs(rl_trainer_t *t, const rl_batch_t *b) {
+    Result out;
+    EXPECT_EQ(rl_trainer_forward(t, b, nullptr, out.out()), RL_OK) << rl_last_error();
+    return floats(out, "logprobs");
+}
+
+TEST(MoeRollouts, RolloutsCarryTheEngineRoutingAndTheTrainerReplaysIt) {
+    TempDir tmp("moe-r3");
+    const std::string dir = tmp.sub("m"), flipped_dir = tmp.sub("flipped");
+    RL_ASSERT_OK(rl_model_init_preset("tiny-moe", dir.c_str(), 5));
+    ModelPtr m = load_model(dir);
+    EnginePtr e = make_engine(m.get());
+
+    rl_rollouts_t *raw = nullptr;
+    const std::string options = std::string(R"({"sampling": )") + kSampling + "}";
+    RL_ASSERT_OK(rl_rollouts_generate(e.get(), kTasks, options.c_str(), &raw));
+    RolloutsPtr r(raw);
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    const int64_t L = static_cast<int64_t>(info.scalar("routed_layers"));
+    const int64_t K = static_cast<int64_t>(info.scalar("routed_k"));
+    { // tiny-moe: every layer sparse
+        std::ifstream in(dir + "/config.json");
+        const json config = json::parse(in);
+        EXPECT_EQ(L, config.at("num_hidden_layers").get<int64_t>());
+        EXPECT_EQ(K, config.at("num_experts_per_tok").get<int64_t>());
+    }
+    const IntTensor routes = int_tensor(info, "routed_experts");
+    const std::vector<int64_t> rcu = info.tensor<int64_t>("routed_cu_seqlens");
+    const std::vector<int64_t> lengths = info.tensor<int64_t>("completion_lengths");
+    ASSERT_EQ(rcu.size(), 5u);
+    const std::vector<size_t> prompt_len = {encode(m.get(), "ab").size(),
+                                            encode(m.get(), "moe").size()};
+    for (size_t i = 0; i < 4; ++i) // prompt + completion rows per rollout
+        EXPECT_EQ(rcu[i + 1] - rcu[i], static_cast<int64_t>(prompt_len[i / 2]) + lengths[i]);
+    ASSERT_EQ(routes.shape, (std::vector<int64_t>{rcu.back(), L, K}));
+
+    // Exactly what rl_engine_generate records for the same prompts and seed.
+    std::vector<int64_t> ids = encode(m.get(), "ab");
+    const std::vector<int64_t> second = encode(m.get(), "moe");
+    const std::vector<int64_t> cu = {0, static_cast<int64_t>(ids.size()),
+                                     static_cast<int64_t>(ids.size() + second.size())};
+    ids.insert(ids.end(), second.begin(), second.end());
+    const int64_t n_ids = static_cast<int64_t>(ids.size()), n_cu = 3;
+    const rl_tensor_view_t idv = view_of(ids.data(), &n_ids, kI64);
+    const rl_tensor_view_t cuv = view_of(cu.data(), &n_cu, kI64);
+    EnginePtr e2 = make_engine(m.get());
+    Result g;
+    RL_ASSERT_OK(rl_engine_generate(e2.get(), &idv, &cuv, kSampling, g.out()));
+    const IntTensor engine_routes = int_tensor(g, "routed_experts");
+    EXPECT_EQ(engine_routes.shape, routes.shape);
+    EXPECT_EQ(engine_routes.values, routes.values);
+    EXPECT_EQ(g.tensor<int64_t>("routed_cu_seqlens"), rcu);
+    // The last token of each rollout is never read by the engine: -1.
+    for (size_t i = 1; i < rcu.size(); ++i)
+        EXPECT_EQ(routes.values[static_cast<size_t>((rcu[i] - 1) * L * K)], -1);
+
+    // The batch packs them with the tokens; a split keeps them aligned.
+    const std::vector<double> rewards = {1, 0, 0, 1};
+    RL_ASSERT_OK(rl_rollouts_set_rewards(r.get(), rewards.data(), rewards.size()));
+    rl_train_batch_t *braw = nullptr;
+    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &braw));
+    BatchPtr batch(braw);
+    Result binfo;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
+    const IntTensor packed = int_tensor(binfo, "routed_experts");
+    EXPECT_EQ(packed.shape, routes.shape);
+    EXPECT_EQ(packed.values, routes.values);
+    EXPECT_EQ(binfo.tensor<int64_t>("cu_seqlens"), rcu);
+    std::vector<rl_train_batch_t *> parts(2, nullptr);
+    uint64_t n_parts = 0;
+    RL_ASSERT_OK(rl_train_batch_split(batch.get(), 2, parts.data(), &n_parts));
+    ASSERT_EQ(n_parts, 2u);
+    for (uint64_t p = 0; p < n_parts; ++p) {
+        BatchPtr part(parts[p]);
+        Result pinfo;
+        RL_ASSERT_OK(rl_train_batch_info(part.get(), pinfo.out()));
+        const IntTensor pr = int_tensor(pinfo, "routed_experts");
+        const int64_t a = rcu[2 * p], b = rcu[2 * p + 2];
+        EXPECT_EQ(pr.shape, (std::vector<int64_t>{b - a, L, K}));
+        EXPECT_EQ(pr.values, std::vector<int64_t>(routes.values.begin() + a * L * K,
+                                                  routes.values.begin() + b * L * K));
+    }
+
+    // The trainer on the rollouts' weights: the replayed logprobs are the
+    // rollouts' at every completion token.
+    const std::vector<float> old = floats(binfo, "old_logprobs");
+    const std::vector<float> mask = floats(binfo, "loss_mask");
+    rl_batch_t view{};
+    view.struct_size = sizeof view;
+    RL_ASSERT_OK(rl_train_batch_view(batch.get(), &view));
+    {
+        TrainerPtr t = make_trainer(m.get(), "{}");
+        const std::vector<float> lp = logprobs(t.get(), &view);
+        ASSERT_EQ(lp.size(), old.size());
+        for (size_t i = 0; i < lp.size(); ++i) {
+            if (mask[i] != 0) {
+                EXPECT_NEAR(lp[i], old[i], 1e-4) << "token " << i;
+            }
+        }
+    }
+
+    // A router change that routes some tokens elsewhere (on a copy loaded in
+    // process, saved for the C API), aimed at tokens that score a completion.
+    const int64_t T = static_cast<int64_t>(old.size());
+    at::Tensor own, flipped;
+    {
+        auto policy = rl::core::Policy::load(dir);
+        rl::core::CausalLM &cm = policy->model();
+        at::NoGradGuard ng;
+        auto route = [&](at::Tensor *logits_out) {
+            rl::core::RouterLogitsRecorder rec;
+            rl::core::PackedBatch pb;
+            const std::vector<int64_t> bids = binfo.tensor<int64_t>("input_ids");
+            pb.input_ids = at::tensor(bids, at::kLong);
+            pb.cu_seqlens = at::tensor(rcu, at::kLong);
+            cm.logits(pb);
+            std::vector<at::Tensor> top, lg;
+            for (const at::Tensor &l : rec.logits()) {
+                lg.push_back(l.to(at::kDouble));
+                top.push_back(std::get<1>(at::topk(at::softmax(l, -1, at::kFloat), K, -1)));
+            }
+            if (logits_out) *logits_out = at::stack(lg, 1);
+            return at::stack(top, 1);
+        };
+        at::Tensor logits;
+        own = route(&logits);
+        at::Tensor targets = at::zeros({T}, at::kBool);
+        for (int64_t i = 1; i < T; ++i)
+            if (mask[static_cast<size_t>(i)] != 0) targets[i - 1] = true;
+        ASSERT_TRUE(rl::core::test::flip_some_in_the_last_layer(cm, own, logits, targets));
+        const at::Tensor now = route(nullptr);
+        flipped =
+            (std::get<0>(at::sort(now, -1)) != std::get<0>(at::sort(own, -1))).any(-1).any(-1);
+        rl::core::save_pretrained(cm, flipped_dir);
+    }
+    int64_t scored_at_flip = 0;
+    for (int64_t i = 1; i < T; ++i)
+        scored_at_flip += mask[static_cast<size_t>(i)] != 0 && flipped[i - 1].item<bool>();
+    ASSERT_GE(scored_at_flip, 1);
+
+    ModelPtr m2 = load_model(flipped_dir);
+    TrainerPtr t2 = make_trainer(m2.get(), "{}");
+    const std::vector<float> replayed = logprobs(t2.get(), &view);
+    WithoutRoutes self(batch.get());
+    const std::vector<float> routed_self = logprobs(t2.get(), &self.b);
+    for (int64_t i = 1; i < T; ++i) {
+        const size_t u = static_cast<size_t>(i);
+        if (mask[u] == 0) continue;
+        EXPECT_NEAR(replayed[u], old[u], 1e-4) << "token " << i << " (replayed)";
+        if (flipped[i - 1].item<bool>()) {
+            EXPECT_GT(std::abs(routed_self[u] - old[u]), 1e-4) << "token " << i << " (flipped)";
+        } else {
+            EXPECT_NEAR(routed_self[u], old[u], 1e-4) << "token " << i;
+        }
+    }
+}
+
+TEST(MoeRollouts, TheBufferKeepsTheRoutingThroughSaveAndLoadAndRefusesMixedBatches) {
+    TempDir tmp("moe-r3-buffer");
+    const std::string dir = tmp.sub("m");
+    RL_ASSERT_OK(rl_model_init_preset("tiny-moe", dir.c_str(), 6));
+    ModelPtr m = load_model(dir);
+    EnginePtr e = make_engine(m.get());
+    rl_rollouts_t *raw = nullptr;
+    const std::string options = std::string(R"({"sampling": )") + kSampling + "}";
+    RL_ASSERT_OK(rl_rollouts_generate(e.get(), kTasks, options.c_str(), &raw));
+    RolloutsPtr r(raw);
+    const std::vector<double> rewards = {1, 0, 0, 1};
+    RL_ASSERT_OK(rl_rollouts_set_rewards(r.get(), rewards.data(), rewards.size()));
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    const IntTensor routes = int_tensor(info, "routed_experts");
+
+    const char *config = R"({"group_size": 2})";
+    rl_buffer_t *b1 = nullptr;
+    RL_ASSERT_OK(rl_buffer_create(config, &b1));
+    BufferPtr first(b1);
+    RL_ASSERT_OK(rl_buffer_push_rollouts(first.get(), r.get(), nullptr));
+    const std::string state = tmp.sub("buffer.json");
+    RL_ASSERT_OK(rl_buffer_save(first.get(), state.c_str()));
+    rl_buffer_t *b2 = nullptr;
+    RL_ASSERT_OK(rl_buffer_create(config, &b2));
+    BufferPtr second(b2);
+    RL_ASSERT_OK(rl_buffer_load(second.get(), state.c_str()));
+    rl_train_batch_t *braw = nullptr;
+    RL_ASSERT_OK(rl_buffer_pop_train_batch(second.get(), 4, 0, &braw));
+    ASSERT_NE(braw, nullptr);
+    BatchPtr batch(braw);
+    Result binfo;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
+    const IntTensor packed = int_tensor(binfo, "routed_experts");
+    EXPECT_EQ(packed.shape, routes.shape);
+    EXPECT_EQ(packed.values, routes.values);
+
+    // A group pushed without a routing cannot share a batch with them.
+    RL_ASSERT_OK(rl_buffer_push_rollouts(first.get(), r.get(), nullptr));
+    for (int k = 0; k < 2; ++k) {
+        std::vector<int64_t> ids = {'a', 'b', 'c'};
+        const int64_t n = static_cast<int64_t>(ids.size());
+        rl_tensor_arg_t arg{"token_ids", view_of(ids.data(), &n, kI64)};
+        const rl_tensor_list_t list{&arg, 1};
+        RL_ASSERT_OK(rl_buffer_push(
+            first.get(),
+            (R"({"group_id": 9, "sampling_temperature": 1.0, "reward": )" + std::to_string(k) + "}")
+                .c_str(),
+            &list));
+    }
+    rl_train_batch_t *mixed = nullptr;
+    EXPECT_EQ(rl_buffer_pop_train_batch(first.get(), 6, 0, &mixed), RL_ERR_BAD_STATE);
+    EXPECT_NE(std::string(rl_last_error()).find("carry different routed_experts (group 9: none"),
+              std::string::npos)
+        << rl_last_error();
+    EXPECT_EQ(mixed, nullptr);
+}
+
+TEST(MoeRollouts, RecordingIsRefusedOnADenseModelNamingTheOption) {
+    ModelPtr m = load_model(); // the dense tiny preset
+    EnginePtr e = make_engine(m.get());
+    rl_rollouts_t *r = nullptr;
+    const std::string options = std::string(R"({"sampling": )") + kSampling + "}";
+    EXPECT_EQ(rl_rollouts_generate(e.get(), kTasks, options.c_str(), &r), RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error()).find("return_routed_experts"), std::string::npos)
+        << rl_last_error();
+    EXPECT_EQ(r, nullptr);
+}
+
+} // namespace
