@@ -253,3 +253,20 @@ put("serve_fields", "sglang_generate.json", json.dumps(
 put("serve_fields", "server_options.json", json.dumps(
     {"host": "127.0.0.1", "port": 8000, "api_key": "k", "max_body_bytes": 1048576,
      "max_connections": 64, "idle_timeout_s": 30.5}))
+
+# ---- MoE routings (R3) on the training server's wire ------------------------------------
+import base64
+ids = struct.pack("<20i", *([0, 1, 2, 3] * 5))
+put("routed_experts", "nested_lists.json", json.dumps(
+    {"forward_backward_input": {"routed_experts": [
+        [[[0, 1], [2, 3]]] * 5, [[[1, 2], [3, 0]]] * 4]}}))
+put("routed_experts", "base64_objects.json", json.dumps(
+    {"forward_backward_input": {"routed_experts": [
+        {"data": base64.b64encode(ids).decode(), "shape": [5, 2, 2], "dtype": "int32"},
+        None]}}))
+put("routed_experts", "sglang_short_bare.json", json.dumps(
+    {"routed_experts": [base64.b64encode(ids[:64]).decode(),
+                        base64.b64encode(ids[:48]).decode()]}))
+put("routed_experts", "logits_refused.json", json.dumps(
+    {"forward_backward_input": {"routed_experts": [None, None],
+                                "routed_expert_logits": [[0.5]]}}))

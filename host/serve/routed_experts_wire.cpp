@@ -2,15 +2,13 @@
 
 #include "fields.hpp"
 
-#include <array>
+#include "rl/core/text.hpp"
+
 #include <cstring>
 
 namespace rl::serve {
 
 namespace {
-
-constexpr const char *kAlphabet =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 std::string shape_text(const std::vector<int64_t> &shape) {
     std::string s = "[";
@@ -21,33 +19,9 @@ std::string shape_text(const std::vector<int64_t> &shape) {
 // Base64 text to bytes; refuses (naming `field`) anything but the alphabet
 // and trailing padding.
 std::vector<uint8_t> base64_decode(const std::string &s, const std::string &field) {
-    static const auto table = [] {
-        std::array<int, 256> t{};
-        t.fill(-1);
-        for (int i = 0; i < 64; ++i) t[static_cast<unsigned char>(kAlphabet[i])] = i;
-        return t;
-    }();
-    std::vector<uint8_t> out;
-    out.reserve(s.size() / 4 * 3);
-    uint32_t acc = 0;
-    int bits = 0;
-    size_t pad = 0;
-    for (char ch : s) {
-        if (ch == '=') {
-            ++pad;
-            continue;
-        }
-        const int v = table[static_cast<unsigned char>(ch)];
-        if (v < 0 || pad > 0) refuse(field, field + " is not valid base64");
-        acc = (acc << 6) | static_cast<uint32_t>(v);
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out.push_back(static_cast<uint8_t>((acc >> bits) & 0xFF));
-        }
-    }
-    if (pad > 2) refuse(field, field + " is not valid base64");
-    return out;
+    auto bytes = core::base64_decode(s);
+    if (!bytes) refuse(field, field + " is not valid base64");
+    return std::move(*bytes);
 }
 
 // Little-endian int32 values of decoded bytes.
@@ -100,21 +74,6 @@ std::vector<int32_t> nested_values(const json &j, const std::string &field,
 
 } // namespace
 
-std::string base64_encode(const void *data, size_t n) {
-    const auto *p = static_cast<const uint8_t *>(data);
-    std::string out;
-    out.reserve((n + 2) / 3 * 4);
-    for (size_t i = 0; i < n; i += 3) {
-        const uint32_t b0 = p[i], b1 = i + 1 < n ? p[i + 1] : 0, b2 = i + 2 < n ? p[i + 2] : 0;
-        const uint32_t w = b0 << 16 | b1 << 8 | b2;
-        out += kAlphabet[(w >> 18) & 63];
-        out += kAlphabet[(w >> 12) & 63];
-        out += i + 1 < n ? kAlphabet[(w >> 6) & 63] : '=';
-        out += i + 2 < n ? kAlphabet[w & 63] : '=';
-    }
-    return out;
-}
-
 void put_routed_experts(json &meta, const std::vector<int32_t> &ids, int64_t tokens, int64_t layers,
                         int64_t k) {
     const int64_t rows = std::max<int64_t>(tokens - 1, 0);
@@ -125,7 +84,7 @@ void put_routed_experts(json &meta, const std::vector<int32_t> &ids, int64_t tok
         std::memcpy(&u, &ids[i], 4);
         for (int b = 0; b < 4; ++b) bytes[4 * i + static_cast<size_t>(b)] = (u >> (8 * b)) & 0xFF;
     }
-    meta["routed_experts"] = base64_encode(bytes.data(), bytes.size());
+    meta["routed_experts"] = core::base64_encode(bytes.data(), bytes.size());
     meta["routed_expert_meta"] = {{"shape", {rows, layers, k}}, {"dtype", "int32"}};
 }
 

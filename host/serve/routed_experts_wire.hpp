@@ -15,9 +15,6 @@
 
 namespace rl::serve {
 
-/// Standard base64 (RFC 4648, with padding) of `n` bytes.
-std::string base64_encode(const void *data, size_t n);
-
 /// The meta_info fields of a sample's routing: `ids` is the scheduler's
 /// [prompt + completion, layers, k] (RequestResult::routed_experts); the
 /// reply carries its first prompt + completion - 1 rows (what SGLang returns:

@@ -5,12 +5,12 @@
 #include "server.hpp"
 #include "weight_update.hpp"
 #include "rl/core/json.hpp"
+#include "rl/core/text.hpp"
 
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
 
-#include <array>
 #include <cstring>
 #include <set>
 
@@ -88,34 +88,9 @@ void check_load_format(const json &j, std::initializer_list<const char *> allowe
 }
 
 std::vector<uint8_t> base64_decode(const std::string &s, const std::string &field) {
-    static const auto table = [] {
-        std::array<int, 256> t{};
-        t.fill(-1);
-        const char *alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        for (int i = 0; i < 64; ++i) t[static_cast<unsigned char>(alphabet[i])] = i;
-        return t;
-    }();
-    std::vector<uint8_t> out;
-    out.reserve(s.size() / 4 * 3);
-    uint32_t acc = 0;
-    int bits = 0;
-    size_t pad = 0;
-    for (char ch : s) {
-        if (ch == '=') {
-            ++pad;
-            continue;
-        }
-        const int v = table[static_cast<unsigned char>(ch)];
-        if (v < 0 || pad > 0) throw BadField(field, field + " is not valid base64");
-        acc = (acc << 6) | static_cast<uint32_t>(v);
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out.push_back(static_cast<uint8_t>((acc >> bits) & 0xFF));
-        }
-    }
-    if (pad > 2) throw BadField(field, field + " is not valid base64");
-    return out;
+    auto bytes = core::base64_decode(s);
+    if (!bytes) throw BadField(field, field + " is not valid base64");
+    return std::move(*bytes);
 }
 
 void reply_json(Responder &r, int status, const json &j) {

@@ -71,6 +71,8 @@ constexpr const char *kModelMT = "rl.model";
 constexpr const char *kTokenizerMT = "rl.tokenizer";
 constexpr const char *kTrainerMT = "rl.trainer";
 constexpr const char *kEngineMT = "rl.engine";
+constexpr const char *kRolloutsMT = "rl.rollouts";
+constexpr const char *kTrainBatchMT = "rl.train_batch";
 constexpr const char *kTensorMT = "rl.tensor";
 
 // Pushes a new handle userdata with metatable `mt`. When parent_index != 0 the
@@ -84,6 +86,16 @@ Handle *check_handle(lua_State *L, int idx, const char *mt);
 // Creates metatable `mt` with methods, __gc / __close releasing the handle,
 // __index = methods and __tostring. Leaves nothing on the stack.
 void define_handle_type(lua_State *L, const char *mt, const luaL_Reg *methods);
+
+// Destroyers of the handles more than one file pushes.
+inline void destroy_rollouts(void *p) {
+    rl_rollouts_destroy(static_cast<rl_rollouts_t *>(p));
+}
+inline void destroy_train_batch(void *p) {
+    rl_train_batch_destroy(static_cast<rl_train_batch_t *>(p));
+}
+// The model behind argument idx: an rl.model or an rl.tokenizer.
+rl_model_t *model_of(lua_State *L, int idx);
 
 // ---- tensors --------------------------------------------------------------------
 //
@@ -209,6 +221,7 @@ std::string opt_string_field(lua_State *L, int idx, const char *field, const std
 // Module parts.
 void open_runtime(lua_State *L, int module_index);
 void open_train(lua_State *L, int module_index);
+void open_rollouts(lua_State *L, int module_index); // buffer, rollouts, batches, servers
 void open_system(lua_State *L, int module_index);
 
 } // namespace rl::lua

@@ -302,6 +302,7 @@ extern "C" int luaopen_rl(lua_State *L) {
     lua_setfield(L, M, "version");
     open_runtime(L, M);
     open_train(L, M);
+    open_rollouts(L, M);
     open_system(L, M);
 
     // require("rl") from the helpers returns this table while it is being built.
