@@ -306,6 +306,31 @@ TEST_P(QerlNoise, NoiseIsDeterministicGivenTheSeedAndVersionAndResumesAlike) {
     EXPECT_FALSE(same(other_version, resumed, p2->model(), p2->model()));
 }
 
+TEST(QerlNoiseSteps, TheScheduleStartsAtFirstStepAfterAWarmUp) {
+    // 100 supervised warm-up steps before the RL loop: version 100 is the
+    // schedule's step 0, version 104 its step 4.
+    auto policy = make_policy("tiny", 3);
+    EngineConfig cfg = noisy_config(7);
+    cfg.first_step = 100;
+    policy->set_version(100);
+    Engine engine(policy, cfg);
+    EXPECT_EQ(engine.noise_sigma(), 0.0);
+    EXPECT_TRUE(engine.noisy_norms().empty());
+    policy->set_version(104);
+    engine.sync_weights();
+    EXPECT_EQ(engine.noise_sigma(), cfg.noise.sigma(4, cfg.total_steps));
+    EXPECT_GT(engine.noise_sigma(), 0.0);
+    // Before first_step (a warm-up still running): no noise.
+    policy->set_version(50);
+    engine.sync_weights();
+    EXPECT_EQ(engine.noise_sigma(), 0.0);
+    EXPECT_EQ(EngineConfig::from_json(R"({"first_step": 7})").first_step, 7);
+    EXPECT_NE(error_of([] {
+                  EngineConfig::from_json(R"({"first_step": -1})");
+              }).find("engine.first_step"),
+              std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(DenseAndMoe, QerlNoise, ::testing::Values("tiny", "tiny-moe"),
                          [](const auto &info) {
                              return info.param == "tiny" ? std::string("Dense")

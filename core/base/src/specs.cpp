@@ -143,6 +143,11 @@ const std::vector<ParamSpec> &engine_params() {
                           "Optimizer steps of the run (the noise schedule's length). Scripts "
                           "pass run.steps.",
                           Range::at_least(0))),
+        script_only(param("first_step", T::Integer, 0,
+                          "The policy version at which the noise schedule's step 0 falls: "
+                          "optimizer steps taken before the RL loop (a supervised warm-up) do not "
+                          "count. Scripts pass sft.steps.",
+                          Range::at_least(0))),
         script_only(nullable(param("seed", T::Integer, nullptr,
                                    "Seeds the QeRL noise (scripts pass run.seed; null: 0).",
                                    Range::at_least(0)))),

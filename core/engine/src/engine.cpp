@@ -90,6 +90,7 @@ EngineConfig EngineConfig::from_json(const std::string &text) {
     c.noise.sigma_end = j["noise_scheduler.sigma_end"].get<double>();
     c.noise.num_stages = j["noise_scheduler.num_stages"].get<int64_t>();
     c.total_steps = j["total_steps"].get<int64_t>();
+    c.first_step = j["first_step"].get<int64_t>();
     if (!j["seed"].is_null()) c.seed = j["seed"].get<uint64_t>();
     if (c.noise.enabled && c.total_steps <= 0)
         invalid("engine config: engine.noise_scheduler.enabled needs the run's length: "
@@ -132,7 +133,8 @@ int64_t Engine::sync_weights() {
 // the device nor the dtype, nor on how many calls ran before.
 void Engine::refresh_noise() {
     noisy_norms_.clear();
-    const int64_t step = policy_version();
+    const int64_t version = policy_version();
+    const int64_t step = std::max<int64_t>(0, version - config_.first_step);
     noise_sigma_ = config_.noise.sigma(step, config_.total_steps);
     if (noise_sigma_ <= 0) return;
     CausalLM &model = policy_->model();
@@ -143,7 +145,7 @@ void Engine::refresh_noise() {
         norms.push_back(layer->post_attention_layernorm.get());
     }
     norms.push_back(model.model->norm.get());
-    const uint64_t seed = mix64(config_.seed.value_or(0) ^ mix64(static_cast<uint64_t>(step)));
+    const uint64_t seed = mix64(config_.seed.value_or(0) ^ mix64(static_cast<uint64_t>(version)));
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     at::NoGradGuard no_grad;
     for (const RMSNorm *norm : norms) {

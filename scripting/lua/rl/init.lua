@@ -201,11 +201,15 @@ function rl.buffer_config(cfg, extra)
 end
 
 --- rl.engine_config(cfg [, extra]): the engine section of the configuration
---- plus total_steps and seed (the QeRL noise schedule's length and seed), as
+--- plus total_steps, first_step and seed (the QeRL noise schedule's length,
+--- its start after a supervised warm-up of sft.steps, its seed), as
 --- rl_engine_create wants it.
 function rl.engine_config(cfg, extra)
     cfg = cfg or rl.config()
-    local e = section(cfg.engine, nil, { total_steps = cfg.run.steps, seed = cfg.run.seed })
+    local e = section(cfg.engine, nil, {
+        total_steps = cfg.run.steps, seed = cfg.run.seed,
+        first_step = (cfg.sft and cfg.sft.steps) or 0,
+    })
     -- lora.rank > 0: sample with the adapter the trainer trains.
     if cfg.lora and (cfg.lora.rank or 0) > 0 then e.adapter = "default" end
     for k, v in pairs(extra or {}) do e[k] = v end

@@ -58,6 +58,10 @@ struct EngineConfig {
     /// Optimizer steps of the run (the noise schedule's length; scripts pass
     /// run.steps).
     int64_t total_steps = 0;
+    /// The policy version that is step 0 of the noise schedule (optimizer
+    /// steps before the RL loop, e.g. a supervised warm-up; scripts pass
+    /// sft.steps): the schedule's step is max(0, version - first_step).
+    int64_t first_step = 0;
     /// Seeds the noise (scripts pass run.seed); unset: 0.
     std::optional<uint64_t> seed;
     /// JSON object (empty text or null: defaults); unknown keys are errors.
@@ -179,7 +183,8 @@ public:
     int64_t policy_version() const;
 
     /// The QeRL noise sigma of the engine's current policy version
-    /// (config.noise; 0 without noise or in the first stage).
+    /// (config.noise at step version - config.first_step; 0 without noise or
+    /// in the first stage).
     double noise_sigma() const { return noise_sigma_; }
     /// The norm weights generate uses in place of the model's own (noisy
     /// copies, rebuilt by every sync_weights from the model's current weights
