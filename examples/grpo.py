@@ -79,7 +79,10 @@ def main():
             open(metrics_path, "w") as metrics:
         info = model.info()
         trainer_cfg = dict(cfg["trainer"], total_steps=cfg["run"]["steps"], seed=seed)
-        engine_cfg = dict(cfg["engine"])
+        # The QeRL noise schedule (engine.noise_scheduler): its length, its start
+        # after the supervised warm-up, its seed.
+        engine_cfg = dict(cfg["engine"], total_steps=cfg["run"]["steps"],
+                          first_step=cfg["sft"]["steps"], seed=seed)
         lora = cfg.get("lora", {})
         if lora.get("rank", 0) > 0:  # train and sample LoRA adapter "default" (docs/lora.md)
             trainer_cfg.update(adapter="default", lora=dict(lora, seed=seed))

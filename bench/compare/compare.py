@@ -6,7 +6,7 @@ loss, backward, AdamW) and for decoding, the ratio ours / transformers, and on
 CUDA the MFU of the training step (6 N tokens + attention FLOPs over the GPU's
 bf16 peak).
 
-Usage: compare.py BENCH_BINARY [--device cpu|cuda] [--shapes tiny,30m,tiny-moe | 0.6b] [--profile]
+Usage: compare.py BENCH_BINARY [--device cpu|cuda] [--shapes tiny,30m,tiny-moe,30m-moe | 0.6b] [--profile]
                   [--unfused-too]
 
 --unfused-too runs our side a second time with RL_FUSED_KERNELS=0 (the eager
@@ -42,6 +42,10 @@ SHAPES = {
     # The tiny-moe preset's shape: Qwen3-MoE, every layer 8 experts of 192, top-2.
     "tiny-moe": dict(hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, mlp=768, vocab=259,
                      experts=8, top_k=2, moe_mlp=192),
+    # The 30m shape with sparse layers: 16 experts of 384, top-4 (per token
+    # the same expert FLOPs as 30m's dense MLP of 1536), 85 M parameters.
+    "30m-moe": dict(hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64, mlp=1536, vocab=8192,
+                    experts=16, top_k=4, moe_mlp=384),
 }
 # Dense bf16 peak (TFLOP/s) by GPU name, for MFU.
 PEAKS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
@@ -218,7 +222,7 @@ def main():
     print(f"train: {args.seqs} x {args.seq_len} tokens per step; decode: {args.batch} prompts "
           f"of {args.prompt_len} tokens, {args.new_tokens} new tokens each; {dtype_name}")
     print()
-    print(f"{'shape':<6} {'params':>9} | {'train tok/s ours':>16} {'transformers':>12} {'ratio':>6}"
+    print(f"{'shape':<8} {'params':>9} | {'train tok/s ours':>16} {'transformers':>12} {'ratio':>6}"
           f"{' MFU ours':>9} | {'decode tok/s ours':>17} {'transformers':>12} {'ratio':>6}")
     for name in shapes:
         shape = SHAPES[name]
@@ -247,12 +251,12 @@ def main():
         if peak:
             flops = train_flops_per_token(shape, params, args.seq_len) * ours["train_tokens_per_s"]
             mfu = f"{100 * flops / (peak * 1e12):.1f}%"
-        print(f"{name:<6} {params / 1e6:>8.1f}M | {ours['train_tokens_per_s']:>16.0f} {hf_t:>12.0f} "
+        print(f"{name:<8} {params / 1e6:>8.1f}M | {ours['train_tokens_per_s']:>16.0f} {hf_t:>12.0f} "
               f"{ours['train_tokens_per_s'] / hf_t:>5.2f}x{mfu:>9} | "
               f"{ours['decode_tokens_per_s']:>17.0f} {hf_d:>12.0f} "
               f"{ours['decode_tokens_per_s'] / hf_d:>5.2f}x", flush=True)
         if unfused:
-            row = f"{'':<6} {'unfused':>9} | {unfused['train_tokens_per_s']:>16.0f} {'':>12} "
+            row = f"{'':<8} {'unfused':>9} | {unfused['train_tokens_per_s']:>16.0f} {'':>12} "
             row += f"{unfused['train_tokens_per_s'] / hf_t:>5.2f}x"
             if peak:
                 flops = train_flops_per_token(shape, params, args.seq_len)
@@ -263,11 +267,11 @@ def main():
                     f"{unfused['decode_tokens_per_s'] / hf_d:>5.2f}x  (RL_FUSED_KERNELS=0)")
             print(row, flush=True)
             if unfused.get("decode_tokens_fnv") != ours.get("decode_tokens_fnv"):
-                print(f"{'':<6} sampled tokens differ with and without the fused kernels "
+                print(f"{'':<8} sampled tokens differ with and without the fused kernels "
                       f"(FNV {ours.get('decode_tokens_fnv')} / {unfused.get('decode_tokens_fnv')})")
         if "train_matmul_gflops" in ours:
             m, k, n = ours["train_matmul_largest"]
-            print(f"{'':<6} {'matmuls':>9} | ours: {ours['train_matmul_gflops']:.0f} GFLOP/s over "
+            print(f"{'':<8} {'matmuls':>9} | ours: {ours['train_matmul_gflops']:.0f} GFLOP/s over "
                   f"{100 * ours['train_matmul_share']:.0f}% of the step = "
                   f"{100 * ours['train_matmul_gflops'] / ours['train_sgemm_largest_gflops']:.0f}% "
                   f"of a plain sgemm of its largest product {m}x{k}x{n} "
@@ -275,17 +279,17 @@ def main():
         if not gpu:
             # On a shared machine wall time also counts the other processes;
             # process CPU time per step (all threads) counts only the work.
-            print(f"{'':<6} {'cpu time':>9} | {1e3 * ours['train_cpu_s']:>13.0f} ms "
+            print(f"{'':<8} {'cpu time':>9} | {1e3 * ours['train_cpu_s']:>13.0f} ms "
                   f"{1e3 * hf_t_cpu:>9.0f} ms {hf_t_cpu / ours['train_cpu_s']:>5.2f}x{'':>9} | "
                   f"{1e3 * ours['decode_cpu_s']:>14.0f} ms {1e3 * hf_d_cpu:>9.0f} ms "
                   f"{hf_d_cpu / ours['decode_cpu_s']:>5.2f}x", flush=True)
         if gpu:
-            print(f"{'':<6} ours per step: forward+backward {1e3 * ours['train_forward_backward_s']:.0f}"
+            print(f"{'':<8} ours per step: forward+backward {1e3 * ours['train_forward_backward_s']:.0f}"
                   f" ms, optimizer {1e3 * ours['train_optim_s']:.0f} ms", flush=True)
         if "weight_bytes" in ours:
             # Zero copies: the engine holds its KV cache and nothing the size
             # of the weights beside the trainer's parameters.
-            print(f"{'':<6} engine memory beside the trainer's {ours['weight_bytes'] / 2**20:.0f} MiB"
+            print(f"{'':<8} engine memory beside the trainer's {ours['weight_bytes'] / 2**20:.0f} MiB"
                   f" of weights: KV cache {ours['engine_cache_bytes'] / 2**20:.0f} MiB, other "
                   f"{ours['engine_other_bytes'] / 2**20:.0f} MiB", flush=True)
         print_gpu_profile("train", ours.get("train_gpu_profile"))

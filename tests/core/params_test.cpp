@@ -30,6 +30,13 @@ TEST(Params, StructDefaultsEqualTheDeclaredDefaults) {
     const auto e = rl::core::EngineConfig{}, e0 = rl::core::EngineConfig::from_json("{}");
     EXPECT_EQ(e.max_batch_sequences, e0.max_batch_sequences);
     EXPECT_EQ(e.kv_cache_fraction, e0.kv_cache_fraction);
+    EXPECT_EQ(e.noise.enabled, e0.noise.enabled);
+    EXPECT_EQ(e.noise.sigma_start, e0.noise.sigma_start);
+    EXPECT_EQ(e.noise.sigma_end, e0.noise.sigma_end);
+    EXPECT_EQ(e.noise.num_stages, e0.noise.num_stages);
+    EXPECT_EQ(e.total_steps, e0.total_steps);
+    EXPECT_EQ(e.first_step, e0.first_step);
+    EXPECT_EQ(e.seed, e0.seed);
     const auto b = rl::core::BufferConfig{}, b0 = rl::core::BufferConfig::from_json("{}");
     EXPECT_EQ(b.group_size, b0.group_size);
     EXPECT_EQ(b.easy_threshold, b0.easy_threshold);
@@ -68,6 +75,32 @@ TEST(Params, TheReaderNamesTheKeyAndTheRule) {
     EXPECT_EQ(filled["warmup_steps"], 3); // integral numbers are integers
     EXPECT_EQ(filled["learning_rate"], 1e-5);
     EXPECT_TRUE(filled["seed"].is_null());
+}
+
+TEST(Params, DottedKeysAreReadNestedOrFlat) {
+    const auto &specs = rl::core::engine_params();
+    const json nested = rl::core::read_params(
+        json{{"noise_scheduler", {{"enabled", true}, {"num_stages", 4.0}}}}, specs, "engine", "e");
+    EXPECT_EQ(nested["noise_scheduler.enabled"], true);
+    EXPECT_EQ(nested["noise_scheduler.num_stages"], 4);
+    EXPECT_EQ(nested["noise_scheduler.sigma_start"], 5e-2); // the default
+    const json flat =
+        rl::core::read_params(json{{"noise_scheduler.enabled", true}}, specs, "engine", "e");
+    EXPECT_EQ(flat["noise_scheduler.enabled"], true);
+    EXPECT_NE(error_of([&] {
+                  rl::core::read_params(json{{"noise_scheduler", {{"sigma_end", 0}}}}, specs,
+                                        "engine", "engine config");
+              }).find("engine config: key 'engine.noise_scheduler.sigma_end' must be > 0, got 0"),
+              std::string::npos);
+    EXPECT_NE(
+        error_of([&] {
+            rl::core::read_params(json{{"noise_scheduler", {{"x", 1}}}}, specs, "engine", "e");
+        }).find("unknown key 'engine.noise_scheduler.x'"),
+        std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  rl::core::read_params(json{{"noise_scheduler", true}}, specs, "engine", "e");
+              }).find("key 'engine.noise_scheduler' must be an object"),
+              std::string::npos);
 }
 
 TEST(Params, ChoicesAcceptNumberedPatterns) {

@@ -226,6 +226,17 @@ TEST(Config, OutOfRangeValuesAreRefusedAtLoadNamingFileLineAndRange) {
                     "--set rollout.temperature=-0.5: key 'rollout.temperature' must be >= 0"));
     EXPECT_TRUE(
         set_refused("engine.kv_cache_fraction=0", "'engine.kv_cache_fraction' must be in (0, 1]"));
+    // QeRL noise (docs/moe.md): nested keys of the engine section.
+    EXPECT_TRUE(set_refused("engine.noise_scheduler.sigma_start=0",
+                            "'engine.noise_scheduler.sigma_start' must be > 0"));
+    EXPECT_TRUE(set_refused("engine.noise_scheduler.num_stages=1",
+                            "'engine.noise_scheduler.num_stages' must be >= 2"));
+    EXPECT_TRUE(set_refused("engine.noise_scheduler.sigma=0.1",
+                            "unknown key 'engine.noise_scheduler.sigma'"));
+    Loaded noise = load("", {"engine.noise_scheduler.enabled=true"});
+    ASSERT_EQ(noise.status, RL_OK) << noise.error;
+    EXPECT_EQ(noise.config["engine"]["noise_scheduler"]["enabled"], true);
+    EXPECT_EQ(noise.config["engine"]["noise_scheduler"]["num_stages"], 10);
     EXPECT_TRUE(
         set_refused("model.device=cuda:x", "must be one of auto,cpu,cuda,cuda:N; got 'cuda:x'"));
     EXPECT_EQ(load("", {"model.device=cuda:1"}).status, RL_OK);

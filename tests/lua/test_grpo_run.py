@@ -12,6 +12,9 @@
   the same tasks (env tasks or a JSON-lines file, whose bad line is named);
 - DAPO's overlong shaping (reward.overlong_buffer): the formula, and a step's
   reward moved by exactly its logged penalty (rollouts:set_rewards);
+- QeRL noise (engine.noise_scheduler): the first stage samples as without
+  noise, the noisy stages only move the rollouts (the rollout / trainer 'kl'
+  leaves 0), counted after the warm-up; refused with an inference server;
 - `rlhost report`: one HTML page with a chart per metric and phase (as many
   points as records) and the samples, text escaped, no script; it reads a
   run that is still writing its last line and names a broken one."""
@@ -101,6 +104,48 @@ class ReferenceModel(GrpoRun):
         self.assertTrue(steps)
         self.assertTrue(all("ref_kl" not in r for r in steps), steps)
         self.assertFalse(os.path.exists(os.path.join(self.run_dir, "reference")))
+
+
+class QerlNoise(GrpoRun):
+    """engine.noise_scheduler (docs/moe.md) through the Lua loop: the first
+    stage samples as without noise, later stages sample with noisy norms while
+    the trainer scores with the clean ones (the rollout / trainer mismatch
+    'kl' leaves 0); an inference server is refused."""
+
+    def records(self, name):
+        with open(os.path.join(self.tmp.name, "runs", name, "metrics.jsonl")) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+        return [r for r in recs if r["phase"] == "rl"]
+
+    def test_the_first_stage_is_clean_and_the_noisy_stages_move_only_the_rollouts(self):
+        # 6 RL steps after the 3-step warm-up (schedule step = policy version
+        # - 3), 2 stages: rollouts at schedule steps 0-2 are noise-free, later
+        # ones at sigma_start.
+        for name, on in (("clean", "false"), ("noisy", "true")):
+            self.rlhost_run("run.steps=6", f"run.name={name}", "engine.noise_scheduler.num_stages=2",
+                            f"engine.noise_scheduler.enabled={on}",
+                            "buffer.drop_zero_variance=false")
+        clean, noisy = self.records("clean"), self.records("noisy")
+        self.assertEqual(len(clean), 6)
+        self.assertEqual(len(noisy), 6)
+        # The first step samples at version 3 = schedule step 0: as without noise.
+        self.assertEqual(clean[0]["reward"], noisy[0]["reward"])
+        self.assertEqual(clean[0].get("kl"), noisy[0].get("kl"))
+        kl_clean = [r["kl"] for r in clean if "kl" in r]
+        kl_noisy = [r["kl"] for r in noisy if "kl" in r]
+        self.assertTrue(kl_clean and all(k < 1e-9 for k in kl_clean), clean)
+        # Noisy: clean trained steps, then only noisy ones (kl > 0), at least one.
+        first = next(i for i, k in enumerate(kl_noisy) if k > 1e-6)
+        self.assertGreater(first, 0, kl_noisy)
+        self.assertTrue(all(k < 1e-9 for k in kl_noisy[:first]), kl_noisy)
+        self.assertTrue(all(k > 1e-6 for k in kl_noisy[first:]), kl_noisy)
+
+    def test_noise_with_an_inference_server_is_refused(self):
+        p = self.rlhost_run("run.steps=1", "inference_server.url=http://127.0.0.1:9",
+                            "engine.noise_scheduler.enabled=true", ok=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("engine.noise_scheduler.enabled (QeRL noise) applies to the co-located engine",
+                      p.stdout + p.stderr)
 
 
 class Samples(GrpoRun):

@@ -5,6 +5,7 @@
 #include "rl/core/json.hpp"
 
 #include <cmath>
+#include <functional>
 #include <sstream>
 
 namespace rl::core {
@@ -156,22 +157,40 @@ json read_params(const json &object, const std::vector<ParamSpec> &specs,
     json out = json::object();
     for (const auto &s : specs) out[s.key] = s.fallback;
     if (object.is_null()) return out;
-    for (const auto &kv : object.items()) {
-        const ParamSpec *spec = nullptr;
-        for (const auto &s : specs)
-            if (s.key == kv.key()) spec = &s;
-        if (!spec) {
-            std::vector<std::string> keys;
-            for (const auto &s : specs) keys.push_back(s.key);
-            throw Error(ErrorKind::InvalidArgument,
-                        what + ": unknown key '" + prefix + kv.key() + "'; valid: " + joined(keys));
+    // A dotted key ("noise_scheduler.enabled") may be given flat or as a
+    // nested object ({"noise_scheduler": {"enabled": true}}).
+    std::function<void(const json &, const std::string &)> read = [&](const json &node,
+                                                                      const std::string &path) {
+        for (const auto &kv : node.items()) {
+            const std::string key = path + kv.key();
+            const ParamSpec *spec = nullptr;
+            bool group = false;
+            for (const auto &s : specs) {
+                if (s.key == key) spec = &s;
+                if (s.key.compare(0, key.size() + 1, key + ".") == 0) group = true;
+            }
+            if (!spec && group) {
+                if (!kv.value().is_object())
+                    throw Error(ErrorKind::InvalidArgument,
+                                what + ": key '" + prefix + key + "' must be an object (of its " +
+                                    key + ".* settings), got " + kv.value().type_name());
+                read(kv.value(), key + ".");
+                continue;
+            }
+            if (!spec) {
+                std::vector<std::string> keys;
+                for (const auto &s : specs) keys.push_back(s.key);
+                throw Error(ErrorKind::InvalidArgument,
+                            what + ": unknown key '" + prefix + key + "'; valid: " + joined(keys));
+            }
+            try {
+                out[spec->key] = check_param(*spec, kv.value(), prefix + spec->key);
+            } catch (const Error &e) {
+                throw Error(e.kind(), what + ": " + e.what());
+            }
         }
-        try {
-            out[spec->key] = check_param(*spec, kv.value(), prefix + spec->key);
-        } catch (const Error &e) {
-            throw Error(e.kind(), what + ": " + e.what());
-        }
-    }
+    };
+    read(object, "");
     return out;
 }
 

@@ -133,6 +133,31 @@ const std::vector<ParamSpec> &engine_params() {
                           "The LoRA adapter generate samples with when a call names none (its "
                           "name on the model; empty: the base model). Scripts set it from the "
                           "lora section.")),
+        param("noise_scheduler.enabled", T::Boolean, false,
+              "QeRL exploration noise (Surogate's noise_scheduler): sample with Gaussian noise "
+              "N(0, sigma^2) on the RMSNorm weights (each layer's input_layernorm and "
+              "post_attention_layernorm, the final norm); the trainer keeps the clean weights. "
+              "sigma decays geometrically over num_stages stages of the run, the first "
+              "noise-free (docs/moe.md)."),
+        param("noise_scheduler.sigma_start", T::Number, 5e-2,
+              "QeRL noise: sigma of the first noisy stage.", Range::above(0)),
+        param("noise_scheduler.sigma_end", T::Number, 5e-4, "QeRL noise: sigma of the last stage.",
+              Range::above(0)),
+        param("noise_scheduler.num_stages", T::Integer, 10,
+              "QeRL noise: stages of equal length over the run's steps, the first noise-free.",
+              Range::at_least(2)),
+        script_only(param("total_steps", T::Integer, 0,
+                          "Optimizer steps of the run (the noise schedule's length). Scripts "
+                          "pass run.steps.",
+                          Range::at_least(0))),
+        script_only(param("first_step", T::Integer, 0,
+                          "The policy version at which the noise schedule's step 0 falls: "
+                          "optimizer steps taken before the RL loop (a supervised warm-up) do not "
+                          "count. Scripts pass sft.steps.",
+                          Range::at_least(0))),
+        script_only(nullable(param("seed", T::Integer, nullptr,
+                                   "Seeds the QeRL noise (scripts pass run.seed; null: 0).",
+                                   Range::at_least(0)))),
     };
     return specs;
 }

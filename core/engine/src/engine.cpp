@@ -8,6 +8,7 @@
 #include "rl/core/params.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 namespace rl::core {
@@ -47,12 +49,52 @@ const char *finish_reason_name(FinishReason r) {
     return r == FinishReason::Stop ? "stop" : "length";
 }
 
+namespace {
+
+// Python's float floor division (a // b for floats, as Surogate's schedule
+// computes its stage), so a stage boundary falls on the same step.
+double py_floordiv(double a, double b) {
+    const double mod = std::fmod(a, b);
+    double div = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1.0;
+    if (div == 0) return 0;
+    double floordiv = std::floor(div);
+    if (div - floordiv > 0.5) floordiv += 1.0;
+    return floordiv;
+}
+
+} // namespace
+
+double NoiseSchedule::sigma(int64_t step, int64_t total_steps) const {
+    if (!enabled || total_steps <= 0) return 0.0;
+    // num_stages - 1 noisy stages after the noise-free first one.
+    const int64_t noisy = std::max<int64_t>(num_stages - 1, 1);
+    const double per_stage = static_cast<double>(total_steps) / static_cast<double>(noisy + 1);
+    const double at = static_cast<double>(std::min(step, total_steps));
+    const auto stage = static_cast<int64_t>(py_floordiv(at, per_stage));
+    if (stage <= 0) return 0.0;
+    const int64_t i = std::min(stage - 1, noisy - 1);
+    if (noisy == 1) return sigma_start;
+    const double e = static_cast<double>(i) / static_cast<double>(noisy - 1);
+    return sigma_start * std::pow(sigma_end / sigma_start, e);
+}
+
 EngineConfig EngineConfig::from_json(const std::string &text) {
     const json j = read_params_text(text, engine_params(), "engine", "engine config");
     EngineConfig c;
     c.max_batch_sequences = j["max_batch_sequences"].get<int64_t>();
     c.kv_cache_fraction = j["kv_cache_fraction"].get<double>();
     c.adapter = j["adapter"].get<std::string>();
+    c.noise.enabled = j["noise_scheduler.enabled"].get<bool>();
+    c.noise.sigma_start = j["noise_scheduler.sigma_start"].get<double>();
+    c.noise.sigma_end = j["noise_scheduler.sigma_end"].get<double>();
+    c.noise.num_stages = j["noise_scheduler.num_stages"].get<int64_t>();
+    c.total_steps = j["total_steps"].get<int64_t>();
+    c.first_step = j["first_step"].get<int64_t>();
+    if (!j["seed"].is_null()) c.seed = j["seed"].get<uint64_t>();
+    if (c.noise.enabled && c.total_steps <= 0)
+        invalid("engine config: engine.noise_scheduler.enabled needs the run's length: "
+                "engine.total_steps must be > 0 (scripts pass run.steps; rl.engine_config does)");
     return c;
 }
 
@@ -62,7 +104,18 @@ Engine::Engine(std::shared_ptr<Policy> policy, EngineConfig config)
     require(!policy_->model().config().is_classifier(), ErrorKind::InvalidArgument,
             "engine: the model is a " + policy_->model().config().class_name() +
                 " (a reward model with a score head, no language-model head): it cannot generate");
+    if (config_.noise.enabled) {
+        require(config_.noise.sigma_start > 0, ErrorKind::InvalidArgument,
+                "engine: noise_scheduler.sigma_start must be > 0");
+        require(config_.noise.sigma_end > 0, ErrorKind::InvalidArgument,
+                "engine: noise_scheduler.sigma_end must be > 0");
+        require(config_.noise.num_stages >= 2, ErrorKind::InvalidArgument,
+                "engine: noise_scheduler.num_stages must be >= 2 (the first stage is noise-free)");
+        require(config_.total_steps > 0, ErrorKind::InvalidArgument,
+                "engine: noise_scheduler.enabled needs total_steps > 0 (the run's length)");
+    }
     version_ = policy_->version();
+    refresh_noise();
 }
 
 Engine::~Engine() = default;
@@ -70,7 +123,38 @@ Engine::~Engine() = default;
 int64_t Engine::sync_weights() {
     version_ = policy_->version();
     if (cache_) cache_->clear_all();
+    refresh_noise();
     return policy_version();
+}
+
+// QeRL noise: fresh noisy copies of the norm weights for the version just
+// adopted, from the model's current (clean) weights. Drawn in float32 on the
+// CPU from a generator seeded by (seed, version), so they depend on neither
+// the device nor the dtype, nor on how many calls ran before.
+void Engine::refresh_noise() {
+    noisy_norms_.clear();
+    const int64_t version = policy_version();
+    const int64_t step = std::max<int64_t>(0, version - config_.first_step);
+    noise_sigma_ = config_.noise.sigma(step, config_.total_steps);
+    if (noise_sigma_ <= 0) return;
+    CausalLM &model = policy_->model();
+    model.materialize_weights();
+    std::vector<const RMSNorm *> norms;
+    for (const auto &layer : model.model->layers) {
+        norms.push_back(layer->input_layernorm.get());
+        norms.push_back(layer->post_attention_layernorm.get());
+    }
+    norms.push_back(model.model->norm.get());
+    const uint64_t seed = mix64(config_.seed.value_or(0) ^ mix64(static_cast<uint64_t>(version)));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    at::NoGradGuard no_grad;
+    for (const RMSNorm *norm : norms) {
+        const at::Tensor &clean = norm->weight;
+        at::Tensor noise = at::empty(clean.sizes(), at::kFloat);
+        noise.normal_(0.0, noise_sigma_, gen);
+        at::Tensor noisy = clean.detach().to(at::kCPU, at::kFloat) + noise;
+        noisy_norms_.emplace(norm, noisy.to(clean.device(), clean.scalar_type()).contiguous());
+    }
 }
 
 int64_t Engine::policy_version() const {
@@ -204,6 +288,7 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
     if (mc.max_position_embeddings > 0) capacity = std::min(capacity, mc.max_position_embeddings);
     const Prepared prep = prepare(prompts, params, capacity, "generate");
     AdapterScope adapter_scope(prep.adapter, /*training=*/false);
+    NormWeightsScope noise_scope(&noisy_norms_); // QeRL noise (empty: the clean norms)
 
     c10::InferenceMode inference;
     const int64_t total = static_cast<int64_t>(prompts.size()) * params.n;

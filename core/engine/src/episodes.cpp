@@ -72,6 +72,7 @@ Episodes Engine::generate_episodes(const std::vector<std::vector<int64_t>> &prom
                     " tokens (max_context)");
     const Prepared prep = prepare(prompts, params, capacity, fn);
     AdapterScope adapter_scope(prep.adapter, /*training=*/false);
+    NormWeightsScope noise_scope(&noisy_norms_); // QeRL noise (empty: the clean norms)
 
     c10::InferenceMode inference;
     const int64_t total = static_cast<int64_t>(prompts.size()) * params.n;

@@ -165,17 +165,42 @@ RMSNorm::RMSNorm(int64_t dim, double eps_, const ModelOptions &o) : eps(eps_) {
     weight = register_parameter("weight", at::empty({dim}, param_options(o)));
 }
 
+namespace {
+thread_local const NormWeights *tl_norm_weights = nullptr;
+} // namespace
+
+NormWeightsScope::NormWeightsScope(const NormWeights *weights) : previous_(tl_norm_weights) {
+    tl_norm_weights = weights;
+}
+
+NormWeightsScope::~NormWeightsScope() {
+    tl_norm_weights = previous_;
+}
+
+const NormWeights *NormWeightsScope::current() {
+    return tl_norm_weights;
+}
+
+const at::Tensor &RMSNorm::used_weight() const {
+    if (tl_norm_weights != nullptr && !tl_norm_weights->empty()) {
+        const auto it = tl_norm_weights->find(this);
+        if (it != tl_norm_weights->end()) return it->second;
+    }
+    return weight;
+}
+
 at::Tensor RMSNorm::forward(const at::Tensor &x) const {
+    const at::Tensor &w = used_weight();
     // On CUDA, libtorch's fused kernel (one launch forward, fused backward;
     // statistics in fp32, one rounding of x * rstd * weight to the dtype).
     // The unfused form below is ~8 kernels forward and ~10 backward, which
     // dominated a bfloat16 training step and decoding on the GPU.
-    if (x.is_cuda()) return at::rms_norm(x, {weight.size(0)}, weight, eps);
+    if (x.is_cuda()) return at::rms_norm(x, {w.size(0)}, w, eps);
     // As transformers: normalize in fp32, cast back, then scale.
     at::Tensor xf = as_float(x);
     at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
     at::Tensor y = xf * at::rsqrt(var + eps);
-    return weight * y.to(x.scalar_type());
+    return w * y.to(x.scalar_type());
 }
 
 Attention::Attention(const ModelConfig &c, const ModelOptions &o) {
@@ -375,10 +400,11 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         at::Tensor v =
             proj(*attn.v_proj, x, LoraTarget::V).view({T, c.num_key_value_heads, c.head_dim});
         if (c.qk_norm && cos.size(-1) == c.head_dim &&
-            fused::norm_rope_applies(q, attn.q_norm->weight)) {
+            fused::norm_rope_applies(q, attn.q_norm->used_weight())) {
             // Norm and rotation of q and k in one kernel (fused_ops.hpp).
-            std::tie(q, k) = fused::qk_norm_rope(q, k, attn.q_norm->weight, attn.k_norm->weight,
-                                                 attn.q_norm->eps, cos, sin);
+            std::tie(q, k) =
+                fused::qk_norm_rope(q, k, attn.q_norm->used_weight(), attn.k_norm->used_weight(),
+                                    attn.q_norm->eps, cos, sin);
         } else {
             if (c.qk_norm) {
                 q = attn.q_norm->forward(q);

@@ -200,11 +200,16 @@ function rl.buffer_config(cfg, extra)
     return section(cfg.buffer, { min_rollouts = true }, { group_size = cfg.rollout.n }, extra)
 end
 
---- rl.engine_config(cfg [, extra]): the engine section of the configuration,
---- as rl_engine_create wants it.
+--- rl.engine_config(cfg [, extra]): the engine section of the configuration
+--- plus total_steps, first_step and seed (the QeRL noise schedule's length,
+--- its start after a supervised warm-up of sft.steps, its seed), as
+--- rl_engine_create wants it.
 function rl.engine_config(cfg, extra)
     cfg = cfg or rl.config()
-    local e = section(cfg.engine, nil)
+    local e = section(cfg.engine, nil, {
+        total_steps = cfg.run.steps, seed = cfg.run.seed,
+        first_step = (cfg.sft and cfg.sft.steps) or 0,
+    })
     -- lora.rank > 0: sample with the adapter the trainer trains.
     if cfg.lora and (cfg.lora.rank or 0) > 0 then e.adapter = "default" end
     for k, v in pairs(extra or {}) do e[k] = v end
@@ -221,6 +226,11 @@ function rl.rollout_engine(model, cfg, run)
     cfg = cfg or rl.config()
     local s = cfg.inference_server
     if s == nil or s.url == "" then return model:engine(rl.engine_config(cfg)) end
+    if cfg.engine and cfg.engine.noise_scheduler and cfg.engine.noise_scheduler.enabled then
+        error("engine.noise_scheduler.enabled (QeRL noise) applies to the co-located engine and to "
+            .. "engines over synced weights (grpo_disaggregated.lua), not to an inference server "
+            .. "(inference_server.url)", 2)
+    end
     if cfg.lora and (cfg.lora.rank or 0) > 0 then
         error("lora.rank > 0 needs the co-located engine: an inference server (inference_server.url) "
             .. "receives the base weights, not the adapter", 2)

@@ -24,6 +24,27 @@
 
 namespace rl::core {
 
+/// QeRL exploration noise (Surogate's noise_scheduler; docs/moe.md): the
+/// engine samples with Gaussian noise N(0, sigma^2) added to the RMSNorm
+/// weights of every decoder layer (input_layernorm, post_attention_layernorm)
+/// and the final norm, sigma decaying geometrically over the run's stages, the
+/// first stage noise-free. The trainer's weights are never changed.
+struct NoiseSchedule {
+    bool enabled = false;
+    double sigma_start = 5e-2; ///< sigma of the first noisy stage
+    double sigma_end = 5e-4;   ///< sigma of the last stage
+    int64_t num_stages = 10;   ///< stages over the run, the first noise-free (>= 2)
+
+    /// Sigma at optimizer step `step` (the policy version) of a run of
+    /// `total_steps` steps; 0 when disabled or total_steps <= 0. With
+    /// N = num_stages the run is cut into N stages of total_steps / N steps
+    /// (stage = floor(min(step, total_steps) / (total_steps / N))); stage 0 has
+    /// sigma 0, stage s >= 1 has sigma_start * (sigma_end / sigma_start)^((s -
+    /// 1) / (N - 2)) (sigma_start alone when N = 2), the last stage's sigma
+    /// also at step total_steps.
+    double sigma(int64_t step, int64_t total_steps) const;
+};
+
 struct EngineConfig {
     int64_t max_batch_sequences = 0; ///< samples decoded together; 0: all of a call
     /// KV-cache budget: this fraction of the device's memory (GPU memory on
@@ -33,6 +54,16 @@ struct EngineConfig {
     /// The LoRA adapter generate uses when a call names none (its name in
     /// the policy's registry); empty: the base model.
     std::string adapter;
+    NoiseSchedule noise;
+    /// Optimizer steps of the run (the noise schedule's length; scripts pass
+    /// run.steps).
+    int64_t total_steps = 0;
+    /// The policy version that is step 0 of the noise schedule (optimizer
+    /// steps before the RL loop, e.g. a supervised warm-up; scripts pass
+    /// sft.steps): the schedule's step is max(0, version - first_step).
+    int64_t first_step = 0;
+    /// Seeds the noise (scripts pass run.seed); unset: 0.
+    std::optional<uint64_t> seed;
     /// JSON object (empty text or null: defaults); unknown keys are errors.
     static EngineConfig from_json(const std::string &json_text);
 };
@@ -151,6 +182,15 @@ public:
     int64_t sync_weights();
     int64_t policy_version() const;
 
+    /// The QeRL noise sigma of the engine's current policy version
+    /// (config.noise at step version - config.first_step; 0 without noise or
+    /// in the first stage).
+    double noise_sigma() const { return noise_sigma_; }
+    /// The norm weights generate uses in place of the model's own (noisy
+    /// copies, rebuilt by every sync_weights from the model's current weights
+    /// with seed mix64(seed ^ mix64(version))); empty when noise_sigma() is 0.
+    const NormWeights &noisy_norms() const { return noisy_norms_; }
+
     /// Frees the KV cache / allocates it again.
     void sleep();
     void wake_up();
@@ -188,6 +228,9 @@ private:
     int64_t version_ = 0;
     bool asleep_ = false;
     std::optional<KVCache> cache_;
+    double noise_sigma_ = 0;
+    NormWeights noisy_norms_;
+    void refresh_noise();
 };
 
 } // namespace rl::core

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -76,9 +77,38 @@ public:
 class RMSNorm : public torch::nn::Module {
 public:
     RMSNorm(int64_t dim, double eps, const ModelOptions &o);
+    /// Scales by used_weight().
     at::Tensor forward(const at::Tensor &x) const;
+    /// The weight a forward on this thread uses: the NormWeightsScope's
+    /// replacement for this module when one is open and holds one, else
+    /// `weight`.
+    const at::Tensor &used_weight() const;
     at::Tensor weight;
     double eps;
+};
+
+/// Replacement weights for some RMSNorm modules, by module (same shape, dtype
+/// and device as the module's weight).
+using NormWeights = std::unordered_map<const RMSNorm *, at::Tensor>;
+
+/// While a scope lives, every forward on the calling thread (training
+/// forwards, token_logprobs, extend / prefill / decode) scales by the scope's
+/// weights instead of the modules' own; the parameters are not touched, so
+/// another thread (the trainer) keeps reading the clean ones. The rollout
+/// engine opens one for its QeRL noise (engine.hpp). `weights` (not owned)
+/// must outlive the scope; null or empty: the modules' own weights. Scopes
+/// nest (the inner one wins until it ends).
+class NormWeightsScope {
+public:
+    explicit NormWeightsScope(const NormWeights *weights);
+    ~NormWeightsScope();
+    NormWeightsScope(const NormWeightsScope &) = delete;
+    NormWeightsScope &operator=(const NormWeightsScope &) = delete;
+    /// The scope's weights on this thread, or null.
+    static const NormWeights *current();
+
+private:
+    const NormWeights *previous_;
 };
 
 class Attention : public torch::nn::Module {
