@@ -6,6 +6,7 @@
 // base64 data, bare base64), and the meta_info encoding of what it decoded.
 #include "fuzz_target.hpp"
 
+#include "serve/fields.hpp"
 #include "serve/routed_experts_wire.hpp"
 
 #include "rl/core/error.hpp"
@@ -37,14 +38,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     refused_or_done([&] {
         const rl::serve::json body = rl::serve::json_body(req);
         refused_or_done([&] {
-            const std::vector<int32_t> ids = rl::serve::request_routed_experts(
-                body, "forward_backward_input", kCu, kLayers, kK);
+            const std::vector<int32_t> ids =
+                rl::serve::request_routed_experts(body, "forward_backward_input", kCu, kLayers, kK);
             rl::serve::json meta;
             if (!ids.empty()) rl::serve::put_routed_experts(meta, ids, kCu.back(), kLayers, kK);
         });
-        refused_or_done([&] {
-            rl::serve::request_routed_experts(body, "forward_backward_input", kCu, 0, 0);
-        });
+        refused_or_done(
+            [&] { rl::serve::request_routed_experts(body, "forward_backward_input", kCu, 0, 0); });
         const rl::serve::json *items = nullptr;
         if (body.is_object()) {
             auto in = body.find("forward_backward_input");
