@@ -23,7 +23,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/torch.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 
 #include <sys/stat.h>
 
