@@ -20,10 +20,11 @@ typedef struct rl_training_server rl_training_server_t;
  * `runtime` (may be NULL) provides the loss plugins by name; Tinker's loss
  * names (cross_entropy, importance_sampling, ppo, cispo) run the plugins that
  * implement them (docs/training-server.md), so without a runtime every
- * forward_backward is refused naming the loss. options_json (may be NULL) is a JSON object, every key
- * optional but checkpoint_dir: {"host": "127.0.0.1", "port": 8000 (0: any
- * free port), "api_key": "" (set: "X-API-Key: <key>" or "Authorization:
- * Bearer <key>" needed), "model_path", "base_model" (the folder's name),
+ * forward_backward is refused naming the loss. options_json (may be NULL) is
+ * a JSON object, every key optional but checkpoint_dir: {"host":
+ * "127.0.0.1", "port": 8000 (0: any free port), "api_key": "" (set:
+ * "X-API-Key: <key>" or "Authorization: Bearer <key>" needed), "model_path",
+ * "base_model" (the folder's name),
  * "checkpoint_dir", "max_body_bytes": 67108864, "max_connections": 256,
  * "idle_timeout_s": 60, "session_timeout_s": 300, "poll_timeout_s": 20,
  * "future_ttl_s": 3600, "max_queued": 256, "workers": 2, "max_models": 16,
