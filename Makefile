@@ -27,7 +27,7 @@ endif
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: all deps configure build test run bench fuzz format clean
+.PHONY: all deps test-deps configure build test run bench fuzz format clean
 
 all: build
 
@@ -43,7 +43,11 @@ configure: deps
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+# What only the tests need besides the build (a headless browser).
+test-deps: deps
+	@bash scripts/install-deps.sh --tests
+
+test: test-deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # Only what the example runs (rlhost and the shipped plugins), not the tests

@@ -3,7 +3,8 @@
 # the pinned PyPI torch wheel in the project venv .venv/ (CMake finds it there;
 # see cmake/RlTorch.cmake). Idempotent: a package already present is skipped,
 # and nothing is fetched when all are.
-# Usage: scripts/install-deps.sh   (as root, or with sudo available)
+# Usage: scripts/install-deps.sh [--tests]   (as root, or with sudo available)
+#   --tests                  also what only the tests use (`make test` passes it)
 #   RL_TORCH_VERSION=2.x.y   another torch wheel than the pinned one
 #   RL_SKIP_TORCH=1          no venv: build against a torch you provide
 #                            (-DRL_PYTHON=... or -DCMAKE_PREFIX_PATH=...)
@@ -22,6 +23,15 @@ packages=(
   libgloo-dev
   clang libclang-rt-14-dev
 )
+
+# Only the tests use these: a headless browser that opens the page of
+# `rlhost report` (tests/lua/test_grpo_run.py).
+test_packages=(chromium-headless-shell)
+case "${1:-}" in
+  "") ;;
+  --tests) packages+=("${test_packages[@]}") ;;
+  *) echo "install-deps: unknown argument '$1' (the only one is --tests)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -17,10 +17,14 @@
   leaves 0), counted after the warm-up; refused with an inference server;
 - `rlhost report`: one HTML page with a chart per metric and phase (as many
   points as records) and the samples, text escaped, no script; it reads a
-  run that is still writing its last line and names a broken one."""
+  run that is still writing its last line and names a broken one; a real
+  browser (Debian's headless Chromium, installed by `install-deps.sh
+  --tests`) lays out and paints every chart with no page error."""
 
 import json
 import os
+import re
+import shutil
 from html.parser import HTMLParser
 import subprocess
 import tempfile
@@ -285,6 +289,30 @@ class Page(HTMLParser):
             self._in_title = False
 
 
+# Put at the top of the report's <head>: collects page errors, and after the
+# load event writes what the browser made of each chart into <pre id="probe">.
+PROBE = """<script>
+window.__errors = [];
+window.addEventListener("error", (e) => window.__errors.push(String(e.message)));
+window.addEventListener("load", () => {
+  const charts = [...document.querySelectorAll("figure.chart svg")].map((svg) => {
+    const box = svg.getBoundingClientRect();
+    const line = svg.querySelector("polyline");
+    const bb = line.getBBox();
+    const style = getComputedStyle(line);
+    return {title: svg.querySelector("title").textContent, width: box.width,
+            height: box.height, points: line.points.numberOfItems, line_width: bb.width,
+            line_height: bb.height, stroke: style.stroke, fill: style.fill,
+            visible: style.visibility === "visible" && style.display !== "none"};
+  });
+  const pre = document.createElement("pre");
+  pre.id = "probe";
+  pre.textContent = JSON.stringify({charts: charts, errors: window.__errors});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
 class Report(GrpoRun):
     def report(self, ok=True):
         p = subprocess.run([RLHOST, "report", self.run_dir], capture_output=True, text=True,
@@ -331,6 +359,45 @@ class Report(GrpoRun):
         p = self.report(ok=False)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn(f"metrics.jsonl:{len(recs) + 1} is not a JSON object", p.stderr)
+
+    def test_a_headless_browser_draws_every_chart_with_no_page_error(self):
+        browser = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+        self.assertIsNotNone(browser, "no headless Chromium: run scripts/install-deps.sh --tests "
+                                      "(Debian package chromium-headless-shell)")
+        self.rlhost_run("run.steps=3", "run.samples_every=1")
+        self.report()
+        with open(os.path.join(self.run_dir, "report.html")) as f:
+            html = f.read()
+        self.assertEqual(html.count("<head>"), 1)
+        probe_page = os.path.join(self.tmp.name, "probe.html")
+        with open(probe_page, "w") as f:
+            f.write(html.replace("<head>", "<head>" + PROBE))
+        p = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                            f"--user-data-dir={self.tmp.name}/chromium",
+                            "--enable-logging=stderr", "--v=0", "--window-size=1280,4000",
+                            "--virtual-time-budget=10000", "--dump-dom",
+                            "file://" + probe_page],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        # Script errors and console errors show on the browser's log.
+        for line in p.stderr.splitlines():
+            self.assertNotRegex(line, r"CONSOLE.*(Uncaught|Error)", line)
+        m = re.search(r'<pre id="probe">(.*?)</pre>', p.stdout, re.S)
+        self.assertIsNotNone(m, "the browser did not finish loading the page: " + p.stdout[-500:])
+        probe = json.loads(m.group(1).replace("&quot;", '"').replace("&lt;", "<")
+                           .replace("&gt;", ">").replace("&amp;", "&"))
+        self.assertEqual(probe["errors"], [])
+        expected = sorted(self.page().points)
+        charts = probe["charts"]
+        self.assertEqual(sorted(c["points"] for c in charts), expected)
+        self.assertIn("reward", [c["title"] for c in charts])
+        for c in charts:
+            self.assertEqual((c["width"], c["height"]), (320, 160), c)
+            self.assertTrue(c["visible"], c)
+            self.assertEqual(c["stroke"], "rgb(31, 111, 178)", c)  # svg .line
+            self.assertEqual(c["fill"], "none", c)
+            if c["points"] > 1:  # a line across the frame, from the first step to the last
+                self.assertGreater(c["line_width"], 200, c)
 
 
 if __name__ == "__main__":
