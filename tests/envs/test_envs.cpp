@@ -496,6 +496,40 @@ TEST(CalculatorEnv, ToolCallsGetResultsAndTheFinalAnswerIsScored) {
     EXPECT_DOUBLE_EQ(r["reward"].get<double>(), 0.0);
 }
 
+TEST(CalculatorEnv, AShareOfReferenceEpisodesAnswersWithoutTheTool) {
+    // The same tasks with every reference calling the tool, and with about
+    // half of them answering at once with the operands' leading-digit estimate.
+    auto all = make("calculator");
+    auto half = make("calculator", {{"reference_tool_rate", 0.5}});
+    const json a = tasks_of(*all, 200, 3), b = tasks_of(*half, 200, 3);
+    int direct = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i]["prompt"], b[i]["prompt"]); // the tasks do not change
+        ASSERT_EQ(a[i]["metadata"]["reference_turns"].size(), 2u);
+        const json &ref = b[i]["metadata"]["reference_turns"];
+        if (ref.size() == 2) {
+            EXPECT_EQ(ref, a[i]["metadata"]["reference_turns"]);
+            continue;
+        }
+        ASSERT_EQ(ref.size(), 1u);
+        ++direct;
+        const std::string expr = b[i]["metadata"]["expr"].get<std::string>(); // "47 * 23"
+        const int64_t x = std::stoll(expr.substr(0, expr.find(' ')));
+        const int64_t y = std::stoll(expr.substr(expr.rfind(' ') + 1));
+        const auto lead = [](int64_t v) { return (v + 5) / 10 * 10; }; // 2-digit operands
+        EXPECT_EQ(ref[0], std::to_string(lead(x) * lead(y))) << expr;
+        // A direct answer is one turn: the env takes it as the final answer.
+        const json r = step_of(*half, b[i], nullptr, ref[0].get<std::string>());
+        EXPECT_EQ(r["done"], true);
+    }
+    EXPECT_GT(direct, 70);
+    EXPECT_LT(direct, 130);
+    // Out of range is refused, naming the parameter.
+    const Outputs bad = create_status("calculator", {{"reference_tool_rate", 1.5}});
+    EXPECT_FALSE(bad.ok());
+    EXPECT_NE(bad.error.find("reference_tool_rate"), std::string::npos) << bad.error;
+}
+
 TEST(MultiTurnEnvs, SingleTurnEnvsHaveNoStep) {
     auto env = make("reverse_text");
     EXPECT_EQ(env->step("{}", "null", "x").status, RL_ERR_UNSUPPORTED);

@@ -122,7 +122,8 @@ public:
           max_digits_(p.integer("max_digits", 2, 1, 9)),
           max_calls_(p.integer("max_calls", 2, 1, 100)),
           family_(p.choice("family", "hermes", {"hermes", "llama3_json"})),
-          format_(p.string("prompt_format", "{expr} = ?\n")) {
+          format_(p.string("prompt_format", "{expr} = ?\n")),
+          reference_tool_rate_(p.number("reference_tool_rate", 1.0, 0.0, 1.0)) {
         if (max_digits_ < min_digits_)
             invalid(p.owner() + ": parameter 'max_digits' (" + std::to_string(max_digits_) +
                     ") must be >= 'min_digits' (" + std::to_string(min_digits_) + ")");
@@ -147,10 +148,15 @@ public:
             const int64_t a = operand(rng), b = operand(rng);
             const std::string expr = std::to_string(a) + " * " + std::to_string(b);
             const std::string result = std::to_string(a * b);
-            json t = make_task(fill(format_, "{expr}", expr), result,
-                               json{{"expr", expr},
-                                    {"result", a * b},
-                                    {"reference_turns", {call_text(expr), result}}});
+            // The reference episode calls the tool, or (a share of 1 -
+            // reference_tool_rate) answers at once with a rough estimate.
+            json reference = {call_text(expr), result};
+            if (reference_tool_rate_ < 1.0 &&
+                static_cast<double>(rng.uniform(0, 999'999)) >= reference_tool_rate_ * 1e6)
+                reference = {std::to_string(estimate(a) * estimate(b))};
+            json t = make_task(
+                fill(format_, "{expr}", expr), result,
+                json{{"expr", expr}, {"result", a * b}, {"reference_turns", std::move(reference)}});
             t["tools"] = tools_;
             tasks.push_back(std::move(t));
         }
@@ -206,6 +212,14 @@ private:
         return d == 1 ? rng.uniform(0, 9) : rng.uniform(pow10(d - 1), pow10(d) - 1);
     }
 
+    // x rounded to its leading digit (47 -> 50, 123 -> 100): a guess at a
+    // product without the tool.
+    static int64_t estimate(int64_t x) {
+        int64_t scale = 1;
+        while (x / scale >= 10) scale *= 10;
+        return (x + scale / 2) / scale * scale;
+    }
+
     // The call as the family writes it (the reference episode's first turn).
     std::string call_text(const std::string &expr) const {
         const std::string args = json{{"expression", expr}}.dump();
@@ -222,6 +236,7 @@ private:
 
     int64_t min_digits_, max_digits_, max_calls_;
     std::string family_, format_;
+    double reference_tool_rate_;
     json tools_;
 };
 
