@@ -483,10 +483,8 @@ struct Scheduler::Impl {
             const auto [token, logprob] = drawn[i];
             r.tokens.push_back(token);
             r.logprobs.push_back(logprob);
-            // With an adapter, the version is the adapter's (as Engine::generate).
-            const int64_t v = r.adapter ? r.adapter->version() : step_version;
-            if (r.first_version < 0) r.first_version = v;
-            r.last_version = v;
+            if (r.first_version < 0) r.first_version = step_version;
+            r.last_version = step_version;
             ++produced;
             std::optional<RequestEnd> end;
             std::string final_text;

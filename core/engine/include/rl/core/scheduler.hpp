@@ -16,8 +16,8 @@
 // LoRA: a request whose params name an adapter (SamplingParams::adapter, one
 // in the policy's registry) samples with it; each step runs one forward per
 // adapter among the running requests (the base model's being one), so
-// requests of different adapters still share steps. Its result reports the
-// adapter's version.
+// requests of different adapters still share steps. Versions stay those of
+// the policy's weights (an adapter does not change while a request holds it).
 //
 // Weights: exclusive(fn) waits for the step in progress, runs fn with no step
 // running (the server swaps weights there), then adopts the policy's version.
