@@ -266,4 +266,18 @@ std::vector<int64_t> stop_ids(const Server &server, bool ignore_eos,
     return out;
 }
 
+std::string adapter_named(const Server &server, const json *value, const std::string &param) {
+    if (value == nullptr || value->is_null()) return {};
+    if (!value->is_string())
+        refuse(param, param + " must be the name of a loaded LoRA adapter (a string) or null");
+    const std::string name = value->get<std::string>();
+    if (server.policy().find_adapter(name)) return name;
+    std::string known;
+    for (const auto &n : server.policy().adapter_names())
+        known += (known.empty() ? "'" : ", '") + n + "'";
+    refuse(param, param + " '" + name + "' is not a loaded LoRA adapter; loaded: " +
+                      (known.empty() ? std::string("none") : known) +
+                      " (load one with POST /load_lora_adapter)");
+}
+
 } // namespace rl::serve

@@ -115,4 +115,10 @@ json matched_stop(const Server &server, const SampleSpec &spec, const core::Requ
 std::vector<int64_t> stop_ids(const Server &server, bool ignore_eos,
                               const std::vector<int64_t> &extra);
 
+/// The LoRA adapter a request selects by name (SGLang's `lora_path`: the
+/// `lora_name` of a /load_lora_adapter; `param` names the field). Null or
+/// absent: "" (the base model). Refuses a non-string or an adapter that is
+/// not loaded, naming `param` and the adapters that are.
+std::string adapter_named(const Server &server, const json *value, const std::string &param);
+
 } // namespace rl::serve

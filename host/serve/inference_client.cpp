@@ -62,6 +62,9 @@ std::string message_of(const std::string &body) {
         if (j.contains("error") && j["error"].is_object() && j["error"].contains("message"))
             return j["error"]["message"].dump();
         if (j.contains("message") && j["message"].is_string()) return j["message"];
+        // SGLang's LoRA routes: {success, error_message, loaded_adapters}.
+        if (j.contains("error_message") && j["error_message"].is_string())
+            return j["error_message"];
         if (j.contains("error") && j["error"].is_string()) return j["error"];
     }
     return body.substr(0, 500);

@@ -151,6 +151,30 @@ std::vector<InferenceEndpoints::Endpoint> InferenceEndpoints::snapshot() const {
     return endpoints_;
 }
 
+std::string InferenceEndpoints::load_adapter(const std::string &name, const std::string &path) {
+    std::string failures;
+    for (const Endpoint &e : snapshot()) {
+        ClientOptions co;
+        co.url = url_of(e.host, e.port);
+        co.timeout_s = 300;
+        const InferenceClient client(co);
+        try {
+            bool loaded = false;
+            const json models = client.call("GET", "/v1/models");
+            if (models.is_object() && models.contains("data") && models["data"].is_array())
+                for (const json &m : models["data"])
+                    loaded = loaded || (m.is_object() && m.value("id", json()) == json(name) &&
+                                        !m.value("parent", json()).is_null());
+            if (loaded) client.call("POST", "/unload_lora_adapter", {{"lora_name", name}});
+            client.call("POST", "/load_lora_adapter",
+                        {{"lora_name", name}, {"lora_path", path}, {"pinned", false}});
+        } catch (const std::exception &ex) {
+            failures += (failures.empty() ? "" : "; ") + co.url + ": " + ex.what();
+        }
+    }
+    return failures;
+}
+
 json InferenceEndpoints::sync(const core::Policy &policy, int64_t version,
                               const SyncRequest &request) {
     const std::vector<Endpoint> targets = snapshot();

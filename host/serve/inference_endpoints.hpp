@@ -51,6 +51,13 @@ public:
     /// and the server's message; success overall when every one succeeded).
     nlohmann::json sync(const core::Policy &policy, int64_t version, const SyncRequest &request);
 
+    /// Loads the PEFT folder `path` as the LoRA adapter `name` on every
+    /// endpoint (SGLang's POST /load_lora_adapter), as xorl's
+    /// create_sampling_session does; an adapter of that name an endpoint has
+    /// already is unloaded first, so each serves the folder named now. ""
+    /// when every endpoint loaded it, else what failed ("url: message; ...").
+    std::string load_adapter(const std::string &name, const std::string &path);
+
 private:
     struct Endpoint {
         std::string host;

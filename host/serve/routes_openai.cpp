@@ -36,11 +36,17 @@ constexpr int64_t kMaxTopLogprobs = 20;
 
 // The fields both routes read (not max_tokens, logprobs, prompt / messages).
 void read_common(const Server &server, const Fields &f, Common &c) {
-    if (auto m = f.string("model"); m && *m != server.model_name())
-        throw ApiError(404,
-                       "the model '" + *m + "' does not exist; this server serves '" +
-                           server.model_name() + "'",
-                       "model");
+    if (auto m = f.string("model"); m && *m != server.model_name()) {
+        // A loaded LoRA adapter's name selects it (vLLM's convention).
+        if (server.policy().find_adapter(*m)) {
+            c.params.adapter = *m;
+        } else {
+            throw ApiError(404,
+                           "the model '" + *m + "' does not exist; this server serves '" +
+                               server.model_name() + "' and the LoRA adapters of GET /v1/models",
+                           "model");
+        }
+    }
     const int64_t vocab = vocab_size(server);
     if (auto v = f.number("temperature", 0, 1e4)) c.params.temperature = *v;
     if (auto v = f.number("top_p", 0, 1)) {
@@ -661,7 +667,18 @@ void add_openai_routes(Server &server) {
                                                                          : s->config().model_path},
                                  {"parent", nullptr},
                                  {"max_model_len", s->scheduler().max_context()}};
-                   send_json(r, {{"object", "list"}, {"data", json::array({model})}});
+                   json data = json::array({model});
+                   // Loaded LoRA adapters, as SGLang and vLLM list them: their
+                   // parent is the base model.
+                   for (const auto &[name, path] : s->adapters())
+                       data.push_back({{"id", name},
+                                       {"object", "model"},
+                                       {"created", 0},
+                                       {"owned_by", "rl"},
+                                       {"root", path},
+                                       {"parent", s->model_name()},
+                                       {"max_model_len", s->scheduler().max_context()}});
+                   send_json(r, {{"object", "list"}, {"data", std::move(data)}});
                }));
     router.add("POST", "/v1/completions",
                guarded([s](const Request &req, Responder &r) { completions(*s, req, r); }));

@@ -1,5 +1,5 @@
 // SGLang's native routes (POST /generate; health, model and server info;
-// cache, pause / continue, memory, abort, get_weights_by_name) and vLLM's
+// cache, pause / continue, memory, abort, get_weights_by_name, LoRA adapters) and vLLM's
 // equivalents (/pause, /resume, /is_paused, /sleep, /wake_up, /is_sleeping)
 // where they are the same operation. Shapes follow protocols.md part D.
 #include "api.hpp"
@@ -102,10 +102,14 @@ void read_sampling(Server &server, const json *sp, Item &item) {
 // `temperature` (the trainer's scoring), under the scheduler's lock on the
 // weights. Entry t = 0 has no context and is NaN (null on the wire).
 std::vector<float> prompt_logprobs(Server &server, const std::vector<int64_t> &prompt, int64_t from,
-                                   double temperature) {
+                                   double temperature, const std::string &adapter) {
     std::vector<float> out;
+    // The adapter (NotFound if it was unloaded since the request was read).
+    std::shared_ptr<const core::LoraAdapter> lora =
+        adapter.empty() ? nullptr : server.policy().adapter(adapter);
     server.scheduler().exclusive([&] {
         c10::InferenceMode guard;
+        core::AdapterScope scope(lora, /*training=*/false);
         core::CausalLM &model = server.policy().model();
         core::PackedBatch batch = core::PackedBatch::from_sequences({prompt});
         batch.input_ids = batch.input_ids.to(model.device());
@@ -215,7 +219,6 @@ void generate(Server &server, const Request &req, Responder &r) {
     if (f.has("text") == f.has("input_ids"))
         refuse(f.has("text") ? "input_ids" : "text", "give exactly one of text and input_ids");
     f.string("model"); // one model is served; the name is not checked here
-    if (f.has("lora_path")) refuse("lora_path", "LoRA adapters are not supported");
     f.must_be_false("return_hidden_states", "hidden states are not returned");
     const bool stream = f.boolean("stream").value_or(false);
 
@@ -276,6 +279,10 @@ void generate(Server &server, const Request &req, Responder &r) {
                 .value_or(-1);
         it.text_in_logprobs =
             field("return_text_in_logprobs").boolean("return_text_in_logprobs").value_or(false);
+        it.params.adapter = adapter_named(server, per_item(body, "lora_path", i, count),
+                                          body.value("lora_path", json()).is_array()
+                                              ? "lora_path[" + std::to_string(i) + "]"
+                                              : std::string("lora_path"));
         it.routed_experts =
             field("return_routed_experts").boolean("return_routed_experts").value_or(false);
         if (it.routed_experts) {
@@ -317,8 +324,8 @@ void generate(Server &server, const Request &req, Responder &r) {
     // Prompt scoring first (it holds the weights briefly), then sampling.
     for (auto &it : items)
         if (it.logprob_start_len >= 0)
-            it.input_logprobs =
-                prompt_logprobs(server, it.prompt, it.logprob_start_len, it.params.temperature);
+            it.input_logprobs = prompt_logprobs(server, it.prompt, it.logprob_start_len,
+                                                it.params.temperature, it.params.adapter);
     std::vector<SampleSpec> specs;
     std::vector<size_t> item_of; // spec -> item
     std::vector<std::string> ids_of;
@@ -436,7 +443,7 @@ json server_info(Server &server) {
             {"dtype", std::string(c10::toString(m.dtype()))},
             {"tp_size", 1},
             {"dp_size", 1},
-            {"enable_lora", false},
+            {"enable_lora", true}, // adapters load with /load_lora_adapter
             {"version", RL_VERSION_STRING},
             {"rl_version", RL_VERSION_STRING}, // tells our sync client this is rlhost serve
             {"weight_version", server.weight_version()},
@@ -561,6 +568,55 @@ void add_sglang_routes(Server &server) {
         if (!all && !rid) refuse("rid", "give rid or abort_all: true");
         const int hit = all ? s->abort_all() : s->abort(*rid);
         send_json(r, {{"success", true}, {"aborted", hit}});
+    });
+    // LoRA adapters (SGLang's shapes: {success, error_message, loaded_adapters};
+    // a load or unload that fails is a 400 of that shape, as SGLang answers).
+    auto loaded = [s] {
+        json m = json::object();
+        for (const auto &[name, path] : s->adapters()) m[name] = path;
+        return m;
+    };
+    add({"POST"}, "/load_lora_adapter", [s, loaded](const Request &req, Responder &r) {
+        const json body = json_body(req);
+        Fields f(body);
+        f.only({"lora_name", "lora_path", "pinned"});
+        const auto name = f.string("lora_name");
+        if (!name || name->empty())
+            refuse("lora_name", "lora_name (the name requests select the adapter by) is required");
+        const auto path = f.string("lora_path");
+        if (!path || path->empty())
+            refuse("lora_path", "lora_path (the adapter's PEFT folder) is required");
+        f.boolean("pinned"); // adapters stay loaded until unloaded: all are pinned
+        std::string error;
+        try {
+            s->load_adapter(*name, *path);
+        } catch (const core::Error &e) {
+            error = std::string("cannot load the LoRA adapter '") + *name + "' from lora_path '" +
+                    *path + "': " + e.what();
+        }
+        send_json(r,
+                  {{"success", error.empty()},
+                   {"error_message", error.empty() ? json(nullptr) : json(error)},
+                   {"loaded_adapters", loaded()}},
+                  error.empty() ? 200 : 400);
+    });
+    add({"POST"}, "/unload_lora_adapter", [s, loaded](const Request &req, Responder &r) {
+        const json body = json_body(req);
+        Fields f(body);
+        f.only({"lora_name"});
+        const auto name = f.string("lora_name");
+        if (!name || name->empty()) refuse("lora_name", "lora_name is required");
+        std::string error;
+        try {
+            s->unload_adapter(*name);
+        } catch (const core::Error &e) {
+            error = std::string("lora_name: ") + e.what();
+        }
+        send_json(r,
+                  {{"success", error.empty()},
+                   {"error_message", error.empty() ? json(nullptr) : json(error)},
+                   {"loaded_adapters", loaded()}},
+                  error.empty() ? 200 : 400);
     });
     add({"GET", "POST"}, "/get_weights_by_name", [s](const Request &req, Responder &r) {
         json body = json_body(req, true);

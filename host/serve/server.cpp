@@ -6,6 +6,7 @@
 #include "api.hpp"
 
 #include "rl/core/error.hpp"
+#include "rl/core/lora.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +48,8 @@ struct Server::Impl {
     std::unique_ptr<WeightUpdater> updater; // the weight-update routes' state
     std::mutex rng_mu;
     std::mt19937_64 rng{std::random_device{}()};
+    mutable std::mutex adapters_mu; // loads and unloads, one at a time
+    std::map<std::string, std::string> adapter_paths;
 };
 
 namespace {
@@ -125,6 +128,40 @@ std::string Server::weight_version() const {
 void Server::set_weight_version(const std::string &label) {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->weight_label = label;
+}
+
+void Server::load_adapter(const std::string &name, const std::string &path) {
+    std::lock_guard<std::mutex> lock(impl_->adapters_mu);
+    if (name.empty()) throw core::Error(core::ErrorKind::InvalidArgument, "lora_name is empty");
+    if (policy_->find_adapter(name)) {
+        auto it = impl_->adapter_paths.find(name);
+        throw core::Error(
+            core::ErrorKind::InvalidArgument,
+            "the LoRA adapter '" + name + "' is already loaded" +
+                (it == impl_->adapter_paths.end() ? std::string() : " (from " + it->second + ")") +
+                "; unload it first to load another folder under that name");
+    }
+    auto adapter = core::load_adapter(policy_->model(), path, name);
+    policy_->add_adapter(adapter);
+    impl_->adapter_paths[name] = path;
+}
+
+void Server::unload_adapter(const std::string &name) {
+    std::lock_guard<std::mutex> lock(impl_->adapters_mu);
+    if (!policy_->remove_adapter(name)) {
+        std::string known;
+        for (const auto &n : policy_->adapter_names())
+            known += (known.empty() ? "'" : ", '") + n + "'";
+        throw core::Error(core::ErrorKind::NotFound,
+                          "no LoRA adapter '" + name +
+                              "' is loaded; loaded: " + (known.empty() ? "none" : known));
+    }
+    impl_->adapter_paths.erase(name);
+}
+
+std::map<std::string, std::string> Server::adapters() const {
+    std::lock_guard<std::mutex> lock(impl_->adapters_mu);
+    return impl_->adapter_paths;
 }
 
 uint64_t Server::track(const std::string &rid, const std::vector<uint64_t> &ids) {

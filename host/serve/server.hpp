@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,6 +81,19 @@ public:
     /// label set last, else the scheduler's version number.
     std::string weight_version() const;
     void set_weight_version(const std::string &label);
+
+    // ---- LoRA adapters (SGLang's /load_lora_adapter, /unload_lora_adapter)
+    /// Loads the PEFT folder `path` (adapter_config.json +
+    /// adapter_model.safetensors) as the adapter `name` over the served model;
+    /// requests select it by that name (lora_path, or model in the OpenAI
+    /// routes). Throws core::Error naming what is wrong with the folder, or the
+    /// name when an adapter of that name is loaded already.
+    void load_adapter(const std::string &name, const std::string &path);
+    /// Unloads the adapter `name` (requests running with it finish with it).
+    /// Throws core::Error (NotFound) naming the loaded ones when there is none.
+    void unload_adapter(const std::string &name);
+    /// The loaded adapters: name -> the folder it was loaded from.
+    std::map<std::string, std::string> adapters() const;
 
     // ---- requests in flight (the routes register each HTTP request's samples)
 

@@ -199,6 +199,22 @@ void TrainingServer::Impl::add_routes() {
             send_json(r,
                       run_sync(InferenceEndpoints::SyncRequest::from_json(json_body(req, true))));
         });
+    // xorl-client 0.1.0 also has connect_inference_endpoint /
+    // disconnect_inference_endpoint (a persistent NCCL group kept between
+    // syncs), which xorl's own server does not define: refused, saying so,
+    // in the shape the client reads ({success, message}).
+    for (const char *name : {"connect_inference_endpoint", "disconnect_inference_endpoint"})
+        route(std::string("/") + name, [name](const Request &req, Responder &r) {
+            (void)json_body(req, true);
+            send_json(r, {{"success", false},
+                          {"message",
+                           std::string(name) +
+                               " is not supported: xorl's training server defines no persistent "
+                               "connection to inference endpoints; sync_inference_weights forms "
+                               "the weight-update group with each registered endpoint on every "
+                               "call, so there is nothing to connect or disconnect"},
+                          {"connected_endpoints", json::array()}});
+        });
     route("/api/v1/get_info", [this](const Request &req, Responder &r) {
         json body = json_body(req);
         Fields f(body);

@@ -18,7 +18,7 @@ void TrainingServer::Impl::save_weights(const Request &req, Responder &r) {
     std::string session_id;
     const std::shared_ptr<Model> m = model_of(call.model_id, &session_id);
     const fs::path dir = checkpoint_path({m->id, "weights", name});
-    const std::string uri = checkpoint_uri(m->id, "weights", name);
+    const std::string uri = checkpoint_uri(m->id, "weights", name, m->session_id == kXorlSession);
     const std::string base_model = base_name;
     const std::string id =
         submit("model:" + m->id, "SaveWeights", m->id, session_id, call.seq,
@@ -157,7 +157,8 @@ void TrainingServer::Impl::save_weights_for_sampler(const Request &req, Responde
     std::string id;
     if (name) {
         const fs::path dir = checkpoint_path({m->id, "sampler_weights", *name});
-        const std::string uri = checkpoint_uri(m->id, "sampler_weights", *name);
+        const std::string uri =
+            checkpoint_uri(m->id, "sampler_weights", *name, m->session_id == kXorlSession);
         const std::string base_model = base_name;
         id = submit("model:" + m->id, "SaveWeightsForSampler", m->id, session_id, call.seq,
                     [m, dir, uri, base_model]() {
@@ -266,6 +267,10 @@ std::vector<json> TrainingServer::Impl::checkpoints_of(const std::string &model_
     // Newest first, each with its time (ISO 8601, UTC: when its tinker.json,
     // written last, was) and size, as xorl's and Tinker's Checkpoint carry them.
     std::vector<std::pair<int64_t, json>> found; // (microseconds since the epoch, entry)
+    // `path` in the scheme of the model's client: xorl:// for a model of
+    // xorl's implicit session (its owner in run.json), tinker:// otherwise.
+    const json run = read_json_file(fs::path(cfg.checkpoint_dir) / model_id / "run.json");
+    const bool xorl = run.is_object() && run.value("model_owner", json()) == json(kXorlSession);
     for (const char *kind : {"weights", "sampler_weights"}) {
         const fs::path dir = fs::path(cfg.checkpoint_dir) / model_id / kind;
         std::error_code ec;
@@ -286,7 +291,7 @@ std::vector<json> TrainingServer::Impl::checkpoints_of(const std::string &model_
                                         {"time", iso_time_utc(us)},
                                         {"size_bytes", bytes},
                                         {"tinker_path", checkpoint_uri(model_id, kind, name)},
-                                        {"path", checkpoint_uri(model_id, kind, name)}});
+                                        {"path", checkpoint_uri(model_id, kind, name, xorl)}});
         }
     }
     std::stable_sort(found.begin(), found.end(), [](const auto &a, const auto &b) {

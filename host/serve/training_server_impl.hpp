@@ -258,9 +258,14 @@ inline json user_metadata_of(const Fields &f) {
     return meta;
 }
 
+/// The id of xorl's implicit session (models created without a Tinker session).
+inline constexpr const char *kXorlSession = "xorl";
+
+/// tinker://<model>/<kind>/<name>, or xorl://... for a model of xorl's
+/// implicit session (xorl-client parses the paths it is handed as xorl://).
 inline std::string checkpoint_uri(const std::string &model_id, const std::string &kind,
-                                  const std::string &name) {
-    return "tinker://" + model_id + "/" + kind + "/" + name;
+                                  const std::string &name, bool xorl = false) {
+    return (xorl ? "xorl://" : "tinker://") + model_id + "/" + kind + "/" + name;
 }
 
 } // namespace tserver
@@ -357,10 +362,10 @@ struct TrainingServer::Impl {
 
     /// xorl's implicit session for models created without a Tinker session.
     std::shared_ptr<Session> xorl_session_locked() {
-        auto &s = sessions["xorl"];
+        auto &s = sessions[kXorlSession];
         if (!s) {
             s = std::make_shared<Session>();
-            s->id = "xorl";
+            s->id = kXorlSession;
             s->pinned = true;
         }
         s->last_seen = Clock::now();

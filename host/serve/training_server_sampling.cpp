@@ -44,17 +44,34 @@ void TrainingServer::Impl::create_sampling_session(const Request &req, Responder
         }
         path = *model_path;
         if (!dir.empty() && fs::exists(dir / "adapter_config.json")) {
+            // xorl's flow: the adapter is loaded on every registered inference
+            // endpoint under the checkpoint's name, which xorl-client's
+            // SamplingClient sends as /generate's lora_path.
+            std::string lora_name;
+            if (!endpoints->empty()) {
+                lora_name = ref.name;
+                const std::string failed =
+                    endpoints->load_adapter(lora_name, fs::absolute(dir).string());
+                if (!failed.empty())
+                    throw ApiError(
+                        500,
+                        "model_path '" + *model_path + "': the LoRA adapter '" + lora_name +
+                            "' could not be loaded on the inference endpoints: " + failed,
+                        "model_path");
+            }
             // A LoRA checkpoint: its adapter over the shared base.
             auto s = make_sampler(session_id, base, path, [this, dir](const std::string &id) {
                 auto a = core::load_adapter(base->model(), dir.string(), id);
                 base->add_adapter(a);
                 return a;
             });
+            if (lora_name.empty()) lora_name = s->id;
             send_json(r, {{"type", "create_sampling_session"},
                           {"sampling_session_id", s->id},
                           {"success", true},
                           {"model_path", path},
-                          {"lora_name", s->id}});
+                          {"lora_name", lora_name},
+                          {"message", "LoRA adapter '" + lora_name + "' loaded"}});
             return;
         }
         if (dir.empty() || !fs::exists(dir / "config.json"))

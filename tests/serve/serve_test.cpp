@@ -8,6 +8,7 @@
 #include "serve/server.hpp"
 
 #include "rl/core/engine.hpp"
+#include "rl/core/lora.hpp"
 #include "rl/core/policy.hpp"
 #include "rl/core/tiny.hpp"
 
@@ -30,6 +31,7 @@
 #include <set>
 #include <sstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -972,6 +974,153 @@ TEST(ServeTools, BadToolRequestsAreRefusedNamingTheField) {
                             "{" + user + R"(, "tools": [], "stream": true, "max_tokens": 2})")
                   .status,
               200);
+}
+
+// ---- LoRA adapters ------------------------------------------------------------------------
+
+/// A PEFT folder of an adapter over the tiny model whose B matrices are drawn
+/// from `seed` (not the identity), written under the test's tiny folder.
+std::string random_adapter_dir(const std::string &name, uint64_t seed) {
+    auto policy = load_tiny();
+    core::LoraConfig c;
+    c.rank = 4;
+    c.seed = seed;
+    auto a = policy->create_adapter(name, c);
+    at::manual_seed(seed);
+    std::map<std::string, at::Tensor> params;
+    for (const auto &[n, t] : a->named_parameters())
+        params[n] = n.find("lora_B") != std::string::npos ? at::randn_like(t) * 0.5 : t;
+    a->assign(params, name);
+    const std::string dir = (std::filesystem::path(tiny_dir()) / ("adapter-" + name)).string();
+    core::save_adapter(*a, dir);
+    return dir;
+}
+
+TEST(ServeLora, RequestsOfDifferentAdaptersInOneBatchEachEqualEngineGenerateWithTheirAdapter) {
+    Running s;
+    const std::string dir_a = random_adapter_dir("a", 11), dir_b = random_adapter_dir("b", 12);
+    const json la = s.post_ok("/load_lora_adapter", {{"lora_name", "a"}, {"lora_path", dir_a}});
+    EXPECT_EQ(la["success"], true);
+    EXPECT_EQ(la["loaded_adapters"], json({{"a", dir_a}}));
+    s.post_ok("/load_lora_adapter", {{"lora_name", "b"}, {"lora_path", dir_b}, {"pinned", true}});
+
+    // One batch: the base model and both adapters share the scheduler's steps.
+    const std::vector<int64_t> prompt = {82, 101, 118, 58, 32, 97, 98, 10};
+    const json j = s.post_ok(
+        "/generate",
+        {{"input_ids", {prompt, prompt, prompt}},
+         {"lora_path", {nullptr, "a", "b"}},
+         {"sampling_params", {{"max_new_tokens", 10}, {"sampling_seed", 5}, {"temperature", 0.8}}},
+         {"return_logprob", true}});
+    ASSERT_TRUE(j.is_array());
+    ASSERT_EQ(j.size(), 3u);
+    auto own = load_tiny();
+    own->add_adapter(core::load_adapter(own->model(), dir_a, "a"));
+    own->add_adapter(core::load_adapter(own->model(), dir_b, "b"));
+    core::Engine engine(own);
+    std::vector<std::vector<int64_t>> got;
+    const char *names[] = {"", "a", "b"};
+    for (size_t k = 0; k < 3; ++k) {
+        core::SamplingParams p;
+        p.seed = 5;
+        p.temperature = 0.8;
+        p.max_tokens = 10;
+        p.adapter = names[k];
+        const auto g = engine.generate({prompt}, p);
+        got.push_back(ids_of(j[k]["output_ids"]));
+        EXPECT_EQ(got.back(), g.token_ids) << "lora_path " << names[k];
+        const json &lps = j[k]["meta_info"]["output_token_logprobs"];
+        ASSERT_EQ(lps.size(), g.logprobs.size());
+        for (size_t i = 0; i < g.logprobs.size(); ++i)
+            EXPECT_NEAR(lps[i][0].get<double>(), g.logprobs[i], 1e-5) << names[k] << " " << i;
+    }
+    EXPECT_NE(got[1], got[0]) << "adapter a changed nothing";
+    EXPECT_NE(got[2], got[1]) << "adapters a and b sampled alike";
+
+    // Scoring a prompt with an adapter: the trainer's logprobs under it.
+    const json scored = s.post_ok("/generate", {{"input_ids", prompt},
+                                                {"lora_path", "a"},
+                                                {"sampling_params", {{"max_new_tokens", 0}}},
+                                                {"return_logprob", true},
+                                                {"logprob_start_len", 1}});
+    std::vector<float> want;
+    {
+        core::AdapterScope scope(own->adapter("a"));
+        want = trainer_logprobs(*own, {prompt[0]},
+                                std::vector<int64_t>(prompt.begin() + 1, prompt.end()));
+    }
+    const json &in = scored["meta_info"]["input_token_logprobs"];
+    ASSERT_EQ(in.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(in[i][0].get<double>(), want[i], 1e-5);
+
+    // The OpenAI routes select an adapter by its name as the model.
+    const json c = s.post_ok("/v1/completions", {{"model", "b"},
+                                                 {"prompt", prompt},
+                                                 {"max_tokens", 10},
+                                                 {"seed", 5},
+                                                 {"temperature", 0.8},
+                                                 {"return_token_ids", true}});
+    EXPECT_EQ(ids_of(c["choices"][0]["token_ids"]), got[2]);
+
+    // /v1/models lists them with the served model as parent.
+    const json models = json::parse(s.get("/v1/models").body);
+    ASSERT_EQ(models["data"].size(), 3u);
+    EXPECT_EQ(models["data"][1]["id"], "a");
+    EXPECT_EQ(models["data"][1]["parent"], "tiny");
+    EXPECT_EQ(models["data"][1]["root"], dir_a);
+}
+
+TEST(ServeLora, UnknownAdaptersAndBadLoadsAreRefusedNamingTheField) {
+    Running s;
+    const std::string dir_a = random_adapter_dir("a", 11);
+    auto error_of = [](const HttpResponse &r) { return json::parse(r.body); };
+    // Before any load: lora_path names nothing loaded.
+    HttpResponse r = s.post("/generate", {{"input_ids", {1, 2, 3}}, {"lora_path", "a"}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(error_of(r)["error"]["param"], "lora_path");
+    EXPECT_NE(r.body.find("lora_path 'a' is not a loaded LoRA adapter; loaded: none"),
+              std::string::npos)
+        << r.body;
+    s.post_ok("/load_lora_adapter", {{"lora_name", "a"}, {"lora_path", dir_a}});
+    r = s.post("/generate", {{"input_ids", {{1, 2}, {3, 4}}}, {"lora_path", {"a", "zz"}}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(error_of(r)["error"]["param"], "lora_path[1]");
+    EXPECT_NE(r.body.find("loaded: 'a'"), std::string::npos) << r.body;
+    r = s.post("/generate", {{"input_ids", {1, 2}}, {"lora_path", 3}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(error_of(r)["error"]["param"], "lora_path");
+    r = s.post("/v1/completions", {{"model", "zz"}, {"prompt", "x"}});
+    EXPECT_EQ(r.status, 404);
+    EXPECT_EQ(error_of(r)["error"]["param"], "model");
+
+    // Loads: a name in use, a folder that is no adapter, missing fields.
+    r = s.post("/load_lora_adapter", {{"lora_name", "a"}, {"lora_path", dir_a}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(error_of(r)["success"], false);
+    EXPECT_NE(r.body.find("already loaded"), std::string::npos) << r.body;
+    r = s.post("/load_lora_adapter", {{"lora_name", "c"}, {"lora_path", tiny_dir() + "/nope"}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_NE(
+        error_of(r)["error_message"].get<std::string>().find("lora_path '" + tiny_dir() + "/nope'"),
+        std::string::npos)
+        << r.body;
+    EXPECT_EQ(error_of(r)["loaded_adapters"], json({{"a", dir_a}}));
+    r = s.post("/load_lora_adapter", {{"lora_path", dir_a}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(error_of(r)["error"]["param"], "lora_name");
+    r = s.post("/load_lora_adapter", {{"lora_name", "d"}, {"lora_path", dir_a}, {"colour", 1}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(error_of(r)["error"]["param"], "colour");
+
+    // Unloaded, it is unknown again.
+    const json u = s.post_ok("/unload_lora_adapter", {{"lora_name", "a"}});
+    EXPECT_EQ(u["loaded_adapters"], json::object());
+    r = s.post("/generate", {{"input_ids", {1, 2, 3}}, {"lora_path", "a"}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_EQ(error_of(r)["error"]["param"], "lora_path");
+    r = s.post("/unload_lora_adapter", {{"lora_name", "a"}});
+    EXPECT_EQ(r.status, 400);
+    EXPECT_NE(r.body.find("no LoRA adapter 'a' is loaded"), std::string::npos) << r.body;
 }
 
 } // namespace

@@ -6,7 +6,11 @@ the trained model's (saved with save_state and loaded by rl). An endpoint
 that does not answer, and a sync without endpoints, are refused with a
 message; without --lora off the client's model is a LoRA adapter, whose sync
 is refused naming why; malformed endpoint and sync requests get a 400 naming
-the field. Skips (77) without xorl_client (no PyPI)."""
+the field. A LoRA adapter trained through the client, saved for the sampler
+and opened with create_sampling_client, is loaded on the `rlhost serve`
+endpoint and sampled there by lora_path (its greedy tokens are the adapter's,
+not the base model's); an adapter the server lacks is a 400 naming lora_path.
+Skips (77) without xorl_client (no PyPI)."""
 
 import glob
 import os
@@ -58,9 +62,13 @@ def served_greedy(url):
         return json.loads(r.read())["output_ids"]
 
 
-def own_greedy(model_dir):
+def own_greedy(model_dir, adapter_dir=None):
     with rl.Model(model_dir, {"threads": 1}) as m, m.engine() as e:
-        res = e.generate([PROMPT], {"temperature": 0, "max_tokens": 12, "stop_token_ids": []})
+        params = {"temperature": 0, "max_tokens": 12, "stop_token_ids": []}
+        if adapter_dir:
+            m.load_adapter("trained", adapter_dir)
+            params["adapter"] = "trained"
+        res = e.generate([PROMPT], params)
         return res.tensors["token_ids"]
 
 
@@ -134,6 +142,19 @@ class XorlClient(unittest.TestCase):
         self.assertIn("http://127.0.0.1:9 does not answer", added.message)
         self.assertEqual(tc.list_inference_endpoints().result().count, 0)
 
+    def test_connect_and_disconnect_inference_endpoint_are_refused_saying_why(self):
+        # xorl's server defines neither route; ours answers in the client's shape.
+        svc = xorl_client.ServiceClient(base_url=self.train_url)
+        tc = svc.create_training_client(base_model="tiny")
+        connected = tc.connect_inference_endpoint(master_port=0).result()
+        self.assertFalse(connected.success)
+        self.assertIn("connect_inference_endpoint is not supported", connected.message)
+        self.assertIn("sync_inference_weights forms the weight-update group", connected.message)
+        self.assertEqual(connected.connected_endpoints, [])
+        disconnected = tc.disconnect_inference_endpoint().result()
+        self.assertFalse(disconnected.success)
+        self.assertIn("disconnect_inference_endpoint is not supported", disconnected.message)
+
     def test_malformed_endpoint_requests_are_refused_naming_the_field(self):
         def post(path, body):
             req = urllib.request.Request(self.train_url + path, json.dumps(body).encode(),
@@ -170,6 +191,80 @@ class XorlClient(unittest.TestCase):
             self.assertFalse(refused.success)
             self.assertIn("is a LoRA adapter", refused.message)
             self.assertIn("--lora off", refused.message)
+        finally:
+            code, err = stop(proc)
+            self.assertEqual(code, 0, err[-2000:])
+
+
+    def test_a_trained_adapter_samples_through_rlhost_serve_by_lora_path(self):
+        # xorl's LoRA flow: train, save_weights_for_sampler (a xorl:// path),
+        # list_checkpoints, then create_sampling_client loads the adapter on the
+        # registered inference server (/load_lora_adapter) and the client's
+        # SamplingClient sends its name as /generate's lora_path.
+        ckpt = self.ckpt + "-lora"
+        proc, url = start(["training-server", "--model", self.base, "--port", "0",
+                           "--threads", "1", "--checkpoint-dir", ckpt])
+        try:
+            svc = xorl_client.ServiceClient(base_url=url)
+            tc = svc.create_training_client(base_model="tiny")  # the client's lora_config
+            target = list(b"zebra zebra zebra\n")
+            text = PROMPT + target
+            weights = [0.0] * (len(PROMPT) - 1) + [1.0] * len(target)
+            datum = xorl_client.Datum(
+                model_input=xorl_client.ModelInput.from_ints(text[:-1]),
+                loss_fn_inputs={"target_tokens": text[1:], "weights": weights})
+            for _ in range(10):
+                tc.forward_backward([datum], loss_fn="cross_entropy").result()
+                tc.optim_step(xorl_client.AdamParams(learning_rate=2e-2)).result()
+            saved = tc.save_weights_for_sampler("adapter-001").result()
+            self.assertTrue(saved.path.startswith("xorl://"), saved.path)
+            self.assertTrue(saved.path.endswith("/sampler_weights/adapter-001"), saved.path)
+            listed = tc.list_checkpoints().result()
+            self.assertIn(saved.path, [c.path for c in listed.checkpoints])
+
+            port = int(self.serve_url.rsplit(":", 1)[1])
+            self.assertTrue(tc.add_inference_endpoint(host="127.0.0.1", port=port).result().success)
+            sc = svc.create_sampling_client(base_url=self.serve_url, model_path=saved.path)
+            params = xorl_client.SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[])
+            out = sc.sample(xorl_client.ModelInput.from_ints(PROMPT), params).result()
+            tokens = out.sequences[0].tokens
+            self.assertEqual(len(out.sequences[0].logprobs), len(tokens))
+
+            # The adapter is what rlhost serve sampled with: the trained folder
+            # loaded by rl gives the same greedy tokens, the base model others.
+            (config,) = glob.glob(os.path.join(ckpt, "**", "adapter-001", "**",
+                                               "adapter_config.json"), recursive=True)
+            trained = own_greedy(self.base, os.path.dirname(config))
+            self.assertEqual(tokens, trained)
+            base = served_greedy(self.serve_url)
+            self.assertEqual(base, own_greedy(self.base))
+            self.assertNotEqual(tokens, base, "the adapter was not used")
+
+            # A later adapter is served next to the first: each sampling client
+            # gets its own.
+            for _ in range(3):
+                tc.forward_backward([datum], loss_fn="cross_entropy").result()
+                tc.optim_step(xorl_client.AdamParams(learning_rate=2e-2)).result()
+            later = tc.save_weights_for_sampler("adapter-002").result()
+            sc2 = svc.create_sampling_client(base_url=self.serve_url, model_path=later.path)
+            seeded = xorl_client.SamplingParams(max_tokens=12, temperature=1.0, seed=3,
+                                                stop_token_ids=[])
+            def sampled(client):
+                seq = client.sample(xorl_client.ModelInput.from_ints(PROMPT),
+                                    seeded).result().sequences[0]
+                return seq.tokens, seq.logprobs
+            first = sampled(sc)
+            self.assertNotEqual(sampled(sc2), first)
+            self.assertEqual(sampled(sc), first)
+
+            # An adapter the inference server does not have: a 400 naming lora_path.
+            missing = xorl_client.SamplingClient(
+                base_url=self.serve_url, model_path="xorl://default/sampler_weights/missing",
+                max_retries=0)
+            with self.assertRaises(RuntimeError) as cm:
+                missing.sample(xorl_client.ModelInput.from_ints(PROMPT), params).result()
+            self.assertIn("HTTP 400", str(cm.exception))
+            self.assertIn("lora_path 'missing' is not a loaded LoRA adapter", str(cm.exception))
         finally:
             code, err = stop(proc)
             self.assertEqual(code, 0, err[-2000:])

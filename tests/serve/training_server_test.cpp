@@ -1165,6 +1165,15 @@ TEST(TrainingServer, XorlDialectAliases) {
         s.call("/api/v1/optim_step",
                {{"model_id", "policy"}, {"learning_rate", 1e-3}, {"gradient_clip", 1.0}});
     EXPECT_NEAR(opt["metrics"]["learning_rate"].get<double>(), 1e-3, 1e-12) << opt.dump();
+    // Paths handed to xorl's models are xorl://, in the answer and the list.
+    const json sw =
+        s.call("/api/v1/save_weights_for_sampler", {{"model_id", "policy"}, {"name", "x1"}});
+    EXPECT_EQ(sw.value("path", ""), "xorl://policy/sampler_weights/x1") << sw.dump();
+    const HttpResponse listed = s.post("/api/v1/list_checkpoints", {{"model_id", "policy"}});
+    ASSERT_EQ(listed.status, 200) << listed.body;
+    EXPECT_EQ(json::parse(listed.body)["checkpoints"][0].value("path", ""),
+              "xorl://policy/sampler_weights/x1")
+        << listed.body;
     const HttpResponse h = http_request(s.server->url(), "GET", "/health");
     EXPECT_EQ(json::parse(h.body).value("status", ""), "healthy");
     const HttpResponse kill = s.post("/api/v1/kill_session", {{"model_id", "policy"}});

@@ -5,6 +5,7 @@
 #include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/kv_cache.hpp"
+#include "rl/core/lora.hpp"
 #include "rl/core/moe.hpp"
 #include "rl/core/names.hpp"
 
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -72,6 +74,9 @@ struct Scheduler::Impl {
         // [prompt + tokens read, L_moe, K] flattened.
         std::vector<int32_t> routed;
         int64_t routed_layers = 0, routed_k = 0;
+        // The LoRA adapter it samples with (params.adapter), held so that an
+        // adapter unloaded meanwhile still serves the requests that named it.
+        std::shared_ptr<const LoraAdapter> adapter;
     };
     using Finished = std::pair<std::unique_ptr<Request>, RequestResult>;
 
@@ -296,6 +301,24 @@ struct Scheduler::Impl {
                 }
         }
         if (reqs.empty()) return;
+        // Requests of one adapter (or of the base model) side by side: each
+        // group is one forward under its adapter.
+        {
+            std::vector<size_t> order(reqs.size());
+            for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+            std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+                return std::less<const LoraAdapter *>()(reqs[a]->adapter.get(),
+                                                        reqs[b]->adapter.get());
+            });
+            std::vector<int64_t> sorted_slots;
+            std::vector<Request *> sorted_reqs;
+            for (size_t i : order) {
+                sorted_slots.push_back(slot_ids[i]);
+                sorted_reqs.push_back(reqs[i]);
+            }
+            slot_ids = std::move(sorted_slots);
+            reqs = std::move(sorted_reqs);
+        }
         int64_t needed = 0;
         std::vector<uint8_t> refilled(reqs.size(), 0); // prefilled from the prompt this step
         bool record = false;                           // some request records its routing (R3)
@@ -322,13 +345,7 @@ struct Scheduler::Impl {
                 cache.reserve(std::min(max_context, std::max(needed, 2 * cache.capacity())));
             at::Tensor tokens = at::empty({static_cast<int64_t>(packed.size())}, at::kLong);
             std::copy(packed.begin(), packed.end(), tokens.data_ptr<int64_t>());
-            std::optional<RouterLogitsRecorder> recorder;
-            if (record) recorder.emplace();
-            logits = policy->model().extend(cache, slot_ids, tokens, counts);
-            if (record) {
-                keep_routing(reqs, counts, refilled, recorder->logits());
-                recorder.reset();
-            }
+            logits = forward(reqs, slot_ids, tokens, counts, refilled, record);
             cache_bytes = cache.bytes();
             sample(reqs, slot_ids, logits, step_version, done);
         } catch (const std::exception &e) {
@@ -346,6 +363,46 @@ struct Scheduler::Impl {
                 slot.reset();
             }
         }
+    }
+
+    // The step's forward: one extend per run of requests sharing an adapter
+    // (reqs are grouped by run_step), their last-token logits concatenated in
+    // request order; with `record`, the routing of every token read.
+    at::Tensor forward(const std::vector<Request *> &reqs, const std::vector<int64_t> &slot_ids,
+                       const at::Tensor &tokens, const std::vector<int64_t> &counts,
+                       const std::vector<uint8_t> &refilled, bool record) {
+        std::vector<at::Tensor> logits;
+        std::vector<std::vector<at::Tensor>> routing; // per group, per sparse layer
+        int64_t token_at = 0;
+        for (size_t a = 0; a < reqs.size();) {
+            size_t b = a;
+            int64_t group_tokens = 0;
+            while (b < reqs.size() && reqs[b]->adapter == reqs[a]->adapter)
+                group_tokens += counts[b++];
+            const std::vector<int64_t> slots(slot_ids.begin() + static_cast<std::ptrdiff_t>(a),
+                                             slot_ids.begin() + static_cast<std::ptrdiff_t>(b));
+            const std::vector<int64_t> group_counts(counts.begin() + static_cast<std::ptrdiff_t>(a),
+                                                    counts.begin() +
+                                                        static_cast<std::ptrdiff_t>(b));
+            AdapterScope scope(reqs[a]->adapter, /*training=*/false);
+            std::optional<RouterLogitsRecorder> recorder;
+            if (record) recorder.emplace();
+            logits.push_back(policy->model().extend(
+                cache, slots, tokens.narrow(0, token_at, group_tokens), group_counts));
+            if (record) routing.push_back(recorder->logits());
+            token_at += group_tokens;
+            a = b;
+        }
+        if (record) {
+            std::vector<at::Tensor> layers = routing.front();
+            for (size_t l = 0; l < layers.size() && routing.size() > 1; ++l) {
+                std::vector<at::Tensor> parts;
+                for (const auto &g : routing) parts.push_back(g[l]);
+                layers[l] = at::cat(parts, 0);
+            }
+            keep_routing(reqs, counts, refilled, layers);
+        }
+        return logits.size() == 1 ? logits.front() : at::cat(logits, 0);
     }
 
     // Routing replay (R3): each recording request's rows of the step's
@@ -508,6 +565,8 @@ uint64_t Scheduler::submit(ServeRequest request) {
             r->routed_layers += mc.is_moe_layer(i) ? 1 : 0;
         r->routed_k = mc.num_experts_per_tok;
     }
+    // The adapter by name (NotFound naming the adapters there are).
+    if (!p.adapter.empty()) r->adapter = s.policy->adapter(p.adapter);
     r->stop_ids = p.stop_token_ids.value_or(s.policy->eos_token_ids());
     for (size_t i = 0; i < r->stop_ids.size(); ++i)
         if (r->stop_ids[i] < 0 || r->stop_ids[i] >= mc.vocab_size)

@@ -13,6 +13,12 @@
 // produces the tokens Engine::generate({prompt}, params with n = sample_index
 // + 1) gives its sample `sample_index`, whatever else runs beside it.
 //
+// LoRA: a request whose params name an adapter (SamplingParams::adapter, one
+// in the policy's registry) samples with it; each step runs one forward per
+// adapter among the running requests (the base model's being one), so
+// requests of different adapters still share steps. Versions stay those of
+// the policy's weights (an adapter does not change while a request holds it).
+//
 // Weights: exclusive(fn) waits for the step in progress, runs fn with no step
 // running (the server swaps weights there), then adopts the policy's version.
 // Requests in flight at that moment are re-prefilled from their prompt and the
@@ -118,7 +124,8 @@ public:
     Scheduler &operator=(const Scheduler &) = delete;
 
     /// Thread-safe. Validates (empty prompt, ids outside the vocabulary, prompt
-    /// + max_tokens beyond max_context, bad params: Error naming the field),
+    /// + max_tokens beyond max_context, bad params: Error naming the field; an
+    /// adapter the policy does not have: NotFound naming the ones it has),
     /// queues, and returns the request's id. SchedulerFull when the queue is full.
     uint64_t submit(ServeRequest request);
     /// Thread-safe; a request already finished or unknown is ignored. The
