@@ -12,14 +12,26 @@ standard library's `unicodedata` (Unicode 14.0.0 in Debian 12's Python 3.11):
 with them a class is written as PCRE2's property plus the code points added
 since, which PCRE2 matches far faster than long range lists.
 
+Last, the code points unassigned in Unicode 9.0.0, the version of the tables
+of Hugging Face's normalizers (NFC, NFKC, ...: its `unicode-normalization-
+alignments` crate); core/model/src/unicode.cpp keeps them out of utf8proc's
+normalization (Unicode 15.0 in Debian 12), as Hugging Face leaves them
+unchanged. They come from a Python whose `unicodedata` has Unicode 9.0.0
+(Python 3.6), run as a subprocess.
+
     python3 -m venv /tmp/ucd && /tmp/ucd/bin/pip install unicodedata2==16.0.0
-    /tmp/ucd/bin/python scripts/gen_unicode_tables.py core/model/src/unicode_tables.cpp
+    /tmp/ucd/bin/python scripts/gen_unicode_tables.py core/model/src/unicode_tables.cpp \
+        --normalization-python python3.6
 
 core_tokenizer_compare_test checks the result against `tokenizers` itself on
 every code point (tests/core/tokenizer_hf_expected.py probes its classes).
 
-Usage: gen_unicode_tables.py OUT_FILE [UNICODE_VERSION [BASE_VERSION]]
+Usage: gen_unicode_tables.py OUT_FILE [--version V] [--base-version V]
+                             [--normalization-python PY] [--normalization-version V]
 """
+import argparse
+import json
+import subprocess
 import sys
 import unicodedata
 
@@ -55,17 +67,45 @@ def base_diffs():
     return out
 
 
+# Run by the normalization Python: its Unicode version and unassigned ranges.
+UNASSIGNED = """
+import json, unicodedata
+out = []
+for cp in range(0x110000):
+    if unicodedata.category(chr(cp)) != "Cn":
+        continue
+    if out and out[-1][1] == cp - 1:
+        out[-1][1] = cp
+    else:
+        out.append([cp, cp])
+print(json.dumps([unicodedata.unidata_version, out]))
+"""
+
+
 def main():
-    if len(sys.argv) not in (2, 3, 4):
-        sys.exit("usage: gen_unicode_tables.py OUT_FILE [UNICODE_VERSION [BASE_VERSION]]")
-    want = sys.argv[2] if len(sys.argv) >= 3 else "16.0.0"
-    base = sys.argv[3] if len(sys.argv) == 4 else "14.0.0"
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--version", default="16.0.0", help="Unicode of HF's regex engine")
+    ap.add_argument("--base-version", default="14.0.0", help="Unicode of PCRE2's tables")
+    ap.add_argument("--normalization-python", default="python3.6")
+    ap.add_argument("--normalization-version", default="9.0.0",
+                    help="Unicode of HF's normalizers")
+    args = ap.parse_args()
+    want, base = args.version, args.base_version
     if unicodedata2.unidata_version != want:
         sys.exit("unicodedata2 has Unicode %s, want %s (pip install unicodedata2==%s)" %
                  (unicodedata2.unidata_version, want, want))
     if unicodedata.unidata_version != base:
         sys.exit("this Python's unicodedata has Unicode %s, want %s (PCRE2's tables)" %
                  (unicodedata.unidata_version, base))
+    try:
+        norm_version, unassigned = json.loads(subprocess.check_output(
+            [args.normalization_python, "-c", UNASSIGNED]))
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit("cannot run %s: %s" % (args.normalization_python, e))
+    if norm_version != args.normalization_version:
+        sys.exit("%s has Unicode %s, want %s" % (args.normalization_python, norm_version,
+                                                 args.normalization_version))
     rs = runs()
     diffs = base_diffs()
     lines = [
@@ -113,13 +153,34 @@ def main():
         "",
         "const size_t kBaseDiffCount = sizeof kBaseDiffs / sizeof kBaseDiffs[0];",
         "",
+        "const char kNormalizationUnicodeVersion[] = \"%s\";" % norm_version,
+        "",
+        "// clang-format off",
+        "const CpRange kNormalizationUnassigned[] = {",
+    ]
+    row = []
+    for first, last in unassigned:
+        row.append("{0x%05X, 0x%05X}," % (first, last))
+        if len(row) == 4:
+            lines.append("    " + " ".join(row))
+            row = []
+    if row:
+        lines.append("    " + " ".join(row))
+    lines += [
+        "};",
+        "// clang-format on",
+        "",
+        "const size_t kNormalizationUnassignedCount =",
+        "    sizeof kNormalizationUnassigned / sizeof kNormalizationUnassigned[0];",
+        "",
         "} // namespace rl::core::unicode",
         "",
     ]
-    with open(sys.argv[1], "w") as f:
+    with open(args.out, "w") as f:
         f.write("\n".join(lines))
-    print("wrote %d runs (Unicode %s) and %d differences from Unicode %s to %s" %
-          (len(rs), unicodedata2.unidata_version, len(diffs), base, sys.argv[1]))
+    print("wrote %d runs (Unicode %s), %d differences from Unicode %s and %d ranges unassigned "
+          "in Unicode %s to %s" % (len(rs), unicodedata2.unidata_version, len(diffs), base,
+                                   len(unassigned), norm_version, args.out))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ struct Cases {
     std::string oracle;
     std::map<std::string, std::shared_ptr<Tokenizer>> tokenizers;
     Json cases;
-    Json classes; // pattern -> [[first, last], ...] that Hugging Face matches
+    Json classes;       // pattern -> [[first, last], ...] that Hugging Face matches
+    Json normalization; // form -> {"changed": [[cp, text]...], "sequences": [[text, text]...]}
 };
 
 const Cases &cases() {
@@ -57,6 +58,7 @@ const Cases &cases() {
             out.tokenizers[it.key()] = Tokenizer::from_folder(it.value().get<std::string>());
         out.cases = j["cases"];
         if (j.contains("classes")) out.classes = j["classes"];
+        if (j.contains("normalization")) out.normalization = j["normalization"];
         return out;
     }();
     return c;
@@ -213,6 +215,49 @@ TEST_F(TokenizerCompare, UnicodeClassesMatchHuggingFaceOnEveryCodePoint) {
             ++checked;
         }
     EXPECT_GE(checked, 2 * 60u);
+}
+
+// NFC, NFD, NFKC and NFKD give Hugging Face's result on every code point but
+// the surrogates, on combining marks next to others (reordering) and on
+// canonical decompositions (composition): code points newer than its Unicode
+// 9.0 tables (U+32FF, U+1F16C, U+11938 ...) stay as they are, though utf8proc
+// (Unicode 15.0) would decompose or compose them.
+TEST_F(TokenizerCompare, NormalizersMatchHuggingFaceOnEveryCodePoint) {
+    ASSERT_FALSE(cases().normalization.empty()) << "the fixture wrote no \"normalization\"";
+    const std::pair<const char *, unicode::Form> forms[] = {{"NFC", unicode::Form::NFC},
+                                                            {"NFD", unicode::Form::NFD},
+                                                            {"NFKC", unicode::Form::NFKC},
+                                                            {"NFKD", unicode::Form::NFKD}};
+    for (const auto &[name, form] : forms) {
+        const Json &f = cases().normalization.at(name);
+        std::map<uint32_t, std::string> changed;
+        for (const Json &c : f.at("changed")) changed[c[0].get<uint32_t>()] = c[1];
+        ASSERT_GT(changed.size(), 1000u) << name;
+        size_t differ = 0;
+        for (uint32_t cp = 0; cp < 0x110000; ++cp) {
+            if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+            const std::string in = unicode::encode(cp);
+            const auto it = changed.find(cp);
+            const std::string &expected = it == changed.end() ? in : it->second;
+            const std::string got = unicode::normalize(in, form);
+            if (got != expected && ++differ <= 5)
+                ADD_FAILURE() << name << " of \"" << escaped(in) << "\": \"" << escaped(got)
+                              << "\" here, \"" << escaped(expected) << "\" in Hugging Face";
+        }
+        EXPECT_EQ(differ, 0u) << name << ": code points normalized otherwise";
+        size_t n = 0;
+        differ = 0;
+        for (const Json &c : f.at("sequences")) {
+            const std::string in = c[0], expected = c[1];
+            const std::string got = unicode::normalize(in, form);
+            ++n;
+            if (got != expected && ++differ <= 5)
+                ADD_FAILURE() << name << " of \"" << escaped(in) << "\": \"" << escaped(got)
+                              << "\" here, \"" << escaped(expected) << "\" in Hugging Face";
+        }
+        EXPECT_EQ(differ, 0u) << name << ": sequences normalized otherwise";
+        EXPECT_GT(n, 5000u) << name;
+    }
 }
 
 // normalized: true tokens match the normalized text (so a decomposed and a

@@ -15,7 +15,10 @@ and writes OUT_DIR/cases.json:
 
 "classes" holds, for each pattern of CLASSES, the code points that
 `tokenizers`' own regex engine matches (a `Split` pre-tokenizer over every
-code point but the surrogates).
+code point but the surrogates). "normalization" holds, for each of NFC, NFD,
+NFKC, NFKD, "changed": [[code point, result], ...] for every code point the
+normalizer changes, and "sequences": [[text, result], ...] for combining
+marks next to others (reordering) and canonical decompositions (composition).
 
 When PyPI cannot be reached it writes {"skip": reason} instead.
 
@@ -94,6 +97,27 @@ def class_members(tokenizers, pattern):
             out[-1][1] = c
         else:
             out.append([c, c])
+    return out
+
+
+def normalization(tokenizers):
+    import unicodedata
+    marks = [c for c in range(0x110000) if unicodedata.category(chr(c)).startswith("M")]
+    texts = ["a%s\u0334" % chr(m) for m in marks] + ["\u0345%s" % chr(m) for m in marks]
+    texts += [unicodedata.normalize("NFD", chr(c)) for c in range(0x110000)
+              if unicodedata.decomposition(chr(c))[:1] not in ("", "<")]
+    out = {}
+    for form in ("NFC", "NFD", "NFKC", "NFKD"):
+        n = getattr(tokenizers.normalizers, form)()
+        changed = []
+        for c in range(0x110000):
+            if 0xD800 <= c <= 0xDFFF:
+                continue
+            r = n.normalize_str(chr(c))
+            if r != chr(c):
+                changed.append([c, r])
+        out[form] = {"changed": changed,
+                     "sequences": [[t, n.normalize_str(t)] for t in texts]}
     return out
 
 
@@ -288,7 +312,8 @@ def main():
     classes = {pattern: class_members(tokenizers, pattern) for pattern in CLASSES}
     with open(cases_file, "w", encoding="utf-8") as f:
         json.dump({"oracle": "tokenizers " + tokenizers.__version__, "tokenizers": folders,
-                   "cases": cases, "classes": classes}, f, ensure_ascii=False)
+                   "cases": cases, "classes": classes,
+                   "normalization": normalization(tokenizers)}, f, ensure_ascii=False)
     print("wrote %d cases for %s to %s" % (len(cases), ", ".join(folders), cases_file))
 
 

@@ -1,8 +1,9 @@
-// The tokenizer's regular expressions (core/model/src/unicode.cpp): general
-// categories follow our Unicode 16.0 tables (those of Hugging Face
-// `tokenizers`), not PCRE2's older ones, and the rewrite keeps the rest of
-// the pattern's syntax. core_tokenizer_compare_test checks every code point
-// against Hugging Face itself.
+// The tokenizer's Unicode tables (core/model/src/unicode.cpp): in regular
+// expressions general categories follow our Unicode 16.0 tables (those of
+// Hugging Face `tokenizers`), not PCRE2's older ones, and the rewrite keeps the
+// rest of the pattern's syntax; normalization leaves code points newer than
+// Hugging Face's Unicode 9.0 normalizer tables alone.
+// core_tokenizer_compare_test checks every code point against Hugging Face.
 #include "rl/core/error.hpp"
 #include "unicode.hpp" // core/model/src
 
@@ -79,6 +80,21 @@ TEST(UnicodeClassRewrite, KeepsTheRestOfThePatternsSyntax) {
               std::vector<std::string>{"\u4e16\u754c"});
     EXPECT_THROW(Regex(R"(\p{NoSuchProperty})"), Error);
     EXPECT_THROW(Regex(R"(\p{L)"), Error);
+}
+
+TEST(HfNormalization, CodePointsNewerThanUnicode9StayAsTheyAre) {
+    // U+32FF SQUARE ERA NAME REIWA (12.1) and U+1F16C RAISED MR SIGN (12.0)
+    // have compatibility decompositions since; U+11938 (13.0) is U+11935
+    // U+11930 canonically; U+0898 (14.0) is a mark of class 230.
+    EXPECT_EQ(normalize("x㋿y", Form::NFKC), "x㋿y");
+    EXPECT_EQ(normalize("🅬", Form::NFKD), "🅬");
+    EXPECT_EQ(normalize("𑤸", Form::NFD), "𑤸");
+    EXPECT_EQ(normalize("𑤸", Form::NFC), "𑤸");
+    EXPECT_EQ(normalize("a̴࢘", Form::NFD), "a̴࢘");
+    // Around them, and in text without them, utf8proc's normalization.
+    EXPECT_EQ(normalize("ﬁ ㋿ é̴", Form::NFKC), "fi ㋿ é̴");
+    EXPECT_EQ(normalize("á̴", Form::NFD), "á̴");
+    EXPECT_EQ(normalize("", Form::NFC), "");
 }
 
 } // namespace

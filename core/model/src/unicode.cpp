@@ -131,7 +131,10 @@ size_t emit_prefix_len(std::string_view bytes) {
     return i;
 }
 
-std::string normalize(std::string_view s, Form form) {
+namespace {
+
+std::string utf8proc_normalize(std::string_view s, Form form) {
+    if (s.empty()) return {};
     int options = UTF8PROC_STABLE;
     switch (form) {
         case Form::NFC:
@@ -155,6 +158,44 @@ std::string normalize(std::string_view s, Form form) {
     std::string r(reinterpret_cast<const char *>(out), static_cast<size_t>(n));
     std::free(out);
     return r;
+}
+
+// True for a code point Hugging Face's normalizers do not know (unassigned in
+// their Unicode version).
+bool unknown_to_hf_normalizers(uint32_t cp) {
+    const CpRange *end = kNormalizationUnassigned + kNormalizationUnassignedCount;
+    const CpRange *r = std::upper_bound(kNormalizationUnassigned, end, cp,
+                                        [](uint32_t c, const CpRange &x) { return c < x.first; });
+    return r != kNormalizationUnassigned && cp <= (r - 1)->last;
+}
+
+} // namespace
+
+std::string normalize(std::string_view s, Form form) {
+    // Hugging Face's normalizers have Unicode 9.0 tables: a code point newer
+    // than that has no decomposition, combining class or composition there, so
+    // it stays as it is and nothing reorders or composes across it. utf8proc
+    // normalizes the text between such code points.
+    std::string out;
+    out.reserve(s.size());
+    size_t begin = 0, i = 0;
+    while (i < s.size()) {
+        const auto b = static_cast<uint8_t>(s[i]);
+        if (b < 0x80) {
+            ++i;
+            continue;
+        }
+        const size_t n = char_len(s, i);
+        if (unknown_to_hf_normalizers(code_point_at(s, i))) {
+            out += utf8proc_normalize(s.substr(begin, i - begin), form);
+            out.append(s.substr(i, n));
+            begin = i + n;
+        }
+        i += n;
+    }
+    if (begin == 0) return utf8proc_normalize(s, form);
+    out += utf8proc_normalize(s.substr(begin), form);
+    return out;
 }
 
 bool is_space(uint32_t cp) {

@@ -31,7 +31,10 @@ std::string lossy(std::string_view bytes);
 size_t emit_prefix_len(std::string_view bytes);
 
 enum class Form { NFC, NFD, NFKC, NFKD };
-/// Unicode normalization of valid UTF-8.
+/// Unicode normalization of valid UTF-8, as Hugging Face's normalizers do it:
+/// utf8proc's, except that code points newer than their tables (Unicode 9.0;
+/// unicode_tables.cpp) stay as they are and split the text (nothing reorders
+/// or composes across them).
 std::string normalize(std::string_view s, Form form);
 
 /// True for Unicode White_Space characters (Python's str.strip set).

@@ -1,6 +1,7 @@
 // The General_Category of every code point at the Unicode version Hugging Face
-// `tokenizers` follows, and where an older version (PCRE2's) differs
-// (generated: scripts/gen_unicode_tables.py writes unicode_tables.cpp).
+// `tokenizers` follows, where an older version (PCRE2's) differs, and what
+// Hugging Face's normalizers do not know (generated:
+// scripts/gen_unicode_tables.py writes unicode_tables.cpp).
 #pragma once
 
 #include <cstddef>
@@ -64,5 +65,15 @@ struct BaseDiff {
 extern const BaseDiff kBaseDiffs[];
 extern const size_t kBaseDiffCount;
 extern const char kBaseUnicodeVersion[];
+
+/// Code points [first, last].
+struct CpRange {
+    uint32_t first, last;
+};
+/// The code points unassigned in kNormalizationUnicodeVersion (9.0.0), the
+/// version of Hugging Face's normalizer tables, in code point order.
+extern const CpRange kNormalizationUnassigned[];
+extern const size_t kNormalizationUnassignedCount;
+extern const char kNormalizationUnicodeVersion[];
 
 } // namespace rl::core::unicode
