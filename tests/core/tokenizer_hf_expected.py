@@ -10,7 +10,15 @@ NFKC), encodes a corpus of tricky strings with Hugging Face `tokenizers`
 and writes OUT_DIR/cases.json:
 
   {"oracle": "tokenizers X.Y.Z", "tokenizers": {name: folder},
-   "cases": [{"tokenizer", "label", "text", "add_special_tokens", "ids", "decoded"}]}
+   "cases": [{"tokenizer", "label", "text", "add_special_tokens", "ids", "decoded"}],
+   "classes": {pattern: [[first, last], ...]}}
+
+"classes" holds, for each pattern of CLASSES, the code points that
+`tokenizers`' own regex engine matches (a `Split` pre-tokenizer over every
+code point but the surrogates). "normalization" holds, for each of NFC, NFD,
+NFKC, NFKD, "changed": [[code point, result], ...] for every code point the
+normalizer changes, and "sequences": [[text, result], ...] for combining
+marks next to others (reordering) and canonical decompositions (composition).
 
 When PyPI cannot be reached it writes {"skip": reason} instead.
 
@@ -51,6 +59,66 @@ NEWER = {
     "17.0": [0x10940, 0x11DB0, 0x16EA0, 0x1E6C0, 0x1FAEA],
     "unassigned": [0x0378, 0x50000, 0xE0080, 0x2FFFE],
 }
+
+
+# Single-character patterns whose matches over every code point are compared:
+# each general category, negations, the forms of the escape, and the classes
+# of shipped pre-tokenizer patterns (GPT-2 / Llama-3 / Qwen2, o200k,
+# DeepSeek-V3).
+CLASSES = (["\\p{%s}" % gc for gc in
+            ("L Lu Ll Lt Lm Lo LC M Mn Mc Me N Nd Nl No P Pc Pd Ps Pe Pi Pf Po S Sm Sc Sk So "
+             "Z Zs Zl Zp C Cc Cf Cn Co").split()] +
+           ["\\P{L}", "\\P{N}", "\\pN", "\\PL", "\\p{^N}", "\\P{^L}", "\\p{Letter}",
+            "\\p{Decimal_Number}", "\\d", "\\D", "\\s",
+            "[^\\s\\p{L}\\p{N}]", "[^\\r\\n\\p{L}\\p{N}]", "[\\p{L}\\p{M}]",
+            "[\\p{P}\\p{S}]", "[^\\r\\n\\p{L}\\p{P}\\p{S}]",
+            "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]", "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]",
+            "[\\P{L}]", "[^\\P{N}]", "[\\d\\p{Nl}]", "[^\\D]",
+            "(?i)\\p{Lu}", "(?i)\\p{Ll}", "(?i:\\P{Lu})", "[\\P{Lu}]", "[\\p{C}\\p{Mn}]",
+            "[\\P{C}]"])
+
+
+def class_members(tokenizers, pattern):
+    """[[first, last], ...]: the code points `pattern` matches in `tokenizers`."""
+    cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    text = "".join(map(chr, cps))
+    split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(pattern), "removed")
+    kept = bytearray(len(text))
+    for piece, (a, b) in split.pre_tokenize_str(text):
+        if text[a:b] != piece:
+            raise RuntimeError("offsets of %r are not character offsets" % pattern)
+        kept[a:b] = b"\x01" * (b - a)
+    out = []
+    for i, k in enumerate(kept):
+        if k:
+            continue
+        c = cps[i]
+        if out and out[-1][1] == c - 1:
+            out[-1][1] = c
+        else:
+            out.append([c, c])
+    return out
+
+
+def normalization(tokenizers):
+    import unicodedata
+    marks = [c for c in range(0x110000) if unicodedata.category(chr(c)).startswith("M")]
+    texts = ["a%s\u0334" % chr(m) for m in marks] + ["\u0345%s" % chr(m) for m in marks]
+    texts += [unicodedata.normalize("NFD", chr(c)) for c in range(0x110000)
+              if unicodedata.decomposition(chr(c))[:1] not in ("", "<")]
+    out = {}
+    for form in ("NFC", "NFD", "NFKC", "NFKD"):
+        n = getattr(tokenizers.normalizers, form)()
+        changed = []
+        for c in range(0x110000):
+            if 0xD800 <= c <= 0xDFFF:
+                continue
+            r = n.normalize_str(chr(c))
+            if r != chr(c):
+                changed.append([c, r])
+        out[form] = {"changed": changed,
+                     "sequences": [[t, n.normalize_str(t)] for t in texts]}
+    return out
 
 
 def ensure_oracle(out_dir):
@@ -241,9 +309,11 @@ def main():
                 cases.append({"tokenizer": name, "label": label, "text": text,
                               "add_special_tokens": add_special, "ids": ids,
                               "decoded": tok.decode(ids, skip_special_tokens=False)})
+    classes = {pattern: class_members(tokenizers, pattern) for pattern in CLASSES}
     with open(cases_file, "w", encoding="utf-8") as f:
         json.dump({"oracle": "tokenizers " + tokenizers.__version__, "tokenizers": folders,
-                   "cases": cases}, f, ensure_ascii=False)
+                   "cases": cases, "classes": classes,
+                   "normalization": normalization(tokenizers)}, f, ensure_ascii=False)
     print("wrote %d cases for %s to %s" % (len(cases), ", ".join(folders), cases_file))
 
 

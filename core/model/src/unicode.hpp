@@ -31,7 +31,10 @@ std::string lossy(std::string_view bytes);
 size_t emit_prefix_len(std::string_view bytes);
 
 enum class Form { NFC, NFD, NFKC, NFKD };
-/// Unicode normalization of valid UTF-8.
+/// Unicode normalization of valid UTF-8, as Hugging Face's normalizers do it:
+/// utf8proc's, except that code points newer than their tables (Unicode 9.0;
+/// unicode_tables.cpp) stay as they are and split the text (nothing reorders
+/// or composes across them).
 std::string normalize(std::string_view s, Form form);
 
 /// True for Unicode White_Space characters (Python's str.strip set).
@@ -44,15 +47,20 @@ bool is_white_space(uint32_t cp);
 /// The code point of the valid UTF-8 sequence at s[i].
 uint32_t code_point_at(std::string_view s, size_t i);
 
-/// A compiled PCRE2 pattern with Unicode semantics (\p{L}, \s, (?i) ...).
-/// \s and \S mean what they mean in Hugging Face tokenizers' regex engine
-/// (Oniguruma): the White_Space property, inside and outside classes. PCRE2's
-/// own UCP \s also matches U+180E MONGOLIAN VOWEL SEPARATOR (not white space
-/// since Unicode 6.3).
+/// A compiled PCRE2 pattern with Unicode semantics (\p{L}, \s, (?i) ...),
+/// written first by pattern_as_hf so that its classes mean what they mean in
+/// Hugging Face tokenizers' regex engine (Oniguruma).
+/// How pattern_as_hf writes a general category: Auto as PCRE2's own property
+/// plus the code points assigned to it since PCRE2's tables (when those are of
+/// kBaseUnicodeVersion and no code point left the category since; PCRE2
+/// matches a property far faster than a long list of ranges), else, and with
+/// Explicit always, as the explicit code-point ranges of our tables.
+enum class Classes { Auto, Explicit };
+
 class Regex {
 public:
     /// Throws Error naming the pattern and position on a syntax error.
-    explicit Regex(const std::string &pattern);
+    explicit Regex(const std::string &pattern, Classes classes = Classes::Auto);
     ~Regex();
     Regex(const Regex &) = delete;
     Regex &operator=(const Regex &) = delete;
@@ -67,9 +75,18 @@ private:
     void *code_ = nullptr; // pcre2_code_8
 };
 
-/// `pattern` with \s / \S written as \p{White_Space} / \P{White_Space}
-/// (escaped backslashes and \Q...\E quotes left alone).
-std::string white_space_as_hf(const std::string &pattern);
+/// `pattern` as PCRE2 is given it: \s / \S as \p{White_Space} /
+/// \P{White_Space} (PCRE2's UCP \s also matches U+180E MONGOLIAN VOWEL
+/// SEPARATOR, not white space since Unicode 6.3); general categories (\p{L},
+/// \P{Lu}, \p{^Nd}, long names such as \p{Letter}) and \d / \D (Nd) as
+/// the code points of unicode_tables.cpp (the Unicode version of Hugging Face
+/// `tokenizers`, newer than PCRE2's own tables; written as `classes` says),
+/// inside and outside classes; outside a class they stay case-sensitive under (?i), as in
+/// Oniguruma. \pL without braces is the letters "pL", as in Oniguruma. Other
+/// properties (scripts, White_Space), POSIX classes, \w and \b are left to
+/// PCRE2. Escaped backslashes, \Q...\E quotes and (?#...) comments are left
+/// alone.
+std::string pattern_as_hf(const std::string &pattern, Classes classes = Classes::Auto);
 
 /// Escapes a literal string for use inside a PCRE2 pattern.
 std::string regex_escape(std::string_view literal);
