@@ -342,4 +342,117 @@ std::vector<json> ToolCallStream::finish(std::string &finish) {
     return out;
 }
 
+namespace {
+
+constexpr std::string_view kThink = "<think>", kThinkEnd = "</think>";
+
+bool starts_think(const std::string &s, size_t k) {
+    return s.compare(k, kThink.size(), kThink) == 0;
+}
+
+size_t first_non_space(const std::string &s) {
+    size_t k = 0;
+    while (k < s.size() && space(s[k])) ++k;
+    return k;
+}
+
+std::string trim_newlines(std::string s, bool front, bool back) {
+    if (back)
+        while (!s.empty() && s.back() == '\n') s.pop_back();
+    size_t k = 0;
+    if (front)
+        while (k < s.size() && s[k] == '\n') ++k;
+    return s.substr(k);
+}
+
+} // namespace
+
+Reasoning split_reasoning(const std::string &text, bool opened) {
+    Reasoning r;
+    std::string rest = text;
+    if (!opened) {
+        const size_t k = first_non_space(text);
+        if (!starts_think(text, k)) {
+            r.content = text;
+            return r;
+        }
+        rest = text.substr(k + kThink.size());
+    }
+    r.found = true;
+    const size_t e = rest.find(kThinkEnd);
+    r.reasoning = trim_newlines(rest.substr(0, e), true, true);
+    if (e != std::string::npos)
+        r.content = trim_newlines(rest.substr(e + kThinkEnd.size()), true, false);
+    return r;
+}
+
+bool opens_thinking(const std::string &tail) {
+    const size_t open = tail.rfind(kThink);
+    return open != std::string::npos && tail.find(kThinkEnd, open) == std::string::npos &&
+           first_non_space(tail.substr(open + kThink.size())) == tail.size() - open - kThink.size();
+}
+
+ReasoningStream::ReasoningStream(bool opened)
+    : state_(opened ? State::Reasoning : State::Deciding) {}
+
+std::pair<std::string, std::string> ReasoningStream::feed(const std::string &text) {
+    std::pair<std::string, std::string> out;
+    held_ += text;
+    while (true) {
+        switch (state_) {
+            case State::Deciding: {
+                const size_t k = first_non_space(held_);
+                if (k == held_.size()) return out;
+                const std::string rest = held_.substr(k);
+                if (rest.size() < kThink.size() && kThink.substr(0, rest.size()) == rest)
+                    return out; // maybe <think>: wait
+                if (starts_think(held_, k)) {
+                    held_.erase(0, k + kThink.size());
+                    state_ = State::Reasoning;
+                    continue;
+                }
+                state_ = State::Plain;
+                continue;
+            }
+            case State::Reasoning: {
+                if (!started_) held_ = trim_newlines(held_, true, false);
+                const size_t e = held_.find(kThinkEnd);
+                if (e != std::string::npos) {
+                    out.first += trim_newlines(held_.substr(0, e), false, true);
+                    held_.erase(0, e + kThinkEnd.size());
+                    state_ = State::After;
+                    started_ = false;
+                    continue;
+                }
+                size_t end = held_.size() - partial_suffix(held_, kThinkEnd);
+                while (end > 0 && held_[end - 1] == '\n') --end;
+                out.first += held_.substr(0, end);
+                started_ = started_ || end > 0;
+                held_.erase(0, end);
+                return out;
+            }
+            case State::After:
+                if (!started_) held_ = trim_newlines(held_, true, false);
+                started_ = started_ || !held_.empty();
+                out.second += held_;
+                held_.clear();
+                return out;
+            case State::Plain:
+                out.second += held_;
+                held_.clear();
+                return out;
+        }
+    }
+}
+
+std::pair<std::string, std::string> ReasoningStream::finish() {
+    std::pair<std::string, std::string> out;
+    if (state_ == State::Deciding)
+        out.second = held_;
+    else if (state_ == State::Reasoning)
+        out.first = trim_newlines(held_, !started_, true);
+    held_.clear();
+    return out;
+}
+
 } // namespace rl::serve

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rl::serve {
@@ -103,6 +104,42 @@ private:
     bool in_call_ = false;   ///< hermes: inside a <tool_call> block
     bool seen_call_ = false; ///< hermes: a block has opened
     size_t calls_ = 0;       ///< calls sent
+};
+
+/// Qwen3's reasoning (`--reasoning-parser qwen3`, as vLLM names it): the text
+/// of a <think> block apart from the reply's content.
+struct Reasoning {
+    bool found = false;    ///< the reply thinks (its text opens <think>, or the prompt did)
+    std::string reasoning; ///< the block's text, newlines around it trimmed
+    std::string content;   ///< the text after </think>, leading newlines trimmed
+};
+
+/// Splits `text` at </think>. The reply thinks when `opened` (the prompt ends
+/// inside a <think> block its template opened) or its text starts, after
+/// whitespace, with <think>; then the text up to </think> (up to the end
+/// when there is none, e.g. cut by max_tokens) is reasoning and the rest
+/// content. Otherwise all of `text` is content.
+Reasoning split_reasoning(const std::string &text, bool opened);
+
+/// Whether the prompt `rendered_tail` (its last characters) ends inside an
+/// open <think> block.
+bool opens_thinking(const std::string &rendered_tail);
+
+/// split_reasoning while the text streams: feed() and finish() return the
+/// (reasoning, content) pieces that may be sent now; their concatenations
+/// equal split_reasoning's parts. What may start <think> or </think>, and
+/// newlines that may be trimmed, are held back.
+class ReasoningStream {
+public:
+    explicit ReasoningStream(bool opened);
+    std::pair<std::string, std::string> feed(const std::string &text);
+    std::pair<std::string, std::string> finish();
+
+private:
+    enum class State { Deciding, Reasoning, After, Plain };
+    State state_;
+    std::string held_;
+    bool started_ = false; ///< reasoning (state Reasoning) or content (state After) sent
 };
 
 } // namespace rl::serve

@@ -580,6 +580,16 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
     const ojson messages = read_messages(f.get("messages") ? &ordered["messages"]
                                                            : static_cast<const ojson *>(nullptr));
     c.prompts.push_back(encode_chat(server, messages, opts));
+    // --reasoning-parser qwen3: does the prompt leave a <think> block open? (A
+    // forced tool call starts the turn with the call: no reasoning to read.)
+    const bool reasoning = server.config().reasoning_parser == "qwen3" && !tools.forced();
+    bool think_opened = false;
+    if (reasoning) {
+        const auto &p = c.prompts[0];
+        const size_t tail = std::min<size_t>(p.size(), 8);
+        think_opened = opens_thinking(tokenizer->decode(
+            std::vector<int32_t>(p.end() - static_cast<std::ptrdiff_t>(tail), p.end())));
+    }
     // tool_choice "required" or a named function: the assistant turn starts
     // with the family's call opening, and the model continues from there.
     const std::string forced = tools.forced_prefix();
@@ -613,8 +623,19 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
         const int64_t created = static_cast<int64_t>(std::time(nullptr));
         // One reader of tool calls per sample (each passes content on without tools).
         std::vector<ToolCallStream> readers;
+        std::vector<ReasoningStream> thinking;
         readers.reserve(specs.size());
-        for (size_t i = 0; i < specs.size(); ++i) readers.emplace_back(tools);
+        for (size_t i = 0; i < specs.size(); ++i) {
+            readers.emplace_back(tools);
+            thinking.emplace_back(think_opened);
+        }
+        // The deltas of a piece of text: its reasoning, then its content's.
+        auto deltas_of = [&](size_t i, const std::pair<std::string, std::string> &parts) {
+            std::vector<json> out;
+            if (!parts.first.empty()) out.push_back({{"reasoning_content", parts.first}});
+            for (json &d : readers[i].feed(parts.second)) out.push_back(std::move(d));
+            return out;
+        };
         auto choice_of = [](size_t i, json delta) {
             return json{{"index", i},
                         {"delta", std::move(delta)},
@@ -626,7 +647,9 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
             [&](size_t i, const std::string &text, const SampleOutput &o, size_t from, size_t to,
                 size_t) {
                 json choices = json::array();
-                for (json &d : readers[i].feed(text)) choices.push_back(choice_of(i, std::move(d)));
+                const auto parts =
+                    reasoning ? thinking[i].feed(text) : std::make_pair(std::string(), text);
+                for (json &d : deltas_of(i, parts)) choices.push_back(choice_of(i, std::move(d)));
                 const bool lp = c.logprobs && to > from;
                 // Tokens whose text is held back still carry their logprobs and ids.
                 if (choices.empty() && (lp || c.return_token_ids || !tools.parse()))
@@ -637,6 +660,9 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
             [&](size_t i, const SampleOutput &o) {
                 std::string finish = finish_reason(o.result);
                 json choices = json::array();
+                if (reasoning)
+                    for (json &d : deltas_of(i, thinking[i].finish()))
+                        choices.push_back(choice_of(i, std::move(d)));
                 for (json &d : readers[i].finish(finish))
                     choices.push_back(choice_of(i, std::move(d)));
                 json last = choice_of(i, json::object());
@@ -669,7 +695,16 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
         std::string finish = finish_reason(o.result);
         json message;
         try {
-            message = reply_message(forced + o.result.text, tools, finish);
+            if (reasoning) {
+                const Reasoning parts = split_reasoning(o.result.text, think_opened);
+                message = reply_message(parts.content, tools, finish);
+                if (parts.found) {
+                    message["reasoning_content"] = parts.reasoning;
+                    if (message["content"] == "") message["content"] = nullptr;
+                }
+            } else {
+                message = reply_message(forced + o.result.text, tools, finish);
+            }
         } catch (const ApiError &e) {
             throw ApiError(e.status, "choice " + std::to_string(i) + ": " + e.what(), e.param);
         }

@@ -740,24 +740,33 @@ TEST(ServeLoad, ARequestOverItsTimeoutEndsAsAborted) {
 
 // ---- tools --------------------------------------------------------------------------------
 
+/// A copy of the tiny model whose chat template is `chat_template` (removed at exit).
+std::string tiny_with_template(const std::string &tag, const std::string &chat_template) {
+    const auto d = std::filesystem::temp_directory_path() /
+                   ("rl-serve-test-" + tag + "-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    for (const auto &e : std::filesystem::directory_iterator(tiny_dir()))
+        std::filesystem::copy(e.path(), d / e.path().filename(),
+                              std::filesystem::copy_options::overwrite_existing);
+    std::ofstream(d / "chat_template.jinja") << chat_template;
+    static std::vector<std::string> paths;
+    if (paths.empty())
+        std::atexit([] {
+            std::error_code ec;
+            for (const auto &p : paths) std::filesystem::remove_all(p, ec);
+        });
+    paths.push_back(d.string());
+    return d.string();
+}
+
 /// The tiny model with a Hermes-style chat template (tests/serve/hermes_tiny.jinja).
 const std::string &hermes_dir() {
     static const std::string dir = [] {
-        const auto d = std::filesystem::temp_directory_path() /
-                       ("rl-serve-test-hermes-" + std::to_string(::getpid()));
-        std::filesystem::create_directories(d);
-        for (const auto &e : std::filesystem::directory_iterator(tiny_dir()))
-            std::filesystem::copy(e.path(), d / e.path().filename(),
-                                  std::filesystem::copy_options::overwrite_existing);
-        std::filesystem::copy_file(
-            std::filesystem::path(RL_TEST_SOURCE_DIR) / "tests" / "serve" / "hermes_tiny.jinja",
-            d / "chat_template.jinja", std::filesystem::copy_options::overwrite_existing);
-        static const std::string path = d.string();
-        std::atexit([] {
-            std::error_code ec;
-            std::filesystem::remove_all(path, ec);
-        });
-        return d.string();
+        std::ifstream in(std::filesystem::path(RL_TEST_SOURCE_DIR) / "tests" / "serve" /
+                         "hermes_tiny.jinja");
+        std::stringstream text;
+        text << in.rdbuf();
+        return tiny_with_template("hermes", text.str());
     }();
     return dir;
 }
@@ -1205,6 +1214,106 @@ TEST(ServeTools, AForcedToolChoiceStartsTheTurnWithTheCallOpening) {
         const Joined jn = join_chunks(sse_events(sr.body));
         EXPECT_EQ(jn.error["param"], "tool_choice") << sr.body;
         EXPECT_EQ(jn.content.at(0), "") << "nothing of a failed forced reply is sent";
+    }
+}
+
+TEST(ServeReasoning, Qwen3ThinkingIsSplitFromTheContentWholeAndStreamed) {
+    struct Case {
+        std::string text;
+        bool opened, found;
+        std::string reasoning, content;
+    };
+    const std::vector<Case> cases = {
+        {"<think>\nPlan: look it up.\n\n</think>\n\nIt is 21.", false, true, "Plan: look it up.",
+         "It is 21."},
+        {" \n<think>a</think>b", false, true, "a", "b"},
+        {"Plan.\n</think>\n\nIt is 21.", true, true, "Plan.", "It is 21."},
+        {"<think>\nstill thinking\n", false, true, "still thinking", ""}, // cut by max_tokens
+        {"\n\nstill </thi", true, true, "still </thi", ""},
+        {"No thinking </think> here.", false, false, "", "No thinking </think> here."},
+        {" <thin", false, false, "", " <thin"},
+        {"", false, false, "", ""},
+    };
+    for (const Case &c : cases) {
+        const rl::serve::Reasoning r = rl::serve::split_reasoning(c.text, c.opened);
+        EXPECT_EQ(r.found, c.found) << c.text;
+        EXPECT_EQ(r.reasoning, c.reasoning) << c.text;
+        EXPECT_EQ(r.content, c.content) << c.text;
+        for (const auto &pieces : {std::vector<std::string>{c.text}, bytes_of(c.text)}) {
+            rl::serve::ReasoningStream stream(c.opened);
+            std::string reasoning, content;
+            for (const auto &p : pieces) {
+                const auto [a, b] = stream.feed(p);
+                reasoning += a;
+                content += b;
+            }
+            const auto [a, b] = stream.finish();
+            EXPECT_EQ(reasoning + a, c.reasoning) << c.text << " in " << pieces.size();
+            EXPECT_EQ(content + b, c.content) << c.text << " in " << pieces.size();
+        }
+    }
+    // Reasoning goes out as it comes, not the newlines that may end it.
+    rl::serve::ReasoningStream stream(false);
+    EXPECT_EQ(stream.feed("<think>\nab\n"), std::make_pair(std::string("ab"), std::string()));
+    EXPECT_EQ(stream.feed("c</th"), std::make_pair(std::string("\nc"), std::string()));
+    EXPECT_EQ(stream.feed("ink>\n\nd"), std::make_pair(std::string(), std::string("d")));
+
+    EXPECT_TRUE(rl::serve::opens_thinking("<|im_start|>assistant\n<think>\n"));
+    EXPECT_FALSE(rl::serve::opens_thinking("assistant\n<think>\n\n</think>\n\n"));
+    EXPECT_FALSE(rl::serve::opens_thinking("<|im_start|>assistant\n"));
+}
+
+TEST(ServeReasoning, WithTheQwen3ParserChatRepliesCarryReasoningContent) {
+    // A template whose generation prompt opens <think> (as Qwen3's thinking
+    // models do): the untrained model never closes it, so all it writes is reasoning.
+    static const std::string dir = tiny_with_template(
+        "thinking", "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + "
+                    "message.content + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt "
+                    "%}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}");
+    rl::serve::ServerConfig config;
+    config.reasoning_parser = "qwen3";
+    Running with(config, dir);
+    Running without({}, dir);
+    const json body = {{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})},
+                       {"max_tokens", 12},
+                       {"n", 2},
+                       {"seed", 5},
+                       {"ignore_eos", true}};
+    const json plain = without.post_ok("/v1/chat/completions", body);
+    const json split = with.post_ok("/v1/chat/completions", body);
+    for (size_t i = 0; i < 2; ++i) {
+        const std::string text = plain["choices"][i]["message"]["content"].get<std::string>();
+        EXPECT_FALSE(plain["choices"][i]["message"].contains("reasoning_content"));
+        const json &m = split["choices"][i]["message"];
+        EXPECT_EQ(m["reasoning_content"], rl::serve::split_reasoning(text, true).reasoning) << m;
+        EXPECT_TRUE(m["content"].is_null()) << m;
+    }
+    json streamed = body;
+    streamed["stream"] = true;
+    const HttpResponse r = with.post("/v1/chat/completions", streamed);
+    ASSERT_EQ(r.status, 200) << r.body;
+    std::map<size_t, std::string> reasoning, content;
+    for (const auto &e : sse_events(r.body)) {
+        if (e == "[DONE]") break;
+        const json ev = json::parse(e);
+        for (const json &ch : ev["choices"]) {
+            const size_t i = ch["index"].get<size_t>();
+            if (ch["delta"].contains("reasoning_content"))
+                reasoning[i] += ch["delta"]["reasoning_content"].get<std::string>();
+            if (ch["delta"].contains("content"))
+                content[i] += ch["delta"]["content"].get<std::string>();
+        }
+    }
+    for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(reasoning[i], split["choices"][i]["message"]["reasoning_content"]) << i;
+        EXPECT_EQ(content[i], "") << i;
+    }
+    // An unknown parser is refused, naming the key.
+    try {
+        rl::serve::ServerConfig::from_json(R"({"reasoning_parser": "deepseek"})");
+        ADD_FAILURE() << "accepted";
+    } catch (const std::exception &e) {
+        EXPECT_NE(std::string(e.what()).find("reasoning_parser"), std::string::npos) << e.what();
     }
 }
 

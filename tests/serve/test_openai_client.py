@@ -3,7 +3,8 @@ the tiny model: completions and chat completions with logprobs, streamed and not
 logprobs equal the trainer's logprobs of the same tokens (the rl Python SDK scores them
 in this process from the same model folder). Tools: a tiny model with a Hermes-style
 template, taught (supervised, here) to call a tool and then to answer from its result,
-runs the client's tool loop."""
+runs the client's tool loop, streams its call, and writes it under tool_choice
+"required" and named. Reasoning: --reasoning-parser qwen3 returns reasoning_content."""
 
 import json
 import os
@@ -349,6 +350,49 @@ class ToolCallsTest(unittest.TestCase):
                 self.client.chat.completions.create(model="tiny", messages=QUESTION,
                                                     tools=TOOLS, max_tokens=4, **extra)
             self.assertEqual(e.exception.body.get("param"), field, str(e.exception))
+
+
+THINKING_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content"
+    " + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}")
+
+
+def thinking_template(model_dir):
+    """A template whose generation prompt opens <think>, as Qwen3's thinking models'."""
+    with open(os.path.join(model_dir, "chat_template.jinja"), "w") as f:
+        f.write(THINKING_TEMPLATE)
+
+
+class ReasoningTest(unittest.TestCase):
+    """`rlhost serve --reasoning-parser qwen3`: the untrained model never closes the
+    <think> block its prompt opened, so everything it writes is reasoning_content."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = RlhostServer("serve", "--reasoning-parser", "qwen3",
+                                  prepare=thinking_template)
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="x",
+                                   max_retries=0, timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_reasoning_content_whole_and_streamed(self):
+        args = dict(model="tiny", messages=QUESTION, max_tokens=12, seed=3,
+                    extra_body={"ignore_eos": True})
+        whole = self.client.chat.completions.create(**args).choices[0].message
+        self.assertIsNone(whole.content)
+        self.assertIsInstance(whole.reasoning_content, str)
+        self.assertTrue(whole.reasoning_content)
+        reasoning, content = "", ""
+        for chunk in self.client.chat.completions.create(stream=True, **args):
+            for c in chunk.choices:
+                reasoning += getattr(c.delta, "reasoning_content", None) or ""
+                content += c.delta.content or ""
+        self.assertEqual(reasoning, whole.reasoning_content)
+        self.assertEqual(content, "")
 
 if __name__ == "__main__":
     unittest.main()
