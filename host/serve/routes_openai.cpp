@@ -302,7 +302,7 @@ void run_stream(Server &server, Responder &r, SampleGroup &group, const Common &
                 lasts = finish(i, o);
             } catch (const ApiError &e) {
                 return r.event(
-                    error_body(e.status, "sample " + std::to_string(i) + ": " + e.what(), e.param));
+                    error_body(e.status, "choice " + std::to_string(i) + ": " + e.what(), e.param));
             }
             lasts.back()["stop_reason"] = matched_stop(server, specs[i], o.result);
             for (json &last : lasts)

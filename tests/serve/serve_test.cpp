@@ -1213,6 +1213,9 @@ TEST(ServeTools, AForcedToolChoiceStartsTheTurnWithTheCallOpening) {
         ASSERT_EQ(sr.status, 200) << sr.body;
         const Joined jn = join_chunks(sse_events(sr.body));
         EXPECT_EQ(jn.error["param"], "tool_choice") << sr.body;
+        EXPECT_NE(jn.error["message"].get<std::string>().find("choice 0: the model's reply"),
+                  std::string::npos)
+            << sr.body;
         EXPECT_EQ(jn.content.at(0), "") << "nothing of a failed forced reply is sent";
     }
 }
