@@ -38,7 +38,9 @@ const char *kServeUsage =
     "  --max-tokens-limit N      largest max_tokens a request may ask for (default 4096)\n"
     "  --max-connections N       open connections; more get 503 (default 256)\n"
     "  --request-timeout S       a request not finished in S seconds is aborted (default 600)\n"
-    "  --served-model-name S     the model's name in the API (default: the folder's name)\n";
+    "  --served-model-name S     the model's name in the API (default: the folder's name)\n"
+    "  --reasoning-parser P      qwen3: chat replies give <think> text as reasoning_content\n"
+    "                            (default: none, it stays in the content)\n";
 
 } // namespace
 
@@ -51,7 +53,8 @@ int cmd_serve(const std::vector<std::string> &args) {
         {"--max-tokens-limit", "max_tokens_limit", 'i'},
         {"--max-connections", "max_connections", 'i'},
         {"--request-timeout", "request_timeout_s", 'f'},
-        {"--served-model-name", "served_model_name", 's'}};
+        {"--served-model-name", "served_model_name", 's'},
+        {"--reasoning-parser", "reasoning_parser", 's'}};
     const rlhost::ServerArgs parsed = rlhost::parse_server_args(args, flags, "RL_SERVE_API_KEY");
     if (auto rc = help_or_error(parsed, "serve", kServeUsage)) return *rc;
     const nlohmann::json &options = parsed.options;

@@ -239,8 +239,11 @@ json chat_logprobs(const Server &server, const Common &c, const SampleOutput &o,
     return {{"content", content}};
 }
 
-/// Runs a streamed request: `chunk(index, body)` builds each event's choice
-/// object from (text delta, token range), `finish` the last one.
+/// Runs a streamed request: `delta` builds the choice objects of the events
+/// for (text delta, token range), one event each (none: no event unless
+/// logprobs or token ids are asked for); `finish` those of the last events,
+/// the last with the finish reason. An ApiError `finish` throws is sent as an
+/// error event in place of the sample's last event.
 void run_stream(Server &server, Responder &r, SampleGroup &group, const Common &c,
                 const std::string &id, const std::string &object,
                 const std::vector<SampleSpec> &specs,
@@ -264,15 +267,17 @@ void run_stream(Server &server, Responder &r, SampleGroup &group, const Common &
     if (!r.start_stream()) return;
     prologue();
     auto emit = [&](size_t i, const std::string &text, size_t from, size_t to) {
-        json choice = delta(i, text, partial[i], from, to, offset[i]);
-        if (c.return_token_ids) {
+        json choices = delta(i, text, partial[i], from, to, offset[i]);
+        if (c.return_token_ids && !choices.empty()) {
             json ids = json::array();
             for (size_t k = from; k < to; ++k) ids.push_back(partial[i].result.tokens[k]);
-            choice["token_ids"] = ids;
+            choices[0]["token_ids"] = ids;
         }
         sent[i] += text;
         offset[i] += text.size();
-        return r.event(dump(envelope(json::array({choice}))));
+        for (json &choice : choices)
+            if (!r.event(dump(envelope(json::array({std::move(choice)}))))) return false;
+        return true;
     };
     const bool completed = group.stream(
         r,
@@ -292,14 +297,23 @@ void run_stream(Server &server, Responder &r, SampleGroup &group, const Common &
             if (o.result.text.size() > sent[i].size() &&
                 o.result.text.compare(0, sent[i].size(), sent[i]) == 0) {
                 const size_t k = partial[i].result.tokens.size();
-                json choice =
+                json choices =
                     delta(i, o.result.text.substr(sent[i].size()), partial[i], k, k, offset[i]);
                 sent[i] = o.result.text;
-                if (!r.event(dump(envelope(json::array({choice}))))) return false;
+                for (json &choice : choices)
+                    if (!r.event(dump(envelope(json::array({std::move(choice)}))))) return false;
             }
-            json last = finish(i, o);
-            last["stop_reason"] = matched_stop(server, specs[i], o.result);
-            return r.event(dump(envelope(json::array({last}))));
+            json lasts;
+            try {
+                lasts = finish(i, o);
+            } catch (const ApiError &e) {
+                return r.event(
+                    error_body(e.status, "choice " + std::to_string(i) + ": " + e.what(), e.param));
+            }
+            lasts.back()["stop_reason"] = matched_stop(server, specs[i], o.result);
+            for (json &last : lasts)
+                if (!r.event(dump(envelope(json::array({std::move(last)}))))) return false;
+            return true;
         });
     if (!completed) return;
     if (c.include_usage) {
@@ -396,12 +410,12 @@ void completions(Server &server, const Request &req, Responder &r) {
                     ch["logprobs"] = completion_logprobs(server, c, o, from, to, offset);
                 if (c.return_token_ids && from == 0 && to == 1)
                     ch["prompt_token_ids"] = specs[i].prompt;
-                return ch;
+                return json::array({ch});
             },
             [&](size_t i, const SampleOutput &o) {
                 json ch = choice_base(i);
                 ch["finish_reason"] = finish_reason(o.result);
-                return ch;
+                return json::array({ch});
             },
             [] {});
         return;
@@ -556,9 +570,6 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
     const ojson ordered = ojson::parse(req.body, nullptr, false);
     const ChatTools tools =
         read_chat_tools(f, ordered, tokenizer ? tokenizer->chat_template_source() : std::string());
-    if (tools.parse() && c.stream)
-        refuse("stream", "stream: true with tools is not supported (tool calls are read from the "
-                         "whole reply); use stream: false, or tool_choice: \"none\"");
     if (const json *rf = f.get("response_format")) {
         if (!rf->is_object() || rf->value("type", "") != "text")
             refuse("response_format",
@@ -575,6 +586,21 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
     const ojson messages = read_messages(f.get("messages") ? &ordered["messages"]
                                                            : static_cast<const ojson *>(nullptr));
     c.prompts.push_back(encode_chat(server, messages, opts));
+    // --reasoning-parser qwen3: does the prompt leave a <think> block open? (A
+    // forced tool call starts the turn with the call: no reasoning to read.)
+    const bool reasoning = server.config().reasoning_parser == "qwen3" && !tools.forced();
+    bool think_opened = false;
+    if (reasoning) {
+        const auto &p = c.prompts[0];
+        const size_t tail = std::min<size_t>(p.size(), 8);
+        think_opened = opens_thinking(tokenizer->decode(
+            std::vector<int32_t>(p.end() - static_cast<std::ptrdiff_t>(tail), p.end())));
+    }
+    // tool_choice "required" or a named function: the assistant turn starts
+    // with the family's call opening, and the model continues from there.
+    const std::string forced = tools.forced_prefix();
+    if (!forced.empty())
+        for (int32_t t : tokenizer->encode(forced)) c.prompts[0].push_back(t);
     check_token_ids(server, c.prompts[0], "messages");
 
     const std::optional<int64_t> a =
@@ -601,22 +627,54 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
 
     if (c.stream) {
         const int64_t created = static_cast<int64_t>(std::time(nullptr));
+        // One reader of tool calls per sample (each passes content on without tools).
+        std::vector<ToolCallStream> readers;
+        std::vector<ReasoningStream> thinking;
+        readers.reserve(specs.size());
+        for (size_t i = 0; i < specs.size(); ++i) {
+            readers.emplace_back(tools);
+            thinking.emplace_back(think_opened);
+        }
+        // The deltas of a piece of text: its reasoning, then its content's.
+        auto deltas_of = [&](size_t i, const std::pair<std::string, std::string> &parts) {
+            std::vector<json> out;
+            if (!parts.first.empty()) out.push_back({{"reasoning_content", parts.first}});
+            for (json &d : readers[i].feed(parts.second)) out.push_back(std::move(d));
+            return out;
+        };
+        auto choice_of = [](size_t i, json delta) {
+            return json{{"index", i},
+                        {"delta", std::move(delta)},
+                        {"logprobs", nullptr},
+                        {"finish_reason", nullptr}};
+        };
         run_stream(
             server, r, group, c, id, "chat.completion.chunk", specs,
             [&](size_t i, const std::string &text, const SampleOutput &o, size_t from, size_t to,
                 size_t) {
-                json ch = {{"index", i},
-                           {"delta", {{"content", text}}},
-                           {"logprobs", nullptr},
-                           {"finish_reason", nullptr}};
-                if (c.logprobs && to > from) ch["logprobs"] = chat_logprobs(server, c, o, from, to);
-                return ch;
+                json choices = json::array();
+                const auto parts =
+                    reasoning ? thinking[i].feed(text) : std::make_pair(std::string(), text);
+                for (json &d : deltas_of(i, parts)) choices.push_back(choice_of(i, std::move(d)));
+                const bool lp = c.logprobs && to > from;
+                // Tokens whose text is held back still carry their logprobs and ids.
+                if (choices.empty() && (lp || c.return_token_ids || !tools.parse()))
+                    choices.push_back(choice_of(i, {{"content", ""}}));
+                if (lp) choices[0]["logprobs"] = chat_logprobs(server, c, o, from, to);
+                return choices;
             },
             [&](size_t i, const SampleOutput &o) {
-                return json{{"index", i},
-                            {"delta", json::object()},
-                            {"logprobs", nullptr},
-                            {"finish_reason", finish_reason(o.result)}};
+                std::string finish = finish_reason(o.result);
+                json choices = json::array();
+                if (reasoning)
+                    for (json &d : deltas_of(i, thinking[i].finish()))
+                        choices.push_back(choice_of(i, std::move(d)));
+                for (json &d : readers[i].finish(finish))
+                    choices.push_back(choice_of(i, std::move(d)));
+                json last = choice_of(i, json::object());
+                last["finish_reason"] = finish;
+                choices.push_back(std::move(last));
+                return choices;
             },
             [&] {
                 // The role first, for every choice (and the prompt ids when asked).
@@ -641,7 +699,21 @@ void chat_completions(Server &server, const Request &req, Responder &r) {
         c.return_token_ids ? json{{"prompt_token_ids", c.prompts[0]}} : json::object();
     answer(server, r, group, c, id, "chat.completion", extra, [&](size_t i, const SampleOutput &o) {
         std::string finish = finish_reason(o.result);
-        json message = reply_message(o.result.text, tools, finish);
+        json message;
+        try {
+            if (reasoning) {
+                const Reasoning parts = split_reasoning(o.result.text, think_opened);
+                message = reply_message(parts.content, tools, finish);
+                if (parts.found) {
+                    message["reasoning_content"] = parts.reasoning;
+                    if (message["content"] == "") message["content"] = nullptr;
+                }
+            } else {
+                message = reply_message(forced + o.result.text, tools, finish);
+            }
+        } catch (const ApiError &e) {
+            throw ApiError(e.status, "choice " + std::to_string(i) + ": " + e.what(), e.param);
+        }
         json ch = {{"index", i},
                    {"message", std::move(message)},
                    {"logprobs", nullptr},

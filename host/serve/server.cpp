@@ -22,11 +22,19 @@ ServerConfig ServerConfig::from_json(const std::string &text) {
     ServerConfig c;
     read_options(text, "server options", [&](const Fields &f) {
         f.only(http_options_and({"served_model_name", "max_tokens_limit", "request_timeout_s",
-                                 "max_running", "max_queued", "max_context", "kv_cache_fraction"}));
+                                 "reasoning_parser", "max_running", "max_queued", "max_context",
+                                 "kv_cache_fraction"}));
         read_http_options(f, c);
         if (auto v = f.string("served_model_name")) c.served_model_name = *v;
         if (auto v = f.integer("max_tokens_limit", 1, int64_t{1} << 40)) c.max_tokens_limit = *v;
         if (auto v = f.number("request_timeout_s", 0.001, 1e9)) c.request_timeout_s = *v;
+        if (auto v = f.string("reasoning_parser")) {
+            if (!v->empty() && *v != "qwen3")
+                throw core::Error("server options: reasoning_parser must be \"qwen3\" (or \"\": "
+                                  "none), not '" +
+                                  *v + "'");
+            c.reasoning_parser = *v;
+        }
         if (auto v = f.integer("max_running", 1, 1 << 20)) c.scheduler.max_running = *v;
         if (auto v = f.integer("max_queued", 0, 1 << 30)) c.scheduler.max_queued = *v;
         if (auto v = f.integer("max_context", 0, int64_t{1} << 40)) c.scheduler.max_context = *v;

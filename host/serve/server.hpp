@@ -35,6 +35,10 @@ struct ServerConfig {
     std::string model_path; ///< reported by /get_model_info
     /// Largest max_tokens / max_new_tokens a request may ask for.
     int64_t max_tokens_limit = 4096;
+    /// "qwen3": chat replies return the text of a <think> block as
+    /// message.reasoning_content (streamed: delta.reasoning_content), vLLM's
+    /// --reasoning-parser qwen3; "" (default): reasoning stays in the content.
+    std::string reasoning_parser;
     size_t max_body_bytes = size_t{8} << 20;
     int max_connections = 256;
     /// A request (all its samples) not finished by then ends as aborted.

@@ -741,24 +741,33 @@ TEST(ServeLoad, ARequestOverItsTimeoutEndsAsAborted) {
 
 // ---- tools --------------------------------------------------------------------------------
 
+/// A copy of the tiny model whose chat template is `chat_template` (removed at exit).
+std::string tiny_with_template(const std::string &tag, const std::string &chat_template) {
+    const auto d = std::filesystem::temp_directory_path() /
+                   ("rl-serve-test-" + tag + "-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    for (const auto &e : std::filesystem::directory_iterator(tiny_dir()))
+        std::filesystem::copy(e.path(), d / e.path().filename(),
+                              std::filesystem::copy_options::overwrite_existing);
+    std::ofstream(d / "chat_template.jinja") << chat_template;
+    static std::vector<std::string> paths;
+    if (paths.empty())
+        std::atexit([] {
+            std::error_code ec;
+            for (const auto &p : paths) std::filesystem::remove_all(p, ec);
+        });
+    paths.push_back(d.string());
+    return d.string();
+}
+
 /// The tiny model with a Hermes-style chat template (tests/serve/hermes_tiny.jinja).
 const std::string &hermes_dir() {
     static const std::string dir = [] {
-        const auto d = std::filesystem::temp_directory_path() /
-                       ("rl-serve-test-hermes-" + std::to_string(::getpid()));
-        std::filesystem::create_directories(d);
-        for (const auto &e : std::filesystem::directory_iterator(tiny_dir()))
-            std::filesystem::copy(e.path(), d / e.path().filename(),
-                                  std::filesystem::copy_options::overwrite_existing);
-        std::filesystem::copy_file(
-            std::filesystem::path(RL_TEST_SOURCE_DIR) / "tests" / "serve" / "hermes_tiny.jinja",
-            d / "chat_template.jinja", std::filesystem::copy_options::overwrite_existing);
-        static const std::string path = d.string();
-        std::atexit([] {
-            std::error_code ec;
-            std::filesystem::remove_all(path, ec);
-        });
-        return d.string();
+        std::ifstream in(std::filesystem::path(RL_TEST_SOURCE_DIR) / "tests" / "serve" /
+                         "hermes_tiny.jinja");
+        std::stringstream text;
+        text << in.rdbuf();
+        return tiny_with_template("hermes", text.str());
     }();
     return dir;
 }
@@ -905,22 +914,434 @@ TEST(ServeTools, ReplyMessagesCarryOpenAIToolCalls) {
     EXPECT_EQ(l["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Rome\"}");
 }
 
+// What a ToolCallStream sends for `pieces`, fed one by one, then finished.
+struct Streamed {
+    std::vector<json> deltas;
+    std::string finish = "stop";
+    std::string content() const {
+        std::string c;
+        for (const json &d : deltas)
+            if (d.contains("content")) c += d["content"].get<std::string>();
+        return c;
+    }
+};
+
+Streamed stream_reply(const rl::serve::ChatTools &tools, const std::vector<std::string> &pieces,
+                      const std::string &finish = "stop") {
+    Streamed out;
+    out.finish = finish;
+    rl::serve::ToolCallStream reader(tools);
+    for (const auto &p : pieces)
+        for (json &d : reader.feed(p)) out.deltas.push_back(std::move(d));
+    for (json &d : reader.finish(out.finish)) out.deltas.push_back(std::move(d));
+    return out;
+}
+
+std::vector<std::string> bytes_of(const std::string &text) {
+    std::vector<std::string> out;
+    for (char c : text) out.emplace_back(1, c);
+    return out;
+}
+
+rl::serve::ChatTools hermes_auto() {
+    rl::serve::ChatTools t;
+    t.tools = kWeatherTools;
+    t.choice = "auto";
+    t.family = "hermes";
+    return t;
+}
+
+TEST(ServeTools, StreamedToolCallsSendTheContentThenEachCallNameFirstThenItsArguments) {
+    const std::string text =
+        "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"
+        "\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": 1}}\n"
+        "</tool_call>\n";
+    // Wherever the text is cut, the same deltas (the ids aside).
+    std::vector<std::vector<std::string>> cuts = {{text}, bytes_of(text)};
+    for (size_t k = 1; k < text.size(); k += 7) cuts.push_back({text.substr(0, k), text.substr(k)});
+    for (const auto &pieces : cuts) {
+        const Streamed s = stream_reply(hermes_auto(), pieces);
+        EXPECT_EQ(s.finish, "tool_calls");
+        EXPECT_EQ(s.content(), "Checking.");
+        std::vector<json> calls;
+        for (const json &d : s.deltas)
+            if (d.contains("tool_calls")) {
+                ASSERT_EQ(d["tool_calls"].size(), 1u);
+                calls.push_back(d["tool_calls"][0]);
+            }
+        ASSERT_EQ(calls.size(), 4u) << pieces.size();
+        // The content comes before the first call.
+        EXPECT_TRUE(s.deltas.front().contains("content"));
+        const char *names[] = {"get_weather", "get_time"};
+        const char *args[] = {"{\"city\":\"Paris\"}", "{\"zone\":1}"};
+        for (size_t c = 0; c < 2; ++c) {
+            const json &head = calls[2 * c], &tail = calls[2 * c + 1];
+            EXPECT_EQ(head["index"], c);
+            EXPECT_EQ(head["type"], "function");
+            EXPECT_EQ(head["id"].get<std::string>().rfind("call_", 0), 0u);
+            EXPECT_EQ(head["function"], json({{"name", names[c]}, {"arguments", ""}}));
+            EXPECT_EQ(tail["index"], c);
+            EXPECT_FALSE(tail.contains("id"));
+            EXPECT_EQ(tail["function"], json({{"arguments", args[c]}}));
+        }
+    }
+}
+
+TEST(ServeTools, StreamedTextThatIsNotACallIsSentAsContent) {
+    // A start of <tool_call> that is not one, and trailing spaces: sent, in the end.
+    for (const std::string text :
+         {"a <tool box> b", "x <tool_ca", "ends with spaces \n ", "<tool_callx", " \n"}) {
+        const Streamed s = stream_reply(hermes_auto(), bytes_of(text));
+        EXPECT_EQ(s.content(), text);
+        EXPECT_EQ(s.finish, "stop");
+    }
+    // Content goes out as it comes, but not what may start a call.
+    rl::serve::ToolCallStream reader(hermes_auto());
+    EXPECT_EQ(reader.feed("Hello <tool"), std::vector<json>({{{"content", "Hello"}}}));
+    EXPECT_TRUE(reader.feed("_c").empty());
+    EXPECT_EQ(reader.feed("x"), std::vector<json>({{{"content", " <tool_cx"}}}));
+    // A block that cannot be read is sent as content, verbatim; so is one left open.
+    const std::string bad = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {]}\n"
+                            "</tool_call>";
+    Streamed b = stream_reply(hermes_auto(), bytes_of(bad));
+    EXPECT_EQ(b.content(), bad);
+    EXPECT_EQ(b.finish, "stop");
+    const std::string open = "<tool_call>\n{\"name\": \"get_weather\", \"argu";
+    b = stream_reply(hermes_auto(), bytes_of(open), "length");
+    EXPECT_EQ(b.content(), open);
+    EXPECT_EQ(b.finish, "length");
+    // tool_choice "none": everything is content.
+    rl::serve::ChatTools none = hermes_auto();
+    none.choice = "none";
+    const std::string call =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>";
+    const Streamed n = stream_reply(none, bytes_of(call));
+    EXPECT_EQ(n.content(), call);
+    EXPECT_EQ(n.finish, "stop");
+}
+
+TEST(ServeTools, StreamedLlama3CallsAreReadWholeAndOtherRepliesPassOn) {
+    rl::serve::ChatTools llama = hermes_auto();
+    llama.family = "llama3_json";
+    const Streamed c = stream_reply(
+        llama, bytes_of(" {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}"));
+    EXPECT_EQ(c.finish, "tool_calls");
+    EXPECT_EQ(c.content(), "");
+    ASSERT_EQ(c.deltas.size(), 2u);
+    EXPECT_EQ(c.deltas[0]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(c.deltas[1]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Rome\"}");
+    rl::serve::ToolCallStream reader(llama);
+    EXPECT_TRUE(reader.feed("  ").empty());
+    EXPECT_EQ(reader.feed("Hi"), std::vector<json>({{{"content", "  Hi"}}}));
+    EXPECT_EQ(reader.feed(" {x"), std::vector<json>({{{"content", " {x"}}}));
+    // A JSON start that is no call: the whole text, as the non-streamed reply.
+    const Streamed bad = stream_reply(llama, bytes_of("{oops}"));
+    EXPECT_EQ(bad.content(), "{oops}");
+    EXPECT_EQ(bad.finish, "stop");
+}
+
+TEST(ServeTools, AForcedToolChoiceMustBeMetByTheReply) {
+    rl::serve::ChatTools named = hermes_auto();
+    named.choice = "function";
+    named.function = "get_weather";
+    EXPECT_EQ(named.forced_prefix(), "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
+    rl::serve::ChatTools required = hermes_auto();
+    required.choice = "required";
+    EXPECT_EQ(required.forced_prefix(), "<tool_call>\n{\"name\": \"");
+    rl::serve::ChatTools llama = named;
+    llama.family = "llama3_json";
+    EXPECT_EQ(llama.forced_prefix(), "{\"name\": \"get_weather\", \"parameters\": ");
+    EXPECT_EQ(hermes_auto().forced_prefix(), "");
+
+    const std::string call =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+        "</tool_call>";
+    for (const auto *t : {&named, &required}) {
+        std::string finish = "stop";
+        const json m = rl::serve::reply_message(call, *t, finish);
+        EXPECT_EQ(finish, "tool_calls");
+        EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+    }
+    // `rest`: what the model wrote after the forced prefix.
+    auto refused = [](const std::string &rest, const rl::serve::ChatTools &t,
+                      const std::string &words) {
+        const std::string text = t.forced_prefix() + rest;
+        std::string finish = "stop";
+        try {
+            rl::serve::reply_message(text, t, finish);
+            ADD_FAILURE() << "accepted: " << text;
+        } catch (const rl::serve::ApiError &e) {
+            EXPECT_EQ(e.status, 422);
+            EXPECT_EQ(e.param, "tool_choice");
+            EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+        }
+        // The same from a stream: nothing sent before the error.
+        rl::serve::ToolCallStream reader(t);
+        EXPECT_TRUE(reader.feed(rest).empty());
+        finish = "stop";
+        EXPECT_THROW(reader.finish(finish), rl::serve::ApiError);
+    };
+    refused("{]}\n</tool_call>", named,
+            "tool_choice naming 'get_weather': could not parse tool call 1");
+    refused("", required,
+            "tool_choice \"required\": could not parse tool call 1: the "
+            "<tool_call> block is not closed");
+    rl::serve::ChatTools named_time = named;
+    named_time.function = "get_time";
+    refused("{}}\n</tool_call>\n" + call, named_time, "it calls 'get_weather'");
+    // Cut by max_tokens: the text as content, finish "length".
+    std::string finish = "length";
+    const std::string cut = named.forced_prefix() + "{\"city\": \"Os";
+    const json m = rl::serve::reply_message(cut, named, finish);
+    EXPECT_EQ(m["content"], cut);
+    EXPECT_FALSE(m.contains("tool_calls"));
+    EXPECT_EQ(finish, "length");
+    finish = "length";
+    const Streamed s =
+        stream_reply(named, bytes_of(cut.substr(named.forced_prefix().size())), "length");
+    EXPECT_EQ(s.content(), cut);
+    EXPECT_EQ(s.finish, "length");
+    // The forced stream sends the call at the end, as the whole reply has it.
+    const Streamed ok = stream_reply(named, {"{\"city\": \"Oslo\"}}\n</tool_call>"});
+    EXPECT_EQ(ok.finish, "tool_calls");
+    ASSERT_EQ(ok.deltas.size(), 2u);
+    EXPECT_EQ(ok.deltas[1]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+}
+
+// The choices of a streamed chat reply put together, by index.
+struct Joined {
+    std::map<size_t, std::string> content, finish;
+    std::map<size_t, json> calls; ///< index -> array of {id, name, arguments}
+    json usage, error;
+};
+
+Joined join_chunks(const std::vector<std::string> &events) {
+    Joined j;
+    for (const auto &e : events) {
+        if (e == "[DONE]") break;
+        const json ev = json::parse(e);
+        if (ev.contains("error")) {
+            j.error = ev["error"];
+            continue;
+        }
+        if (ev.contains("usage") && !ev["usage"].is_null()) j.usage = ev["usage"];
+        for (const json &ch : ev["choices"]) {
+            const size_t i = ch["index"].get<size_t>();
+            const json &d = ch["delta"];
+            if (d.contains("content") && d["content"].is_string())
+                j.content[i] += d["content"].get<std::string>();
+            if (d.contains("tool_calls"))
+                for (const json &tc : d["tool_calls"]) {
+                    json &calls = j.calls[i];
+                    if (!calls.is_array()) calls = json::array();
+                    const size_t k = tc["index"].get<size_t>();
+                    if (k == calls.size())
+                        calls.push_back({{"id", tc["id"]},
+                                         {"name", tc["function"]["name"]},
+                                         {"arguments", ""}});
+                    calls[k]["arguments"] = calls[k]["arguments"].get<std::string>() +
+                                            tc["function"]["arguments"].get<std::string>();
+                }
+            if (!ch["finish_reason"].is_null()) j.finish[i] = ch["finish_reason"];
+        }
+    }
+    return j;
+}
+
+TEST(ServeTools, AStreamWithToolsCarriesTheNonStreamedRepliesOfEveryChoice) {
+    Running &s = hermes();
+    const json base = {{"messages", json::array({{{"role", "user"}, {"content", "Weather?"}}})},
+                       {"tools", kWeatherTools},
+                       {"max_tokens", 24},
+                       {"n", 3},
+                       {"seed", 11}};
+    const json whole = s.post_ok("/v1/chat/completions", base);
+    json streamed = base;
+    streamed["stream"] = true;
+    streamed["stream_options"] = {{"include_usage", true}};
+    const HttpResponse r = s.post("/v1/chat/completions", streamed);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Joined j = join_chunks(sse_events(r.body));
+    EXPECT_TRUE(j.error.is_null()) << j.error;
+    for (size_t i = 0; i < 3; ++i) {
+        const json &ch = whole["choices"][i];
+        const json &content = ch["message"]["content"];
+        EXPECT_EQ(j.content.at(i), content.is_null() ? "" : content.get<std::string>()) << i;
+        EXPECT_EQ(j.finish.at(i), ch["finish_reason"]) << i;
+        EXPECT_EQ(j.calls.count(i) > 0, ch["message"].contains("tool_calls")) << i;
+    }
+    EXPECT_EQ(j.usage["completion_tokens"], whole["usage"]["completion_tokens"]);
+}
+
+TEST(ServeTools, AForcedToolChoiceStartsTheTurnWithTheCallOpening) {
+    Running &s = hermes();
+    const auto &tok = *s.policy->tokenizer();
+    const json base = {{"messages", json::array({{{"role", "user"}, {"content", "Weather?"}}})},
+                       {"tools", kWeatherTools},
+                       {"max_tokens", 3},
+                       {"ignore_eos", true},
+                       {"return_token_ids", true}};
+    const json plain = s.post_ok("/v1/chat/completions", base);
+    for (const json &choice : {json("required"), json({{"type", "function"},
+                                                       {"function", {{"name", "get_weather"}}}})}) {
+        const std::string prefix = choice.is_string()
+                                       ? "<tool_call>\n{\"name\": \""
+                                       : "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ";
+        json body = base;
+        body["tool_choice"] = choice;
+        // The untrained model does not finish a call in 3 tokens: cut, returned as text.
+        const json j = s.post_ok("/v1/chat/completions", body);
+        std::vector<int64_t> want = ids_of(plain["prompt_token_ids"]);
+        for (int32_t t : tok.encode(prefix)) want.push_back(t);
+        EXPECT_EQ(ids_of(j["prompt_token_ids"]), want);
+        EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+        const std::string content = j["choices"][0]["message"]["content"].get<std::string>();
+        EXPECT_EQ(content.rfind(prefix, 0), 0u) << content;
+        // A reply that ends without a call (every token stops it): 422 naming
+        // tool_choice, streamed as an error event.
+        json stops = json::array();
+        for (int64_t t = 0; t < tok.vocab_size(); ++t) stops.push_back(t);
+        body["stop_token_ids"] = stops;
+        body.erase("ignore_eos");
+        const HttpResponse bad = s.post("/v1/chat/completions", body);
+        EXPECT_EQ(bad.status, 422) << bad.body;
+        const json err = json::parse(bad.body, nullptr, false);
+        EXPECT_EQ(err["error"]["param"], "tool_choice") << bad.body;
+        EXPECT_NE(bad.body.find("choice 0: the model's reply does not meet"), std::string::npos)
+            << bad.body;
+        body["stream"] = true;
+        const HttpResponse sr = s.post("/v1/chat/completions", body);
+        ASSERT_EQ(sr.status, 200) << sr.body;
+        const Joined jn = join_chunks(sse_events(sr.body));
+        EXPECT_EQ(jn.error["param"], "tool_choice") << sr.body;
+        EXPECT_NE(jn.error["message"].get<std::string>().find("choice 0: the model's reply"),
+                  std::string::npos)
+            << sr.body;
+        EXPECT_EQ(jn.content.at(0), "") << "nothing of a failed forced reply is sent";
+    }
+}
+
+TEST(ServeReasoning, Qwen3ThinkingIsSplitFromTheContentWholeAndStreamed) {
+    struct Case {
+        std::string text;
+        bool opened, found;
+        std::string reasoning, content;
+    };
+    const std::vector<Case> cases = {
+        {"<think>\nPlan: look it up.\n\n</think>\n\nIt is 21.", false, true, "Plan: look it up.",
+         "It is 21."},
+        {" \n<think>a</think>b", false, true, "a", "b"},
+        {"Plan.\n</think>\n\nIt is 21.", true, true, "Plan.", "It is 21."},
+        {"<think>\nstill thinking\n", false, true, "still thinking", ""}, // cut by max_tokens
+        {"\n\nstill </thi", true, true, "still </thi", ""},
+        {"No thinking </think> here.", false, false, "", "No thinking </think> here."},
+        {" <thin", false, false, "", " <thin"},
+        {"", false, false, "", ""},
+    };
+    for (const Case &c : cases) {
+        const rl::serve::Reasoning r = rl::serve::split_reasoning(c.text, c.opened);
+        EXPECT_EQ(r.found, c.found) << c.text;
+        EXPECT_EQ(r.reasoning, c.reasoning) << c.text;
+        EXPECT_EQ(r.content, c.content) << c.text;
+        for (const auto &pieces : {std::vector<std::string>{c.text}, bytes_of(c.text)}) {
+            rl::serve::ReasoningStream stream(c.opened);
+            std::string reasoning, content;
+            for (const auto &p : pieces) {
+                const auto [a, b] = stream.feed(p);
+                reasoning += a;
+                content += b;
+            }
+            const auto [a, b] = stream.finish();
+            EXPECT_EQ(reasoning + a, c.reasoning) << c.text << " in " << pieces.size();
+            EXPECT_EQ(content + b, c.content) << c.text << " in " << pieces.size();
+        }
+    }
+    // Reasoning goes out as it comes, not the newlines that may end it.
+    rl::serve::ReasoningStream stream(false);
+    EXPECT_EQ(stream.feed("<think>\nab\n"), std::make_pair(std::string("ab"), std::string()));
+    EXPECT_EQ(stream.feed("c</th"), std::make_pair(std::string("\nc"), std::string()));
+    EXPECT_EQ(stream.feed("ink>\n\nd"), std::make_pair(std::string(), std::string("d")));
+
+    EXPECT_TRUE(rl::serve::opens_thinking("<|im_start|>assistant\n<think>\n"));
+    EXPECT_FALSE(rl::serve::opens_thinking("assistant\n<think>\n\n</think>\n\n"));
+    EXPECT_FALSE(rl::serve::opens_thinking("<|im_start|>assistant\n"));
+}
+
+TEST(ServeReasoning, WithTheQwen3ParserChatRepliesCarryReasoningContent) {
+    // A template whose generation prompt opens <think> (as Qwen3's thinking
+    // models do): the untrained model never closes it, so all it writes is reasoning.
+    static const std::string dir = tiny_with_template(
+        "thinking", "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + "
+                    "message.content + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt "
+                    "%}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}");
+    rl::serve::ServerConfig config;
+    config.reasoning_parser = "qwen3";
+    Running with(config, dir);
+    Running without({}, dir);
+    const json body = {{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})},
+                       {"max_tokens", 12},
+                       {"n", 2},
+                       {"seed", 5},
+                       {"ignore_eos", true}};
+    const json plain = without.post_ok("/v1/chat/completions", body);
+    const json split = with.post_ok("/v1/chat/completions", body);
+    for (size_t i = 0; i < 2; ++i) {
+        const std::string text = plain["choices"][i]["message"]["content"].get<std::string>();
+        EXPECT_FALSE(plain["choices"][i]["message"].contains("reasoning_content"));
+        const json &m = split["choices"][i]["message"];
+        EXPECT_EQ(m["reasoning_content"], rl::serve::split_reasoning(text, true).reasoning) << m;
+        EXPECT_TRUE(m["content"].is_null()) << m;
+    }
+    json streamed = body;
+    streamed["stream"] = true;
+    const HttpResponse r = with.post("/v1/chat/completions", streamed);
+    ASSERT_EQ(r.status, 200) << r.body;
+    std::map<size_t, std::string> reasoning, content;
+    for (const auto &e : sse_events(r.body)) {
+        if (e == "[DONE]") break;
+        const json ev = json::parse(e);
+        for (const json &ch : ev["choices"]) {
+            const size_t i = ch["index"].get<size_t>();
+            if (ch["delta"].contains("reasoning_content"))
+                reasoning[i] += ch["delta"]["reasoning_content"].get<std::string>();
+            if (ch["delta"].contains("content"))
+                content[i] += ch["delta"]["content"].get<std::string>();
+        }
+    }
+    for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(reasoning[i], split["choices"][i]["message"]["reasoning_content"]) << i;
+        EXPECT_EQ(content[i], "") << i;
+    }
+    // An unknown parser is refused, naming the key.
+    try {
+        rl::serve::ServerConfig::from_json(R"({"reasoning_parser": "deepseek"})");
+        ADD_FAILURE() << "accepted";
+    } catch (const std::exception &e) {
+        EXPECT_NE(std::string(e.what()).find("reasoning_parser"), std::string::npos) << e.what();
+    }
+}
+
 TEST(ServeTools, BadToolRequestsAreRefusedNamingTheField) {
     const std::string user = R"("messages": [{"role": "user", "content": "a"}])";
     const std::string tools = R"("tools": )" + kWeatherTools.dump();
     const std::vector<Bad> on_hermes = {
-        {"/v1/chat/completions", "{" + user + ", " + tools + R"(, "tool_choice": "required"})",
-         "tool_choice", "\"required\" is not supported"},
         {"/v1/chat/completions",
          "{" + user + ", " + tools +
-             R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
-         "tool_choice", "naming a function is not supported"},
+             R"(, "tool_choice": {"type": "function", "function": {"name": "get_time"}}})",
+         "tool_choice", "'get_time', which is not among the tools (get_weather)"},
+        {"/v1/chat/completions",
+         "{" + user + ", " + tools +
+             R"(, "tool_choice": {"type": "retrieval", "function": {"name": "get_weather"}}})",
+         "tool_choice.type", "\"function\""},
+        {"/v1/chat/completions",
+         "{" + user + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {}}})",
+         "tool_choice.function.name", "non-empty string"},
+        {"/v1/chat/completions", "{" + user + R"(, "tool_choice": "required"})", "tool_choice",
+         "needs a non-empty tools list"},
         {"/v1/chat/completions", "{" + user + ", " + tools + R"(, "tool_choice": "maybe"})",
          "tool_choice", "'maybe'"},
         {"/v1/chat/completions", "{" + user + R"(, "tool_choice": "auto"})", "tool_choice",
          "needs a non-empty tools list"},
-        {"/v1/chat/completions", "{" + user + ", " + tools + R"(, "stream": true})", "stream",
-         "stream: true with tools is not supported"},
         {"/v1/chat/completions", "{" + user + R"(, "tools": {"name": "x"}})", "tools",
          "must be a list"},
         {"/v1/chat/completions", "{" + user + R"(, "tools": [{"type": "retrieval"}]})",
@@ -947,6 +1368,8 @@ TEST(ServeTools, BadToolRequestsAreRefusedNamingTheField) {
     const std::vector<Bad> on_chatml = {
         {"/v1/chat/completions", "{" + user + ", " + tools + "}", "tools",
          "known tool-call format"},
+        {"/v1/chat/completions", "{" + user + ", " + tools + R"(, "tool_choice": "required"})",
+         "tool_choice", "known tool-call format"},
     };
     const std::vector<std::pair<Running *, const std::vector<Bad> *>> servers = {
         {&hermes(), &on_hermes}, {&shared(), &on_chatml}};

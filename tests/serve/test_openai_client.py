@@ -3,7 +3,8 @@ the tiny model: completions and chat completions with logprobs, streamed and not
 logprobs equal the trainer's logprobs of the same tokens (the rl Python SDK scores them
 in this process from the same model folder). Tools: a tiny model with a Hermes-style
 template, taught (supervised, here) to call a tool and then to answer from its result,
-runs the client's tool loop."""
+runs the client's tool loop, streams its call, and writes it under tool_choice
+"required" and named. Reasoning: --reasoning-parser qwen3 returns reasoning_content."""
 
 import json
 import os
@@ -244,14 +245,154 @@ class ToolCallsTest(unittest.TestCase):
         self.assertFalse(r.choices[0].message.tool_calls)
         self.assertEqual(r.choices[0].finish_reason, "stop")
 
+    def test_streamed_tool_call_name_first_then_arguments(self):
+        """stream=True with tools, two choices and usage: each choice streams the call
+        (id, type and name first, then the arguments) and finishes with tool_calls."""
+        stream = self.client.chat.completions.create(
+            model="tiny", messages=QUESTION, tools=TOOLS, temperature=0, max_tokens=100, n=2,
+            stream=True, stream_options={"include_usage": True})
+        calls, finish, content, usage = {}, {}, {}, None
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for c in chunk.choices:
+                content[c.index] = content.get(c.index, "") + (c.delta.content or "")
+                for tc in c.delta.tool_calls or []:
+                    got = calls.setdefault(c.index, [])
+                    if tc.index == len(got):
+                        # A call starts with its id, type and name, and no arguments yet.
+                        self.assertTrue(tc.id.startswith("call_"), tc)
+                        self.assertEqual(tc.type, "function")
+                        self.assertEqual(tc.function.name, "get_weather")
+                        self.assertFalse(tc.function.arguments)
+                        got.append("")
+                    else:
+                        self.assertIsNone(tc.function.name)
+                        got[tc.index] += tc.function.arguments
+                if c.finish_reason:
+                    finish[c.index] = c.finish_reason
+        for i in (0, 1):
+            self.assertEqual(finish[i], "tool_calls")
+            self.assertEqual(content[i], "")  # the call's text is not sent as content
+            self.assertEqual(len(calls[i]), 1)
+            self.assertEqual(json.loads(calls[i][0]), CALL["arguments"])
+        whole = self.client.chat.completions.create(model="tiny", messages=QUESTION,
+                                                    tools=TOOLS, temperature=0, max_tokens=100)
+        self.assertEqual(usage.completion_tokens, 2 * whole.usage.completion_tokens)
+
+    def test_the_stream_helper_puts_the_call_together(self):
+        helper = getattr(self.client.chat.completions, "stream", None)
+        if helper is None:  # older clients: under beta
+            helper = self.client.beta.chat.completions.stream
+        with helper(model="tiny", messages=QUESTION, tools=TOOLS, temperature=0,
+                    max_tokens=100) as stream:
+            done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
+            final = stream.get_final_completion()
+        self.assertEqual(len(done), 1)
+        self.assertEqual(done[0].name, "get_weather")
+        self.assertEqual(json.loads(done[0].arguments), CALL["arguments"])
+        choice = final.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
+        self.assertEqual(choice.message.tool_calls[0].function.name, "get_weather")
+        self.assertEqual(json.loads(choice.message.tool_calls[0].function.arguments),
+                         CALL["arguments"])
+
+    def test_tool_choice_required_and_named_return_the_call(self):
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        for choice in ("required", named):
+            for stream in (False, True):
+                args = dict(model="tiny", messages=QUESTION, tools=TOOLS, tool_choice=choice,
+                            temperature=0, max_tokens=100)
+                if stream:
+                    with self.client.chat.completions.stream(**args) as s:
+                        r = s.get_final_completion()
+                else:
+                    r = self.client.chat.completions.create(**args)
+                c = r.choices[0]
+                self.assertEqual(c.finish_reason, "tool_calls", (choice, stream))
+                self.assertFalse(c.message.content)
+                self.assertEqual(len(c.message.tool_calls), 1)
+                self.assertEqual(c.message.tool_calls[0].function.name, "get_weather")
+                self.assertEqual(json.loads(c.message.tool_calls[0].function.arguments),
+                                 CALL["arguments"])
+
+    def test_a_forced_call_the_model_does_not_finish(self):
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        prefix = '<tool_call>\n{"name": "get_weather", "arguments": '
+        # Cut by max_tokens: the text so far (the forced opening first), finish length.
+        r = self.client.chat.completions.create(model="tiny", messages=QUESTION, tools=TOOLS,
+                                                tool_choice=named, temperature=0, max_tokens=2)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertTrue(r.choices[0].message.content.startswith(prefix),
+                        r.choices[0].message.content)
+        self.assertFalse(r.choices[0].message.tool_calls)
+        # Ended (here by a stop string) before the call is whole: 422 naming tool_choice.
+        with self.assertRaises(openai.UnprocessableEntityError) as e:
+            self.client.chat.completions.create(model="tiny", messages=QUESTION, tools=TOOLS,
+                                                tool_choice=named, temperature=0,
+                                                max_tokens=100, stop=['"'])
+        self.assertEqual(e.exception.body.get("param"), "tool_choice", str(e.exception))
+        self.assertIn("not closed", str(e.exception))
+        # Streamed: an error event, which the client raises.
+        with self.assertRaises(openai.APIError) as e:
+            for _ in self.client.chat.completions.create(
+                    model="tiny", messages=QUESTION, tools=TOOLS, tool_choice=named,
+                    temperature=0, max_tokens=100, stop=['"'], stream=True):
+                pass
+        self.assertIn("tool_choice", str(e.exception))
+
     def test_refusals_name_the_field(self):
-        for extra, field in ((dict(tool_choice="required"), "tool_choice"),
-                             (dict(stream=True), "stream")):
+        for extra, field in ((dict(tool_choice={"type": "function",
+                                                "function": {"name": "get_time"}}), "tool_choice"),
+                             (dict(tool_choice={"type": "function", "function": {}}),
+                              "tool_choice.function.name")):
             with self.assertRaises(openai.BadRequestError) as e:
                 self.client.chat.completions.create(model="tiny", messages=QUESTION,
                                                     tools=TOOLS, max_tokens=4, **extra)
             self.assertEqual(e.exception.body.get("param"), field, str(e.exception))
 
+
+THINKING_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content"
+    " + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}")
+
+
+def thinking_template(model_dir):
+    """A template whose generation prompt opens <think>, as Qwen3's thinking models'."""
+    with open(os.path.join(model_dir, "chat_template.jinja"), "w") as f:
+        f.write(THINKING_TEMPLATE)
+
+
+class ReasoningTest(unittest.TestCase):
+    """`rlhost serve --reasoning-parser qwen3`: the untrained model never closes the
+    <think> block its prompt opened, so everything it writes is reasoning_content."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = RlhostServer("serve", "--reasoning-parser", "qwen3",
+                                  prepare=thinking_template)
+        cls.client = openai.OpenAI(base_url=cls.server.url + "/v1", api_key="x",
+                                   max_retries=0, timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def test_reasoning_content_whole_and_streamed(self):
+        args = dict(model="tiny", messages=QUESTION, max_tokens=12, seed=3,
+                    extra_body={"ignore_eos": True})
+        whole = self.client.chat.completions.create(**args).choices[0].message
+        self.assertIsNone(whole.content)
+        self.assertIsInstance(whole.reasoning_content, str)
+        self.assertTrue(whole.reasoning_content)
+        reasoning, content = "", ""
+        for chunk in self.client.chat.completions.create(stream=True, **args):
+            for c in chunk.choices:
+                reasoning += getattr(c.delta, "reasoning_content", None) or ""
+                content += c.delta.content or ""
+        self.assertEqual(reasoning, whole.reasoning_content)
+        self.assertEqual(content, "")
 
 if __name__ == "__main__":
     unittest.main()
