@@ -8,7 +8,7 @@ pinned commit below. peer_vectors_test (tests/peers/peer_vectors_test.cpp)
 maps every vector onto our plugins and compares.
 
     python tests/peers/generate.py --verl PATH --areal PATH --areal-legacy PATH \
-        --prime-rl PATH [--out DIR]
+        --prime-rl PATH --xorl PATH [--out DIR]
 
 PATH is a checkout (a git work tree, or a tree extracted with `git archive`)
 of the peer at the pinned commit; a git work tree at another commit is
@@ -33,6 +33,7 @@ PINS = {
     # next one, bc9f009, replaced them by rejection_sampling)
     "areal_legacy": ("https://github.com/inclusionAI/AReaL",
                      "d37095aea00942f392a00072df9a4a4e0e4ff9f7"),
+    "xorl": ("https://github.com/togethercomputer/xorl", "4d8c620b26ae03ed83f395ecff75cd048f5fc35c"),
 }
 
 torch = None  # imported in main(), after the peer paths are set
@@ -997,6 +998,137 @@ def prime_rl_vectors(path, w):
             "and ref_kl components when their weights are given")
 
 
+def xorl_import(path):
+    # xorl/ops/__init__ imports the Triton attention kernels; the losses need
+    # only xorl/ops/loss: namespace stand-ins for the packages above it. Their
+    # torch.compile is switched off (TORCHDYNAMO_DISABLE, set in main()): the
+    # same Python runs eagerly.
+    root = os.path.join(path, "src", "xorl")
+    for name, sub in [("xorl", ""), ("xorl.ops", "ops"), ("xorl.ops.loss", "ops/loss")]:
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [os.path.join(root, sub)]
+        sys.modules[name] = pkg
+    import importlib
+    return {m: importlib.import_module("xorl.ops.loss." + m)
+            for m in ["policy_loss", "importance_sampling_loss", "cispo_loss", "causallm_loss"]}
+
+
+def xorl_vectors(path, w):
+    """xorl's losses take hidden states and the LM head weight: the vectors use
+    the identity as the weight, so hidden_states are the logits, and record
+    the selected-token logprobs xorl computes from them (its
+    per_token_logprobs). d loss / d logprobs is minus the gradient reaching
+    xorl's own per-token cross-entropy (its compute_per_token_ce, wrapped to
+    keep that gradient); d loss / d logits is the gradient of the hidden states."""
+    mods = xorl_import(path)
+    captured = {}
+
+    def keep_grad(fn):
+        def wrapped(*a, **kw):
+            ce = fn(*a, **kw)
+            ce.retain_grad()
+            captured["ce"] = ce
+            return ce
+        return wrapped
+
+    for name in ["policy_loss", "importance_sampling_loss", "cispo_loss"]:
+        mods[name].compute_per_token_ce = keep_grad(mods[name].compute_per_token_ce)
+    layout = ("padded: [batch, seq] rows of next-token-aligned labels, -100 off the loss; "
+              "logits [batch, seq, vocab] (hidden_states with an identity LM head)")
+    V = 7
+
+    def batch(seed, B, L, ignore=0.25):
+        g = torch.Generator().manual_seed(seed)
+        # logits exact in float32: xorl's eager CE computes in float32
+        logits = uni(g, (B, L, V), -3.0, 3.0).float().double()
+        labels = torch.randint(0, V, (B, L), generator=g)
+        labels[torch.rand(B, L, generator=g) < ignore] = -100
+        labels[0, 0] = 3  # at least one loss token
+        return g, logits, labels
+
+    def run(fn, seed, B, L, kw, extra=None, log_ratio=anchor_log_ratios):
+        g, logits, labels = batch(seed, B, L)
+        lp_true = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+        old = lp_true - log_ratio(g, (B, L))
+        adv = signed(g, (B, L))
+        inputs = dict(old_logprobs=old, advantages=adv)
+        if extra:
+            inputs.update(extra(g, lp_true, B, L))
+        h = logits.clone().requires_grad_(True)
+        out = fn(hidden_states=h, weight=torch.eye(V, dtype=torch.float64), labels=labels,
+                 ce_mode="eager", **inputs, **kw)
+        out.loss.backward()
+        valid = labels != -100
+        grad_lp = -captured.pop("ce").grad.view(B, L) if fn is not None else None
+        metrics = {k: num(v) for k, v in out.metrics.items()}
+        return {
+            "parameters": dict(kw),
+            "inputs": dict({k: tolist(v) for k, v in inputs.items()}, labels=tolist(labels),
+                           logits=tolist(logits)),
+            "outputs": {"loss": num(out.loss),
+                        "logprobs": tolist(out.per_token_logprobs.double().masked_fill(~valid, 0)),
+                        "grad_logprobs": tolist(grad_lp.masked_fill(~valid, 0)),
+                        "grad_logits": tolist(h.grad), "metrics": metrics},
+        }
+
+    def rollout(g, lp, B, L):
+        return {"rollout_logprobs": lp - uni(g, (B, L), -0.9, 0.9)}
+
+    pl = mods["policy_loss"].policy_loss_function
+    cases = []
+    for i, (kw, extra) in enumerate([
+            (dict(), None),
+            (dict(eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=3.0, compute_kl_stats=True), None),
+            (dict(eps_clip=0.1, eps_clip_high=0.3, use_tis=True, tis_clip_low=0.5,
+                  tis_clip_high=1.5), rollout),
+            (dict(eps_clip=0.2, eps_clip_high=0.28, icepop_beta=2.0, compute_kl_stats=True), None),
+            (dict(eps_clip=0.2, eps_clip_high=0.2, eps_clip_c=2.0, icepop_beta=3.0, use_tis=True,
+                  tis_clip_low=0.1, tis_clip_high=2.0), rollout)]):
+        case = run(pl, 5000 + i, 5, 9, kw, extra)
+        case["name"] = f"policy_loss_{i}"
+        cases.append(case)
+    w.write("policy_loss_function", layout, cases,
+            "TokenPartial over labels != -100 (xorl's default reducer); logprobs = xorl's "
+            "per_token_logprobs")
+
+    isl = mods["importance_sampling_loss"].importance_sampling_loss_function
+    cases = []
+    for i, kw in enumerate([dict(), dict(compute_kl_stats=True)]):
+        case = run(isl, 5100 + i, 6, 8, kw)
+        case["name"] = f"importance_sampling_{i}"
+        cases.append(case)
+    w.write("importance_sampling_loss_function", layout, cases)
+
+    cispo = mods["cispo_loss"].cispo_loss_function
+    cases = []
+    for i, kw in enumerate([dict(), dict(clip_low_threshold=0.8, clip_high_threshold=1.28,
+                                         compute_kl_stats=True),
+                            dict(clip_low_threshold=0.0, clip_high_threshold=2.0)]):
+        case = run(cispo, 5200 + i, 6, 8, kw)
+        case["name"] = f"cispo_{i}"
+        cases.append(case)
+    w.write("cispo_loss_function", layout, cases)
+
+    # the z-loss: xorl has it on causallm_loss_function (z_loss_coef) only
+    ce = mods["causallm_loss"].causallm_loss_function
+    cases = []
+    for i, (coef, B, L) in enumerate([(0.0, 4, 7), (1e-2, 5, 9), (0.3, 3, 6)]):
+        _, logits, labels = batch(5300 + i, B, L)
+        h = logits.clone().requires_grad_(True)
+        out = ce(hidden_states=h, weight=torch.eye(V, dtype=torch.float64), labels=labels,
+                 ce_mode="eager", z_loss_coef=coef)
+        out.loss.backward()
+        cases.append({
+            "name": f"causallm_z_loss_{i}",
+            "parameters": {"z_loss_coef": coef},
+            "inputs": {"labels": tolist(labels), "logits": tolist(logits)},
+            "outputs": {"loss": num(out.loss), "grad_logits": tolist(h.grad),
+                        "metrics": {k: num(v) for k, v in (out.metrics or {}).items()}},
+        })
+    w.write("causallm_loss_function", layout, cases,
+            "mean cross-entropy over labels != -100 plus z_loss_coef * mean logsumexp(logits)^2")
+
+
 def main():
     global torch
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1005,11 +1137,14 @@ def main():
     ap.add_argument("--prime-rl", help="checkout of PrimeIntellect-ai/prime-rl at the pinned commit")
     ap.add_argument("--areal-legacy", help="checkout of inclusionAI/AReaL at the pinned older "
                     "commit (behave_imp_weight_mode); run in a process of its own")
+    ap.add_argument("--xorl", help="checkout of togethercomputer/xorl at the pinned commit")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "vectors"))
     args = ap.parse_args()
-    if not (args.verl or args.areal or args.areal_legacy or args.prime_rl):
-        ap.error("name at least one peer checkout (--verl, --areal, --areal-legacy, --prime-rl)")
+    if not (args.verl or args.areal or args.areal_legacy or args.prime_rl or args.xorl):
+        ap.error("name at least one peer checkout (--verl, --areal, --areal-legacy, --prime-rl, "
+                 "--xorl)")
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # xorl's torch.compile: run eagerly
     if args.areal_legacy and (args.verl or args.areal):
         # both AReaL trees are the package `areal`: the older one in a process of its own
         subprocess.run([sys.executable, os.path.abspath(__file__), "--areal-legacy",
@@ -1027,6 +1162,9 @@ def main():
     if args.prime_rl:
         check_checkout("prime-rl", args.prime_rl)
         prime_rl_vectors(os.path.abspath(args.prime_rl), Writer(args.out, "prime-rl"))
+    if args.xorl:
+        check_checkout("xorl", args.xorl)
+        xorl_vectors(os.path.abspath(args.xorl), Writer(args.out, "xorl"))
     if args.areal_legacy:
         check_checkout("areal_legacy", args.areal_legacy)
         areal_legacy_vectors(os.path.abspath(args.areal_legacy), Writer(args.out, "areal_legacy"))

@@ -9,6 +9,7 @@
 // and the docs line that states it, and compares the rest strictly with that
 // difference removed (a rescaled normalizer, the rows it does not touch, or
 // the peer's reduction applied to our per-token outputs).
+#include "causallm_loss/causallm_loss.hpp"
 #include "cispo/cispo.hpp"
 #include "clip_cov/clip_cov.hpp"
 #include "decoupled_ppo/decoupled_ppo.hpp"
@@ -190,6 +191,7 @@ T::LossRun run_loss(const std::string &loss, const json &params, const T::LossIn
     if (loss == "dppo") return run_as<rl::losses::Dppo>(p, in);
     if (loss == "ipo") return run_as<rl::losses::Ipo>(p, in);
     if (loss == "value_loss") return run_as<rl::losses::ValueLoss>(p, in);
+    if (loss == "causallm_loss") return run_as<rl::losses::CausalLmLoss>(p, in);
     throw std::invalid_argument("the test maps no peer function onto loss '" + loss + "'");
 }
 
@@ -1018,6 +1020,209 @@ void prime_rl_compute_loss(const json &c, const std::string &where) {
                  vec(out["grad_trainer_logprobs"], "grad_trainer_logprobs"));
 }
 
+// ---- xorl ---------------------------------------------------------------------------------
+
+// xorl's losses read labels (-100 off the loss) and logits (hidden states under an
+// identity LM head); the vectors carry the selected-token logprobs xorl computed
+// from them and its gradient with respect to those logprobs. Rows become packed
+// sequences; the loss tokens are labels != -100 (xorl's default TokenPartial
+// reducer is the token mean over them, our token-mean).
+struct XorlRows {
+    int64_t B = 0, L = 0;
+    std::vector<double> mask;
+    std::vector<int64_t> labels;
+    std::vector<int64_t> cu = {0};
+};
+
+XorlRows xorl_rows(const json &inputs, const std::string &where) {
+    XorlRows r;
+    const auto labels = flat(require(inputs, "labels", where), "labels", &r.B, &r.L);
+    for (double x : labels) {
+        r.labels.push_back(static_cast<int64_t>(x));
+        r.mask.push_back(x != -100 ? 1.0 : 0.0);
+    }
+    for (int64_t i = 0; i < r.B; ++i) r.cu.push_back(r.cu.back() + r.L);
+    return r;
+}
+
+T::LossInputs xorl_policy_inputs(const json &c, const XorlRows &r, const std::string &where,
+                                 bool rollout = true) {
+    const json &in = c["inputs"];
+    T::LossInputs li;
+    li.f64("logprobs", flat(require(c["outputs"], "logprobs", where), "logprobs"))
+        .f64("old_logprobs", flat(require(in, "old_logprobs", where), "old_logprobs"))
+        .f64("advantages", flat(require(in, "advantages", where), "advantages"))
+        .f64("loss_mask", r.mask)
+        .cu_seqlens(r.cu);
+    if (rollout && in.contains("rollout_logprobs"))
+        li.f64("rollout_logprobs", flat(in["rollout_logprobs"], "rollout_logprobs"));
+    return li;
+}
+
+// The metrics xorl and our plugin both report under the same name; each one the
+// peer emitted must be ours too and agree.
+void expect_xorl_metrics(const std::string &where, const T::LossRun &run, const json &peer) {
+    static const char *shared[] = {
+        "pg_clipfrac",  "icepop_maskfrac",    "tis_mean",       "tis_min",    "tis_max",
+        "tis_clipfrac", "kl_sample_train_k3", "entropy_sample", "ratio_mean", "ratio_min",
+        "ratio_max",    "clip_fraction",      "valid_tokens"};
+    for (const char *m : shared) {
+        if (!peer.contains(m)) continue;
+        if (!run.has_metric(m)) {
+            ADD_FAILURE() << where << ": our loss emitted no metric '" << m << "'";
+            continue;
+        }
+        expect_close(where, std::string("metric ") + m, run.metric(m), peer[m].get<double>());
+    }
+}
+
+T::LossRun run_ok(const std::string &where, const std::string &loss, const json &p,
+                  const T::LossInputs &in) {
+    T::LossRun run = run_loss(loss, p, in);
+    EXPECT_EQ(run.status, RL_OK) << where << ": " << loss << " " << p.dump() << ": " << run.error;
+    return run;
+}
+
+// policy_loss_function: same parameter names here. Two deliberate differences
+// (docs/losses.md, `policy_loss`, "Differences from xorl, on purpose"): xorl
+// keeps IcePop-masked tokens in the reported value (IcePop only zeroes their
+// gradient), and leaves the TIS weight out of the gradient (its surrogate is
+// ratio * A * CE). With them removed: xorl's value is ours without IcePop (TIS
+// kept), xorl's gradient ours without TIS (IcePop kept), both strict; and ours
+// with TIS is xorl's gradient times the clipped TIS weight, token by token.
+void xorl_policy_loss(const json &c, const std::string &where) {
+    const XorlRows r = xorl_rows(c["inputs"], where);
+    const T::LossInputs in = xorl_policy_inputs(c, r, where);
+    json p = c["parameters"];
+    p["loss_agg_mode"] = "token-mean";
+    const bool icepop = p.contains("icepop_beta") && !p["icepop_beta"].is_null();
+    const bool tis = p.value("use_tis", false);
+    const json &out = c["outputs"];
+    const auto peer_grad = flat(out["grad_logprobs"], "grad_logprobs");
+    const T::LossRun full = run_ok(where, "policy_loss", p, in);
+    if (full.status != RL_OK) return;
+    expect_xorl_metrics(where, full, out["metrics"]);
+
+    json value_p = p;
+    if (icepop) {
+        deliberate(where, "xorl keeps IcePop-masked tokens in the loss value: value compared with "
+                          "ours without icepop_beta (docs/losses.md, policy_loss)");
+        value_p.erase("icepop_beta");
+    }
+    const T::LossRun value_run = icepop ? run_ok(where, "policy_loss", value_p, in) : full;
+    expect_close(where, "loss", value_run.loss, out["loss"].get<double>());
+
+    json grad_p = p;
+    if (tis) {
+        deliberate(where, "xorl leaves the TIS weight out of the gradient: gradient compared with "
+                          "ours without use_tis, and ours as xorl's times the TIS weight "
+                          "(docs/losses.md, policy_loss)");
+        for (const char *k : {"use_tis", "tis_clip_low", "tis_clip_high"}) grad_p.erase(k);
+    }
+    const T::LossRun grad_run =
+        tis ? run_ok(where, "policy_loss", grad_p, xorl_policy_inputs(c, r, where, false)) : full;
+    if (grad_run.status != RL_OK) return;
+    expect_close(where, "d loss / d logprobs", grad_run.grads.at("logprobs"), peer_grad);
+    if (tis) {
+        const auto lp = flat(out["logprobs"], "logprobs");
+        const auto roll = flat(c["inputs"]["rollout_logprobs"], "rollout_logprobs");
+        const double lo = p.value("tis_clip_low", 0.1), hi = p.value("tis_clip_high", 2.0);
+        std::vector<double> weighted(peer_grad.size());
+        for (size_t t = 0; t < weighted.size(); ++t)
+            weighted[t] = std::clamp(std::exp(lp[t] - roll[t]), lo, hi) * peer_grad[t];
+        expect_close(where, "d loss / d logprobs (TIS-weighted peer)", full.grads.at("logprobs"),
+                     weighted);
+    }
+}
+
+void xorl_importance_sampling(const json &c, const std::string &where) {
+    const XorlRows r = xorl_rows(c["inputs"], where);
+    json p = {{"loss_agg_mode", "token-mean"}};
+    if (c["parameters"].contains("compute_kl_stats"))
+        p["compute_kl_stats"] = c["parameters"]["compute_kl_stats"];
+    const T::LossRun run = run_ok(where, "importance_sampling", p, xorl_policy_inputs(c, r, where));
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    expect_close(where, "d loss / d logprobs", run.grads.at("logprobs"),
+                 flat(out["grad_logprobs"], "grad_logprobs"));
+    expect_xorl_metrics(where, run, out["metrics"]);
+}
+
+// cispo_loss_function: clip_low_threshold / clip_high_threshold are our
+// clip_low / clip_high (absolute ratio bounds); the defaults (0, 4) are left to
+// both sides when the vector does not name them.
+void xorl_cispo(const json &c, const std::string &where) {
+    const XorlRows r = xorl_rows(c["inputs"], where);
+    const json &pp = c["parameters"];
+    json p = {{"loss_agg_mode", "token-mean"}};
+    if (pp.contains("clip_low_threshold")) p["clip_low"] = pp["clip_low_threshold"];
+    if (pp.contains("clip_high_threshold")) p["clip_high"] = pp["clip_high_threshold"];
+    if (pp.contains("compute_kl_stats")) p["compute_kl_stats"] = pp["compute_kl_stats"];
+    const T::LossRun run = run_ok(where, "cispo", p, xorl_policy_inputs(c, r, where));
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    expect_close(where, "d loss / d logprobs", run.grads.at("logprobs"),
+                 flat(out["grad_logprobs"], "grad_logprobs"));
+    expect_xorl_metrics(where, run, out["metrics"]);
+}
+
+// causallm_loss_function with z_loss_coef = our causallm_loss with z_loss. Our
+// loss reads logprobs and logsumexp (the trainer's log-softmax pass); the
+// gradient xorl reports is on the logits, so ours is carried there by the
+// trainer's chain rule: d/dz_v = g_lp (1[v = label] - p_v) + g_lse p_v.
+void xorl_causallm(const json &c, const std::string &where) {
+    const XorlRows r = xorl_rows(c["inputs"], where);
+    const json &rows = require(c["inputs"], "logits", where);
+    std::vector<std::vector<double>> logits;
+    for (const auto &row : rows)
+        for (const auto &tok : row) logits.push_back(vec(tok, "logits"));
+    const size_t n = r.labels.size();
+    ASSERT_EQ(logits.size(), n) << where << ": logits and labels differ in length";
+    std::vector<double> lp(n), lse(n);
+    for (size_t t = 0; t < n; ++t) {
+        const double mx = *std::max_element(logits[t].begin(), logits[t].end());
+        double s = 0;
+        for (double z : logits[t]) s += std::exp(z - mx);
+        lse[t] = mx + std::log(s);
+        lp[t] = r.labels[t] >= 0 ? logits[t][size_t(r.labels[t])] - lse[t] : 0.0;
+    }
+    const double coef = param(c, "z_loss_coef");
+    json p = {{"loss_agg_mode", "token-mean"}};
+    T::LossInputs li;
+    li.f64("logprobs", lp).i64("labels", r.labels).cu_seqlens(r.cu);
+    if (coef != 0) {
+        p["z_loss"] = coef;
+        li.f64("logsumexp", lse);
+    }
+    const T::LossRun run = run_ok(where, "causallm_loss", p, li);
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    const auto &glp = run.grads.at("logprobs");
+    std::vector<double> ours, peer;
+    size_t t = 0;
+    for (const auto &row : out["grad_logits"])
+        for (const auto &tok : row) {
+            const auto g = vec(tok, "grad_logits");
+            for (size_t v = 0; v < g.size(); ++v) {
+                const double pv = std::exp(logits[t][v] - lse[t]);
+                double d = glp[t] * ((int64_t(v) == r.labels[t] ? 1.0 : 0.0) - pv);
+                if (coef != 0) d += run.grads.at("logsumexp")[t] * pv;
+                ours.push_back(d);
+                peer.push_back(g[v]);
+            }
+            ++t;
+        }
+    expect_close(where, "d loss / d logits", ours, peer);
+    if (out["metrics"].contains("z_loss")) {
+        ASSERT_TRUE(run.has_metric("z_loss")) << where << ": our loss emitted no metric 'z_loss'";
+        expect_close(where, "metric z_loss", run.metric("z_loss"),
+                     out["metrics"]["z_loss"].get<double>());
+    }
+}
+
 // ---- the peer functions this test knows --------------------------------------------------
 
 using CaseCheck = std::function<void(const json &, const std::string &)>;
@@ -1094,6 +1299,10 @@ const std::map<std::string, CaseCheck> &known_functions() {
         {"verl/compute_value_loss", verl_value_loss},
         {"areal_legacy/ppo_actor_loss_fn", areal_legacy_ppo_actor},
         {"prime-rl/compute_loss", prime_rl_compute_loss},
+        {"xorl/policy_loss_function", xorl_policy_loss},
+        {"xorl/importance_sampling_loss_function", xorl_importance_sampling},
+        {"xorl/cispo_loss_function", xorl_cispo},
+        {"xorl/causallm_loss_function", xorl_causallm},
     };
     return k;
 }
