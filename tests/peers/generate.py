@@ -8,7 +8,8 @@ pinned commit below. peer_vectors_test (tests/peers/peer_vectors_test.cpp)
 maps every vector onto our plugins and compares.
 
     python tests/peers/generate.py --verl PATH --areal PATH --areal-legacy PATH \
-        --prime-rl PATH --xorl PATH [--out DIR]
+        --prime-rl PATH --xorl PATH \
+        --surogate PATH [--out DIR]
 
 PATH is a checkout (a git work tree, or a tree extracted with `git archive`)
 of the peer at the pinned commit; a git work tree at another commit is
@@ -34,6 +35,8 @@ PINS = {
     "areal_legacy": ("https://github.com/inclusionAI/AReaL",
                      "d37095aea00942f392a00072df9a4a4e0e4ff9f7"),
     "xorl": ("https://github.com/togethercomputer/xorl", "4d8c620b26ae03ed83f395ecff75cd048f5fc35c"),
+    "surogate": ("https://github.com/invergent-ai/surogate",
+                 "524fb776007222cfc306b5f067e8430643cf2339"),
 }
 
 torch = None  # imported in main(), after the peer paths are set
@@ -1129,6 +1132,84 @@ def xorl_vectors(path, w):
             "mean cross-entropy over labels != -100 plus z_loss_coef * mean logsumexp(logits)^2")
 
 
+def surogate_import(path):
+    # surogate/grpo/loss.py is Surogate's Python reference of its per-token GRPO
+    # gradient seeds (the native CUDA step is checked against it; the
+    # turn_diagnostics route runs it). Its config module imports the SFT
+    # trainer's config only to derive GRPOTrainConfig from it: a stand-in class
+    # for that base (GRPOLossConfig, the dataclass used here, does not touch it).
+    root = os.path.join(path, "surogate")
+    for name, sub in [("surogate", ""), ("surogate.grpo", "grpo"), ("surogate.core", "core"),
+                      ("surogate.core.config", "core/config")]:
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [os.path.join(root, sub)]
+        sys.modules[name] = pkg
+    sft = types.ModuleType("surogate.core.config.sft_config")
+    sft.SFTConfig = type("SFTConfig", (), {})
+    sys.modules[sft.__name__] = sft
+    import importlib
+    return importlib.import_module("surogate.grpo.loss")
+
+
+def surogate_vectors(path, w):
+    import numpy as np
+    L = surogate_import(path)
+    layout = "packed: 1-D tokens, cu_seqlens (Surogate's sample_ranges), loss_mask (bool)"
+    specs = [
+        # name, seed, config, lens, teacher, replay, opd
+        ("ipo_default", 1, {}, [6, 1, 9, 4, 7], False, False, False),
+        ("ipo_asymmetric_clip", 2, dict(ipo_mask_low=0.05, ipo_mask_high=0.3, adv_tau=0.7,
+                                        kl_tau=0.02, ratio_clip=2.0), [7, 5, 8, 3, 6],
+         False, False, False),
+        ("ipo_teacher", 3, dict(teacher_tau=0.5, kl_tau=0.01, ratio_clip=4.0), [6, 9, 4, 7, 5],
+         True, False, False),
+        ("ipo_replay", 4, dict(replay_tau=0.5), [6, 9, 4, 7, 5], False, True, False),
+        ("ipo_opd", 5, dict(opd_tau=0.3, opd_beta=2.0), [7, 5, 8, 3, 6], False, False, True),
+    ]
+    cases = []
+    for name, seed, cfg, lens, use_teacher, use_replay, use_opd in specs:
+        inp = packed_inputs(6000 + seed, lens, empty=(1,) if seed == 1 else (), holes=0.2)
+        g = torch.Generator().manual_seed(6100 + seed)
+        n = sum(lens)
+        lp = inp["logprobs"]
+        infer = lp - anchor_log_ratios(g, (n,))
+        mask = inp["loss_mask"]
+        cu = inp["cu_seqlens"].tolist()
+        extra = {}
+        if use_teacher:
+            extra["teacher_logprobs"] = lp + uni(g, (n,), -1.0, 1.0)
+        if use_replay:
+            replay = (torch.rand(n, generator=g) < 0.3) & mask
+            extra["replay_mask"] = replay
+            extra["replay_weights"] = torch.where(replay, uni(g, (n,), 0.5, 2.0), 1.0)
+        if use_opd:
+            extra["opd_reference_logprobs"] = lp + uni(g, (n,), -0.5, 0.5)
+            extra["hindsight_logprobs"] = lp + uni(g, (n,), -1.0, 1.0)
+            extra["hindsight_mask"] = torch.rand(n, generator=g) < 0.5
+        conf = L.GRPOLossConfig(**cfg)
+        np_extra = {k: v.numpy() for k, v in extra.items()}
+        grads, metrics = L.compute_grpo_per_token_grads(
+            trainer_logprobs=lp.numpy(), inference_logprobs=infer.numpy(),
+            advantages=inp["advantages"].numpy(), loss_mask=mask.numpy(), loss_config=conf,
+            sample_ranges=[(cu[i], cu[i + 1]) for i in range(len(lens))], **np_extra)
+        inputs = {"trainer_logprobs": lp, "inference_logprobs": infer,
+                  "advantages": inp["advantages"], "loss_mask": mask, "cu_seqlens": inp["cu_seqlens"]}
+        inputs.update(extra)
+        import dataclasses
+        cases.append({
+            "name": name,
+            "parameters": dataclasses.asdict(conf),
+            "inputs": {k: tolist(v) for k, v in inputs.items()},
+            "outputs": {"per_token_grads": [float(x) for x in np.asarray(grads, dtype=np.float64)],
+                        "loss_scale": int(mask.sum()),
+                        "metrics": {k: float(v) for k, v in metrics.items()}},
+        })
+    w.write("compute_grpo_per_token_grads", layout, cases,
+            "per_token_grads are Surogate's CE-backward seeds, -d loss / d trainer_logprobs "
+            "before its division by loss_scale (the step's loss tokens); metrics are means over "
+            "samples of per-sample values (policy_loss: of per-sample token means)")
+
+
 def main():
     global torch
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1138,12 +1219,14 @@ def main():
     ap.add_argument("--areal-legacy", help="checkout of inclusionAI/AReaL at the pinned older "
                     "commit (behave_imp_weight_mode); run in a process of its own")
     ap.add_argument("--xorl", help="checkout of togethercomputer/xorl at the pinned commit")
+    ap.add_argument("--surogate", help="checkout of invergent-ai/surogate at the pinned commit")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "vectors"))
     args = ap.parse_args()
-    if not (args.verl or args.areal or args.areal_legacy or args.prime_rl or args.xorl):
+    if not (args.verl or args.areal or args.areal_legacy or args.prime_rl or args.xorl
+            or args.surogate):
         ap.error("name at least one peer checkout (--verl, --areal, --areal-legacy, --prime-rl, "
-                 "--xorl)")
+                 "--xorl, --surogate)")
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # xorl's torch.compile: run eagerly
     if args.areal_legacy and (args.verl or args.areal):
         # both AReaL trees are the package `areal`: the older one in a process of its own
@@ -1165,6 +1248,9 @@ def main():
     if args.xorl:
         check_checkout("xorl", args.xorl)
         xorl_vectors(os.path.abspath(args.xorl), Writer(args.out, "xorl"))
+    if args.surogate:
+        check_checkout("surogate", args.surogate)
+        surogate_vectors(os.path.abspath(args.surogate), Writer(args.out, "surogate"))
     if args.areal_legacy:
         check_checkout("areal_legacy", args.areal_legacy)
         areal_legacy_vectors(os.path.abspath(args.areal_legacy), Writer(args.out, "areal_legacy"))

@@ -1223,6 +1223,138 @@ void xorl_causallm(const json &c, const std::string &where) {
     }
 }
 
+// ---- Surogate -----------------------------------------------------------------------------
+
+// compute_grpo_per_token_grads (surogate/grpo/loss.py, Surogate's Python
+// reference of the seeds its CE backward receives): IPO on `ipo` under the
+// mapping of docs/losses.md ("Surogate's IPO per-token gradients"). Surogate's
+// seeds are -d loss / d logprobs before its division by the step's loss tokens
+// N, so ours run with loss_agg_mode sum and weights 1 / N, and replay / OPD
+// tokens become rl_weights 0 and ce_weights (with the 1 / N in them). Its value and metrics are
+// means over samples of per-sample values; ours are token means over the step (docs/losses.md,
+// "What differs"): they are compared by running ours on each sample alone (weights 1 / n_i) and
+// averaging as Surogate does.
+struct SurogateCase {
+    json params;
+    T::LossInputs in;
+    std::vector<double> mask;
+    std::vector<int64_t> cu;
+    size_t n = 0;
+    bool replay = false;
+};
+
+SurogateCase surogate_case(const json &c, const std::string &where, int64_t lo, int64_t hi) {
+    const json &pp = c["parameters"];
+    const json &in = c["inputs"];
+    SurogateCase s;
+    s.params = {{"ipo_mask_low", pp.at("ipo_mask_low")}, {"ipo_mask_high", pp.at("ipo_mask_high")},
+                {"adv_tau", pp.at("adv_tau")},           {"kl_tau", pp.at("kl_tau")},
+                {"ratio_clip", pp.at("ratio_clip")},     {"loss_agg_mode", "sum"}};
+    const auto slice = [&](const std::string &name) {
+        const auto v = vec(require(in, name, where), name);
+        return std::vector<double>(v.begin() + lo, v.begin() + hi);
+    };
+    s.mask = slice("loss_mask");
+    s.n = s.mask.size();
+    double tokens = 0;
+    for (double m : s.mask) tokens += m != 0;
+    s.in.f64("logprobs", slice("trainer_logprobs"))
+        .f64("old_logprobs", slice("inference_logprobs"))
+        .f64("advantages", slice("advantages"))
+        .f64("loss_mask", s.mask)
+        .f64("weights", std::vector<double>(s.n, 1.0 / std::max(tokens, 1.0)));
+    if (in.contains("teacher_logprobs")) {
+        s.params["teacher_tau"] = pp.at("teacher_tau");
+        s.in.f64("teacher_logprobs", slice("teacher_logprobs"));
+    }
+    std::vector<double> ce(s.n, 0.0), rl(s.n, 1.0);
+    bool has_ce = false;
+    if (in.contains("replay_mask")) {
+        s.replay = true;
+        has_ce = true;
+        const auto rm = slice("replay_mask"), rw = slice("replay_weights");
+        for (size_t t = 0; t < s.n; ++t)
+            if (rm[t] != 0 && s.mask[t] != 0) {
+                rl[t] = 0.0;
+                ce[t] = pp.at("replay_tau").get<double>() * rw[t];
+            }
+        s.in.f64("rl_weights", rl);
+    }
+    if (in.contains("hindsight_mask")) {
+        has_ce = true;
+        const auto hm = slice("hindsight_mask"), h = slice("hindsight_logprobs"),
+                   ref = slice("opd_reference_logprobs");
+        const double tau = pp.at("opd_tau"), beta = pp.at("opd_beta");
+        for (size_t t = 0; t < s.n; ++t)
+            if (hm[t] != 0 && s.mask[t] != 0 && rl[t] != 0)
+                ce[t] += tau / (1.0 + std::exp(-beta * (h[t] - ref[t])));
+    }
+    // the ce component's normalizer lives in its weights under `sum` (the
+    // input `weights` scales the rl component only)
+    for (auto &x : ce) x /= std::max(tokens, 1.0);
+    if (has_ce) s.in.f64("ce_weights", ce);
+    s.in.cu_seqlens({0, int64_t(s.n)});
+    return s;
+}
+
+void surogate_grpo(const json &c, const std::string &where) {
+    const json &in = c["inputs"];
+    const json &out = c["outputs"];
+    std::vector<int64_t> cu;
+    for (const auto &x : require(in, "cu_seqlens", where)) cu.push_back(x.get<int64_t>());
+    const int64_t N = cu.back();
+    // The whole step, one packed batch: the gradient.
+    SurogateCase step = surogate_case(c, where, 0, N);
+    step.in.cu_seqlens(cu);
+    double tokens = 0;
+    for (double m : step.mask) tokens += m != 0;
+    EXPECT_EQ(out.at("loss_scale").get<double>(), tokens) << where << ": loss_scale";
+    const T::LossRun run = run_ok(where, "ipo", step.params, step.in);
+    if (run.status != RL_OK) return;
+    std::vector<double> peer = vec(out.at("per_token_grads"), "per_token_grads");
+    for (auto &g : peer) g = -g / tokens;
+    expect_close(where, "d loss / d trainer_logprobs (-seed / loss_scale)",
+                 run.grads.at("logprobs"), peer);
+
+    // Sample by sample: the value and the metrics, averaged over samples.
+    deliberate(where, "Surogate's value and metrics are means over samples of per-sample values "
+                      "(ratio_clipped over kept tokens); ours over the step's tokens "
+                      "(docs/losses.md, \"Surogate's IPO per-token gradients\", \"What "
+                      "differs\"): ours run per sample and averaged as Surogate does");
+    const json &pm = out["metrics"];
+    double value = 0, samples = 0;
+    std::map<std::string, double> sums;
+    for (size_t i = 0; i + 1 < cu.size(); ++i) {
+        SurogateCase s = surogate_case(c, where, cu[i], cu[i + 1]);
+        double n = 0;
+        for (double m : s.mask) n += m != 0;
+        if (n == 0) continue;
+        const T::LossRun r = run_ok(where, "ipo", s.params, s.in);
+        if (r.status != RL_OK) return;
+        value += r.loss;
+        samples += 1;
+        const double masked = r.metric("is_masked");
+        const double keep = n * (1.0 - masked);
+        sums["is_masked"] += masked;
+        sums["masked_mismatch_kl"] += r.metric("masked_mismatch_kl");
+        sums["unmasked_mismatch_kl"] += r.metric("unmasked_mismatch_kl");
+        sums["ratio_clipped"] += keep > 0.5 ? r.metric("ratio_clipped") * n / keep : 0.0;
+        if (r.has_metric("teacher_kl")) sums["teacher_kl"] += r.metric("teacher_kl");
+    }
+    expect_close(where, "policy_loss (mean over samples)", value / samples,
+                 pm.at("policy_loss").get<double>());
+    if (step.replay) {
+        // Surogate's behaviour metrics run over its policy tokens (replay tokens
+        // excluded), ours over every loss token: only value and gradient here.
+        deliberate(where, "replay tokens: Surogate's masking metrics leave them out, ours count "
+                          "them; metrics not compared");
+        return;
+    }
+    for (const auto &[name, sum] : sums)
+        expect_close(where, "metric " + name + " (mean over samples)", sum / samples,
+                     pm.at(name).get<double>());
+}
+
 // ---- the peer functions this test knows --------------------------------------------------
 
 using CaseCheck = std::function<void(const json &, const std::string &)>;
@@ -1300,6 +1432,7 @@ const std::map<std::string, CaseCheck> &known_functions() {
         {"areal_legacy/ppo_actor_loss_fn", areal_legacy_ppo_actor},
         {"prime-rl/compute_loss", prime_rl_compute_loss},
         {"xorl/policy_loss_function", xorl_policy_loss},
+        {"surogate/compute_grpo_per_token_grads", surogate_grpo},
         {"xorl/importance_sampling_loss_function", xorl_importance_sampling},
         {"xorl/cispo_loss_function", xorl_cispo},
         {"xorl/causallm_loss_function", xorl_causallm},
