@@ -324,9 +324,7 @@ def verl_vectors(path, w):
         cases.append(case)
     w.write("compute_policy_loss_sapo", layout, cases)
 
-    # Clip-Cov: clip_cov_ratio 1, so every candidate is dropped (verl draws the
-    # dropped ones at random with torch.randperm when there are more candidates
-    # than clip_cov_ratio * tokens: not reproducible across implementations)
+    # Clip-Cov: clip_cov_ratio 1, so every candidate is dropped
     cases = []
     for i, (B, L, low, high, lb, ub, empty, holes) in enumerate([
             (6, 8, 0.2, 0.2, 0.3, 2.0, (), 0.0), (7, 9, 0.2, 0.28, 0.1, 1.0, (3,), 0.1)]):
@@ -336,7 +334,42 @@ def verl_vectors(path, w):
         case = run_policy("clip_cov", inp, dict(pl, clip_ratio_low=low, clip_ratio_high=high), cfg)
         case["name"] = f"clip_cov_{i}"
         cases.append(case)
-    w.write("compute_policy_loss_clip_cov", layout, cases)
+    # clip_cov_ratio < 1 with more candidates than k: verl drops a random k of
+    # them (torch.randperm; the draw is seeded here, and no other
+    # implementation reproduces it). Two more runs of verl's own function on
+    # the same inputs fix what the draw is taken from: at clip_cov_ratio 1
+    # every candidate is dropped, and with clip_cov_lb = clip_cov_ub none is.
+    # A token is a candidate when the first zeroes its gradient and the second
+    # does not (candidates are unclipped, so their gradient is non-zero there).
+    for i, (B, L, low, high, ratio, lb, ub, empty, holes) in enumerate([
+            (6, 9, 0.2, 0.2, 0.1, 0.0, 5.0, (), 0.0),
+            (7, 10, 0.2, 0.28, 0.25, -0.5, 1.5, (2,), 0.1),
+            (8, 11, 0.2, 0.28, 0.03, 0.0, 5.0, (5,), 0.15)]):
+        _, inp = policy_inputs(650 + i, B, L, empty, holes)
+        runs = {}
+        for kind, pl in [("drawn", dict(clip_cov_ratio=ratio, clip_cov_lb=lb, clip_cov_ub=ub)),
+                         ("all", dict(clip_cov_ratio=1.0, clip_cov_lb=lb, clip_cov_ub=ub)),
+                         ("none", dict(clip_cov_ratio=ratio, clip_cov_lb=lb, clip_cov_ub=lb))]:
+            torch.manual_seed(6500 + i)
+            cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high, policy_loss=pl)
+            runs[kind] = run_policy("clip_cov", inp, dict(pl, clip_ratio_low=low,
+                                                          clip_ratio_high=high), cfg)
+        case = runs["drawn"]
+        grad = {k: torch.tensor(v["outputs"]["grad_log_prob"]) for k, v in runs.items()}
+        live = (grad["none"] != 0) & (inp["response_mask"] > 0)
+        case["name"] = f"clip_cov_random_{i}"
+        case["outputs"].update({
+            "candidates": tolist(live & (grad["all"] == 0)),
+            "dropped": tolist(live & (grad["drawn"] == 0)),
+            "loss_none_dropped": runs["none"]["outputs"]["loss"],
+            "grad_log_prob_none_dropped": runs["none"]["outputs"]["grad_log_prob"],
+            "pg_clipfrac_all_dropped": runs["all"]["outputs"]["metrics"]["pg_clipfrac"],
+        })
+        cases.append(case)
+    w.write("compute_policy_loss_clip_cov", layout, cases,
+            "clip_cov_random_*: clip_cov_ratio < 1, verl's draw seeded with torch.manual_seed; "
+            "candidates / dropped from verl's gradients at clip_cov_ratio 1 and with "
+            "clip_cov_lb = clip_cov_ub (no candidate), on the same inputs")
 
     # KL-Cov
     cases = []

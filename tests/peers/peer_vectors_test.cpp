@@ -195,6 +195,13 @@ T::LossRun run_loss(const std::string &loss, const json &params, const T::LossIn
     throw std::invalid_argument("the test maps no peer function onto loss '" + loss + "'");
 }
 
+T::LossRun run_ok(const std::string &where, const std::string &loss, const json &p,
+                  const T::LossInputs &in) {
+    T::LossRun run = run_loss(loss, p, in);
+    EXPECT_EQ(run.status, RL_OK) << where << ": " << loss << " " << p.dump() << ": " << run.error;
+    return run;
+}
+
 // ---- verl's policy losses (padded rows become packed sequences) -------------------------
 
 struct Rows {
@@ -458,12 +465,65 @@ void verl_sapo(const json &c, const std::string &where) {
     check_verl_loss(c, where, "sapo", p, {});
 }
 
+// clip_cov_ratio < 1 with more candidates than k: verl drops k candidates
+// drawn with torch.randperm, ours k drawn with its own generator, so the two
+// draws differ. Compared: the number dropped (k, as verl rounds it), that each
+// token ours drops is one of verl's candidates (the vector's `candidates`, from
+// verl at clip_cov_ratio 1), the candidate count, and strictly the loss and
+// gradient given our draw: every token ours keeps has verl's gradient with
+// nothing dropped, and the value is verl's with nothing dropped less the
+// dropped tokens' terms (under token-mean an unclipped token's term is its
+// gradient, -A r / T).
+void verl_clip_cov_random(const json &c, const std::string &where) {
+    const double ratio = param(c, "clip_cov_ratio");
+    const json p = {{"eps_clip", param(c, "clip_ratio_low")},
+                    {"eps_clip_high", param(c, "clip_ratio_high")},
+                    {"clip_cov_ratio", ratio},
+                    {"clip_cov_lb", param(c, "clip_cov_lb")},
+                    {"clip_cov_ub", param(c, "clip_cov_ub")},
+                    {"per_token_outputs", true},
+                    {"loss_agg_mode", "token-mean"}};
+    if (c["parameters"]["loss_agg_mode"] != "token-mean")
+        throw std::runtime_error(where + ": the random-draw check needs token-mean");
+    Rows r = verl_rows(c["inputs"], where);
+    const T::LossRun run = run_ok(where, "clip_cov", p, r.in);
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    const auto cand = flat(require(out, "candidates", where), "candidates");
+    const auto verl_drop = flat(require(out, "dropped", where), "dropped");
+    const auto ours_drop = run.tensors.at("cov_mask");
+    const auto g_none = flat(require(out, "grad_log_prob_none_dropped", where), "grad none");
+    double n_cand = 0, n_verl = 0, n_ours = 0, loss = out["loss_none_dropped"].get<double>();
+    for (size_t t = 0; t < cand.size(); ++t) {
+        n_cand += cand[t];
+        n_verl += verl_drop[t];
+        EXPECT_TRUE(verl_drop[t] == 0 || cand[t] != 0)
+            << where << ": vector: verl dropped token " << t << ", not a candidate";
+        if (ours_drop[t] == 0) continue;
+        n_ours += 1;
+        EXPECT_NE(cand[t], 0) << where << ": ours dropped token " << t
+                              << ", which is not one of verl's candidates";
+        loss -= g_none[t];
+    }
+    EXPECT_LT(n_verl, n_cand) << where << ": vector: fewer candidates than k, no draw";
+    EXPECT_EQ(n_ours, n_verl) << where << ": tokens dropped (k)";
+    expect_close(where, "metric cov_candidates", run.metric("cov_candidates"), n_cand);
+    expect_close(where, "metric cov_clipfrac", run.metric("cov_clipfrac"),
+                 out["metrics"]["pg_clipfrac"].get<double>());
+    expect_close(where, "loss (our draw)", run.loss, loss);
+    std::vector<double> want = g_none;
+    for (size_t t = 0; t < want.size(); ++t)
+        if (ours_drop[t] != 0) want[t] = 0.0;
+    expect_close(where, "d loss / d log_prob (our draw)", run.grads.at("logprobs"), want);
+    // the draw itself is not verl's: the tokens compared are the rest
+    deliberate(where, "verl's torch.randperm draw is not reproduced (docs/losses.md, `clip_cov`): "
+                      "k and the candidates compared, loss and gradient given our draw");
+}
+
 void verl_clip_cov(const json &c, const std::string &where) {
-    // clip_cov_ratio 1 in every vector: every candidate is dropped, which
-    // verl's random draw and ours agree on whatever the draw
-    if (param(c, "clip_cov_ratio") != 1.0)
-        throw std::runtime_error(where + ": clip_cov vectors need clip_cov_ratio 1 (verl draws "
-                                         "the dropped tokens with torch.randperm otherwise)");
+    // clip_cov_ratio 1: every candidate is dropped, which verl's random draw
+    // and ours agree on whatever the draw
+    if (param(c, "clip_cov_ratio") != 1.0) return verl_clip_cov_random(c, where);
     const json p = {{"eps_clip", param(c, "clip_ratio_low")},
                     {"eps_clip_high", param(c, "clip_ratio_high")},
                     {"clip_cov_ratio", 1.0},
@@ -1074,13 +1134,6 @@ void expect_xorl_metrics(const std::string &where, const T::LossRun &run, const 
         }
         expect_close(where, std::string("metric ") + m, run.metric(m), peer[m].get<double>());
     }
-}
-
-T::LossRun run_ok(const std::string &where, const std::string &loss, const json &p,
-                  const T::LossInputs &in) {
-    T::LossRun run = run_loss(loss, p, in);
-    EXPECT_EQ(run.status, RL_OK) << where << ": " << loss << " " << p.dump() << ": " << run.error;
-    return run;
 }
 
 // policy_loss_function: same parameter names here. Two deliberate differences
