@@ -787,6 +787,26 @@ def areal_vectors(path, w):
             "inputs": {"x": tolist(x), "loss_mask": tolist(mask)},
             "outputs": {"normalized": tolist(out.double())},
         })
+    # batches that are not a multiple of group_size: AReaL's group loops run
+    # over bs // group_size groups; the leftover rows belong to none
+    for i, (B, cfg) in enumerate([
+            (7, dict(mean_level="group", std_level="group", group_size=3)),
+            (8, dict(mean_level="group", std_level=None, mean_leave1out=True, group_size=3)),
+            (7, dict(mean_level=None, std_level="group", group_size=4, std_unbiased=False,
+                     eps=1e-3))]):
+        g = torch.Generator().manual_seed(2350 + i)
+        L = 7
+        mask = padded_mask(g, B, L, (), 0.1)
+        x = uni(g, (B, L), -2.0, 3.0) * mask
+        full = dict(dict(mean_level="batch", std_level="batch", mean_leave1out=False,
+                         std_unbiased=True, eps=1e-5, group_size=1), **cfg)
+        out = Normalization(NormConfig(**full))(x, mask)
+        cases.append({
+            "name": f"normalization_leftover_{i}",
+            "parameters": full,
+            "inputs": {"x": tolist(x), "loss_mask": tolist(mask)},
+            "outputs": {"normalized": tolist(out.double())},
+        })
     w.write("Normalization", "padded: [batch, seq] rows, groups of group_size consecutive rows",
             cases, "areal/utils/data.py Normalization(NormConfig(...))(x, loss_mask)")
 
@@ -831,7 +851,10 @@ def areal_vectors(path, w):
                  reward_norm=dict(mean_level=None, std_level="group", group_size=3),
                  adv_norm=dict(mean_level="batch", std_level="batch")),
             dict(reward_norm=dict(mean_level="batch", std_level="group", mean_leave1out=True,
-                                  group_size=2))]):
+                                  group_size=2)),
+            # group_size 4 over 6 rows: rows 4 and 5 are in no group
+            dict(discount=0.95, gae_lambda=0.9,
+                 reward_norm=dict(mean_level="group", std_level="group", group_size=4))]):
         full = dict(reward_bias=0.0, reward_scaling=1.0, reward_clip=20.0, kl_ctl=0.0,
                     kl_estimator="k1", discount=1.0, gae_lambda=1.0,
                     mask_no_eos_with_zero=False, adv_norm=None, values=True)
