@@ -1118,7 +1118,7 @@ def xorl_vectors(path, w):
                  ce_mode="eager", **inputs, **kw)
         out.loss.backward()
         valid = labels != -100
-        grad_lp = -captured.pop("ce").grad.view(B, L) if fn is not None else None
+        grad_lp = -captured.pop("ce").grad.view(B, L)
         metrics = {k: num(v) for k, v in out.metrics.items()}
         return {
             "parameters": dict(kw),
@@ -1208,6 +1208,8 @@ def surogate_import(path):
 
 
 def surogate_vectors(path, w):
+    import dataclasses
+
     import numpy as np
     L = surogate_import(path)
     layout = "packed: 1-D tokens, cu_seqlens (Surogate's sample_ranges), loss_mask (bool)"
@@ -1251,7 +1253,6 @@ def surogate_vectors(path, w):
         inputs = {"trainer_logprobs": lp, "inference_logprobs": infer,
                   "advantages": inp["advantages"], "loss_mask": mask, "cu_seqlens": inp["cu_seqlens"]}
         inputs.update(extra)
-        import dataclasses
         cases.append({
             "name": name,
             "parameters": dataclasses.asdict(conf),
