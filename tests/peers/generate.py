@@ -8,7 +8,8 @@ pinned commit below. peer_vectors_test (tests/peers/peer_vectors_test.cpp)
 maps every vector onto our plugins and compares.
 
     python tests/peers/generate.py --verl PATH --areal PATH --areal-legacy PATH \
-        --prime-rl PATH [--out DIR]
+        --prime-rl PATH --xorl PATH \
+        --surogate PATH [--out DIR]
 
 PATH is a checkout (a git work tree, or a tree extracted with `git archive`)
 of the peer at the pinned commit; a git work tree at another commit is
@@ -33,6 +34,9 @@ PINS = {
     # next one, bc9f009, replaced them by rejection_sampling)
     "areal_legacy": ("https://github.com/inclusionAI/AReaL",
                      "d37095aea00942f392a00072df9a4a4e0e4ff9f7"),
+    "xorl": ("https://github.com/togethercomputer/xorl", "4d8c620b26ae03ed83f395ecff75cd048f5fc35c"),
+    "surogate": ("https://github.com/invergent-ai/surogate",
+                 "524fb776007222cfc306b5f067e8430643cf2339"),
 }
 
 torch = None  # imported in main(), after the peer paths are set
@@ -320,9 +324,7 @@ def verl_vectors(path, w):
         cases.append(case)
     w.write("compute_policy_loss_sapo", layout, cases)
 
-    # Clip-Cov: clip_cov_ratio 1, so every candidate is dropped (verl draws the
-    # dropped ones at random with torch.randperm when there are more candidates
-    # than clip_cov_ratio * tokens: not reproducible across implementations)
+    # Clip-Cov: clip_cov_ratio 1, so every candidate is dropped
     cases = []
     for i, (B, L, low, high, lb, ub, empty, holes) in enumerate([
             (6, 8, 0.2, 0.2, 0.3, 2.0, (), 0.0), (7, 9, 0.2, 0.28, 0.1, 1.0, (3,), 0.1)]):
@@ -332,7 +334,42 @@ def verl_vectors(path, w):
         case = run_policy("clip_cov", inp, dict(pl, clip_ratio_low=low, clip_ratio_high=high), cfg)
         case["name"] = f"clip_cov_{i}"
         cases.append(case)
-    w.write("compute_policy_loss_clip_cov", layout, cases)
+    # clip_cov_ratio < 1 with more candidates than k: verl drops a random k of
+    # them (torch.randperm; the draw is seeded here, and no other
+    # implementation reproduces it). Two more runs of verl's own function on
+    # the same inputs fix what the draw is taken from: at clip_cov_ratio 1
+    # every candidate is dropped, and with clip_cov_lb = clip_cov_ub none is.
+    # A token is a candidate when the first zeroes its gradient and the second
+    # does not (candidates are unclipped, so their gradient is non-zero there).
+    for i, (B, L, low, high, ratio, lb, ub, empty, holes) in enumerate([
+            (6, 9, 0.2, 0.2, 0.1, 0.0, 5.0, (), 0.0),
+            (7, 10, 0.2, 0.28, 0.25, -0.5, 1.5, (2,), 0.1),
+            (8, 11, 0.2, 0.28, 0.03, 0.0, 5.0, (5,), 0.15)]):
+        _, inp = policy_inputs(650 + i, B, L, empty, holes)
+        runs = {}
+        for kind, pl in [("drawn", dict(clip_cov_ratio=ratio, clip_cov_lb=lb, clip_cov_ub=ub)),
+                         ("all", dict(clip_cov_ratio=1.0, clip_cov_lb=lb, clip_cov_ub=ub)),
+                         ("none", dict(clip_cov_ratio=ratio, clip_cov_lb=lb, clip_cov_ub=lb))]:
+            torch.manual_seed(6500 + i)
+            cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high, policy_loss=pl)
+            runs[kind] = run_policy("clip_cov", inp, dict(pl, clip_ratio_low=low,
+                                                          clip_ratio_high=high), cfg)
+        case = runs["drawn"]
+        grad = {k: torch.tensor(v["outputs"]["grad_log_prob"]) for k, v in runs.items()}
+        live = (grad["none"] != 0) & (inp["response_mask"] > 0)
+        case["name"] = f"clip_cov_random_{i}"
+        case["outputs"].update({
+            "candidates": tolist(live & (grad["all"] == 0)),
+            "dropped": tolist(live & (grad["drawn"] == 0)),
+            "loss_none_dropped": runs["none"]["outputs"]["loss"],
+            "grad_log_prob_none_dropped": runs["none"]["outputs"]["grad_log_prob"],
+            "pg_clipfrac_all_dropped": runs["all"]["outputs"]["metrics"]["pg_clipfrac"],
+        })
+        cases.append(case)
+    w.write("compute_policy_loss_clip_cov", layout, cases,
+            "clip_cov_random_*: clip_cov_ratio < 1, verl's draw seeded with torch.manual_seed; "
+            "candidates / dropped from verl's gradients at clip_cov_ratio 1 and with "
+            "clip_cov_lb = clip_cov_ub (no candidate), on the same inputs")
 
     # KL-Cov
     cases = []
@@ -750,6 +787,26 @@ def areal_vectors(path, w):
             "inputs": {"x": tolist(x), "loss_mask": tolist(mask)},
             "outputs": {"normalized": tolist(out.double())},
         })
+    # batches that are not a multiple of group_size: AReaL's group loops run
+    # over bs // group_size groups; the leftover rows belong to none
+    for i, (B, cfg) in enumerate([
+            (7, dict(mean_level="group", std_level="group", group_size=3)),
+            (8, dict(mean_level="group", std_level=None, mean_leave1out=True, group_size=3)),
+            (7, dict(mean_level=None, std_level="group", group_size=4, std_unbiased=False,
+                     eps=1e-3))]):
+        g = torch.Generator().manual_seed(2350 + i)
+        L = 7
+        mask = padded_mask(g, B, L, (), 0.1)
+        x = uni(g, (B, L), -2.0, 3.0) * mask
+        full = dict(dict(mean_level="batch", std_level="batch", mean_leave1out=False,
+                         std_unbiased=True, eps=1e-5, group_size=1), **cfg)
+        out = Normalization(NormConfig(**full))(x, mask)
+        cases.append({
+            "name": f"normalization_leftover_{i}",
+            "parameters": full,
+            "inputs": {"x": tolist(x), "loss_mask": tolist(mask)},
+            "outputs": {"normalized": tolist(out.double())},
+        })
     w.write("Normalization", "padded: [batch, seq] rows, groups of group_size consecutive rows",
             cases, "areal/utils/data.py Normalization(NormConfig(...))(x, loss_mask)")
 
@@ -794,7 +851,10 @@ def areal_vectors(path, w):
                  reward_norm=dict(mean_level=None, std_level="group", group_size=3),
                  adv_norm=dict(mean_level="batch", std_level="batch")),
             dict(reward_norm=dict(mean_level="batch", std_level="group", mean_leave1out=True,
-                                  group_size=2))]):
+                                  group_size=2)),
+            # group_size 4 over 6 rows: rows 4 and 5 are in no group
+            dict(discount=0.95, gae_lambda=0.9,
+                 reward_norm=dict(mean_level="group", std_level="group", group_size=4))]):
         full = dict(reward_bias=0.0, reward_scaling=1.0, reward_clip=20.0, kl_ctl=0.0,
                     kl_estimator="k1", discount=1.0, gae_lambda=1.0,
                     mask_no_eos_with_zero=False, adv_norm=None, values=True)
@@ -997,6 +1057,216 @@ def prime_rl_vectors(path, w):
             "and ref_kl components when their weights are given")
 
 
+def xorl_import(path):
+    # xorl/ops/__init__ imports the Triton attention kernels; the losses need
+    # only xorl/ops/loss: namespace stand-ins for the packages above it. Their
+    # torch.compile is switched off (TORCHDYNAMO_DISABLE, set in main()): the
+    # same Python runs eagerly.
+    root = os.path.join(path, "src", "xorl")
+    for name, sub in [("xorl", ""), ("xorl.ops", "ops"), ("xorl.ops.loss", "ops/loss")]:
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [os.path.join(root, sub)]
+        sys.modules[name] = pkg
+    import importlib
+    return {m: importlib.import_module("xorl.ops.loss." + m)
+            for m in ["policy_loss", "importance_sampling_loss", "cispo_loss", "causallm_loss"]}
+
+
+def xorl_vectors(path, w):
+    """xorl's losses take hidden states and the LM head weight: the vectors use
+    the identity as the weight, so hidden_states are the logits, and record
+    the selected-token logprobs xorl computes from them (its
+    per_token_logprobs). d loss / d logprobs is minus the gradient reaching
+    xorl's own per-token cross-entropy (its compute_per_token_ce, wrapped to
+    keep that gradient); d loss / d logits is the gradient of the hidden states."""
+    mods = xorl_import(path)
+    captured = {}
+
+    def keep_grad(fn):
+        def wrapped(*a, **kw):
+            ce = fn(*a, **kw)
+            ce.retain_grad()
+            captured["ce"] = ce
+            return ce
+        return wrapped
+
+    for name in ["policy_loss", "importance_sampling_loss", "cispo_loss"]:
+        mods[name].compute_per_token_ce = keep_grad(mods[name].compute_per_token_ce)
+    layout = ("padded: [batch, seq] rows of next-token-aligned labels, -100 off the loss; "
+              "logits [batch, seq, vocab] (hidden_states with an identity LM head)")
+    V = 7
+
+    def batch(seed, B, L, ignore=0.25):
+        g = torch.Generator().manual_seed(seed)
+        # logits exact in float32: xorl's eager CE computes in float32
+        logits = uni(g, (B, L, V), -3.0, 3.0).float().double()
+        labels = torch.randint(0, V, (B, L), generator=g)
+        labels[torch.rand(B, L, generator=g) < ignore] = -100
+        labels[0, 0] = 3  # at least one loss token
+        return g, logits, labels
+
+    def run(fn, seed, B, L, kw, extra=None, log_ratio=anchor_log_ratios):
+        g, logits, labels = batch(seed, B, L)
+        lp_true = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+        old = lp_true - log_ratio(g, (B, L))
+        adv = signed(g, (B, L))
+        inputs = dict(old_logprobs=old, advantages=adv)
+        if extra:
+            inputs.update(extra(g, lp_true, B, L))
+        h = logits.clone().requires_grad_(True)
+        out = fn(hidden_states=h, weight=torch.eye(V, dtype=torch.float64), labels=labels,
+                 ce_mode="eager", **inputs, **kw)
+        out.loss.backward()
+        valid = labels != -100
+        grad_lp = -captured.pop("ce").grad.view(B, L)
+        metrics = {k: num(v) for k, v in out.metrics.items()}
+        return {
+            "parameters": dict(kw),
+            "inputs": dict({k: tolist(v) for k, v in inputs.items()}, labels=tolist(labels),
+                           logits=tolist(logits)),
+            "outputs": {"loss": num(out.loss),
+                        "logprobs": tolist(out.per_token_logprobs.double().masked_fill(~valid, 0)),
+                        "grad_logprobs": tolist(grad_lp.masked_fill(~valid, 0)),
+                        "grad_logits": tolist(h.grad), "metrics": metrics},
+        }
+
+    def rollout(g, lp, B, L):
+        return {"rollout_logprobs": lp - uni(g, (B, L), -0.9, 0.9)}
+
+    pl = mods["policy_loss"].policy_loss_function
+    cases = []
+    for i, (kw, extra) in enumerate([
+            (dict(), None),
+            (dict(eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=3.0, compute_kl_stats=True), None),
+            (dict(eps_clip=0.1, eps_clip_high=0.3, use_tis=True, tis_clip_low=0.5,
+                  tis_clip_high=1.5), rollout),
+            (dict(eps_clip=0.2, eps_clip_high=0.28, icepop_beta=2.0, compute_kl_stats=True), None),
+            (dict(eps_clip=0.2, eps_clip_high=0.2, eps_clip_c=2.0, icepop_beta=3.0, use_tis=True,
+                  tis_clip_low=0.1, tis_clip_high=2.0), rollout)]):
+        case = run(pl, 5000 + i, 5, 9, kw, extra)
+        case["name"] = f"policy_loss_{i}"
+        cases.append(case)
+    w.write("policy_loss_function", layout, cases,
+            "TokenPartial over labels != -100 (xorl's default reducer); logprobs = xorl's "
+            "per_token_logprobs")
+
+    isl = mods["importance_sampling_loss"].importance_sampling_loss_function
+    cases = []
+    for i, kw in enumerate([dict(), dict(compute_kl_stats=True)]):
+        case = run(isl, 5100 + i, 6, 8, kw)
+        case["name"] = f"importance_sampling_{i}"
+        cases.append(case)
+    w.write("importance_sampling_loss_function", layout, cases)
+
+    cispo = mods["cispo_loss"].cispo_loss_function
+    cases = []
+    for i, kw in enumerate([dict(), dict(clip_low_threshold=0.8, clip_high_threshold=1.28,
+                                         compute_kl_stats=True),
+                            dict(clip_low_threshold=0.0, clip_high_threshold=2.0)]):
+        case = run(cispo, 5200 + i, 6, 8, kw)
+        case["name"] = f"cispo_{i}"
+        cases.append(case)
+    w.write("cispo_loss_function", layout, cases)
+
+    # the z-loss: xorl has it on causallm_loss_function (z_loss_coef) only
+    ce = mods["causallm_loss"].causallm_loss_function
+    cases = []
+    for i, (coef, B, L) in enumerate([(0.0, 4, 7), (1e-2, 5, 9), (0.3, 3, 6)]):
+        _, logits, labels = batch(5300 + i, B, L)
+        h = logits.clone().requires_grad_(True)
+        out = ce(hidden_states=h, weight=torch.eye(V, dtype=torch.float64), labels=labels,
+                 ce_mode="eager", z_loss_coef=coef)
+        out.loss.backward()
+        cases.append({
+            "name": f"causallm_z_loss_{i}",
+            "parameters": {"z_loss_coef": coef},
+            "inputs": {"labels": tolist(labels), "logits": tolist(logits)},
+            "outputs": {"loss": num(out.loss), "grad_logits": tolist(h.grad),
+                        "metrics": {k: num(v) for k, v in (out.metrics or {}).items()}},
+        })
+    w.write("causallm_loss_function", layout, cases,
+            "mean cross-entropy over labels != -100 plus z_loss_coef * mean logsumexp(logits)^2")
+
+
+def surogate_import(path):
+    # surogate/grpo/loss.py is Surogate's Python reference of its per-token GRPO
+    # gradient seeds (the native CUDA step is checked against it; the
+    # turn_diagnostics route runs it). Its config module imports the SFT
+    # trainer's config only to derive GRPOTrainConfig from it: a stand-in class
+    # for that base (GRPOLossConfig, the dataclass used here, does not touch it).
+    root = os.path.join(path, "surogate")
+    for name, sub in [("surogate", ""), ("surogate.grpo", "grpo"), ("surogate.core", "core"),
+                      ("surogate.core.config", "core/config")]:
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [os.path.join(root, sub)]
+        sys.modules[name] = pkg
+    sft = types.ModuleType("surogate.core.config.sft_config")
+    sft.SFTConfig = type("SFTConfig", (), {})
+    sys.modules[sft.__name__] = sft
+    import importlib
+    return importlib.import_module("surogate.grpo.loss")
+
+
+def surogate_vectors(path, w):
+    import dataclasses
+
+    import numpy as np
+    L = surogate_import(path)
+    layout = "packed: 1-D tokens, cu_seqlens (Surogate's sample_ranges), loss_mask (bool)"
+    specs = [
+        # name, seed, config, lens, teacher, replay, opd
+        ("ipo_default", 1, {}, [6, 1, 9, 4, 7], False, False, False),
+        ("ipo_asymmetric_clip", 2, dict(ipo_mask_low=0.05, ipo_mask_high=0.3, adv_tau=0.7,
+                                        kl_tau=0.02, ratio_clip=2.0), [7, 5, 8, 3, 6],
+         False, False, False),
+        ("ipo_teacher", 3, dict(teacher_tau=0.5, kl_tau=0.01, ratio_clip=4.0), [6, 9, 4, 7, 5],
+         True, False, False),
+        ("ipo_replay", 4, dict(replay_tau=0.5), [6, 9, 4, 7, 5], False, True, False),
+        ("ipo_opd", 5, dict(opd_tau=0.3, opd_beta=2.0), [7, 5, 8, 3, 6], False, False, True),
+    ]
+    cases = []
+    for name, seed, cfg, lens, use_teacher, use_replay, use_opd in specs:
+        inp = packed_inputs(6000 + seed, lens, empty=(1,) if seed == 1 else (), holes=0.2)
+        g = torch.Generator().manual_seed(6100 + seed)
+        n = sum(lens)
+        lp = inp["logprobs"]
+        infer = lp - anchor_log_ratios(g, (n,))
+        mask = inp["loss_mask"]
+        cu = inp["cu_seqlens"].tolist()
+        extra = {}
+        if use_teacher:
+            extra["teacher_logprobs"] = lp + uni(g, (n,), -1.0, 1.0)
+        if use_replay:
+            replay = (torch.rand(n, generator=g) < 0.3) & mask
+            extra["replay_mask"] = replay
+            extra["replay_weights"] = torch.where(replay, uni(g, (n,), 0.5, 2.0), 1.0)
+        if use_opd:
+            extra["opd_reference_logprobs"] = lp + uni(g, (n,), -0.5, 0.5)
+            extra["hindsight_logprobs"] = lp + uni(g, (n,), -1.0, 1.0)
+            extra["hindsight_mask"] = torch.rand(n, generator=g) < 0.5
+        conf = L.GRPOLossConfig(**cfg)
+        np_extra = {k: v.numpy() for k, v in extra.items()}
+        grads, metrics = L.compute_grpo_per_token_grads(
+            trainer_logprobs=lp.numpy(), inference_logprobs=infer.numpy(),
+            advantages=inp["advantages"].numpy(), loss_mask=mask.numpy(), loss_config=conf,
+            sample_ranges=[(cu[i], cu[i + 1]) for i in range(len(lens))], **np_extra)
+        inputs = {"trainer_logprobs": lp, "inference_logprobs": infer,
+                  "advantages": inp["advantages"], "loss_mask": mask, "cu_seqlens": inp["cu_seqlens"]}
+        inputs.update(extra)
+        cases.append({
+            "name": name,
+            "parameters": dataclasses.asdict(conf),
+            "inputs": {k: tolist(v) for k, v in inputs.items()},
+            "outputs": {"per_token_grads": [float(x) for x in np.asarray(grads, dtype=np.float64)],
+                        "loss_scale": int(mask.sum()),
+                        "metrics": {k: float(v) for k, v in metrics.items()}},
+        })
+    w.write("compute_grpo_per_token_grads", layout, cases,
+            "per_token_grads are Surogate's CE-backward seeds, -d loss / d trainer_logprobs "
+            "before its division by loss_scale (the step's loss tokens); metrics are means over "
+            "samples of per-sample values (policy_loss: of per-sample token means)")
+
+
 def main():
     global torch
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1005,11 +1275,16 @@ def main():
     ap.add_argument("--prime-rl", help="checkout of PrimeIntellect-ai/prime-rl at the pinned commit")
     ap.add_argument("--areal-legacy", help="checkout of inclusionAI/AReaL at the pinned older "
                     "commit (behave_imp_weight_mode); run in a process of its own")
+    ap.add_argument("--xorl", help="checkout of togethercomputer/xorl at the pinned commit")
+    ap.add_argument("--surogate", help="checkout of invergent-ai/surogate at the pinned commit")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "vectors"))
     args = ap.parse_args()
-    if not (args.verl or args.areal or args.areal_legacy or args.prime_rl):
-        ap.error("name at least one peer checkout (--verl, --areal, --areal-legacy, --prime-rl)")
+    if not (args.verl or args.areal or args.areal_legacy or args.prime_rl or args.xorl
+            or args.surogate):
+        ap.error("name at least one peer checkout (--verl, --areal, --areal-legacy, --prime-rl, "
+                 "--xorl, --surogate)")
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # xorl's torch.compile: run eagerly
     if args.areal_legacy and (args.verl or args.areal):
         # both AReaL trees are the package `areal`: the older one in a process of its own
         subprocess.run([sys.executable, os.path.abspath(__file__), "--areal-legacy",
@@ -1027,6 +1302,12 @@ def main():
     if args.prime_rl:
         check_checkout("prime-rl", args.prime_rl)
         prime_rl_vectors(os.path.abspath(args.prime_rl), Writer(args.out, "prime-rl"))
+    if args.xorl:
+        check_checkout("xorl", args.xorl)
+        xorl_vectors(os.path.abspath(args.xorl), Writer(args.out, "xorl"))
+    if args.surogate:
+        check_checkout("surogate", args.surogate)
+        surogate_vectors(os.path.abspath(args.surogate), Writer(args.out, "surogate"))
     if args.areal_legacy:
         check_checkout("areal_legacy", args.areal_legacy)
         areal_legacy_vectors(os.path.abspath(args.areal_legacy), Writer(args.out, "areal_legacy"))

@@ -3,7 +3,7 @@
 # imports the peers' modules. It sees the torch of TORCH_PYTHON (default: the
 # project venv .venv/bin/python, through a .pth file, so no second torch is
 # downloaded) and gets from PyPI the packages verl's and AReaL's modules import
-# at import time (verl, AReaL, prime-rl; the generator runs none of their
+# at import time (verl, AReaL, prime-rl, xorl, Surogate; the generator runs none of their
 # distributed code).
 set -eu
 venv=$1
@@ -16,5 +16,5 @@ echo "$torch_site" > "$venv_site/_rl_project_torch.pth"
     numpy omegaconf packaging 'tensordict>=0.8.0,<=0.10.0,!=0.9.0' 'transformers<5' \
     codetiming ray hydra-core uvloop aiohttp httpx colorlog tenacity flask torchdata lark \
     numba pillow einops aiofiles openai beartype jaxtyping wandb 'prime-pydantic-config>=0.4.3' \
-    'datasets<4' 'huggingface-hub<1.0' tensorboardX tabulate pybase64
+    'datasets<4' 'huggingface-hub<1.0' tensorboardX tabulate pybase64 addict
 echo "peer venv $venv ready"

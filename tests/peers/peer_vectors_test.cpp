@@ -9,6 +9,7 @@
 // and the docs line that states it, and compares the rest strictly with that
 // difference removed (a rescaled normalizer, the rows it does not touch, or
 // the peer's reduction applied to our per-token outputs).
+#include "causallm_loss/causallm_loss.hpp"
 #include "cispo/cispo.hpp"
 #include "clip_cov/clip_cov.hpp"
 #include "decoupled_ppo/decoupled_ppo.hpp"
@@ -190,7 +191,15 @@ T::LossRun run_loss(const std::string &loss, const json &params, const T::LossIn
     if (loss == "dppo") return run_as<rl::losses::Dppo>(p, in);
     if (loss == "ipo") return run_as<rl::losses::Ipo>(p, in);
     if (loss == "value_loss") return run_as<rl::losses::ValueLoss>(p, in);
+    if (loss == "causallm_loss") return run_as<rl::losses::CausalLmLoss>(p, in);
     throw std::invalid_argument("the test maps no peer function onto loss '" + loss + "'");
+}
+
+T::LossRun run_ok(const std::string &where, const std::string &loss, const json &p,
+                  const T::LossInputs &in) {
+    T::LossRun run = run_loss(loss, p, in);
+    EXPECT_EQ(run.status, RL_OK) << where << ": " << loss << " " << p.dump() << ": " << run.error;
+    return run;
 }
 
 // ---- verl's policy losses (padded rows become packed sequences) -------------------------
@@ -456,12 +465,65 @@ void verl_sapo(const json &c, const std::string &where) {
     check_verl_loss(c, where, "sapo", p, {});
 }
 
+// clip_cov_ratio < 1 with more candidates than k: verl drops k candidates
+// drawn with torch.randperm, ours k drawn with its own generator, so the two
+// draws differ. Compared: the number dropped (k, as verl rounds it), that each
+// token ours drops is one of verl's candidates (the vector's `candidates`, from
+// verl at clip_cov_ratio 1), the candidate count, and strictly the loss and
+// gradient given our draw: every token ours keeps has verl's gradient with
+// nothing dropped, and the value is verl's with nothing dropped less the
+// dropped tokens' terms (under token-mean an unclipped token's term is its
+// gradient, -A r / T).
+void verl_clip_cov_random(const json &c, const std::string &where) {
+    const double ratio = param(c, "clip_cov_ratio");
+    const json p = {{"eps_clip", param(c, "clip_ratio_low")},
+                    {"eps_clip_high", param(c, "clip_ratio_high")},
+                    {"clip_cov_ratio", ratio},
+                    {"clip_cov_lb", param(c, "clip_cov_lb")},
+                    {"clip_cov_ub", param(c, "clip_cov_ub")},
+                    {"per_token_outputs", true},
+                    {"loss_agg_mode", "token-mean"}};
+    if (c["parameters"]["loss_agg_mode"] != "token-mean")
+        throw std::runtime_error(where + ": the random-draw check needs token-mean");
+    Rows r = verl_rows(c["inputs"], where);
+    const T::LossRun run = run_ok(where, "clip_cov", p, r.in);
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    const auto cand = flat(require(out, "candidates", where), "candidates");
+    const auto verl_drop = flat(require(out, "dropped", where), "dropped");
+    const auto ours_drop = run.tensors.at("cov_mask");
+    const auto g_none = flat(require(out, "grad_log_prob_none_dropped", where), "grad none");
+    double n_cand = 0, n_verl = 0, n_ours = 0, loss = out["loss_none_dropped"].get<double>();
+    for (size_t t = 0; t < cand.size(); ++t) {
+        n_cand += cand[t];
+        n_verl += verl_drop[t];
+        EXPECT_TRUE(verl_drop[t] == 0 || cand[t] != 0)
+            << where << ": vector: verl dropped token " << t << ", not a candidate";
+        if (ours_drop[t] == 0) continue;
+        n_ours += 1;
+        EXPECT_NE(cand[t], 0) << where << ": ours dropped token " << t
+                              << ", which is not one of verl's candidates";
+        loss -= g_none[t];
+    }
+    EXPECT_LT(n_verl, n_cand) << where << ": vector: fewer candidates than k, no draw";
+    EXPECT_EQ(n_ours, n_verl) << where << ": tokens dropped (k)";
+    expect_close(where, "metric cov_candidates", run.metric("cov_candidates"), n_cand);
+    expect_close(where, "metric cov_clipfrac", run.metric("cov_clipfrac"),
+                 out["metrics"]["pg_clipfrac"].get<double>());
+    expect_close(where, "loss (our draw)", run.loss, loss);
+    std::vector<double> want = g_none;
+    for (size_t t = 0; t < want.size(); ++t)
+        if (ours_drop[t] != 0) want[t] = 0.0;
+    expect_close(where, "d loss / d log_prob (our draw)", run.grads.at("logprobs"), want);
+    // the draw itself is not verl's: the tokens compared are the rest
+    deliberate(where, "verl's torch.randperm draw is not reproduced (docs/losses.md, `clip_cov`): "
+                      "k and the candidates compared, loss and gradient given our draw");
+}
+
 void verl_clip_cov(const json &c, const std::string &where) {
-    // clip_cov_ratio 1 in every vector: every candidate is dropped, which
-    // verl's random draw and ours agree on whatever the draw
-    if (param(c, "clip_cov_ratio") != 1.0)
-        throw std::runtime_error(where + ": clip_cov vectors need clip_cov_ratio 1 (verl draws "
-                                         "the dropped tokens with torch.randperm otherwise)");
+    // clip_cov_ratio 1: every candidate is dropped, which verl's random draw
+    // and ours agree on whatever the draw
+    if (param(c, "clip_cov_ratio") != 1.0) return verl_clip_cov_random(c, where);
     const json p = {{"eps_clip", param(c, "clip_ratio_low")},
                     {"eps_clip_high", param(c, "clip_ratio_high")},
                     {"clip_cov_ratio", 1.0},
@@ -875,8 +937,32 @@ void areal_normalization(const json &c, const std::string &where) {
     const rltest::Outputs o = inst.advantage(std::vector<double>(size_t(B), 0.0), groups, cu,
                                              {{"loss_mask", mask}, {"token_rewards", x}});
     ASSERT_TRUE(o.ok()) << where << ": " << params.dump() << ": " << o.error;
-    expect_close(where, "normalized", o.tensors.at("advantages"),
-                 flat(c["outputs"]["normalized"], "normalized"), mask);
+    const auto peer = flat(c["outputs"]["normalized"], "normalized");
+    const int64_t full = B / group_size * group_size;
+    const bool by_group = pp.at("mean_level") == "group" || pp.at("std_level") == "group";
+    if (!by_group || full == B) {
+        expect_close(where, "normalized", o.tensors.at("advantages"), peer, mask);
+        return;
+    }
+    // B not a multiple of group_size: AReaL's group loops cover bs // group_size
+    // groups, the last B % group_size rows are in none: group mean 0 and group
+    // std 0, so (x - 0) / (0 + eps) (docs/advantages.md, "AReaL's leftover
+    // rows"). Ours has no group_size: those rows are a group of their own.
+    if (pp.at("mean_level") == "batch")
+        throw std::runtime_error(where + ": leftover rows with a batch mean: no mapping here");
+    deliberate(where, "rows " + std::to_string(full) + ".." + std::to_string(B - 1) +
+                          " are in no AReaL group (B % group_size): compared as AReaL's x / eps "
+                          "(group std) or x (no std) there, ours on the full groups");
+    std::vector<double> in_groups = mask, left(mask.size(), 0.0), expect(mask.size(), 0.0);
+    const bool group_std = pp.at("std_level") == "group";
+    const double eps = pp.at("eps").get<double>();
+    for (int64_t t = full * L; t < B * L; ++t) {
+        in_groups[size_t(t)] = 0.0;
+        left[size_t(t)] = mask[size_t(t)];
+        expect[size_t(t)] = group_std ? x[size_t(t)] / eps : x[size_t(t)];
+    }
+    expect_close(where, "normalized (full groups)", o.tensors.at("advantages"), peer, in_groups);
+    expect_close(where, "AReaL's leftover rows", expect, peer, left);
 }
 
 // AReaL's actor advantage pipeline (PPOActor._compute_advantages) onto the
@@ -954,9 +1040,27 @@ void areal_compute_advantages(const json &c, const std::string &where) {
     ASSERT_TRUE(o.ok()) << where << ": " << params.dump() << ": " << o.error;
     const json &out = c["outputs"];
     expect_close(where, "loss_mask (rolled)", mask, flat(out["loss_mask"], "loss_mask"));
+    // B not a multiple of a group-level normalization's group_size: the last
+    // B % group_size rows are in no AReaL group (reward / advantage divided by
+    // eps there, docs/advantages.md, "AReaL's leftover rows"); compared on the
+    // full groups, whose values no leftover row touches at group level.
+    std::vector<double> keep = mask;
+    const int64_t full = B / group_size * group_size;
+    if (full != B) {
+        for (const json *n : {&pp.at("adv_norm"), &reward_norm}) {
+            if (n->is_null()) continue;
+            if (n->at("mean_level") == "batch" || n->at("std_level") == "batch")
+                throw std::runtime_error(where + ": leftover rows with a batch level: no "
+                                                 "mapping here");
+        }
+        deliberate(where, "rows " + std::to_string(full) + ".." + std::to_string(B - 1) +
+                              " are in no AReaL group (B % group_size): compared on the full "
+                              "groups only");
+        for (int64_t k = full * M; k < B * M; ++k) keep[size_t(k)] = 0.0;
+    }
     expect_close(where, "advantages", o.tensors.at("advantages"),
-                 flat(out["advantages"], "advantages"), mask);
-    expect_close(where, "returns", o.tensors.at("returns"), flat(out["returns"], "returns"), mask);
+                 flat(out["advantages"], "advantages"), keep);
+    expect_close(where, "returns", o.tensors.at("returns"), flat(out["returns"], "returns"), keep);
 }
 
 // ---- prime-rl -----------------------------------------------------------------------------
@@ -1016,6 +1120,334 @@ void prime_rl_compute_loss(const json &c, const std::string &where) {
     expect_close(where, "loss", run.loss, out["loss"].get<double>());
     expect_close(where, "d loss / d trainer_logprobs", run.grads.at("logprobs"),
                  vec(out["grad_trainer_logprobs"], "grad_trainer_logprobs"));
+}
+
+// ---- xorl ---------------------------------------------------------------------------------
+
+// xorl's losses read labels (-100 off the loss) and logits (hidden states under an
+// identity LM head); the vectors carry the selected-token logprobs xorl computed
+// from them and its gradient with respect to those logprobs. Rows become packed
+// sequences; the loss tokens are labels != -100 (xorl's default TokenPartial
+// reducer is the token mean over them, our token-mean).
+struct XorlRows {
+    int64_t B = 0, L = 0;
+    std::vector<double> mask;
+    std::vector<int64_t> labels;
+    std::vector<int64_t> cu = {0};
+};
+
+XorlRows xorl_rows(const json &inputs, const std::string &where) {
+    XorlRows r;
+    const auto labels = flat(require(inputs, "labels", where), "labels", &r.B, &r.L);
+    for (double x : labels) {
+        r.labels.push_back(static_cast<int64_t>(x));
+        r.mask.push_back(x != -100 ? 1.0 : 0.0);
+    }
+    for (int64_t i = 0; i < r.B; ++i) r.cu.push_back(r.cu.back() + r.L);
+    return r;
+}
+
+T::LossInputs xorl_policy_inputs(const json &c, const XorlRows &r, const std::string &where,
+                                 bool rollout = true) {
+    const json &in = c["inputs"];
+    T::LossInputs li;
+    li.f64("logprobs", flat(require(c["outputs"], "logprobs", where), "logprobs"))
+        .f64("old_logprobs", flat(require(in, "old_logprobs", where), "old_logprobs"))
+        .f64("advantages", flat(require(in, "advantages", where), "advantages"))
+        .f64("loss_mask", r.mask)
+        .cu_seqlens(r.cu);
+    if (rollout && in.contains("rollout_logprobs"))
+        li.f64("rollout_logprobs", flat(in["rollout_logprobs"], "rollout_logprobs"));
+    return li;
+}
+
+// The metrics xorl and our plugin both report under the same name; each one the
+// peer emitted must be ours too and agree.
+void expect_xorl_metrics(const std::string &where, const T::LossRun &run, const json &peer) {
+    static const char *shared[] = {
+        "pg_clipfrac",  "icepop_maskfrac",    "tis_mean",       "tis_min",    "tis_max",
+        "tis_clipfrac", "kl_sample_train_k3", "entropy_sample", "ratio_mean", "ratio_min",
+        "ratio_max",    "clip_fraction",      "valid_tokens"};
+    for (const char *m : shared) {
+        if (!peer.contains(m)) continue;
+        if (!run.has_metric(m)) {
+            ADD_FAILURE() << where << ": our loss emitted no metric '" << m << "'";
+            continue;
+        }
+        expect_close(where, std::string("metric ") + m, run.metric(m), peer[m].get<double>());
+    }
+}
+
+// policy_loss_function: same parameter names here. Two deliberate differences
+// (docs/losses.md, `policy_loss`, "Differences from xorl, on purpose"): xorl
+// keeps IcePop-masked tokens in the reported value (IcePop only zeroes their
+// gradient), and leaves the TIS weight out of the gradient (its surrogate is
+// ratio * A * CE). With them removed: xorl's value is ours without IcePop (TIS
+// kept), xorl's gradient ours without TIS (IcePop kept), both strict; and ours
+// with TIS is xorl's gradient times the clipped TIS weight, token by token.
+void xorl_policy_loss(const json &c, const std::string &where) {
+    const XorlRows r = xorl_rows(c["inputs"], where);
+    const T::LossInputs in = xorl_policy_inputs(c, r, where);
+    json p = c["parameters"];
+    p["loss_agg_mode"] = "token-mean";
+    const bool icepop = p.contains("icepop_beta") && !p["icepop_beta"].is_null();
+    const bool tis = p.value("use_tis", false);
+    const json &out = c["outputs"];
+    const auto peer_grad = flat(out["grad_logprobs"], "grad_logprobs");
+    const T::LossRun full = run_ok(where, "policy_loss", p, in);
+    if (full.status != RL_OK) return;
+    expect_xorl_metrics(where, full, out["metrics"]);
+
+    json value_p = p;
+    if (icepop) {
+        deliberate(where, "xorl keeps IcePop-masked tokens in the loss value: value compared with "
+                          "ours without icepop_beta (docs/losses.md, policy_loss)");
+        value_p.erase("icepop_beta");
+    }
+    const T::LossRun value_run = icepop ? run_ok(where, "policy_loss", value_p, in) : full;
+    expect_close(where, "loss", value_run.loss, out["loss"].get<double>());
+
+    json grad_p = p;
+    if (tis) {
+        deliberate(where, "xorl leaves the TIS weight out of the gradient: gradient compared with "
+                          "ours without use_tis, and ours as xorl's times the TIS weight "
+                          "(docs/losses.md, policy_loss)");
+        for (const char *k : {"use_tis", "tis_clip_low", "tis_clip_high"}) grad_p.erase(k);
+    }
+    const T::LossRun grad_run =
+        tis ? run_ok(where, "policy_loss", grad_p, xorl_policy_inputs(c, r, where, false)) : full;
+    if (grad_run.status != RL_OK) return;
+    expect_close(where, "d loss / d logprobs", grad_run.grads.at("logprobs"), peer_grad);
+    if (tis) {
+        const auto lp = flat(out["logprobs"], "logprobs");
+        const auto roll = flat(c["inputs"]["rollout_logprobs"], "rollout_logprobs");
+        const double lo = p.value("tis_clip_low", 0.1), hi = p.value("tis_clip_high", 2.0);
+        std::vector<double> weighted(peer_grad.size());
+        for (size_t t = 0; t < weighted.size(); ++t)
+            weighted[t] = std::clamp(std::exp(lp[t] - roll[t]), lo, hi) * peer_grad[t];
+        expect_close(where, "d loss / d logprobs (TIS-weighted peer)", full.grads.at("logprobs"),
+                     weighted);
+    }
+}
+
+void xorl_importance_sampling(const json &c, const std::string &where) {
+    const XorlRows r = xorl_rows(c["inputs"], where);
+    json p = {{"loss_agg_mode", "token-mean"}};
+    if (c["parameters"].contains("compute_kl_stats"))
+        p["compute_kl_stats"] = c["parameters"]["compute_kl_stats"];
+    const T::LossRun run = run_ok(where, "importance_sampling", p, xorl_policy_inputs(c, r, where));
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    expect_close(where, "d loss / d logprobs", run.grads.at("logprobs"),
+                 flat(out["grad_logprobs"], "grad_logprobs"));
+    expect_xorl_metrics(where, run, out["metrics"]);
+}
+
+// cispo_loss_function: clip_low_threshold / clip_high_threshold are our
+// clip_low / clip_high (absolute ratio bounds); the defaults (0, 4) are left to
+// both sides when the vector does not name them.
+void xorl_cispo(const json &c, const std::string &where) {
+    const XorlRows r = xorl_rows(c["inputs"], where);
+    const json &pp = c["parameters"];
+    json p = {{"loss_agg_mode", "token-mean"}};
+    if (pp.contains("clip_low_threshold")) p["clip_low"] = pp["clip_low_threshold"];
+    if (pp.contains("clip_high_threshold")) p["clip_high"] = pp["clip_high_threshold"];
+    if (pp.contains("compute_kl_stats")) p["compute_kl_stats"] = pp["compute_kl_stats"];
+    const T::LossRun run = run_ok(where, "cispo", p, xorl_policy_inputs(c, r, where));
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    expect_close(where, "d loss / d logprobs", run.grads.at("logprobs"),
+                 flat(out["grad_logprobs"], "grad_logprobs"));
+    expect_xorl_metrics(where, run, out["metrics"]);
+}
+
+// causallm_loss_function with z_loss_coef = our causallm_loss with z_loss. Our
+// loss reads logprobs and logsumexp (the trainer's log-softmax pass); the
+// gradient xorl reports is on the logits, so ours is carried there by the
+// trainer's chain rule: d/dz_v = g_lp (1[v = label] - p_v) + g_lse p_v.
+void xorl_causallm(const json &c, const std::string &where) {
+    const XorlRows r = xorl_rows(c["inputs"], where);
+    const json &rows = require(c["inputs"], "logits", where);
+    std::vector<std::vector<double>> logits;
+    for (const auto &row : rows)
+        for (const auto &tok : row) logits.push_back(vec(tok, "logits"));
+    const size_t n = r.labels.size();
+    ASSERT_EQ(logits.size(), n) << where << ": logits and labels differ in length";
+    std::vector<double> lp(n), lse(n);
+    for (size_t t = 0; t < n; ++t) {
+        const double mx = *std::max_element(logits[t].begin(), logits[t].end());
+        double s = 0;
+        for (double z : logits[t]) s += std::exp(z - mx);
+        lse[t] = mx + std::log(s);
+        lp[t] = r.labels[t] >= 0 ? logits[t][size_t(r.labels[t])] - lse[t] : 0.0;
+    }
+    const double coef = param(c, "z_loss_coef");
+    json p = {{"loss_agg_mode", "token-mean"}};
+    T::LossInputs li;
+    li.f64("logprobs", lp).i64("labels", r.labels).cu_seqlens(r.cu);
+    if (coef != 0) {
+        p["z_loss"] = coef;
+        li.f64("logsumexp", lse);
+    }
+    const T::LossRun run = run_ok(where, "causallm_loss", p, li);
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    const auto &glp = run.grads.at("logprobs");
+    std::vector<double> ours, peer;
+    size_t t = 0;
+    for (const auto &row : out["grad_logits"])
+        for (const auto &tok : row) {
+            const auto g = vec(tok, "grad_logits");
+            for (size_t v = 0; v < g.size(); ++v) {
+                const double pv = std::exp(logits[t][v] - lse[t]);
+                double d = glp[t] * ((int64_t(v) == r.labels[t] ? 1.0 : 0.0) - pv);
+                if (coef != 0) d += run.grads.at("logsumexp")[t] * pv;
+                ours.push_back(d);
+                peer.push_back(g[v]);
+            }
+            ++t;
+        }
+    expect_close(where, "d loss / d logits", ours, peer);
+    if (out["metrics"].contains("z_loss")) {
+        ASSERT_TRUE(run.has_metric("z_loss")) << where << ": our loss emitted no metric 'z_loss'";
+        expect_close(where, "metric z_loss", run.metric("z_loss"),
+                     out["metrics"]["z_loss"].get<double>());
+    }
+}
+
+// ---- Surogate -----------------------------------------------------------------------------
+
+// compute_grpo_per_token_grads (surogate/grpo/loss.py, Surogate's Python
+// reference of the seeds its CE backward receives): IPO on `ipo` under the
+// mapping of docs/losses.md ("Surogate's IPO per-token gradients"). Surogate's
+// seeds are -d loss / d logprobs before its division by the step's loss tokens
+// N, so ours run with loss_agg_mode sum and weights 1 / N, and replay / OPD
+// tokens become rl_weights 0 and ce_weights (with the 1 / N in them). Its value and metrics are
+// means over samples of per-sample values; ours are token means over the step (docs/losses.md,
+// "What differs"): they are compared by running ours on each sample alone (weights 1 / n_i) and
+// averaging as Surogate does.
+struct SurogateCase {
+    json params;
+    T::LossInputs in;
+    std::vector<double> mask;
+    std::vector<int64_t> cu;
+    size_t n = 0;
+    bool replay = false;
+};
+
+SurogateCase surogate_case(const json &c, const std::string &where, int64_t lo, int64_t hi) {
+    const json &pp = c["parameters"];
+    const json &in = c["inputs"];
+    SurogateCase s;
+    s.params = {{"ipo_mask_low", pp.at("ipo_mask_low")}, {"ipo_mask_high", pp.at("ipo_mask_high")},
+                {"adv_tau", pp.at("adv_tau")},           {"kl_tau", pp.at("kl_tau")},
+                {"ratio_clip", pp.at("ratio_clip")},     {"loss_agg_mode", "sum"}};
+    const auto slice = [&](const std::string &name) {
+        const auto v = vec(require(in, name, where), name);
+        return std::vector<double>(v.begin() + lo, v.begin() + hi);
+    };
+    s.mask = slice("loss_mask");
+    s.n = s.mask.size();
+    double tokens = 0;
+    for (double m : s.mask) tokens += m != 0;
+    s.in.f64("logprobs", slice("trainer_logprobs"))
+        .f64("old_logprobs", slice("inference_logprobs"))
+        .f64("advantages", slice("advantages"))
+        .f64("loss_mask", s.mask)
+        .f64("weights", std::vector<double>(s.n, 1.0 / std::max(tokens, 1.0)));
+    if (in.contains("teacher_logprobs")) {
+        s.params["teacher_tau"] = pp.at("teacher_tau");
+        s.in.f64("teacher_logprobs", slice("teacher_logprobs"));
+    }
+    std::vector<double> ce(s.n, 0.0), rl(s.n, 1.0);
+    bool has_ce = false;
+    if (in.contains("replay_mask")) {
+        s.replay = true;
+        has_ce = true;
+        const auto rm = slice("replay_mask"), rw = slice("replay_weights");
+        for (size_t t = 0; t < s.n; ++t)
+            if (rm[t] != 0 && s.mask[t] != 0) {
+                rl[t] = 0.0;
+                ce[t] = pp.at("replay_tau").get<double>() * rw[t];
+            }
+        s.in.f64("rl_weights", rl);
+    }
+    if (in.contains("hindsight_mask")) {
+        has_ce = true;
+        const auto hm = slice("hindsight_mask"), h = slice("hindsight_logprobs"),
+                   ref = slice("opd_reference_logprobs");
+        const double tau = pp.at("opd_tau"), beta = pp.at("opd_beta");
+        for (size_t t = 0; t < s.n; ++t)
+            if (hm[t] != 0 && s.mask[t] != 0 && rl[t] != 0)
+                ce[t] += tau / (1.0 + std::exp(-beta * (h[t] - ref[t])));
+    }
+    // the ce component's normalizer lives in its weights under `sum` (the
+    // input `weights` scales the rl component only)
+    for (auto &x : ce) x /= std::max(tokens, 1.0);
+    if (has_ce) s.in.f64("ce_weights", ce);
+    s.in.cu_seqlens({0, int64_t(s.n)});
+    return s;
+}
+
+void surogate_grpo(const json &c, const std::string &where) {
+    const json &in = c["inputs"];
+    const json &out = c["outputs"];
+    std::vector<int64_t> cu;
+    for (const auto &x : require(in, "cu_seqlens", where)) cu.push_back(x.get<int64_t>());
+    const int64_t N = cu.back();
+    // The whole step, one packed batch: the gradient.
+    SurogateCase step = surogate_case(c, where, 0, N);
+    step.in.cu_seqlens(cu);
+    double tokens = 0;
+    for (double m : step.mask) tokens += m != 0;
+    EXPECT_EQ(out.at("loss_scale").get<double>(), tokens) << where << ": loss_scale";
+    const T::LossRun run = run_ok(where, "ipo", step.params, step.in);
+    if (run.status != RL_OK) return;
+    std::vector<double> peer = vec(out.at("per_token_grads"), "per_token_grads");
+    for (auto &g : peer) g = -g / tokens;
+    expect_close(where, "d loss / d trainer_logprobs (-seed / loss_scale)",
+                 run.grads.at("logprobs"), peer);
+
+    // Sample by sample: the value and the metrics, averaged over samples.
+    deliberate(where, "Surogate's value and metrics are means over samples of per-sample values "
+                      "(ratio_clipped over kept tokens); ours over the step's tokens "
+                      "(docs/losses.md, \"Surogate's IPO per-token gradients\", \"What "
+                      "differs\"): ours run per sample and averaged as Surogate does");
+    const json &pm = out["metrics"];
+    double value = 0, samples = 0;
+    std::map<std::string, double> sums;
+    for (size_t i = 0; i + 1 < cu.size(); ++i) {
+        SurogateCase s = surogate_case(c, where, cu[i], cu[i + 1]);
+        double n = 0;
+        for (double m : s.mask) n += m != 0;
+        if (n == 0) continue;
+        const T::LossRun r = run_ok(where, "ipo", s.params, s.in);
+        if (r.status != RL_OK) return;
+        value += r.loss;
+        samples += 1;
+        const double masked = r.metric("is_masked");
+        const double keep = n * (1.0 - masked);
+        sums["is_masked"] += masked;
+        sums["masked_mismatch_kl"] += r.metric("masked_mismatch_kl");
+        sums["unmasked_mismatch_kl"] += r.metric("unmasked_mismatch_kl");
+        sums["ratio_clipped"] += keep > 0.5 ? r.metric("ratio_clipped") * n / keep : 0.0;
+        if (r.has_metric("teacher_kl")) sums["teacher_kl"] += r.metric("teacher_kl");
+    }
+    expect_close(where, "policy_loss (mean over samples)", value / samples,
+                 pm.at("policy_loss").get<double>());
+    if (step.replay) {
+        // Surogate's behaviour metrics run over its policy tokens (replay tokens
+        // excluded), ours over every loss token: only value and gradient here.
+        deliberate(where, "replay tokens: Surogate's masking metrics leave them out, ours count "
+                          "them; metrics not compared");
+        return;
+    }
+    for (const auto &[name, sum] : sums)
+        expect_close(where, "metric " + name + " (mean over samples)", sum / samples,
+                     pm.at(name).get<double>());
 }
 
 // ---- the peer functions this test knows --------------------------------------------------
@@ -1094,6 +1526,11 @@ const std::map<std::string, CaseCheck> &known_functions() {
         {"verl/compute_value_loss", verl_value_loss},
         {"areal_legacy/ppo_actor_loss_fn", areal_legacy_ppo_actor},
         {"prime-rl/compute_loss", prime_rl_compute_loss},
+        {"xorl/policy_loss_function", xorl_policy_loss},
+        {"surogate/compute_grpo_per_token_grads", surogate_grpo},
+        {"xorl/importance_sampling_loss_function", xorl_importance_sampling},
+        {"xorl/cispo_loss_function", xorl_cispo},
+        {"xorl/causallm_loss_function", xorl_causallm},
     };
     return k;
 }
