@@ -1,6 +1,7 @@
 #include "inference_client.hpp"
 
 #include "http.hpp"
+#include "vllm_transfer.hpp"
 #include "weight_update.hpp"
 
 #include "rl/core/error.hpp"
@@ -296,10 +297,7 @@ SyncOutcome InferenceClient::sync_disk(const core::Policy &policy, int64_t versi
 
 SyncOutcome InferenceClient::sync_distributed(const core::Policy &policy, int64_t version,
                                               const SyncOptions &o) const {
-    if (options_.protocol != "sglang")
-        bad_option("sync: mode 'distributed' speaks SGLang's protocol; vLLM's NCCL weight "
-                   "transfer (a StatelessProcessGroup with a pickled NCCL id) is not supported: "
-                   "use mode 'disk'");
+    if (options_.protocol == "vllm") return sync_vllm_nccl(policy, version, o);
     const core::CausalLM &model = policy.model();
     const bool cuda = model.device().is_cuda();
     const std::string backend = o.backend == "auto" ? (cuda ? "nccl" : "gloo") : o.backend;
@@ -435,6 +433,122 @@ SyncOutcome InferenceClient::sync_distributed(const core::Policy &policy, int64_
     const json d =
         call("POST", "/destroy_weights_update_group", json{{"group_name", o.group_name}});
     require_success(d, "destroy_weights_update_group");
+    return out;
+}
+
+// vLLM's NCCL weight transfer engine (vLLM 0.33.0) as its trainer does it:
+// rank 0 hosts the StatelessProcessGroup's store and publishes the NCCL id
+// while the server joins (/init_weight_transfer_engine), then one update:
+// /start_weight_update, /update_weights announcing names, dtypes and shapes
+// while the tensors are broadcast (one by one, or packed into uint8 buffers of
+// bucket_bytes when `flattened`), /finish_weight_update with the version.
+SyncOutcome InferenceClient::sync_vllm_nccl(const core::Policy &policy, int64_t version,
+                                            const SyncOptions &o) const {
+    const core::CausalLM &model = policy.model();
+    if (o.backend == "gloo")
+        bad_option("sync: vLLM's weight transfer engine is NCCL only; backend 'gloo' is "
+                   "SGLang's (use protocol 'sglang', or mode 'disk')");
+    if (!model.device().is_cuda())
+        bad_option("sync: vLLM's NCCL weight transfer needs the trainer's model on CUDA; it is on "
+                   "the CPU (use mode 'disk')");
+    std::string why;
+    if (!vllm::nccl_available(&why)) bad_option("sync: " + why);
+    int workers = 1;
+    try {
+        const json w = call("GET", "/get_world_size");
+        if (w.is_object() && w.contains("world_size") && w["world_size"].is_number_integer())
+            workers = std::max(1, w["world_size"].get<int>());
+    } catch (const std::exception &) {
+    }
+    const int port = o.master_port > 0 ? o.master_port : free_port(o.master_address);
+    const int world = 1 + workers;
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
+    const json init_info = {{"master_address", o.master_address},
+                            {"master_port", port},
+                            {"rank_offset", 1},
+                            {"world_size", world},
+                            {"packed", o.flattened},
+                            {"packed_buffer_size_bytes", o.bucket_bytes},
+                            {"packed_num_buffers", 2}};
+    auto init = std::async(std::launch::async, [&] {
+        return call("POST", "/init_weight_transfer_engine", json{{"init_info", init_info}});
+    });
+    std::unique_ptr<vllm::StatelessGroup> group;
+    std::unique_ptr<vllm::NcclComm> comm;
+    std::string trainer_error;
+    try {
+        group = std::make_unique<vllm::StatelessGroup>(o.master_address, port, 0, world, timeout);
+        const vllm::UniqueId id = vllm::NcclComm::new_unique_id();
+        group->broadcast_unique_id(id);
+        comm = std::make_unique<vllm::NcclComm>(id, 0, world, model.device());
+    } catch (const std::exception &e) {
+        trainer_error = e.what();
+    }
+    try {
+        init.get();
+    } catch (const std::exception &e) {
+        throw Error(ErrorKind::Io, std::string("sync: the server did not join vLLM's weight "
+                                               "transfer: ") +
+                                       e.what());
+    }
+    if (!comm) throw Error(ErrorKind::Io, "sync: " + trainer_error);
+    struct Shutdown {
+        const InferenceClient &c;
+        ~Shutdown() {
+            try {
+                c.call("POST", "/shutdown_weight_transfer_engine", json::object());
+            } catch (const std::exception &) {
+            }
+        }
+    } shutdown{*this};
+
+    std::vector<at::Tensor> tensors;
+    json info = {
+        {"names", json::array()}, {"dtype_names", json::array()}, {"shapes", json::array()}};
+    std::vector<int64_t> sizes;
+    SyncOutcome out;
+    {
+        at::NoGradGuard no_grad;
+        for (const auto &[name, p] : model.named_weights()) {
+            at::Tensor t = p.detach().to(wire_dtype(o.dtype, p.scalar_type())).contiguous();
+            info["names"].push_back(name);
+            info["dtype_names"].push_back(torch_dtype_name(t.scalar_type()));
+            info["shapes"].push_back(t.sizes().vec());
+            sizes.push_back(static_cast<int64_t>(t.nbytes()));
+            out.bytes += static_cast<uint64_t>(t.nbytes());
+            tensors.push_back(std::move(t));
+        }
+    }
+    out.tensors = static_cast<int64_t>(tensors.size());
+    call("POST", "/start_weight_update", json::object());
+    auto reply = std::async(std::launch::async, [&] {
+        return call("POST", "/update_weights", json{{"update_info", info}});
+    });
+    std::string send_error;
+    try {
+        if (o.flattened) {
+            size_t first = 0;
+            for (size_t end : vllm::packed_chunk_ends(sizes, o.bucket_bytes)) {
+                std::vector<at::Tensor> bytes;
+                for (size_t i = first; i < end; ++i)
+                    bytes.push_back(tensors[i].view({-1}).view(at::kByte));
+                comm->broadcast({at::cat(bytes)});
+                first = end;
+            }
+        } else {
+            comm->broadcast(tensors);
+        }
+    } catch (const std::exception &e) {
+        send_error = e.what();
+    }
+    try {
+        reply.get();
+    } catch (const std::exception &e) {
+        throw Error(ErrorKind::Io, std::string("sync: /update_weights: ") + e.what() +
+                                       (send_error.empty() ? "" : "; broadcast: " + send_error));
+    }
+    if (!send_error.empty()) throw Error(ErrorKind::Io, "sync: " + send_error);
+    call("POST", "/finish_weight_update", json{{"weight_version", std::to_string(version)}});
     return out;
 }
 

@@ -26,8 +26,9 @@ struct ClientOptions {
     std::string url;     ///< "http://host:port"
     std::string api_key; ///< sent as Authorization: Bearer when not empty
     double timeout_s = 600;
-    /// "sglang" (rlhost serve, SGLang) or "vllm" (prime-rl's vLLM server:
-    /// /pause, /update_weights {weight_dir}, /resume).
+    /// "sglang" (rlhost serve, SGLang) or "vllm" (vLLM 0.33's RL routes and
+    /// prime-rl's vLLM server: /pause, /update_weights {weight_dir} or vLLM's
+    /// NCCL weight transfer engine, /resume).
     std::string protocol = "sglang";
     /// JSON object of these keys; unknown keys are errors naming the key.
     static ClientOptions from_json(const nlohmann::json &j);
@@ -89,6 +90,8 @@ private:
                           const SyncOptions &options) const;
     SyncOutcome sync_distributed(const core::Policy &policy, int64_t version,
                                  const SyncOptions &options) const;
+    SyncOutcome sync_vllm_nccl(const core::Policy &policy, int64_t version,
+                               const SyncOptions &options) const;
     ClientOptions options_;
 };
 

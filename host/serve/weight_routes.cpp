@@ -1,5 +1,6 @@
 // The weight-update routes of `rlhost serve`: SGLang's (protocols.md D.2,
-// D.3) and prime-rl's /update_weights {weight_dir} (E.4), over WeightUpdater.
+// D.3), prime-rl's /update_weights {weight_dir} (E.4) and vLLM's NCCL weight
+// transfer engine (vLLM 0.33.0, docs/serving.md), over WeightUpdater.
 #include "weight_routes.hpp"
 
 #include "server.hpp"
@@ -111,6 +112,148 @@ void sglang_call(Responder &r, F &&fn) {
     } catch (const std::exception &e) {
         reply_json(r, 500, {{"success", false}, {"message", e.what()}});
     }
+}
+
+// vLLM's replies: {"message"} with 200; errors as the OpenAI-style error body.
+template <typename F>
+void vllm_call(Responder &r, F &&fn) {
+    try {
+        reply_json(r, 200, fn());
+    } catch (const BadField &e) {
+        send_error(r, 400, e.what(), e.field);
+    } catch (const UpdateRefused &e) {
+        send_error(r, e.status, e.what());
+    } catch (const std::exception &e) {
+        send_error(r, 500, e.what());
+    }
+}
+
+int64_t info_int(const json &o, const std::string &where, const std::string &k, int64_t fallback,
+                 bool required) {
+    if (!o.contains(k) || o[k].is_null()) {
+        if (required) throw BadField(where, where + "." + k + " is required (an integer)");
+        return fallback;
+    }
+    if (!o[k].is_number_integer()) throw BadField(where, where + "." + k + " must be an integer");
+    return o[k].get<int64_t>();
+}
+
+// init_info of /init_weight_transfer_engine for vLLM's NCCL engine:
+// master_address + master_port (the StatelessProcessGroup's store) or
+// nccl_unique_id_b64 (the id itself), rank_offset, world_size and the packing.
+VllmInitInfo vllm_init_info(const json &body) {
+    if (!body.contains("init_info") || !body["init_info"].is_object())
+        throw BadField("init_info", "'init_info' is required (an object)");
+    const json &o = body["init_info"];
+    static const std::set<std::string> known = {"master_address",
+                                                "master_port",
+                                                "rank_offset",
+                                                "world_size",
+                                                "nccl_unique_id_b64",
+                                                "packed",
+                                                "packed_buffer_size_bytes",
+                                                "packed_num_buffers"};
+    for (const auto &[k, v] : o.items())
+        if (!known.count(k))
+            throw BadField("init_info", "init_info." + k +
+                                            " is not a field of vLLM's NCCL engine (vLLM 0.33.0: "
+                                            "master_address, master_port, rank_offset, "
+                                            "world_size, nccl_unique_id_b64, packed, "
+                                            "packed_buffer_size_bytes, packed_num_buffers)");
+    VllmInitInfo info;
+    const bool has_id = o.contains("nccl_unique_id_b64") && !o["nccl_unique_id_b64"].is_null() &&
+                        o["nccl_unique_id_b64"] != "";
+    const bool has_addr = o.contains("master_address") && !o["master_address"].is_null();
+    const bool has_port = o.contains("master_port") && !o["master_port"].is_null();
+    if (has_id && (has_addr || has_port))
+        throw BadField("init_info", "init_info: give nccl_unique_id_b64 or master_address and "
+                                    "master_port, not both");
+    if (has_id) {
+        if (!o["nccl_unique_id_b64"].is_string())
+            throw BadField("init_info", "init_info.nccl_unique_id_b64 must be a string");
+        const auto bytes = core::base64_decode(o["nccl_unique_id_b64"].get<std::string>());
+        if (!bytes || bytes->size() != std::tuple_size<vllm::UniqueId>::value)
+            throw BadField("init_info", "init_info.nccl_unique_id_b64 must be standard base64 of "
+                                        "the 128 bytes of an ncclUniqueId");
+        vllm::UniqueId id;
+        std::memcpy(id.data(), bytes->data(), id.size());
+        info.unique_id = id;
+    } else {
+        if (!has_addr || !has_port)
+            throw BadField("init_info", "init_info needs master_address and master_port (or "
+                                        "nccl_unique_id_b64)");
+        if (!o["master_address"].is_string())
+            throw BadField("init_info", "init_info.master_address must be a string");
+        info.master_address = o["master_address"];
+        info.master_port = static_cast<int>(info_int(o, "init_info", "master_port", 0, true));
+    }
+    info.rank_offset = static_cast<int>(info_int(o, "init_info", "rank_offset", 0, true));
+    info.world_size = static_cast<int>(info_int(o, "init_info", "world_size", 0, true));
+    if (o.contains("packed") && !o["packed"].is_null()) {
+        if (!o["packed"].is_boolean())
+            throw BadField("init_info", "init_info.packed must be true or false");
+        info.packed = o["packed"];
+    }
+    info.packed_buffer_size_bytes =
+        info_int(o, "init_info", "packed_buffer_size_bytes", info.packed_buffer_size_bytes, false);
+    info.packed_num_buffers =
+        info_int(o, "init_info", "packed_num_buffers", info.packed_num_buffers, false);
+    return info;
+}
+
+// update_info of /update_weights for vLLM's NCCL engine: names, dtype_names
+// and shapes (all empty: those of the previous update). A list holds one
+// per worker; this server is one.
+std::vector<AnnouncedTensor> vllm_update_info(const json &given) {
+    const json *u = &given;
+    if (given.is_array()) {
+        if (given.size() != 1)
+            throw BadField("update_info", "update_info: a list holds one entry per worker and "
+                                          "this server is one worker; got " +
+                                              std::to_string(given.size()));
+        u = &given[0];
+    }
+    if (!u->is_object()) throw BadField("update_info", "'update_info' must be an object");
+    for (const auto &[k, v] : u->items())
+        if (k != "names" && k != "dtype_names" && k != "shapes")
+            throw BadField("update_info",
+                           "update_info." + k +
+                               " is not a field of vLLM's NCCL engine (vLLM 0.33.0: names, "
+                               "dtype_names, shapes; packing moved to init_info)");
+    std::vector<AnnouncedTensor> ts;
+    for (const char *k : {"names", "dtype_names", "shapes"})
+        if (u->contains(k) && !(*u)[k].is_array())
+            throw BadField("update_info", std::string("update_info.") + k + " must be a list");
+    const json empty = json::array();
+    const json &names = u->contains("names") ? (*u)["names"] : empty;
+    const json &dtypes = u->contains("dtype_names") ? (*u)["dtype_names"] : empty;
+    const json &shapes = u->contains("shapes") ? (*u)["shapes"] : empty;
+    if (dtypes.size() != names.size() || shapes.size() != names.size())
+        throw BadField("update_info", "update_info: names, dtype_names and shapes differ in "
+                                      "length (" +
+                                          std::to_string(names.size()) + ", " +
+                                          std::to_string(dtypes.size()) + ", " +
+                                          std::to_string(shapes.size()) + ")");
+    for (size_t i = 0; i < names.size(); ++i) {
+        const std::string at = "[" + std::to_string(i) + "]";
+        if (!names[i].is_string())
+            throw BadField("update_info", "update_info.names" + at + " must be a string");
+        if (!dtypes[i].is_string())
+            throw BadField("update_info", "update_info.dtype_names" + at + " must be a string");
+        if (!shapes[i].is_array())
+            throw BadField("update_info", "update_info.shapes" + at + " must be a list");
+        AnnouncedTensor t;
+        t.name = names[i];
+        t.dtype = dtypes[i];
+        for (const auto &d : shapes[i]) {
+            if (!d.is_number_integer() || d.get<int64_t>() < 0)
+                throw BadField("update_info",
+                               "update_info.shapes" + at + " must hold integers >= 0");
+            t.shape.push_back(d);
+        }
+        ts.push_back(std::move(t));
+    }
+    return ts;
 }
 
 json outcome_json(const UpdateOutcome &o, const std::string &what) {
@@ -285,38 +428,68 @@ void add_weight_routes(Server &server, WeightUpdater &updater) {
     });
 
     // prime-rl's vLLM server: {"weight_dir": ...} loads a folder; vLLM's
-    // {"update_info": ...} belongs to its NCCL transfer engine (not spoken here).
+    // {"update_info": ...} receives over its NCCL transfer engine.
     router.add("POST", "/update_weights", [srv, &updater](const Request &req, Responder &r) {
-        try {
+        vllm_call(r, [&] {
             const json j = body_of(req, {"weight_dir", "update_info"});
-            if (j.contains("update_info"))
-                throw BadField("update_info",
-                               "update_info belongs to vLLM's NCCL weight transfer engine "
-                               "(StatelessProcessGroup with a pickled NCCL id), which this server "
-                               "does not speak; use {\"weight_dir\": ...} or SGLang's "
-                               "/init_weights_update_group + /update_weights_from_distributed");
+            if (j.contains("update_info")) {
+                if (j.contains("weight_dir"))
+                    throw BadField("weight_dir", "give either 'weight_dir' (prime-rl) or "
+                                                 "'update_info' (vLLM's NCCL engine), not both");
+                auto o = updater.vllm_receive(vllm_update_info(j["update_info"]));
+                if (o) srv->set_weight_version(o->weight_version);
+                return json{{"message", "Weights updated"}};
+            }
             const UpdateOutcome o =
                 updater.from_disk(string_field(j, "weight_dir", true), std::nullopt, std::nullopt);
             srv->set_weight_version(o.weight_version);
-            reply_json(r, 200, {{"status", "ok"}});
-        } catch (const BadField &e) {
-            send_error(r, 400, e.what(), e.field);
-        } catch (const UpdateRefused &e) {
-            send_error(r, e.status, e.what());
-        } catch (const std::exception &e) {
-            send_error(r, 500, e.what());
-        }
-    });
-    for (const char *path : {"/init_weight_transfer_engine", "/start_weight_update",
-                             "/finish_weight_update", "/init_broadcaster"})
-        router.add("POST", path, [path](const Request &, Responder &r) {
-            send_error(r, 400,
-                       std::string(path) +
-                           " belongs to vLLM's NCCL weight transfer (a StatelessProcessGroup with "
-                           "a pickled NCCL id), which this server does not speak; use "
-                           "/update_weights_from_disk, /update_weights {weight_dir}, or SGLang's "
-                           "/init_weights_update_group + /update_weights_from_distributed");
+            return json{{"status", "ok"}};
         });
+    });
+
+    // vLLM's NCCL weight transfer engine (vLLM 0.33.0's routes and bodies).
+    router.add("POST", "/init_weight_transfer_engine",
+               [&updater](const Request &req, Responder &r) {
+                   vllm_call(r, [&] {
+                       const json j = body_of(req, {"init_info"});
+                       updater.vllm_init(vllm_init_info(j));
+                       return json{{"message", "Weight transfer initialized"}};
+                   });
+               });
+    router.add("POST", "/start_weight_update", [&updater](const Request &req, Responder &r) {
+        vllm_call(r, [&] {
+            // Older releases sent is_checkpoint_format (always true here).
+            const json j = body_of(req, {"is_checkpoint_format"});
+            if (j.contains("is_checkpoint_format") && j["is_checkpoint_format"] != true)
+                throw BadField("is_checkpoint_format",
+                               "is_checkpoint_format: only checkpoint-format weights (true) are "
+                               "received");
+            updater.vllm_start();
+            return json{{"message", "Weight update started"}};
+        });
+    });
+    router.add("POST", "/finish_weight_update", [srv, &updater](const Request &req, Responder &r) {
+        vllm_call(r, [&] {
+            const json j = body_of(req, {"weight_version"});
+            const UpdateOutcome o = updater.vllm_finish(version_field(j));
+            srv->set_weight_version(o.weight_version);
+            return json{{"message", "Weight update finished"}};
+        });
+    });
+    router.add("POST", "/shutdown_weight_transfer_engine",
+               [&updater](const Request &req, Responder &r) {
+                   vllm_call(r, [&] {
+                       (void)body_of(req, {});
+                       updater.vllm_shutdown();
+                       return json{{"message", "Weight transfer shut down"}};
+                   });
+               });
+    router.add("POST", "/init_broadcaster", [](const Request &, Responder &r) {
+        send_error(r, 400,
+                   "/init_broadcaster belongs to prime-rl's NCCL broadcast, which this server "
+                   "does not speak; use vLLM's /init_weight_transfer_engine, "
+                   "/update_weights {weight_dir}, or SGLang's /init_weights_update_group");
+    });
 }
 
 } // namespace rl::serve

@@ -262,6 +262,145 @@ UpdateOutcome WeightUpdater::from_distributed(const std::vector<AnnouncedTensor>
     return swap_in(std::move(received), checksums, weight_version, false, seconds_since(t0));
 }
 
+void WeightUpdater::vllm_init(const VllmInitInfo &info) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (vllm_comm_)
+        refuse("init_info: vLLM's weight transfer engine is already initialized; shut it down "
+               "first (/shutdown_weight_transfer_engine)");
+    if (info.world_size < 2)
+        refuse("init_info.world_size must be >= 2 (the trainer and this server), got " +
+               std::to_string(info.world_size));
+    if (info.rank_offset < 1 || info.rank_offset >= info.world_size)
+        refuse("init_info.rank_offset " + std::to_string(info.rank_offset) + " is outside 1.." +
+               std::to_string(info.world_size - 1) + " (rank 0 is the trainer)");
+    if (info.packed && (info.packed_buffer_size_bytes <= 0 || info.packed_num_buffers <= 0))
+        refuse("init_info.packed_buffer_size_bytes and packed_num_buffers must be > 0");
+    const at::Device device = policy_->model().device();
+    if (!device.is_cuda())
+        refuse("init_info: vLLM's NCCL weight transfer needs the model on a CUDA device; this "
+               "server runs on the CPU (use /update_weights {\"weight_dir\": ...} or SGLang's "
+               "/init_weights_update_group with backend 'gloo')");
+    std::string why;
+    if (!vllm::nccl_available(&why)) refuse(why);
+    // This server is one worker: its rank is rank_offset (vLLM adds the
+    // worker's data- and tensor-parallel rank, 0 here).
+    const int rank = info.rank_offset;
+    try {
+        vllm::UniqueId id;
+        if (info.unique_id) {
+            id = *info.unique_id;
+        } else {
+            vllm::StatelessGroup group(info.master_address, info.master_port, rank, info.world_size,
+                                       info.timeout);
+            id = group.broadcast_unique_id(std::nullopt);
+        }
+        vllm_comm_ = std::make_unique<vllm::NcclComm>(id, rank, info.world_size, device);
+    } catch (const UpdateRefused &) {
+        throw;
+    } catch (const core::Error &e) {
+        refuse(e.what(), e.kind() == core::ErrorKind::InvalidArgument ? 400 : 500);
+    }
+    vllm_info_ = info;
+    vllm_last_.clear();
+    vllm_open_ = false;
+    vllm_pending_.clear();
+}
+
+void WeightUpdater::vllm_start() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!vllm_comm_)
+        refuse("no vLLM weight transfer engine: call /init_weight_transfer_engine first");
+    vllm_open_ = true;
+    vllm_pending_.clear();
+}
+
+std::vector<std::pair<std::string, at::Tensor>>
+WeightUpdater::vllm_receive_locked(const std::vector<AnnouncedTensor> &tensors) {
+    const at::Device device = vllm_comm_->device();
+    std::vector<at::ScalarType> types;
+    std::vector<int64_t> sizes;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        types.push_back(scalar_type_of(tensors[i].dtype, "dtype_names[" + std::to_string(i) + "]"));
+        sizes.push_back(c10::multiply_integers(tensors[i].shape) *
+                        static_cast<int64_t>(c10::elementSize(types.back())));
+    }
+    std::vector<std::pair<std::string, at::Tensor>> received;
+    try {
+        if (vllm_info_.packed) {
+            size_t first = 0;
+            for (size_t end : vllm::packed_chunk_ends(sizes, vllm_info_.packed_buffer_size_bytes)) {
+                int64_t total = 0;
+                for (size_t i = first; i < end; ++i) total += sizes[i];
+                at::Tensor buffer = at::empty({total}, at::TensorOptions(device).dtype(at::kByte));
+                vllm_comm_->broadcast({buffer});
+                int64_t offset = 0;
+                for (size_t i = first; i < end; ++i) {
+                    at::Tensor bytes = buffer.narrow(0, offset, sizes[i]).clone();
+                    received.emplace_back(tensors[i].name,
+                                          bytes.view(types[i]).reshape(tensors[i].shape));
+                    offset += sizes[i];
+                }
+                first = end;
+            }
+        } else {
+            std::vector<at::Tensor> buffers;
+            for (size_t i = 0; i < tensors.size(); ++i)
+                buffers.push_back(
+                    at::empty(tensors[i].shape, at::TensorOptions(device).dtype(types[i])));
+            vllm_comm_->broadcast(buffers);
+            for (size_t i = 0; i < tensors.size(); ++i)
+                received.emplace_back(tensors[i].name, buffers[i]);
+        }
+    } catch (const std::exception &e) {
+        refuse(
+            std::string("receiving the announced tensors failed; the weights in use are kept: ") +
+                e.what(),
+            500);
+    }
+    return received;
+}
+
+std::optional<UpdateOutcome> WeightUpdater::vllm_receive(std::vector<AnnouncedTensor> tensors) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const auto t0 = Clock::now();
+    if (!vllm_comm_)
+        refuse("update_info: no vLLM weight transfer engine; call /init_weight_transfer_engine "
+               "first");
+    if (tensors.empty()) {
+        if (vllm_last_.empty())
+            refuse("update_info: names is empty and no earlier update announced any (an empty "
+                   "update_info repeats the previous one)");
+        tensors = vllm_last_;
+    }
+    for (size_t i = 0; i < tensors.size(); ++i)
+        (void)scalar_type_of(tensors[i].dtype, "dtype_names[" + std::to_string(i) + "]");
+    vllm_last_ = tensors;
+    auto received = vllm_receive_locked(tensors);
+    if (vllm_open_) {
+        for (auto &r : received) vllm_pending_.push_back(std::move(r));
+        return std::nullopt;
+    }
+    return swap_in(std::move(received), std::nullopt, std::nullopt, false, seconds_since(t0));
+}
+
+UpdateOutcome WeightUpdater::vllm_finish(const std::optional<std::string> &weight_version) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!vllm_open_) refuse("no weight update was started (/start_weight_update)");
+    vllm_open_ = false;
+    auto pending = std::move(vllm_pending_);
+    vllm_pending_.clear();
+    if (pending.empty()) refuse("the weight update received no tensors (/update_weights)");
+    return swap_in(std::move(pending), std::nullopt, weight_version, false, 0);
+}
+
+void WeightUpdater::vllm_shutdown() {
+    std::lock_guard<std::mutex> lk(mu_);
+    vllm_comm_.reset();
+    vllm_open_ = false;
+    vllm_pending_.clear();
+    vllm_last_.clear();
+}
+
 UpdateOutcome
 WeightUpdater::from_tensors(const std::vector<std::pair<std::string, at::Tensor>> &tensors,
                             const std::optional<std::vector<uint32_t>> &checksums,

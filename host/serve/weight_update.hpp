@@ -15,9 +15,11 @@
 #include "rl/core/policy.hpp"
 #include "rl/core/scheduler.hpp"
 #include "rl/core/update_group.hpp"
+#include "vllm_transfer.hpp"
 
 #include <ATen/Tensor.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -51,6 +53,20 @@ struct AnnouncedTensor {
     std::vector<int64_t> shape;
 };
 
+/// vLLM's init_info of /init_weight_transfer_engine (its NCCL engine, vLLM
+/// 0.33.0): the store's address (or a pre-shared NCCL id) and the packing.
+struct VllmInitInfo {
+    std::string master_address;
+    int master_port = 0;
+    int rank_offset = 1;
+    int world_size = 2;
+    std::optional<vllm::UniqueId> unique_id; ///< nccl_unique_id_b64, instead of the store
+    bool packed = false;
+    int64_t packed_buffer_size_bytes = int64_t{1} << 30;
+    int64_t packed_num_buffers = 2;
+    std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
 class WeightUpdater {
 public:
     WeightUpdater(std::shared_ptr<core::Policy> policy, core::Scheduler &scheduler);
@@ -81,7 +97,22 @@ public:
                                const std::optional<std::vector<uint32_t>> &checksums,
                                const std::optional<std::string> &weight_version);
 
+    /// vLLM's NCCL engine: joins the trainer's StatelessProcessGroup as rank
+    /// rank_offset, reads the NCCL id, makes the communicator (CUDA only).
+    void vllm_init(const VllmInitInfo &info);
+    /// Opens an update: received tensors wait for vllm_finish (one swap).
+    void vllm_start();
+    /// Receives the announced tensors from rank 0 (empty: those of the
+    /// previous call). Outside an opened update they are swapped in at once
+    /// and the outcome returned; inside, they wait for vllm_finish.
+    std::optional<UpdateOutcome> vllm_receive(std::vector<AnnouncedTensor> tensors);
+    /// Swaps in everything received since vllm_start.
+    UpdateOutcome vllm_finish(const std::optional<std::string> &weight_version);
+    void vllm_shutdown();
+
 private:
+    std::vector<std::pair<std::string, at::Tensor>>
+    vllm_receive_locked(const std::vector<AnnouncedTensor> &tensors);
     UpdateOutcome swap_in(std::vector<std::pair<std::string, at::Tensor>> received,
                           const std::optional<std::vector<uint32_t>> &checksums,
                           const std::optional<std::string> &weight_version, bool full,
@@ -91,6 +122,11 @@ private:
     core::Scheduler &scheduler_;
     mutable std::mutex mu_; // one update at a time; guards group_
     std::unique_ptr<core::dist::UpdateGroup> group_;
+    std::unique_ptr<vllm::NcclComm> vllm_comm_;
+    VllmInitInfo vllm_info_;
+    std::vector<AnnouncedTensor> vllm_last_;
+    bool vllm_open_ = false;
+    std::vector<std::pair<std::string, at::Tensor>> vllm_pending_;
 };
 
 /// torch dtype name ("float32", "bfloat16", "float16", "int64", "uint8", ...)

@@ -132,6 +132,32 @@ TEST_F(ServeWeights, DistributedSyncMatchesLoadingTheNewWeightsFromScratch) {
     EXPECT_EQ(served(), want_a);
 }
 
+TEST_F(ServeWeights, AVllmDistributedSyncFromACpuModelIsRefusedAndTheServerResumes) {
+    ClientOptions co;
+    co.url = server->url();
+    co.protocol = "vllm";
+    InferenceClient vllm_client(co);
+    SyncOptions o;
+    o.mode = "distributed";
+    try {
+        vllm_client.sync(*new_weights, 1, o);
+        ADD_FAILURE() << "a vLLM NCCL sync from a CPU model went through";
+    } catch (const core::Error &e) {
+        EXPECT_NE(std::string(e.what()).find("vLLM's NCCL weight transfer needs the trainer's "
+                                             "model on CUDA"),
+                  std::string::npos)
+            << e.what();
+    }
+    o.backend = "gloo";
+    try {
+        vllm_client.sync(*new_weights, 1, o);
+        ADD_FAILURE() << "a vLLM sync over gloo went through";
+    } catch (const core::Error &e) {
+        EXPECT_NE(std::string(e.what()).find("NCCL only"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(served(), want_a); // resumed, old weights
+}
+
 TEST_F(ServeWeights, DiskSyncThroughTheClientWritesAStepFolderAndKeepsTheNewest) {
     SyncOptions o;
     o.mode = "disk";
@@ -259,7 +285,59 @@ TEST_F(ServeWeights, BadWeightRequestsAre400sNamingTheFieldAndTheServerKeepsServ
              {"shape", {2}},
              {"data", "AAAA"}}}}},
          "bytes; shape and dtype need 8"},
-        {"/update_weights", {{"update_info", json::object()}}, "NCCL weight transfer"},
+        // vLLM's NCCL weight transfer engine (vLLM 0.33.0's bodies).
+        {"/update_weights",
+         {{"update_info", json::object()}},
+         "call /init_weight_transfer_engine first"},
+        {"/update_weights",
+         {{"update_info", {{"names", {"x"}}, {"packed", true}}}},
+         "update_info.packed is not a field of vLLM's NCCL engine"},
+        {"/update_weights",
+         {{"update_info", {json::object(), json::object()}}},
+         "one entry per worker"},
+        {"/update_weights",
+         {{"update_info", {{"names", {"x"}}, {"dtype_names", json::array()}, {"shapes", {{1}}}}}},
+         "names, dtype_names and shapes differ in length (1, 0, 1)"},
+        {"/init_weight_transfer_engine", json::object(), "'init_info' is required"},
+        {"/init_weight_transfer_engine",
+         {{"init_info", {{"master_address", "127.0.0.1"}, {"rank_offset", 1}, {"world_size", 2}}}},
+         "needs master_address and master_port"},
+        {"/init_weight_transfer_engine",
+         {{"init_info",
+           {{"master_address", "127.0.0.1"},
+            {"master_port", 1},
+            {"rank_offset", 1},
+            {"world_size", 2},
+            {"backend", "nccl"}}}},
+         "init_info.backend is not a field of vLLM's NCCL engine"},
+        {"/init_weight_transfer_engine",
+         {{"init_info",
+           {{"master_address", "127.0.0.1"},
+            {"master_port", 1},
+            {"nccl_unique_id_b64", "AAAA"},
+            {"rank_offset", 1},
+            {"world_size", 2}}}},
+         "not both"},
+        {"/init_weight_transfer_engine",
+         {{"init_info", {{"nccl_unique_id_b64", "AAAA"}, {"rank_offset", 1}, {"world_size", 2}}}},
+         "the 128 bytes of an ncclUniqueId"},
+        {"/init_weight_transfer_engine",
+         {{"init_info",
+           {{"master_address", "127.0.0.1"},
+            {"master_port", 1},
+            {"rank_offset", 0},
+            {"world_size", 2}}}},
+         "rank_offset 0 is outside 1..1"},
+        {"/init_weight_transfer_engine",
+         {{"init_info",
+           {{"master_address", "127.0.0.1"},
+            {"master_port", 1},
+            {"rank_offset", 1},
+            {"world_size", 2}}}},
+         "vLLM's NCCL weight transfer needs the model on a CUDA device"},
+        {"/start_weight_update", json::object(), "call /init_weight_transfer_engine first"},
+        {"/finish_weight_update", {{"weight_version", "3"}}, "no weight update was started"},
+        {"/init_broadcaster", json::object(), "prime-rl's NCCL broadcast"},
         {"/init_weights_update_group",
          {{"master_address", "127.0.0.1"},
           {"master_port", 1},
