@@ -1069,7 +1069,8 @@ def xorl_import(path):
         sys.modules[name] = pkg
     import importlib
     return {m: importlib.import_module("xorl.ops.loss." + m)
-            for m in ["policy_loss", "importance_sampling_loss", "cispo_loss", "causallm_loss"]}
+            for m in ["policy_loss", "importance_sampling_loss", "cispo_loss", "causallm_loss",
+                      "grpo_loss", "reducers"]}
 
 
 def xorl_vectors(path, w):
@@ -1090,7 +1091,7 @@ def xorl_vectors(path, w):
             return ce
         return wrapped
 
-    for name in ["policy_loss", "importance_sampling_loss", "cispo_loss"]:
+    for name in ["policy_loss", "importance_sampling_loss", "cispo_loss", "grpo_loss"]:
         mods[name].compute_per_token_ce = keep_grad(mods[name].compute_per_token_ce)
     layout = ("padded: [batch, seq] rows of next-token-aligned labels, -100 off the loss; "
               "logits [batch, seq, vocab] (hidden_states with an identity LM head)")
@@ -1186,6 +1187,72 @@ def xorl_vectors(path, w):
         })
     w.write("causallm_loss_function", layout, cases,
             "mean cross-entropy over labels != -100 plus z_loss_coef * mean logsumexp(logits)^2")
+
+    # drgrpo: PPO clip-higher plus beta * the k1 / k2 / k3 estimator against
+    # ref_logprobs, token or sequence ratio; its default reducer is the token
+    # mean (TokenPartial(scale=loss_mask.sum())). Two cases pass the other
+    # reducers of xorl.ops.loss.reducers: TokenPartial with Dr. GRPO's constant
+    # scale (rows x max length) and SequencePartial (mean of the rows' token means).
+    drgrpo = mods["grpo_loss"].drgrpo_loss_function
+    red = mods["reducers"]
+    cases = []
+    B, L = 5, 8
+    for i, (kw, reducer, seq_adv) in enumerate([
+            (dict(), None, False),  # xorl's defaults: beta 0.1, k3, clip 0.2 / 0.28
+            (dict(beta=0.0), None, False),
+            (dict(beta=0.05, kl_type="k1"), None, False),
+            (dict(beta=0.2, kl_type="k2", clip_low=0.1, clip_high=0.3), None, False),
+            (dict(beta=0.1, kl_type="k3"), "token_constant", False),
+            (dict(beta=0.1, kl_type="k2", clip_low=0.2, clip_high=0.2), "sequence", False),
+            (dict(beta=0.05, kl_type="k3", ratio_type="sequence", clip_low=0.1,
+                  clip_high=0.15), None, True)]):
+        g, logits, labels = batch(5400 + i, B, L)
+        labels[:, 0] = labels[:, 0].clamp(min=0)  # every row has a loss token
+        lp_true = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+        if kw.get("ratio_type") == "sequence":
+            # a log-ratio per row, so that some sequences fall outside the clip band
+            old = lp_true - uni(g, (B, 1), -0.3, 0.3) - uni(g, (B, L), -0.05, 0.05)
+        else:
+            old = lp_true - anchor_log_ratios(g, (B, L))
+        adv = signed(g, (B, 1)).expand(B, L).clone() if seq_adv else signed(g, (B, L))
+        inputs = dict(old_logprobs=old, advantages=adv)
+        if kw.get("beta", 0.1) > 0:
+            inputs["ref_logprobs"] = lp_true + uni(g, (B, L), -1.5, 1.5)
+        valid = labels != -100
+        n_tok = valid.sum()
+        params = dict(kw)
+        extra = {}
+        if reducer == "token_constant":
+            extra["loss_reducer"] = red.TokenPartial(scale=torch.tensor(float(B * L)))
+            params["loss_reducer"] = {"type": "TokenPartial", "scale": B * L}
+        elif reducer == "sequence":
+            extra["loss_reducer"] = red.SequencePartial(
+                scale=torch.tensor(float(B)), cu_seqlens_local=torch.arange(B + 1) * L,
+                seq_lengths_global=valid.sum(-1).double())
+            params["loss_reducer"] = {"type": "SequencePartial", "scale": B,
+                                      "seq_lengths_global": "loss tokens of each row"}
+        else:
+            params["loss_reducer"] = {"type": "TokenPartial", "scale": int(n_tok)}
+        h = logits.clone().requires_grad_(True)
+        out = drgrpo(hidden_states=h, weight=torch.eye(V, dtype=torch.float64), labels=labels,
+                     ce_mode="eager", **inputs, **kw, **extra)
+        out.loss.backward()
+        grad_lp = -captured.pop("ce").grad.view(B, L)
+        cases.append({
+            "name": f"drgrpo_{i}",
+            "parameters": params,
+            "inputs": dict({k: tolist(v) for k, v in inputs.items()}, labels=tolist(labels),
+                           logits=tolist(logits)),
+            "outputs": {"loss": num(out.loss),
+                        "logprobs": tolist(out.per_token_logprobs.double().masked_fill(~valid, 0)),
+                        "grad_logprobs": tolist(grad_lp.masked_fill(~valid, 0)),
+                        "grad_logits": tolist(h.grad),
+                        "metrics": {k: num(v) for k, v in out.metrics.items()}},
+        })
+    w.write("drgrpo_loss_function", layout, cases,
+            "per-token max(-r A, -clip(r, 1 - clip_low, 1 + clip_high) A) + beta * k(logprobs, "
+            "ref_logprobs), reduced by parameters.loss_reducer (xorl's default: TokenPartial over "
+            "labels != -100, the token mean); metrics are token means over labels != -100")
 
 
 def surogate_import(path):

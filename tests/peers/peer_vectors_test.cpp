@@ -1263,6 +1263,84 @@ void xorl_cispo(const json &c, const std::string &where) {
     expect_xorl_metrics(where, run, out["metrics"]);
 }
 
+// drgrpo_loss_function: PPO clip-higher plus beta * xorl's k1 / k2 / k3 against
+// ref_logprobs (docs/losses.md, "Coming from ..."): ratio_type token is our
+// policy_loss, sequence our gspo (advantages constant within a row, where
+// xorl's stop-gradient sequence ratio and our exact derivative agree, see
+// `gspo`), clip_low / clip_high our eps_clip / eps_clip_high, beta / kl_type
+// our kl_coef / kl_type. The vector's absent parameters are xorl's function
+// defaults (clip 0.2 / 0.28, beta 0.1, k3). Its reducer picks loss_agg_mode:
+// TokenPartial over the loss tokens is token-mean, TokenPartial with the
+// constant rows x max length (Dr. GRPO's) seq-mean-token-sum-norm with that
+// max_seq_len, SequencePartial over the rows seq-mean-token-mean. Metrics:
+// loss/clip/high_fraction + low_fraction = our pg_clipfrac, loss/kl_ref/mean =
+// ref_kl, loss/ratio/mean and loss/kl_policy/mean = the token means of our
+// per-token ratio and of minus its log; loss/clip/clipped_ratio/mean and
+// loss/current_support_fraction (1: every logprob finite) have no counterpart.
+// xorl clamps k3's log-ratio to [-10, 10] and ours does not (docs/losses.md,
+// "Nothing is clamped silently"): the vectors stay inside that range.
+void xorl_drgrpo(const json &c, const std::string &where) {
+    const XorlRows r = xorl_rows(c["inputs"], where);
+    const json &pp = c["parameters"];
+    const bool sequence = pp.value("ratio_type", std::string("token")) == "sequence";
+    const double beta = pp.value("beta", 0.1);
+    json p = {{"eps_clip", pp.value("clip_low", 0.2)},
+              {"eps_clip_high", pp.value("clip_high", 0.28)},
+              {"per_token_outputs", true}};
+    if (beta > 0) {
+        p["kl_coef"] = beta;
+        p["kl_type"] = pp.value("kl_type", std::string("k3"));
+    }
+    int64_t S = 0, n_tok = 0;
+    for (int64_t i = 0; i < r.B; ++i) {
+        int64_t n = 0;
+        for (int64_t t = i * r.L; t < (i + 1) * r.L; ++t) n += r.mask[size_t(t)] != 0;
+        S += n > 0;
+        n_tok += n;
+    }
+    const json &red = require(pp, "loss_reducer", where);
+    const std::string type = red.at("type").get<std::string>();
+    const int64_t scale = red.at("scale").get<int64_t>();
+    if (type == "TokenPartial" && scale == n_tok) {
+        p["loss_agg_mode"] = "token-mean";
+    } else if (type == "TokenPartial" && S > 0 && scale % S == 0) {
+        p["loss_agg_mode"] = "seq-mean-token-sum-norm";
+        p["max_seq_len"] = scale / S;
+    } else if (type == "SequencePartial" && scale == S) {
+        p["loss_agg_mode"] = "seq-mean-token-mean";
+    } else {
+        throw std::runtime_error(where + ": reducer " + red.dump() + " maps onto no loss_agg_mode");
+    }
+    T::LossInputs in = xorl_policy_inputs(c, r, where);
+    if (beta > 0)
+        in.f64("ref_logprobs", flat(require(c["inputs"], "ref_logprobs", where), "ref_logprobs"));
+    const std::string loss = sequence ? "gspo" : "policy_loss";
+    const T::LossRun run = run_ok(where, loss, p, in);
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    expect_close(where, "d loss / d logprobs", run.grads.at("logprobs"),
+                 flat(out["grad_logprobs"], "grad_logprobs"));
+    const json &m = out["metrics"];
+    expect_close(where, "metric pg_clipfrac", run.metric("pg_clipfrac"),
+                 m.at("loss/clip/high_fraction").get<double>() +
+                     m.at("loss/clip/low_fraction").get<double>());
+    if (beta > 0)
+        expect_close(where, "metric ref_kl", run.metric("ref_kl"),
+                     m.at("loss/kl_ref/mean").get<double>());
+    const auto &ratio = run.tensors.at("ratio");
+    double ratio_sum = 0, neg_log_sum = 0;
+    for (size_t t = 0; t < ratio.size(); ++t) {
+        if (r.mask[t] == 0) continue;
+        ratio_sum += ratio[t];
+        neg_log_sum -= std::log(ratio[t]);
+    }
+    expect_close(where, "token mean of our ratio (loss/ratio/mean)", ratio_sum / double(n_tok),
+                 m.at("loss/ratio/mean").get<double>());
+    expect_close(where, "token mean of minus our log-ratio (loss/kl_policy/mean)",
+                 neg_log_sum / double(n_tok), m.at("loss/kl_policy/mean").get<double>());
+}
+
 // causallm_loss_function with z_loss_coef = our causallm_loss with z_loss. Our
 // loss reads logprobs and logsumexp (the trainer's log-softmax pass); the
 // gradient xorl reports is on the logits, so ours is carried there by the
@@ -1531,6 +1609,7 @@ const std::map<std::string, CaseCheck> &known_functions() {
         {"xorl/importance_sampling_loss_function", xorl_importance_sampling},
         {"xorl/cispo_loss_function", xorl_cispo},
         {"xorl/causallm_loss_function", xorl_causallm},
+        {"xorl/drgrpo_loss_function", xorl_drgrpo},
     };
     return k;
 }
