@@ -46,6 +46,10 @@ for step in run:steps("rl", cfg.run.steps) do
         solved = r["env/solved"], episode_errors = r.episode_errors,
         flagged = flagged.flagged, masked = flagged.masked,
     }
+    -- The env's own metrics (calculator: env/correct, env/tool_calls, env/tool_errors).
+    for k, v in pairs(r) do
+        if k:sub(1, 4) == "env/" then record[k] = v end
+    end
     local batch = buffer:pop_train_batch(cfg.buffer.min_rollouts)
     if batch then
         batch:compute_advantages(advantage)
