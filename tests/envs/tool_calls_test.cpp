@@ -238,8 +238,14 @@ TEST(ToolCallsCheck, AGoodCallHasNoProblems) {
                                                 {"extra", 1}}),
                            kTools)
                     .empty());
-    // 2.0 is an integer in JSON Schema.
+    // 2.0 is an integer in JSON Schema, and so is any integral number past
+    // the range of a 64-bit integer (checked without a cast: the fuzz target
+    // found that a cast of 2.2e119 was undefined behaviour).
     EXPECT_TRUE(check_call(call("get_weather", {{"city", "x"}, {"days", 2.0}}), kTools).empty());
+    EXPECT_TRUE(
+        check_call(call("get_weather", {{"city", "x"}, {"days", 2.2e119}}), kTools).empty());
+    EXPECT_TRUE(
+        check_call(call("get_weather", {{"city", "x"}, {"days", -9.3e18}}), kTools).empty());
 }
 
 TEST(ToolCallsCheck, UnknownToolNamesTheKnownOnes) {

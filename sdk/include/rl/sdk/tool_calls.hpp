@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <initializer_list>
 #include <string>
@@ -272,8 +273,10 @@ inline bool has_type(const json &value, const std::string &type) {
     if (type == "integer") {
         if (value.is_number_integer()) return true;
         if (!value.is_number_float()) return false;
+        // Integral, whatever its size (a cast to an integer type would be
+        // undefined past its range: 2.2e119).
         const double d = value.get<double>();
-        return d == static_cast<double>(static_cast<long long>(d));
+        return std::isfinite(d) && std::trunc(d) == d;
     }
     if (type == "boolean") return value.is_boolean();
     if (type == "array") return value.is_array();
