@@ -77,9 +77,11 @@ std::string join(const std::vector<std::string> &xs) {
 // ancestors and counts what it visits.
 //
 // Nodes (scalars, lists, mappings; a node reached through N aliases counts N
-// times) one source may expand to: run configurations hold hundreds; a
-// million is ~100 MB of JSON.
-constexpr size_t kMaxConfigNodes = 1'000'000;
+// times) one source may expand to: run configurations hold hundreds. At a
+// million, refusing an alias bomb of a few hundred bytes took over a second
+// (9 s under the sanitizers, found by fuzz_yaml_config); 100,000 takes a
+// tenth of that.
+constexpr size_t kMaxConfigNodes = 100'000;
 // Nesting depth: the most parts of a key path (`env.params.a` has 3; a list
 // item counts as a part), in a file and in a --set key plus its value.
 constexpr size_t kMaxConfigDepth = 128;
