@@ -1,7 +1,8 @@
 /* abi/rl/inference.h: the trainer side of the inference sync layer
  * (docs/serving.md). A client of an inference server that speaks SGLang's
- * HTTP protocol (`rlhost serve`, SGLang) or prime-rl's vLLM routes: JSON calls
- * (generate, pause, ...) and weight syncs with the version handshake. */
+ * HTTP protocol (`rlhost serve`, SGLang) or vLLM's (prime-rl's routes, and
+ * vLLM's NCCL weight-transfer engine): JSON calls (generate, pause, ...) and
+ * weight syncs with the version handshake. */
 #ifndef RL_INFERENCE_H
 #define RL_INFERENCE_H
 
@@ -37,7 +38,8 @@ RL_API rl_status_t rl_inference_client_call(rl_inference_client_t *client, const
  * `options_json` (NULL: defaults): {"mode": "disk" | "distributed", "dir"
  * (disk: a folder the server can read), "keep", "master_address",
  * "master_port", "group_name", "backend", "bucket_bytes", "flattened",
- * "checksums", "dtype"} as docs/serving.md lists. Result: scalars "skipped"
+ * "checksums", "dtype"} as docs/serving.md lists ("vllm" + "distributed": vLLM's
+ * NCCL weight-transfer engine, the model on CUDA). Result: scalars "skipped"
  * (0/1), "version", "tensors"; metrics "sync/bytes", "sync/seconds",
  * "sync/version"; text "server_version". */
 RL_API rl_status_t rl_inference_client_sync(rl_inference_client_t *client, rl_model_t *model,
