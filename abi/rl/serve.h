@@ -24,8 +24,9 @@ typedef struct rl_server rl_server_t; /* an HTTP server over one model */
  * "request_timeout_s": 600, "idle_timeout_s": 60, "max_running": 32,
  * "max_queued": 256, "max_context": 0 (the model's, capped at 4096),
  * "kv_cache_fraction": 0.3, "reasoning_parser": "" ("qwen3": chat replies
- * give the text of a <think> block as reasoning_content)}. Unknown keys and wrong types are refused naming
- * the key; a port that cannot be bound is RL_ERR_IO naming host:port. */
+ * give the text of a <think> block as reasoning_content)}. Unknown keys and
+ * wrong types are refused naming the key; a port that cannot be bound is
+ * RL_ERR_IO naming host:port. */
 RL_API rl_status_t rl_server_start(rl_model_t *model, const char *options_json,
                                    rl_server_t **out_server);
 
