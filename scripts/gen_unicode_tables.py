@@ -82,6 +82,11 @@ print(json.dumps([unicodedata.unidata_version, out]))
 """
 
 
+def initializer_rows(items, per_row):
+    """Array initializer lines: `per_row` items each, indented by four."""
+    return ["    " + " ".join(items[i:i + per_row]) for i in range(0, len(items), per_row)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -122,14 +127,7 @@ def main():
         "// clang-format off",
         "const GcRun kGcRuns[] = {",
     ]
-    row = []
-    for first, gc in rs:
-        row.append("{0x%05X, Gc::%s}," % (first, gc))
-        if len(row) == 4:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+    lines += initializer_rows(["{0x%05X, Gc::%s}," % tuple(r) for r in rs], 4)
     lines += [
         "};",
         "// clang-format on",
@@ -139,14 +137,7 @@ def main():
         "// clang-format off",
         "const BaseDiff kBaseDiffs[] = {",
     ]
-    row = []
-    for first, last, gc in diffs:
-        row.append("{0x%05X, 0x%05X, Gc::%s}," % (first, last, gc))
-        if len(row) == 3:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+    lines += initializer_rows(["{0x%05X, 0x%05X, Gc::%s}," % tuple(d) for d in diffs], 3)
     lines += [
         "};",
         "// clang-format on",
@@ -158,14 +149,7 @@ def main():
         "// clang-format off",
         "const CpRange kNormalizationUnassigned[] = {",
     ]
-    row = []
-    for first, last in unassigned:
-        row.append("{0x%05X, 0x%05X}," % (first, last))
-        if len(row) == 4:
-            lines.append("    " + " ".join(row))
-            row = []
-    if row:
-        lines.append("    " + " ".join(row))
+    lines += initializer_rows(["{0x%05X, 0x%05X}," % tuple(u) for u in unassigned], 4)
     lines += [
         "};",
         "// clang-format on",

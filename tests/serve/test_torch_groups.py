@@ -16,27 +16,19 @@ import json
 import os
 import socket
 import struct
-import sys
 import threading
 import unittest
 import urllib.request
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-try:
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import (Backend, PrefixStore,
-                                                    _new_process_group_helper, _world,
-                                                    rendezvous)
-except ImportError as e:  # pragma: no cover - depends on the machine
-    print(f"SKIPPED: no torch in {sys.executable}: {e}")
-    sys.exit(77)
+import build_torch
 
-WANT_TORCH = os.environ.get("RL_TEST_TORCH_VERSION", "")
-if WANT_TORCH and torch.__version__.split("+")[0] != WANT_TORCH:
-    print(f"SKIPPED: {sys.executable} has torch {torch.__version__}, the build uses {WANT_TORCH}")
-    sys.exit(77)
+torch = build_torch.require()
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.distributed_c10d import (Backend, PrefixStore,  # noqa: E402
+                                                _new_process_group_helper, _world,
+                                                rendezvous)
 
 import rl  # noqa: E402  (after the skip checks)
 from test_sync import PROMPT, ServerProcess, greedy  # noqa: E402

@@ -36,17 +36,10 @@ from datetime import timedelta
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "vllm_fake"))
 
-try:
-    import torch
-    from torch.distributed import TCPStore
-except ImportError as e:  # pragma: no cover - depends on the machine
-    print(f"SKIPPED: no torch in {sys.executable}: {e}")
-    sys.exit(77)
+import build_torch  # noqa: E402
 
-WANT_TORCH = os.environ.get("RL_TEST_TORCH_VERSION", "")
-if WANT_TORCH and torch.__version__.split("+")[0] != WANT_TORCH:
-    print(f"SKIPPED: {sys.executable} has torch {torch.__version__}, the build uses {WANT_TORCH}")
-    sys.exit(77)
+torch = build_torch.require()
+from torch.distributed import TCPStore  # noqa: E402
 
 from vllm.distributed.device_communicators.pynccl_wrapper import ncclUniqueId  # noqa: E402
 
