@@ -168,13 +168,19 @@ local function rollout_worker()
             if batch then
                 batch:compute_advantages(advantage)
                 local info = batch:info()
-                batches_out:send({
+                local header = {
                     kind = "rl.batch", step = s, worker = worker_index, worker_run = worker_run,
                     policy_version = version,
                     reward = r.reward_mean, reward_std = r.reward_std, exact = r["env/exact_match"],
                     flagged = flagged.flagged, masked = flagged.masked, groups = info.groups,
-                    rollouts = r.rollouts, turns = r.turns_mean, -- turns: multi-turn envs
-                }, batch:tensors())
+                    rollouts = r.rollouts, turns = r.turns_mean, -- multi-turn envs
+                    episode_errors = r.episode_errors,
+                }
+                -- The env's own metrics (calculator: env/tool_calls, ...), logged by the trainer.
+                for k, v in pairs(r) do
+                    if k:sub(1, 4) == "env/" then header[k] = v end
+                end
+                batches_out:send(header, batch:tensors())
                 b = b + 1
             end
         end
@@ -340,7 +346,11 @@ local function trainer_role()
         local h, record = train_on(trainer, loss, msg, broadcast, version, rl.clock() - t0, ref)
         record.reward_std, record.exact, record.flagged, record.masked, record.turns =
             h.reward_std, h.exact, h.flagged, h.masked, h.turns
+        record.episode_errors = h.episode_errors
         record.dropped_batches, record.worker, record.worker_run = dropped, h.worker, h.worker_run
+        for k, v in pairs(h) do
+            if k:sub(1, 4) == "env/" then record[k] = v end
+        end
         for k, v in pairs(evaluate(step)) do record[k] = v end
         run:log(record)
     end
