@@ -177,6 +177,8 @@ TEST(LoraMoe, EngineLogprobsWithExpertAdapterEqualTrainerLogprobsAndReplay) {
     base.adapter.clear();
     EXPECT_NE(g.token_ids, e.generate({prompt}, base).token_ids);
     int64_t row = 0;
+    TrainBatch first;
+    at::Tensor first_lp;
     for (int64_t s = 0; s < g.samples(); ++s) {
         std::vector<int64_t> ids = prompt;
         ids.insert(ids.end(), g.token_ids.begin() + g.cu_seqlens[s],
@@ -205,7 +207,22 @@ TEST(LoraMoe, EngineLogprobsWithExpertAdapterEqualTrainerLogprobsAndReplay) {
         }
         EXPECT_LT(worst, 2e-5) << "sample " << s;
         EXPECT_LT(worst_replayed, 2e-5) << "sample " << s << " replayed";
+        if (s == 0) {
+            first = b;
+            first_lp = lp;
+        }
     }
+    // The experts' pairs took part: without them the trainer scores otherwise.
+    {
+        at::NoGradGuard ng;
+        for (auto &[name, w] : a->named_parameters())
+            if (name.find(".experts.") != std::string::npos &&
+                name.find("lora_B") != std::string::npos)
+                w.zero_();
+    }
+    EXPECT_GT(
+        (t.forward(first, nullptr).tensors.at("logprobs") - first_lp).abs().max().item<double>(),
+        1e-4);
 }
 
 TEST(LoraMoe, ExpertDropoutTrainsWithActivationCheckpointingLikeWithout) {
@@ -246,6 +263,7 @@ TEST(LoraMoe, MergedExportGivesTheExpertAdapterLogits) {
     auto a = p->create_adapter("a", expert_lora());
     Trainer t(p, lora_trainer_config(), a);
     train_steps(t, 3, {"merge the experts", "and me too"});
+    randomize_b(*a, 7); // every expert's pair, also those no token reached
     save_merged(p->model(), *a, tmp / "merged");
     auto merged = Policy::load(tmp / "merged");
     const at::Tensor want = logits_of(*p, a, "merge the experts please");
