@@ -29,7 +29,6 @@ namespace {
 
 constexpr const char *kConfigFile = "adapter_config.json";
 constexpr const char *kWeightsFile = "adapter_model.safetensors";
-constexpr const char *kPrefix = "base_model.model.model.layers.";
 
 constexpr LoraTarget kAll[kLoraTargets] = {LoraTarget::Q,   LoraTarget::K,    LoraTarget::V,
                                            LoraTarget::O,   LoraTarget::Gate, LoraTarget::Up,
@@ -71,8 +70,9 @@ std::vector<std::string> normalize_targets(const std::vector<std::string> &names
     return out;
 }
 
-// (in, out) of a module of `c`.
-std::pair<int64_t, int64_t> module_shape(const ModelConfig &c, LoraTarget t) {
+// (in, out) of a module of `c`; `mlp_width` is the intermediate size of the
+// MLP the module belongs to (dense, expert or shared expert).
+std::pair<int64_t, int64_t> module_shape(const ModelConfig &c, LoraTarget t, int64_t mlp_width) {
     switch (t) {
         case LoraTarget::Q:
             return {c.hidden_size, c.q_size()};
@@ -83,16 +83,21 @@ std::pair<int64_t, int64_t> module_shape(const ModelConfig &c, LoraTarget t) {
             return {c.q_size(), c.hidden_size};
         case LoraTarget::Gate:
         case LoraTarget::Up:
-            return {c.hidden_size, c.intermediate_size};
+            return {c.hidden_size, mlp_width};
         case LoraTarget::Down:
-            return {c.intermediate_size, c.hidden_size};
+            return {mlp_width, c.hidden_size};
     }
     return {0, 0};
 }
 
-std::string module_path(size_t layer, LoraTarget t) {
-    return std::string(kPrefix) + std::to_string(layer) + "." + lora_target_parent(t) + "." +
-           lora_target_name(t);
+constexpr LoraTarget kMlp[3] = {LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down};
+
+size_t mlp_index(LoraTarget t) {
+    return static_cast<size_t>(t) - static_cast<size_t>(LoraTarget::Gate);
+}
+
+bool is_mlp(LoraTarget t) {
+    return t == LoraTarget::Gate || t == LoraTarget::Up || t == LoraTarget::Down;
 }
 
 uint64_t mix(uint64_t x) {
@@ -259,31 +264,62 @@ LoraAdapter::LoraAdapter(const CausalLM &model, std::string name, LoraConfig con
     config_.target_modules = normalize_targets(config_.target_modules, "lora.target_modules");
     scale_ = config_.scale();
     const ModelConfig &mc = model.config();
-    if (mc.has_moe())
-        for (LoraTarget t : {LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down})
-            if (config_.targets(t))
-                invalid("lora.target_modules: " + std::string(lora_target_name(t)) + " on " +
-                        architecture_name(mc.architecture) +
-                        ": LoRA on the MLP of a mixture-of-experts model is not supported; "
-                        "target the attention (q_proj, k_proj, v_proj, o_proj)");
+    // transformers >= 5 stores each expert's gate and up projections fused
+    // (experts.gate_up_proj); PEFT (0.21) converts a per-expert adapter onto
+    // it only when both are targeted, and refuses one without the other.
+    if (mc.has_moe() && config_.targets(LoraTarget::Gate) != config_.targets(LoraTarget::Up))
+        invalid(std::string("lora.target_modules: ") +
+                (config_.targets(LoraTarget::Gate) ? "gate_proj without up_proj"
+                                                   : "up_proj without gate_proj") +
+                " on " + architecture_name(mc.architecture) +
+                ": transformers >= 5 fuses each expert's gate and up projections (gate_up_proj) "
+                "and PEFT cannot load an adapter on one of them; target both");
     const auto opts = at::TensorOptions().dtype(model.dtype()).device(model.device());
     auto gen = at::make_generator<at::CPUGeneratorImpl>(config_.seed);
     at::NoGradGuard no_grad;
-    pairs_.resize(static_cast<size_t>(mc.num_hidden_layers));
-    for (auto &layer : pairs_)
-        for (LoraTarget t : kAll) {
-            if (!config_.targets(t)) continue;
-            const auto [in, out] = module_shape(mc, t);
-            // PEFT: kaiming_uniform_(A, a=sqrt(5)): bound = 1 / sqrt(fan_in),
-            // drawn in float32 on the CPU so values do not depend on dtype or device.
-            const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-            at::Tensor a = at::empty({config_.rank, in}, at::kFloat);
-            a.uniform_(-bound, bound, gen);
-            auto p = std::make_unique<Pair>();
-            p->A = a.to(opts).set_requires_grad(true);
-            p->B = at::zeros({out, config_.rank}, opts).set_requires_grad(true);
-            layer[static_cast<size_t>(t)] = std::move(p);
+    auto draw = [&](LoraTarget t, int64_t mlp_width) {
+        const auto [in, out] = module_shape(mc, t, mlp_width);
+        // PEFT: kaiming_uniform_(A, a=sqrt(5)): bound = 1 / sqrt(fan_in),
+        // drawn in float32 on the CPU so values do not depend on dtype or device.
+        const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+        at::Tensor a = at::empty({config_.rank, in}, at::kFloat);
+        a.uniform_(-bound, bound, gen);
+        auto p = std::make_unique<Pair>();
+        p->A = a.to(opts).set_requires_grad(true);
+        p->B = at::zeros({out, config_.rank}, opts).set_requires_grad(true);
+        return p;
+    };
+    const auto L = static_cast<size_t>(mc.num_hidden_layers);
+    pairs_.resize(L);
+    expert_pairs_.resize(L);
+    num_experts_ = mc.num_experts;
+    // Layer by layer, the attention first, then the MLP (a sparse layer's
+    // experts in order, then its shared expert): the order of the draws.
+    for (size_t l = 0; l < L; ++l) {
+        for (LoraTarget t : kAll)
+            if (!is_mlp(t) && config_.targets(t)) pairs_[l][static_cast<size_t>(t)] = draw(t, 0);
+        if (!mc.is_moe_layer(static_cast<int64_t>(l))) {
+            // The dense layers of an MoE model (mlp_only_layers,
+            // decoder_sparse_step) keep their MLP: PEFT (0.21) over
+            // transformers >= 5 moves the MLP names to the fused experts and
+            // adapts no dense MLP, so a pair here would not load there.
+            if (!mc.has_moe())
+                for (LoraTarget t : kMlp)
+                    if (config_.targets(t))
+                        pairs_[l][static_cast<size_t>(t)] = draw(t, mc.intermediate_size);
+            continue;
         }
+        const bool shared = mc.shared_expert_intermediate_size > 0;
+        expert_pairs_[l].resize(static_cast<size_t>(mc.num_experts + (shared ? 1 : 0)));
+        for (size_t e = 0; e < expert_pairs_[l].size(); ++e) {
+            const bool is_shared = static_cast<int64_t>(e) == mc.num_experts;
+            for (LoraTarget t : kMlp)
+                if (config_.targets(t))
+                    expert_pairs_[l][e][mlp_index(t)] =
+                        draw(t, is_shared ? mc.shared_expert_intermediate_size
+                                          : mc.moe_intermediate_size);
+        }
+    }
 }
 
 const LoraAdapter::Pair *LoraAdapter::find(size_t layer, LoraTarget t) const {
@@ -291,15 +327,44 @@ const LoraAdapter::Pair *LoraAdapter::find(size_t layer, LoraTarget t) const {
     return pairs_[layer][static_cast<size_t>(t)].get();
 }
 
+const LoraAdapter::Pair *LoraAdapter::find_expert(size_t layer, int64_t expert,
+                                                  LoraTarget t) const {
+    if (layer >= expert_pairs_.size() || !is_mlp(t)) return nullptr;
+    const auto &slots = expert_pairs_[layer];
+    const int64_t slot = expert == kSharedExpert ? num_experts_ : expert;
+    if (slot < 0 || slot >= static_cast<int64_t>(slots.size())) return nullptr;
+    return slots[static_cast<size_t>(slot)][mlp_index(t)].get();
+}
+
+std::vector<LoraAdapter::Module> LoraAdapter::modules() const {
+    std::vector<Module> out;
+    for (size_t l = 0; l < pairs_.size(); ++l) {
+        const std::string layer = "model.layers." + std::to_string(l) + ".";
+        for (LoraTarget t : kAll)
+            if (const Pair *p = find(l, t))
+                out.push_back({layer + lora_target_parent(t) + "." + lora_target_name(t), l,
+                               kNoExpert, t, p});
+        const auto &slots = expert_pairs_[l];
+        for (size_t e = 0; e < slots.size(); ++e) {
+            const bool shared = static_cast<int64_t>(e) == num_experts_;
+            const std::string parent = shared ? layer + "mlp.shared_expert."
+                                              : layer + "mlp.experts." + std::to_string(e) + ".";
+            for (LoraTarget t : kMlp)
+                if (const Pair *p = slots[e][mlp_index(t)].get())
+                    out.push_back({parent + lora_target_name(t), l,
+                                   shared ? kSharedExpert : static_cast<int64_t>(e), t, p});
+        }
+    }
+    return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> LoraAdapter::named_parameters() const {
     std::vector<std::pair<std::string, at::Tensor>> out;
-    for (size_t l = 0; l < pairs_.size(); ++l)
-        for (LoraTarget t : kAll)
-            if (const Pair *p = find(l, t)) {
-                const std::string base = module_path(l, t);
-                out.emplace_back(base + ".lora_A.weight", p->A);
-                out.emplace_back(base + ".lora_B.weight", p->B);
-            }
+    for (const Module &m : modules()) {
+        const std::string base = "base_model.model." + m.path;
+        out.emplace_back(base + ".lora_A.weight", m.pair->A);
+        out.emplace_back(base + ".lora_B.weight", m.pair->B);
+    }
     return out;
 }
 
@@ -317,23 +382,49 @@ at::Tensor LoraAdapter::delta(size_t layer, LoraTarget t) const {
     return at::matmul(p->B.to(at::kFloat), p->A.to(at::kFloat)) * scale_;
 }
 
-at::Tensor LoraAdapter::apply(const at::Tensor &x, const at::Tensor &base, size_t layer,
-                              LoraTarget t, std::optional<uint64_t> dropout_seed) const {
-    const Pair *p = find(layer, t);
-    if (p == nullptr) return base;
+at::Tensor LoraAdapter::delta(const Module &m) const {
+    check(m.pair != nullptr, "adapter '" + name_ + "' has no pair on " + m.path);
+    at::NoGradGuard no_grad;
+    return at::matmul(m.pair->B.to(at::kFloat), m.pair->A.to(at::kFloat)) * scale_;
+}
+
+at::Tensor LoraAdapter::apply_pair(const Pair &p, const at::Tensor &x, const at::Tensor &base,
+                                   std::optional<uint64_t> mask_seed) const {
     at::Tensor xin = x;
-    if (dropout_seed && config_.dropout > 0) {
-        // The same (seed, layer, module) gives the same mask: a layer recomputed
-        // in the backward (activation checkpointing) drops what its forward did.
-        const uint64_t s =
-            mix(mix(*dropout_seed ^ static_cast<uint64_t>(layer)) ^ static_cast<uint64_t>(t));
-        auto gen = at::make_generator<at::CPUGeneratorImpl>(s);
+    if (mask_seed && config_.dropout > 0) {
+        // The same (seed, module) gives the same mask: a layer recomputed in
+        // the backward (activation checkpointing) drops what its forward did.
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(*mask_seed);
         const double keep = 1.0 - config_.dropout;
         at::Tensor mask = at::empty(x.sizes(), at::kFloat);
         mask.bernoulli_(keep, gen);
         xin = x * (mask / keep).to(x.options());
     }
-    return base + at::linear(at::linear(xin, p->A), p->B) * scale_;
+    return base + at::linear(at::linear(xin, p.A), p.B) * scale_;
+}
+
+at::Tensor LoraAdapter::apply(const at::Tensor &x, const at::Tensor &base, size_t layer,
+                              LoraTarget t, std::optional<uint64_t> dropout_seed) const {
+    const Pair *p = find(layer, t);
+    if (p == nullptr) return base;
+    std::optional<uint64_t> mask_seed;
+    if (dropout_seed)
+        mask_seed =
+            mix(mix(*dropout_seed ^ static_cast<uint64_t>(layer)) ^ static_cast<uint64_t>(t));
+    return apply_pair(*p, x, base, mask_seed);
+}
+
+at::Tensor LoraAdapter::apply_expert(const at::Tensor &x, const at::Tensor &base, size_t layer,
+                                     int64_t expert, LoraTarget t,
+                                     std::optional<uint64_t> dropout_seed) const {
+    const Pair *p = find_expert(layer, expert, t);
+    if (p == nullptr) return base;
+    std::optional<uint64_t> mask_seed;
+    if (dropout_seed)
+        mask_seed =
+            mix(mix(mix(*dropout_seed ^ static_cast<uint64_t>(layer)) ^ static_cast<uint64_t>(t)) ^
+                static_cast<uint64_t>(expert + 3));
+    return apply_pair(*p, x, base, mask_seed);
 }
 
 uint64_t LoraAdapter::next_dropout_seed() const {
@@ -358,7 +449,13 @@ void LoraAdapter::assign(const std::map<std::string, at::Tensor> &tensors,
     for (const auto &kv : tensors)
         if (!known.count(kv.first))
             invalid(source + ": tensor '" + kv.first +
-                    "' is not a LoRA weight of this adapter's modules");
+                    "' is not a LoRA weight of this adapter's modules" +
+                    (kv.first.find(".mlp.experts.lora_") != std::string::npos ||
+                             kv.first.find(".mlp.experts.base_layer.") != std::string::npos
+                         ? " (LoRA on fused expert parameters, as PEFT writes over transformers "
+                           ">= 5, is not supported; the experts' modules are "
+                           "mlp.experts.<E>.gate_proj, up_proj, down_proj)"
+                         : ""));
     at::NoGradGuard no_grad;
     for (const auto &kv : params) kv.second.copy_(tensors.at(kv.first));
 }
@@ -443,6 +540,14 @@ LoraConfig read_adapter_config(const std::string &dir) {
     for (const char *k : {"modules_to_save", "layers_to_transform", "layers_pattern"})
         if (j.contains(k) && !j[k].is_null() && !(j[k].is_array() && j[k].empty()))
             throw bad(std::string(k) + " is set; not supported");
+    // PEFT >= 0.17 over transformers >= 5 adapts fused 3-D expert parameters
+    // (mlp.experts.gate_up_proj, down_proj) through target_parameters, with
+    // tensors of another layout.
+    if (j.contains("target_parameters") && !j["target_parameters"].is_null() &&
+        !j["target_parameters"].empty())
+        throw bad("target_parameters is " + j["target_parameters"].dump() +
+                  "; LoRA on fused expert parameters is not supported (per-expert modules "
+                  "are: target_modules gate_proj, up_proj, down_proj)");
     for (const char *k : {"rank_pattern", "alpha_pattern"})
         if (j.contains(k) && !j[k].is_null() && !j[k].empty())
             throw bad(std::string(k) + " is set; per-module ranks and alphas are not supported");
@@ -494,22 +599,15 @@ std::vector<std::pair<std::string, at::Tensor>> merged_weights(const CausalLM &m
               " layers, the model " + std::to_string(model.config().num_hidden_layers));
     model.materialize_weights();
     at::NoGradGuard no_grad;
+    // HF weight name -> the adapter's module on it.
+    std::map<std::string, LoraAdapter::Module> targeted;
+    for (auto &m : adapter.modules()) targeted.emplace(m.path + ".weight", m);
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (const auto &[name, w] : model.named_weights()) {
         at::Tensor t = w.detach();
-        // model.layers.<N>.<parent>.<module>.weight
-        const std::string pre = "model.layers.";
-        if (name.compare(0, pre.size(), pre) == 0 && name.size() > 7 &&
-            name.compare(name.size() - 7, 7, ".weight") == 0) {
-            const size_t dot = name.find('.', pre.size());
-            const size_t layer = std::stoul(name.substr(pre.size(), dot - pre.size()));
-            const std::string rest = name.substr(dot + 1, name.size() - 7 - dot - 1);
-            for (LoraTarget tg : kAll)
-                if (rest == std::string(lora_target_parent(tg)) + "." + lora_target_name(tg) &&
-                    adapter.find(layer, tg) != nullptr)
-                    t = (t.to(at::kFloat) + adapter.delta(layer, tg).to(t.device()))
-                            .to(w.scalar_type());
-        }
+        auto it = targeted.find(name);
+        if (it != targeted.end())
+            t = (t.to(at::kFloat) + adapter.delta(it->second).to(t.device())).to(w.scalar_type());
         out.emplace_back(name, t);
     }
     return out;

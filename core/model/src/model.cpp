@@ -418,11 +418,14 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
                            : packed_attention(q, k, v, packed, scale);
         at::Tensor hout = hin + proj(*attn.o_proj, a, LoraTarget::O);
         at::Tensor y = layer.post_attention_layernorm->forward(hout);
-        if (layer.moe)
+        if (layer.moe) {
+            const ExpertLora lora{adapter.get(), i, dropout_seed};
             return hout + layer.moe->forward(y, /*decoding=*/cache != nullptr, nullptr,
                                              replay.defined()
                                                  ? replay.select(1, layer.moe->moe_index)
-                                                 : at::Tensor());
+                                                 : at::Tensor(),
+                                             adapter ? &lora : nullptr);
+        }
         if (!adapter && cache == nullptr) return hout + layer.mlp->forward(y);
         const MLP &mlp = *layer.mlp;
         at::Tensor g = swiglu(proj(*mlp.gate_proj, y, LoraTarget::Gate),

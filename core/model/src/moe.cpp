@@ -2,6 +2,7 @@
 
 #include "decode_linear.hpp"
 #include "rl/core/error.hpp"
+#include "rl/core/lora.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -25,9 +26,19 @@ at::Tensor linear(const Linear &l, const at::Tensor &x, bool decoding) {
     return decoding ? decode_linear(x, l.weight, l.bias) : l.forward(x);
 }
 
-at::Tensor swiglu_mlp(const MLP &m, const at::Tensor &x, bool decoding) {
-    at::Tensor g = linear(*m.gate_proj, x, decoding), u = linear(*m.up_proj, x, decoding);
-    return linear(*m.down_proj, at::silu(g) * u, decoding);
+// down(silu(gate x) * up x) of one expert (`expert`: its id, or the shared
+// expert), with the adapter's update on the projections it targets.
+at::Tensor swiglu_mlp(const MLP &m, const at::Tensor &x, bool decoding,
+                      const ExpertLora *lora = nullptr,
+                      int64_t expert = LoraAdapter::kSharedExpert) {
+    auto proj = [&](const Linear &l, const at::Tensor &v, LoraTarget t) {
+        at::Tensor y = linear(l, v, decoding);
+        return lora != nullptr && lora->adapter != nullptr
+                   ? lora->adapter->apply_expert(v, y, lora->layer, expert, t, lora->dropout_seed)
+                   : y;
+    };
+    at::Tensor g = proj(*m.gate_proj, x, LoraTarget::Gate), u = proj(*m.up_proj, x, LoraTarget::Up);
+    return proj(*m.down_proj, at::silu(g) * u, LoraTarget::Down);
 }
 
 // The router logits of every layer: [T, E] tensors with the same T.
@@ -145,8 +156,8 @@ MoeRouting SparseMoeBlock::replay(const at::Tensor &x, const at::Tensor &experts
     return r;
 }
 
-at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing,
-                               bool decoding) const {
+at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing, bool decoding,
+                               const ExpertLora *lora) const {
     const int64_t T = x.size(0);
     check(routing.experts.dim() == 2 && routing.experts.size(0) == T &&
               routing.weights.sizes().equals(routing.experts.sizes()),
@@ -157,6 +168,13 @@ at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing,
     // Expert parallelism: every rank takes part in the exchanges, with or
     // without tokens of its own.
     const bool exchanged = exchange && exchange->active() && !decoding;
+    if (exchanged && lora != nullptr && lora->adapter != nullptr)
+        for (int64_t e = 0; e < num_experts; ++e)
+            for (LoraTarget t : {LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down})
+                check(lora->adapter->find_expert(lora->layer, e, t) == nullptr,
+                      "moe: LoRA adapter '" + lora->adapter->name() +
+                          "' on the experts cannot run over expert parallelism "
+                          "(trainer.expert_parallel)");
     if (T == 0 && !exchanged) return at::zeros_like(x);
     check(T == 0 || flat.min().item<int64_t>() >= 0, "moe: routing names a negative expert id");
     const at::Tensor counts = at::bincount(flat, {}, num_experts).to(at::kCPU);
@@ -181,8 +199,8 @@ at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing,
         int64_t begin = 0;
         for (int64_t e = 0; e < num_experts; ++e) {
             if (n[e] == 0) continue;
-            ys.push_back(
-                swiglu_mlp(*experts[static_cast<size_t>(e)], xs.narrow(0, begin, n[e]), decoding));
+            ys.push_back(swiglu_mlp(*experts[static_cast<size_t>(e)], xs.narrow(0, begin, n[e]),
+                                    decoding, lora, e));
             begin += n[e];
         }
         y = (ys.size() == 1 ? ys[0] : at::cat(ys)) * slot_weight;
@@ -193,7 +211,7 @@ at::Tensor SparseMoeBlock::mix(const at::Tensor &x, const MoeRouting &routing,
                          .sum(1);
     if (shared_expert) {
         const at::Tensor g = at::sigmoid(linear(*shared_expert_gate, x, decoding));
-        out = out + g * swiglu_mlp(*shared_expert, x, decoding);
+        out = out + g * swiglu_mlp(*shared_expert, x, decoding, lora, LoraAdapter::kSharedExpert);
     }
     return out;
 }
@@ -253,10 +271,10 @@ at::Tensor SparseMoeBlock::mix_exchanged(const at::Tensor &xs, const at::Tensor 
 }
 
 at::Tensor SparseMoeBlock::forward(const at::Tensor &x, bool decoding, MoeRouting *routing_out,
-                                   const at::Tensor &replay_experts) const {
+                                   const at::Tensor &replay_experts, const ExpertLora *lora) const {
     MoeRouting r = replay(x, replay_experts);
     if (RouterLogitsRecorder *rec = RouterLogitsRecorder::current()) rec->add(r.logits);
-    at::Tensor out = mix(x, r, decoding);
+    at::Tensor out = mix(x, r, decoding, lora);
     if (routing_out != nullptr) *routing_out = std::move(r);
     return out;
 }

@@ -270,8 +270,8 @@ void Trainer::setup_expert_parallel() {
     require(config_.parallel != "fsdp", ErrorKind::InvalidArgument,
             key + " is not supported with trainer.parallel fsdp (use dp)");
     require(adapter_ == nullptr, ErrorKind::InvalidArgument,
-            key + " is not supported with LoRA adapters (LoRA on a mixture-of-experts model "
-                  "trains the attention; set it to 1)");
+            key + " is not supported with LoRA adapters (the expert adapters would need "
+                  "sharding, exchange and consolidation like the experts; set it to 1)");
     require(!config_.overlap_grad_reduce, ErrorKind::InvalidArgument,
             key + " is not supported with trainer.overlap_grad_reduce (set it to false)");
     require(world_size() % N == 0, ErrorKind::InvalidArgument,

@@ -15,6 +15,13 @@
 // base_model_name_or_path, ...) and adapter_model.safetensors with tensors
 // "base_model.model.model.layers.<N>.self_attn.q_proj.lora_A.weight" ([r, in])
 // and "....lora_B.weight" ([out, r]).
+//
+// On a mixture-of-experts model the MLP names target every expert of a sparse
+// layer ("...layers.<N>.mlp.experts.<E>.gate_proj...") and Qwen2-MoE's shared
+// expert ("...layers.<N>.mlp.shared_expert.gate_proj..."), as PEFT names the
+// per-expert nn.Linear modules of transformers 4; the router (mlp.gate), the
+// shared expert's gate and the MLP of the model's dense layers are not adapted
+// (PEFT over transformers 5 adapts none of them either).
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -93,7 +100,30 @@ public:
         at::Tensor B; ///< [out, r]
     };
     /// The pair on `layer`'s module, or null when the adapter does not target it.
+    /// On a sparse layer the MLP modules are per expert: find_expert.
     const Pair *find(size_t layer, LoraTarget t) const;
+
+    /// The MLP of a sparse layer a pair sits on: expert e (0 <= e <
+    /// num_experts) or kSharedExpert (Qwen2-MoE's shared expert); kNoExpert
+    /// for the modules of find().
+    static constexpr int64_t kSharedExpert = -1;
+    static constexpr int64_t kNoExpert = -2;
+    /// The pair on expert `expert`'s gate_proj / up_proj / down_proj of the
+    /// sparse layer `layer`, or null.
+    const Pair *find_expert(size_t layer, int64_t expert, LoraTarget t) const;
+
+    /// Every pair with its place: the PEFT module path (without the
+    /// "base_model.model." prefix and the ".lora_A.weight" suffix), layer by
+    /// layer, attention first, then the MLP (expert by expert, then the shared
+    /// expert), modules in the canonical order.
+    struct Module {
+        std::string path; ///< "model.layers.<N>.mlp.experts.<E>.gate_proj"
+        size_t layer = 0;
+        int64_t expert = kNoExpert;
+        LoraTarget target = LoraTarget::Q;
+        const Pair *pair = nullptr;
+    };
+    std::vector<Module> modules() const;
 
     /// (PEFT name, tensor) of every A and B, layer by layer, modules in the
     /// canonical order, A before B. These are the trainable parameters.
@@ -102,12 +132,20 @@ public:
 
     /// s * B A for one module ([out, in], float32): what merging adds to W.
     at::Tensor delta(size_t layer, LoraTarget t) const;
+    /// The same for a pair of modules() (any expert).
+    at::Tensor delta(const Module &m) const;
 
     /// y = base + s * B(A(dropout(x))) for one module; `base` is W x + b.
     /// Dropout only when `dropout_seed` is set (training), with a mask drawn
     /// from (dropout_seed, layer, t) so a recomputed layer sees the same one.
     at::Tensor apply(const at::Tensor &x, const at::Tensor &base, size_t layer, LoraTarget t,
                      std::optional<uint64_t> dropout_seed) const;
+    /// The same for expert `expert` (or kSharedExpert) of the sparse layer
+    /// `layer`: `x` holds the rows routed to it. The dropout mask comes from
+    /// (dropout_seed, layer, expert, t).
+    at::Tensor apply_expert(const at::Tensor &x, const at::Tensor &base, size_t layer,
+                            int64_t expert, LoraTarget t,
+                            std::optional<uint64_t> dropout_seed) const;
 
     /// The dropout seed of the next training forward: a stream from
     /// config.seed, so a run's masks repeat with its seed.
@@ -125,10 +163,18 @@ public:
     void assign(const std::map<std::string, at::Tensor> &tensors, const std::string &source);
 
 private:
+    /// base + s B A (dropout(x)), the mask drawn from `mask_seed` when set.
+    at::Tensor apply_pair(const Pair &p, const at::Tensor &x, const at::Tensor &base,
+                          std::optional<uint64_t> mask_seed) const;
+
     std::string name_;
     LoraConfig config_;
     double scale_ = 1;
     std::vector<std::array<std::unique_ptr<Pair>, kLoraTargets>> pairs_; ///< [layer][target]
+    /// Sparse layers: [layer][expert, then the shared expert][gate, up, down];
+    /// empty for a dense layer.
+    std::vector<std::vector<std::array<std::unique_ptr<Pair>, 3>>> expert_pairs_;
+    int64_t num_experts_ = 0;
     std::atomic<int64_t> version_{0};
     mutable std::atomic<uint64_t> dropout_forwards_{0};
 };
@@ -165,7 +211,8 @@ void save_adapter(const LoraAdapter &adapter, const std::string &dir);
 /// Refuses (naming the file and key or tensor) anything but a plain LoRA of
 /// the decoder's linear layers: another peft_type, DoRA, bias != "none",
 /// modules_to_save, layers_to_transform, per-module rank/alpha patterns,
-/// tensors of unknown modules or wrong shapes.
+/// target_parameters (PEFT's LoRA on fused 3-D expert parameters), tensors of
+/// unknown modules or wrong shapes.
 std::shared_ptr<LoraAdapter> load_adapter(const CausalLM &model, const std::string &dir,
                                           const std::string &name);
 

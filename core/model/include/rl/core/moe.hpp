@@ -16,10 +16,22 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace rl::core {
+
+class LoraAdapter;
+
+/// A LoRA adapter on the experts of one sparse block (lora.hpp): each expert
+/// (and the shared expert) computes W x + s B A x on its gate_proj, up_proj
+/// and down_proj where the adapter has a pair.
+struct ExpertLora {
+    const LoraAdapter *adapter = nullptr;
+    size_t layer = 0;                     ///< the block's decoder layer
+    std::optional<uint64_t> dropout_seed; ///< set in a training forward with dropout
+};
 
 /// The routing of a batch of tokens through one sparse block.
 struct MoeRouting {
@@ -57,7 +69,9 @@ public:
     /// The block's output for x [T, hidden] under `routing`: the experts'
     /// outputs weighted and summed per token, plus the gated shared expert.
     /// `decoding`: a few rows of a decoding step (the row kernel where it applies).
-    at::Tensor mix(const at::Tensor &x, const MoeRouting &routing, bool decoding = false) const;
+    /// `lora`: the adapter on the experts, when one is selected.
+    at::Tensor mix(const at::Tensor &x, const MoeRouting &routing, bool decoding = false,
+                   const ExpertLora *lora = nullptr) const;
     /// Routing replay (R3): the router's logits and softmax of x [T, hidden]
     /// as in route, but token t goes to the experts `experts`[t] ([T, K]
     /// integer ids, a row of -1: the token routes itself), weighted by the
@@ -69,7 +83,8 @@ public:
     /// RouterLogitsRecorder of this thread when one is active.
     at::Tensor forward(const at::Tensor &x, bool decoding = false,
                        MoeRouting *routing_out = nullptr,
-                       const at::Tensor &replay_experts = at::Tensor()) const;
+                       const at::Tensor &replay_experts = at::Tensor(),
+                       const ExpertLora *lora = nullptr) const;
 
     std::shared_ptr<Linear> gate; ///< router, weight [E, hidden], no bias
     torch::nn::ModuleList experts_list;
