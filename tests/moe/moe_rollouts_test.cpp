@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -289,6 +290,84 @@ TEST(MoeRollouts, TheBufferKeepsTheRoutingThroughSaveAndLoadAndRefusesMixedBatch
     EXPECT_EQ(mixed, nullptr);
 }
 
+// Multi-turn episodes of the guess_number env, a routing recorded per episode.
+const char *kGame = R"({"lo": 1, "hi": 8, "max_guesses": 3})";
+const char *kEpisodeOptions =
+    R"({"sampling": {"n": 2, "max_tokens": 4, "seed": 7, "temperature": 1.0,
+                     "return_routed_experts": true}, "max_turns": 3})";
+
+InstancePtr guess_number() {
+    rl_instance_t *i = nullptr;
+    EXPECT_EQ(rl_instance_create(runtime(), "env", "guess_number", kGame, &i), RL_OK)
+        << rl_last_error();
+    return InstancePtr(i);
+}
+
+std::string game_tasks(rl_instance_t *env) {
+    Result r;
+    EXPECT_EQ(rl_env_sample(env, 2, 5, r.out()), RL_OK) << rl_last_error();
+    return r.text("tasks");
+}
+
+TEST(MoeRollouts, EpisodesCarryTheirRoutingIntoTheBatchAndTheTrainerReplaysIt) {
+    TempDir tmp("moe-r3-episodes");
+    const std::string dir = tmp.sub("m");
+    RL_ASSERT_OK(rl_model_init_preset("tiny-moe", dir.c_str(), 8));
+    ModelPtr m = load_model(dir);
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = guess_number();
+    rl_rollouts_t *raw = nullptr;
+    RL_ASSERT_OK(rl_rollouts_generate_episodes(e.get(), env.get(), game_tasks(env.get()).c_str(),
+                                               kEpisodeOptions, &raw));
+    RolloutsPtr r(raw);
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    const int64_t L = static_cast<int64_t>(info.scalar("routed_layers"));
+    const int64_t K = static_cast<int64_t>(info.scalar("routed_k"));
+    EXPECT_EQ(L, 4); // tiny-moe: every layer sparse, top-2
+    EXPECT_EQ(K, 2);
+    const auto turns = info.tensor<int64_t>("turns");
+    EXPECT_GT(*std::max_element(turns.begin(), turns.end()), 1)
+        << "no episode got past its first turn";
+    const IntTensor routes = int_tensor(info, "routed_experts");
+    const std::vector<int64_t> rcu = info.tensor<int64_t>("routed_cu_seqlens");
+    ASSERT_EQ(rcu.size(), 5u);
+    ASSERT_EQ(routes.shape, (std::vector<int64_t>{rcu.back(), L, K}));
+
+    // The batch: one routing row per token of each episode's sequence (prompt,
+    // turns and observations), -1 only at its last token, never read.
+    rl_train_batch_t *braw = nullptr;
+    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &braw));
+    BatchPtr batch(braw);
+    Result binfo;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
+    const std::vector<int64_t> cu = binfo.tensor<int64_t>("cu_seqlens");
+    EXPECT_EQ(cu, rcu);
+    const IntTensor packed = int_tensor(binfo, "routed_experts");
+    EXPECT_EQ(packed.shape, routes.shape);
+    EXPECT_EQ(packed.values, routes.values);
+    for (size_t s = 0; s + 1 < cu.size(); ++s)
+        for (int64_t i = cu[s]; i < cu[s + 1]; ++i)
+            EXPECT_EQ(packed.values[static_cast<size_t>(i * L * K)] < 0, i == cu[s + 1] - 1)
+                << "episode " << s << " token " << i - cu[s];
+
+    // The trainer replays it: its logprobs are the engine's at every sampled
+    // token (mask 1), the turns after an observation included.
+    const std::vector<float> old = floats(binfo, "old_logprobs");
+    const std::vector<float> mask = floats(binfo, "loss_mask");
+    rl_batch_t view{};
+    view.struct_size = sizeof view;
+    RL_ASSERT_OK(rl_train_batch_view(batch.get(), &view));
+    TrainerPtr t = make_trainer(m.get(), "{}");
+    const std::vector<float> lp = logprobs(t.get(), &view);
+    ASSERT_EQ(lp.size(), old.size());
+    for (size_t i = 0; i < lp.size(); ++i) {
+        if (mask[i] != 0) {
+            EXPECT_NEAR(lp[i], old[i], 1e-4) << "token " << i;
+        }
+    }
+}
+
 TEST(MoeRollouts, RecordingIsRefusedOnADenseModelNamingTheOption) {
     ModelPtr m = load_model(); // the dense tiny preset
     EnginePtr e = make_engine(m.get());
@@ -296,6 +375,16 @@ TEST(MoeRollouts, RecordingIsRefusedOnADenseModelNamingTheOption) {
     const std::string options = std::string(R"({"sampling": )") + kSampling + "}";
     EXPECT_EQ(rl_rollouts_generate(e.get(), kTasks, options.c_str(), &r), RL_ERR_INVALID_ARG);
     EXPECT_NE(std::string(rl_last_error()).find("return_routed_experts"), std::string::npos)
+        << rl_last_error();
+    EXPECT_EQ(r, nullptr);
+    InstancePtr env = guess_number();
+    EXPECT_EQ(rl_rollouts_generate_episodes(e.get(), env.get(), game_tasks(env.get()).c_str(),
+                                            kEpisodeOptions, &r),
+              RL_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(rl_last_error())
+                  .find("generate_episodes: return_routed_experts: the model has no sparse MoE "
+                        "layer"),
+              std::string::npos)
         << rl_last_error();
     EXPECT_EQ(r, nullptr);
 }

@@ -26,6 +26,7 @@
 #include <future>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -803,6 +804,185 @@ TEST(MoeReplay, EngineRecordsTheRoutingThatGivesItsLogprobsBackAfterARouterChang
     }
 }
 
+namespace {
+
+// Multi-turn episodes for the R3 tests: turns end at one of many stop ids or
+// max_tokens (so they differ in length and a step decodes some episodes while
+// it appends the observations of others); every turn is answered with a short
+// observation whose length depends on the episode and turn, except that
+// episode 1 is done after its first turn.
+struct RecordedEpisodes {
+    Episodes eps;
+    TrainBatch batch;                 ///< prompt + tokens per episode
+    at::Tensor recorded;              ///< the episodes' routing [T, L_moe, K]
+    std::vector<int64_t> sampled_row; ///< the batch row of every sampled token
+    at::Tensor engine_lp;             ///< their sampling logprobs (float64)
+};
+
+RecordedEpisodes record_episodes(Engine &engine, const std::vector<std::vector<int64_t>> &prompts,
+                                 uint64_t seed, int64_t max_tokens, int64_t max_turns) {
+    SamplingParams sp;
+    sp.temperature = 1.0;
+    sp.max_tokens = max_tokens;
+    sp.n = 2;
+    sp.seed = seed;
+    std::vector<int64_t> stops;
+    for (int64_t t = 0; t < 90; ++t) stops.push_back(t);
+    sp.stop_token_ids = stops;
+    sp.return_routed_experts = true;
+    EpisodeOptions eo;
+    eo.max_turns = max_turns;
+    RecordedEpisodes r;
+    r.eps = engine.generate_episodes(prompts, sp, eo, [](const TurnEnd &te) {
+        TurnReply reply;
+        if (te.episode == 1) {
+            reply.done = true;
+            return reply;
+        }
+        const std::string obs =
+            "\n" + std::string(static_cast<size_t>(1 + (te.episode + te.turn) % 3), 'o') + ":";
+        reply.observation.assign(obs.begin(), obs.end());
+        return reply;
+    });
+    std::vector<std::vector<int64_t>> seqs;
+    std::vector<int64_t> routed;
+    std::vector<float> lp;
+    int64_t start = 0;
+    for (size_t s = 0; s < r.eps.episodes.size(); ++s) {
+        const Episode &e = r.eps.episodes[s];
+        std::vector<int64_t> seq = prompts[static_cast<size_t>(r.eps.prompt_index[s])];
+        const int64_t prompt_len = static_cast<int64_t>(seq.size());
+        seq.insert(seq.end(), e.tokens.begin(), e.tokens.end());
+        for (size_t i = 0; i < e.tokens.size(); ++i)
+            if (e.mask[i] != 0) {
+                r.sampled_row.push_back(start + prompt_len + static_cast<int64_t>(i));
+                lp.push_back(e.logprobs[i]);
+            }
+        routed.insert(routed.end(), e.routed_experts.begin(), e.routed_experts.end());
+        start += static_cast<int64_t>(seq.size());
+        seqs.push_back(std::move(seq));
+    }
+    r.batch = batch_of(seqs);
+    r.batch.sampling_temperature = 1.0;
+    r.recorded = at::tensor(routed, at::kLong);
+    r.engine_lp = at::tensor(lp, at::kFloat).to(at::kDouble);
+    return r;
+}
+
+} // namespace
+
+TEST(MoeReplay, EpisodesRecordTheRoutingOfOnePackedForwardOverTheirWholeSequence) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 14, small_moe_spec());
+    auto policy = Policy::load(tmp / "m");
+    CausalLM &m = policy->model();
+    const int64_t L = 2, K = m.config().num_experts_per_tok;
+    Engine engine(policy);
+    const std::vector<std::vector<int64_t>> prompts{{'t', 'h', 'e', ' '}, {'m', 'o', 'e'}};
+    RecordedEpisodes r = record_episodes(engine, prompts, 5, 4, 3);
+    ASSERT_EQ(r.eps.routed_layers, L);
+    ASSERT_EQ(r.eps.routed_k, K);
+    const int64_t T = r.batch.input_ids.size(0);
+    ASSERT_EQ(r.recorded.numel(), T * L * K);
+    const at::Tensor recorded = r.recorded.view({T, L, K});
+
+    // Episodes that went on after an observation, with turns of different
+    // lengths: some step appended an episode's observation while it decoded
+    // another (the sampled count at which a turn ended in one episode, and
+    // another went on past it without a turn end there).
+    std::vector<std::set<int64_t>> turn_ends(r.eps.episodes.size());
+    std::vector<int64_t> sampled(r.eps.episodes.size(), 0);
+    int64_t observed = 0;
+    for (size_t s = 0; s < r.eps.episodes.size(); ++s) {
+        const Episode &e = r.eps.episodes[s];
+        for (size_t i = 0; i < e.tokens.size(); ++i) {
+            sampled[s] += e.mask[i];
+            if (i > 0 && e.mask[i] == 0 && e.mask[i - 1] != 0) turn_ends[s].insert(sampled[s]);
+            observed += e.mask[i] == 0;
+        }
+    }
+    ASSERT_GE(observed, 3) << "no episode got an observation";
+    bool mixed = false;
+    for (size_t a = 0; a < turn_ends.size(); ++a)
+        for (int64_t v : turn_ends[a])
+            for (size_t b = 0; b < turn_ends.size(); ++b)
+                mixed = mixed || (b != a && sampled[b] > v && !turn_ends[b].count(v));
+    ASSERT_TRUE(mixed) << "every step either decoded all episodes or appended to all";
+
+    // Every token but each episode's last was read; their ids are what one
+    // packed forward over the episode's whole sequence routes.
+    const auto [own, logits] = routing_of(m, r.batch);
+    const at::Tensor unread = recorded.select(2, 0).select(1, 0).lt(0);
+    for (size_t s = 1; s < r.batch.cu_seqlens.size(); ++s)
+        EXPECT_TRUE(unread[r.batch.cu_seqlens[s] - 1].item<bool>()) << "episode " << s - 1;
+    EXPECT_EQ(unread.sum().item<int64_t>(), static_cast<int64_t>(r.eps.episodes.size()));
+    EXPECT_TRUE(recorded.index({unread}).eq(-1).all().item<bool>());
+    const at::Tensor read = unread.logical_not();
+    EXPECT_TRUE(recorded.index({read}).ge(0).all().item<bool>());
+    EXPECT_TRUE(at::equal(std::get<0>(at::sort(recorded.index({read}), -1)),
+                          std::get<0>(at::sort(own.index({read}), -1))));
+}
+
+TEST(MoeReplay, ReplayedEpisodeRoutingGivesTheEngineLogprobsBackAfterARouterChange) {
+    TempDir tmp;
+    write_tiny_model(tmp / "m", 15, small_moe_spec());
+    auto policy = Policy::load(tmp / "m");
+    CausalLM &m = policy->model();
+    const int64_t K = m.config().num_experts_per_tok;
+    Engine engine(policy);
+    const std::vector<std::vector<int64_t>> prompts{{'a', 'b'}, {'x', 'y', 'z'}};
+    RecordedEpisodes r = record_episodes(engine, prompts, 3, 3, 2);
+    const int64_t T = r.batch.input_ids.size(0);
+    const at::Tensor recorded = r.recorded.view({T, -1, K});
+    const at::Tensor rows = at::tensor(r.sampled_row, at::kLong);
+
+    Trainer t(policy, TrainerConfig{});
+    TrainBatch replayed = r.batch;
+    replayed.tensors["routed_experts"] = recorded;
+    EXPECT_LT(
+        (logprobs_of(t, replayed).index_select(0, rows) - r.engine_lp).abs().max().item<double>(),
+        1e-4);
+
+    // A router change that routes some tokens elsewhere, aimed at tokens
+    // read right before a sampled token (turn starts after an observation included).
+    const auto [own, logits] = routing_of(m, r.batch);
+    at::Tensor before_sampled = at::zeros({T}, at::kBool);
+    for (int64_t row : r.sampled_row) before_sampled[row - 1] = true;
+    ASSERT_TRUE(flip_some_in_the_last_layer(m, own, logits, before_sampled));
+    const at::Tensor now = routing_of(m, r.batch).first;
+    const at::Tensor flipped =
+        (std::get<0>(at::sort(now, -1)) != std::get<0>(at::sort(own, -1))).any(-1).any(-1);
+    int64_t flipped_before_sampled = 0;
+    for (int64_t row : r.sampled_row) flipped_before_sampled += flipped[row - 1].item<bool>();
+    ASSERT_GE(flipped_before_sampled, 1);
+    // Routing itself now differs from the recording at the flipped tokens.
+    for (int64_t i = 0; i < T; ++i) {
+        if (flipped[i].item<bool>()) {
+            EXPECT_FALSE(at::equal(std::get<0>(at::sort(now[i], -1)),
+                                   std::get<0>(at::sort(recorded[i], -1))))
+                << "token " << i;
+        }
+    }
+
+    // Replayed: the engine's logprobs still; routed itself: those scored at
+    // a flipped token move (a flip at a near tie moves little: the largest
+    // move is checked), the others stay.
+    EXPECT_LT(
+        (logprobs_of(t, replayed).index_select(0, rows) - r.engine_lp).abs().max().item<double>(),
+        1e-4);
+    const at::Tensor self_lp = logprobs_of(t, r.batch).index_select(0, rows);
+    double flipped_moved = 0;
+    for (size_t i = 0; i < r.sampled_row.size(); ++i) {
+        const double d = std::abs(self_lp[static_cast<int64_t>(i)].item<double>() -
+                                  r.engine_lp[static_cast<int64_t>(i)].item<double>());
+        if (flipped[r.sampled_row[i] - 1].item<bool>())
+            flipped_moved = std::max(flipped_moved, d);
+        else
+            EXPECT_LT(d, 1e-4) << "sampled token " << i;
+    }
+    EXPECT_GT(flipped_moved, 1e-4);
+}
+
 TEST(MoeReplay, TheServingSchedulerRecordsTheRoutingsEngineGenerateRecords) {
     TempDir tmp;
     write_tiny_model(tmp / "m", 13, small_moe_spec());
@@ -866,15 +1046,13 @@ TEST(MoeReplay, RecordingRoutingsIsRefusedWhereItIsNotSupported) {
                   dense_scheduler.submit(dense_request);
               }).find("return_routed_experts: the model has no sparse MoE layer"),
               std::string::npos);
-    // Episodes do not record routings yet.
-    write_tiny_model(tmp / "m", 12, small_moe_spec());
-    auto moe = Policy::load(tmp / "m");
-    Engine engine(moe);
     EXPECT_NE(error_of([&] {
-                  engine.generate_episodes({{'a', 'b'}}, sp, EpisodeOptions{}, [](const TurnEnd &) {
+                  dense.generate_episodes({{'a', 'b'}}, sp, EpisodeOptions{}, [](const TurnEnd &) {
                       return TurnReply{true, {}, {}};
                   });
-              }).find("return_routed_experts is supported by generate only"),
+              })
+                  .find("generate_episodes: return_routed_experts: the model has no sparse MoE "
+                        "layer"),
               std::string::npos);
     EXPECT_TRUE(
         SamplingParams::from_json(R"({"return_routed_experts": true})").return_routed_experts);

@@ -226,12 +226,8 @@ Engine::Prepared Engine::prepare(const std::vector<std::vector<int64_t>> &prompt
                 "); call sync_weights first");
     params.validate();
     require(!prompts.empty(), ErrorKind::InvalidArgument, who + ": no prompts given");
-    if (params.return_routed_experts) {
-        if (who != "generate")
-            invalid(who + ": return_routed_experts is supported by generate only");
-        if (!policy_->model().config().has_moe())
-            invalid(who + ": return_routed_experts: the model has no sparse MoE layer");
-    }
+    if (params.return_routed_experts && !policy_->model().config().has_moe())
+        invalid(who + ": return_routed_experts: the model has no sparse MoE layer");
     const ModelConfig &mc = policy_->model().config();
     for (size_t i = 0; i < prompts.size(); ++i) {
         const auto &p = prompts[i];
@@ -320,8 +316,11 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
 // Prefills each prompt of samples [first_sample, end_sample) once, into the
 // slot of its first sample, and copies it to the other samples' slots (slot k
 // holds sample first_sample + k). Returns the next-token logits per slot.
+// With `routed`: (*routed)[k] is the prefill's routing of slot k's prompt
+// tokens, [prompt, L_moe, K] flattened.
 at::Tensor Engine::prefill_wave(const std::vector<std::vector<int64_t>> &prompts, int64_t n,
-                                int64_t first_sample, int64_t end_sample) {
+                                int64_t first_sample, int64_t end_sample,
+                                std::vector<std::vector<int64_t>> *routed) {
     CausalLM &model = policy_->model();
     KVCache &cache = *cache_;
     const int64_t count = end_sample - first_sample;
@@ -340,7 +339,24 @@ at::Tensor Engine::prefill_wave(const std::vector<std::vector<int64_t>> &prompts
         row_of[static_cast<size_t>(k)] = it->second;
     }
     for (int64_t k = 0; k < count; ++k) cache.clear(k);
+    std::optional<RouterLogitsRecorder> recorder;
+    if (routed != nullptr) recorder.emplace();
     at::Tensor logits = model.prefill(cache, prefill_slots, prefill_prompts);
+    if (routed != nullptr) {
+        // The prefill ran each distinct prompt once, in order of first slot.
+        const at::Tensor ids =
+            routed_experts_of(recorder->logits(), model.config().num_experts_per_tok);
+        const int64_t row = ids.size(1) * ids.size(2); // ids per token
+        std::vector<int64_t> offset{0};                // prefill row -> its first token
+        for (const auto &p : prefill_prompts)
+            offset.push_back(offset.back() + static_cast<int64_t>(p.size()));
+        routed->assign(static_cast<size_t>(count), {});
+        for (int64_t k = 0; k < count; ++k) {
+            const size_t r = static_cast<size_t>(row_of[static_cast<size_t>(k)]);
+            const int64_t *p = ids.data_ptr<int64_t>();
+            (*routed)[static_cast<size_t>(k)].assign(p + offset[r] * row, p + offset[r + 1] * row);
+        }
+    }
     for (int64_t k = 0; k < count; ++k) {
         const int64_t src = prefill_slots[static_cast<size_t>(row_of[static_cast<size_t>(k)])];
         if (src != k) cache.copy_slot(src, k);
@@ -359,27 +375,12 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
 
     const bool record = params.return_routed_experts;
     const int64_t K = model.config().num_experts_per_tok;
+    std::vector<std::vector<int64_t>> prompt_routes;
+    at::Tensor logits = prefill_wave(prompts, params.n, first_sample, end_sample,
+                                     record ? &prompt_routes : nullptr);
+    for (size_t k = 0; k < prompt_routes.size(); ++k)
+        outs[static_cast<size_t>(first_sample) + k].routed = std::move(prompt_routes[k]);
     std::optional<RouterLogitsRecorder> recorder;
-    if (record) recorder.emplace();
-    at::Tensor logits = prefill_wave(prompts, params.n, first_sample, end_sample);
-    if (record) {
-        // The prefill ran each distinct prompt once, in order of first sample.
-        const at::Tensor ids = routed_experts_of(recorder->logits(), K);
-        const int64_t row = ids.size(1) * K; // ids per token
-        std::map<int64_t, int64_t> offset;   // prompt -> its first prefill row
-        int64_t next = 0;
-        for (int64_t s = first_sample; s < end_sample; ++s) {
-            const int64_t prompt = s / params.n;
-            if (!offset.count(prompt)) {
-                offset[prompt] = next;
-                next += static_cast<int64_t>(prompts[static_cast<size_t>(prompt)].size());
-            }
-            const int64_t *p = ids.data_ptr<int64_t>() + offset[prompt] * row;
-            outs[static_cast<size_t>(s)].routed.assign(
-                p, p + static_cast<int64_t>(prompts[static_cast<size_t>(prompt)].size()) * row);
-        }
-        recorder.reset();
-    }
 
     std::vector<int64_t> active(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) active[static_cast<size_t>(k)] = k;

@@ -1,12 +1,15 @@
 // Multi-turn episodes on the rollout engine (engine.hpp): every episode keeps
 // its KV-cache slot for its whole life; an observation is appended to the slot
 // together with the turn's last sampled token (which no decode step has run
-// yet), so the next turn continues from the cache.
+// yet), so the next turn continues from the cache. With return_routed_experts
+// every forward's routing is appended to the episodes it ran for, so that an
+// episode's rows follow its tokens.
 #include "rl/core/engine.hpp"
 
 #include "text_tracker.hpp"
 
 #include "rl/core/error.hpp"
+#include "rl/core/moe.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -83,6 +86,10 @@ Episodes Engine::generate_episodes(const std::vector<std::vector<int64_t>> &prom
                          options, on_turn, out.episodes);
     out.policy_version = prep.adapter ? prep.adapter->version() : version_;
     for (int64_t i = 0; i < total; ++i) out.prompt_index.push_back(i / params.n);
+    if (params.return_routed_experts) {
+        for (int64_t i = 0; i < mc.num_hidden_layers; ++i) out.routed_layers += mc.is_moe_layer(i);
+        out.routed_k = mc.num_experts_per_tok;
+    }
     return out;
 }
 
@@ -95,7 +102,33 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
     CausalLM &model = policy_->model();
     KVCache &cache = *cache_;
     const int64_t count = end_sample - first_sample;
-    at::Tensor logits = prefill_wave(prompts, params.n, first_sample, end_sample);
+    const bool record = params.return_routed_experts;
+    std::vector<std::vector<int64_t>> prompt_routes;
+    at::Tensor logits = prefill_wave(prompts, params.n, first_sample, end_sample,
+                                     record ? &prompt_routes : nullptr);
+    for (size_t k = 0; k < prompt_routes.size(); ++k)
+        outs[static_cast<size_t>(first_sample) + k].routed_experts = std::move(prompt_routes[k]);
+    // Runs one forward; with `record`, appends its routing to the episodes of
+    // `slots`, counts[i] rows (one each without counts) to slots[i]'s.
+    auto forward = [&](const std::vector<int64_t> &slots, const std::vector<int64_t> *counts,
+                       const std::function<at::Tensor()> &run) {
+        if (!record) return run();
+        RouterLogitsRecorder recorder;
+        at::Tensor out = run();
+        const at::Tensor ids =
+            routed_experts_of(recorder.logits(), model.config().num_experts_per_tok);
+        const int64_t row = ids.size(1) * ids.size(2); // ids per token
+        const int64_t *p = ids.data_ptr<int64_t>();
+        for (size_t i = 0; i < slots.size(); ++i) {
+            const int64_t n = counts != nullptr ? (*counts)[i] : 1;
+            auto &routed = outs[static_cast<size_t>(first_sample + slots[i])].routed_experts;
+            routed.insert(routed.end(), p, p + n * row);
+            p += n * row;
+        }
+        check(p == ids.data_ptr<int64_t>() + ids.numel(),
+              "generate_episodes: a forward's routing does not cover its tokens");
+        return out;
+    };
 
     std::vector<Running> run(static_cast<size_t>(count));
     std::vector<int64_t> active(static_cast<size_t>(count));
@@ -201,14 +234,35 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
                                   reply.observation.end());
         }
         std::vector<at::Tensor> parts;
-        if (!cont.empty()) parts.push_back(model.decode(cache, cont, long_tensor(cont_tokens)));
+        if (!cont.empty())
+            parts.push_back(forward(cont, nullptr, [&] {
+                return model.decode(cache, cont, long_tensor(cont_tokens));
+            }));
         if (!resumed.empty())
-            parts.push_back(
-                model.extend(cache, resumed, long_tensor(resumed_tokens), resumed_counts));
+            parts.push_back(forward(resumed, &resumed_counts, [&] {
+                return model.extend(cache, resumed, long_tensor(resumed_tokens), resumed_counts);
+            }));
         active = std::move(cont);
         active.insert(active.end(), resumed.begin(), resumed.end());
         if (active.empty()) break;
         logits = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+    }
+    if (record) {
+        // Every token was read but the episode's last (it ended there): route yourself.
+        const ModelConfig &mc = model.config();
+        int64_t layers = 0;
+        for (int64_t i = 0; i < mc.num_hidden_layers; ++i) layers += mc.is_moe_layer(i);
+        const int64_t row = layers * mc.num_experts_per_tok;
+        for (int64_t s = first_sample; s < end_sample; ++s) {
+            Episode &e = outs[static_cast<size_t>(s)];
+            const size_t want =
+                (prompts[static_cast<size_t>(s / params.n)].size() + e.tokens.size()) *
+                static_cast<size_t>(row);
+            check(e.routed_experts.size() + static_cast<size_t>(row) == want,
+                  "generate_episodes: episode " + std::to_string(s) +
+                      "'s routing does not follow its tokens");
+            e.routed_experts.resize(want, -1);
+        }
     }
 }
 

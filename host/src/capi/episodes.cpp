@@ -220,6 +220,13 @@ RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instanc
             it.turn_rewards = log.rewards;
             it.metrics = std::move(log.metrics);
             it.scored = true;
+            // Routing replay (R3): the episode's routing, one row per token of
+            // prompt_ids + token_ids, as a single-turn rollout's.
+            it.routed_experts.assign(e.routed_experts.begin(), e.routed_experts.end());
+            if (!it.routed_experts.empty()) {
+                it.routed_layers = eps.routed_layers;
+                it.routed_k = eps.routed_k;
+            }
             if (e.end == core::EpisodeEnd::Error) {
                 it.error = e.error;
                 it.masked = true;

@@ -141,12 +141,23 @@ struct Episode {
     std::vector<FinishReason> turn_reasons;
     EpisodeEnd end = EpisodeEnd::Done;
     std::string error; ///< EpisodeEnd::Error: the environment's message
+    /// With SamplingParams::return_routed_experts: the mixture-of-experts
+    /// routing of every token of the episode's sequence (prompt, then
+    /// `tokens`), int64 [prompt + tokens, L_moe, K] flattened, the layout of
+    /// the trainer's `routed_experts` for that sequence: the prompt's rows
+    /// from the prefill; an observation token's from the forward that
+    /// appended it to the cache; a sampled token's from the forward that read
+    /// it (the next decoding step, or, at a turn's end, the forward that
+    /// appended it with the observation). The last token is never read: a
+    /// row of -1, "route yourself". Else empty.
+    std::vector<int64_t> routed_experts;
 };
 
 struct Episodes {
     std::vector<Episode> episodes;     ///< prompt-major, n per prompt
     std::vector<int64_t> prompt_index; ///< per episode
     int64_t policy_version = 0;
+    int64_t routed_layers = 0, routed_k = 0; ///< L_moe and K of Episode::routed_experts
 };
 
 class Engine {
@@ -171,7 +182,9 @@ public:
     /// an exception from it propagates (use TurnReply::error to drop one
     /// episode instead). Token `j` of an episode's sampled tokens (counted over
     /// all of its turns) uses sampling_uniform(seed, prompt, sample, j): the
-    /// first turn equals generate()'s sample with the same seed.
+    /// first turn equals generate()'s sample with the same seed. With
+    /// params.return_routed_experts every episode records its routing
+    /// (Episode::routed_experts; refused for a model without sparse layers).
     Episodes generate_episodes(const std::vector<std::vector<int64_t>> &prompts,
                                const SamplingParams &params, const EpisodeOptions &options,
                                const std::function<TurnReply(const TurnEnd &)> &on_turn);
@@ -213,7 +226,8 @@ private:
     Prepared prepare(const std::vector<std::vector<int64_t>> &prompts, const SamplingParams &params,
                      int64_t capacity, const char *fn);
     at::Tensor prefill_wave(const std::vector<std::vector<int64_t>> &prompts, int64_t n,
-                            int64_t first_sample, int64_t end_sample);
+                            int64_t first_sample, int64_t end_sample,
+                            std::vector<std::vector<int64_t>> *routed = nullptr);
     void run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
                           const SamplingParams &params, const Prepared &prep, int64_t first_sample,
                           int64_t end_sample, int64_t capacity, const EpisodeOptions &options,
