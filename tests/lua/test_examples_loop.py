@@ -4,7 +4,8 @@
   trainer log eval/* on exactly the steps that are multiples of eval.every;
 - the GRPO example on the MoE preset logs the router's aux loss and the
   experts' load ratios, and trains with routing replay (moe.routing_replay);
-  a dense model refuses that option;
+  a dense model refuses that option; the multi-turn agent example trains with
+  routing replay on the MoE preset (its episodes carry their routing);
 - the disaggregated trainer's frozen reference (ref.model): every trained
   batch gets ref_logprobs, ref_kl is 0 on the first step (the batch of the
   initial weights, scored by the initial weights) and above 0 once the policy
@@ -104,6 +105,18 @@ class ExampleLoops(unittest.TestCase):
         p = subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=600)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("return_routed_experts", p.stdout + p.stderr)
+
+    def test_agent_replays_the_episodes_routing_on_the_moe_preset(self):
+        # moe.routing_replay on a multi-turn env: every episode records the
+        # routing of its whole sequence, the batches carry it and the trainer
+        # replays it (tests/moe/moe_rollouts_test checks the values).
+        recs = self.run_example("examples/agent.lua", "examples/agent.yaml", "agent_r3",
+                                ["model.preset=tiny-moe", f"model.init_dir={self.tmp.name}/moe",
+                                 "moe.routing_replay=true", "sft.steps=2", "run.steps=2"])
+        trained = [r for r in recs if "grad_norm" in r]
+        self.assertTrue(trained, recs)
+        for r in trained:
+            self.assertEqual(r["episode_errors"], 0)
 
     def test_disaggregated_trainer_scores_a_reference_and_evaluates(self):
         recs = self.run_example(
