@@ -2,7 +2,7 @@
 // per-expert adapters on gate_proj / up_proj / down_proj (and Qwen2-MoE's
 // shared expert) in the trainer, the engine, routing replay, activation
 // checkpointing, merged exports and PEFT files.
-#include "../platform/platform_util.hpp"
+#include "lora_test_util.hpp"
 
 #include "rl/core/engine.hpp"
 #include "rl/core/lora.hpp"
@@ -27,8 +27,12 @@ using namespace rl::core;
 namespace {
 
 using test::error_of;
+using test::lora_trainer_config;
 using test::nll_loss;
+using test::snapshot;
 using test::TempDir;
+using test::text_batch;
+using test::train_steps;
 
 // The tiny-moe preset shrunk: hidden 64, 2 sparse layers of 8 experts of 32, top-2.
 TinyModelSpec small_moe_spec() {
@@ -53,24 +57,6 @@ LoraConfig expert_lora(uint64_t seed = 1) {
     return c; // all-linear: attention and every expert's projections
 }
 
-TrainerConfig lora_trainer_config() {
-    TrainerConfig c;
-    c.learning_rate = 1e-2;
-    return c;
-}
-
-TrainBatch text_batch(const std::vector<std::string> &texts) {
-    std::vector<int64_t> ids, cu{0};
-    for (const auto &t : texts) {
-        for (unsigned char c : t) ids.push_back(c);
-        cu.push_back(static_cast<int64_t>(ids.size()));
-    }
-    TrainBatch b;
-    b.input_ids = at::tensor(ids, at::kLong);
-    b.cu_seqlens = cu;
-    return b;
-}
-
 at::Tensor logits_of(CausalLM &m, const std::shared_ptr<const LoraAdapter> &a,
                      const std::vector<int64_t> &ids) {
     AdapterScope scope(a);
@@ -81,20 +67,6 @@ at::Tensor logits_of(CausalLM &m, const std::shared_ptr<const LoraAdapter> &a,
 at::Tensor logits_of(Policy &p, const std::shared_ptr<const LoraAdapter> &a,
                      const std::string &text) {
     return logits_of(p.model(), a, std::vector<int64_t>(text.begin(), text.end()));
-}
-
-std::map<std::string, at::Tensor>
-snapshot(const std::vector<std::pair<std::string, at::Tensor>> &v) {
-    std::map<std::string, at::Tensor> out;
-    for (const auto &kv : v) out[kv.first] = kv.second.detach().clone();
-    return out;
-}
-
-void train_steps(Trainer &t, int steps, const std::vector<std::string> &texts) {
-    for (int i = 0; i < steps; ++i) {
-        t.forward_backward(text_batch(texts), nll_loss());
-        t.optim_step();
-    }
 }
 
 // Every B of `a` drawn at random (a fresh adapter's B is zero): an adapter

@@ -1,6 +1,6 @@
 // LoRA adapters in the model core, the trainer and the engine (docs/lora.md),
 // on a small tiny-architecture model.
-#include "../platform/platform_util.hpp"
+#include "lora_test_util.hpp"
 
 #include "rl/core/engine.hpp"
 #include "rl/core/lora.hpp"
@@ -22,8 +22,12 @@ using namespace rl::core;
 
 namespace {
 
+using test::lora_trainer_config;
 using test::nll_loss;
+using test::snapshot;
 using test::TempDir;
+using test::text_batch;
+using test::train_steps;
 
 TinyModelSpec small_spec() {
     TinyModelSpec s = test::small_tiny_spec(2);
@@ -38,18 +42,6 @@ std::shared_ptr<Policy> make_policy(const TempDir &tmp) {
     return Policy::load(dir);
 }
 
-TrainBatch text_batch(const std::vector<std::string> &texts) {
-    std::vector<int64_t> ids, cu{0};
-    for (const auto &t : texts) {
-        for (unsigned char c : t) ids.push_back(c);
-        cu.push_back(static_cast<int64_t>(ids.size()));
-    }
-    TrainBatch b;
-    b.input_ids = at::tensor(ids, at::kLong);
-    b.cu_seqlens = cu;
-    return b;
-}
-
 at::Tensor logits_of(Policy &p, const std::shared_ptr<const LoraAdapter> &a,
                      const std::string &text) {
     AdapterScope scope(a);
@@ -57,32 +49,11 @@ at::Tensor logits_of(Policy &p, const std::shared_ptr<const LoraAdapter> &a,
     return p.model().logits(PackedBatch::from_sequences({ids}));
 }
 
-std::map<std::string, at::Tensor>
-snapshot(const std::vector<std::pair<std::string, at::Tensor>> &v) {
-    std::map<std::string, at::Tensor> out;
-    for (const auto &kv : v) out[kv.first] = kv.second.detach().clone();
-    return out;
-}
-
 bool all_equal(const std::map<std::string, at::Tensor> &a,
                const std::vector<std::pair<std::string, at::Tensor>> &b) {
     for (const auto &kv : b)
         if (!at::equal(a.at(kv.first), kv.second.detach())) return false;
     return true;
-}
-
-void train_steps(Trainer &t, int steps, const std::vector<std::string> &texts) {
-    const LossFunction ce = nll_loss();
-    for (int i = 0; i < steps; ++i) {
-        t.forward_backward(text_batch(texts), ce);
-        t.optim_step();
-    }
-}
-
-TrainerConfig lora_trainer_config() {
-    TrainerConfig c;
-    c.learning_rate = 1e-2;
-    return c;
 }
 
 LoraConfig small_lora(uint64_t seed = 1) {
