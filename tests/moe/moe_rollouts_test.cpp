@@ -80,6 +80,26 @@ std::vector<float> logprobs(rl_trainer_t *t, const rl_batch_t *b) {
     return floats(out, "logprobs");
 }
 
+// A fresh trainer of `m` on `batch` (described by `binfo`) replays its
+// routed_experts: its logprobs are the batch's old_logprobs (the engine's) at
+// every trained token.
+void expect_replay_gives_the_engine_logprobs(rl_model_t *m, const rl_train_batch_t *batch,
+                                             const Result &binfo) {
+    const std::vector<float> old = floats(binfo, "old_logprobs");
+    const std::vector<float> mask = floats(binfo, "loss_mask");
+    rl_batch_t view{};
+    view.struct_size = sizeof view;
+    RL_ASSERT_OK(rl_train_batch_view(batch, &view));
+    TrainerPtr t = make_trainer(m, "{}");
+    const std::vector<float> lp = logprobs(t.get(), &view);
+    ASSERT_EQ(lp.size(), old.size());
+    for (size_t i = 0; i < lp.size(); ++i) {
+        if (mask[i] != 0) {
+            EXPECT_NEAR(lp[i], old[i], 1e-4) << "token " << i;
+        }
+    }
+}
+
 TEST(MoeRollouts, RolloutsCarryTheEngineRoutingAndTheTrainerReplaysIt) {
     TempDir tmp("moe-r3");
     const std::string dir = tmp.sub("m"), flipped_dir = tmp.sub("flipped");
@@ -160,21 +180,12 @@ TEST(MoeRollouts, RolloutsCarryTheEngineRoutingAndTheTrainerReplaysIt) {
 
     // The trainer on the rollouts' weights: the replayed logprobs are the
     // rollouts' at every completion token.
+    expect_replay_gives_the_engine_logprobs(m.get(), batch.get(), binfo);
     const std::vector<float> old = floats(binfo, "old_logprobs");
     const std::vector<float> mask = floats(binfo, "loss_mask");
     rl_batch_t view{};
     view.struct_size = sizeof view;
     RL_ASSERT_OK(rl_train_batch_view(batch.get(), &view));
-    {
-        TrainerPtr t = make_trainer(m.get(), "{}");
-        const std::vector<float> lp = logprobs(t.get(), &view);
-        ASSERT_EQ(lp.size(), old.size());
-        for (size_t i = 0; i < lp.size(); ++i) {
-            if (mask[i] != 0) {
-                EXPECT_NEAR(lp[i], old[i], 1e-4) << "token " << i;
-            }
-        }
-    }
 
     // A router change that routes some tokens elsewhere (on a copy loaded in
     // process, saved for the C API), aimed at tokens that score a completion.
@@ -353,19 +364,7 @@ TEST(MoeRollouts, EpisodesCarryTheirRoutingIntoTheBatchAndTheTrainerReplaysIt) {
 
     // The trainer replays it: its logprobs are the engine's at every sampled
     // token (mask 1), the turns after an observation included.
-    const std::vector<float> old = floats(binfo, "old_logprobs");
-    const std::vector<float> mask = floats(binfo, "loss_mask");
-    rl_batch_t view{};
-    view.struct_size = sizeof view;
-    RL_ASSERT_OK(rl_train_batch_view(batch.get(), &view));
-    TrainerPtr t = make_trainer(m.get(), "{}");
-    const std::vector<float> lp = logprobs(t.get(), &view);
-    ASSERT_EQ(lp.size(), old.size());
-    for (size_t i = 0; i < lp.size(); ++i) {
-        if (mask[i] != 0) {
-            EXPECT_NEAR(lp[i], old[i], 1e-4) << "token " << i;
-        }
-    }
+    expect_replay_gives_the_engine_logprobs(m.get(), batch.get(), binfo);
 }
 
 TEST(MoeRollouts, RecordingIsRefusedOnADenseModelNamingTheOption) {
