@@ -1,6 +1,6 @@
 // host/serve/http.hpp: the HTTP/1.1 layer of `rlhost serve`, and a small
-// synchronous client. Boost.Beast stays inside http.cpp; this header is all
-// the routes see.
+// synchronous client. Boost.Beast stays inside http.cpp, http_server.cpp and
+// http_client.cpp; this header is all the routes see.
 //
 // Server model: one thread per connection (keep-alive: one request after the
 // other on it) up to `max_connections`; a connection beyond the cap is

@@ -1,4 +1,5 @@
 // Run configuration: YAML -> checked JSON with defaults filled in.
+#include "config_internal.hpp"
 #include "rl/host/config.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/json.hpp"
@@ -20,130 +21,15 @@
 #include <type_traits>
 
 namespace rl::host {
+
+using namespace config_detail;
+
 namespace {
-
-using json = nlohmann::json;
-
-[[noreturn]] void bad(const std::string &where, const std::string &what) {
-    throw HostError{RL_ERR_INVALID_ARG, where + ": " + what};
-}
 
 std::string at(const std::string &origin, const YAML::Node &node) {
     const YAML::Mark m = node.Mark();
     if (m.line < 0) return origin;
     return origin + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
-}
-
-using Keys = std::vector<ConfigKey>;
-
-const ConfigKey *find_key(const Keys &keys, const std::string &path) {
-    for (const auto &k : keys)
-        if (path == k.key) return &k;
-    return nullptr;
-}
-
-// Names directly under `prefix` ("" for the top level).
-std::vector<std::string> children(const Keys &keys, const std::string &prefix) {
-    std::vector<std::string> out;
-    std::set<std::string> seen;
-    for (const auto &k : keys) {
-        std::string p = k.key;
-        if (!prefix.empty()) {
-            if (p.compare(0, prefix.size() + 1, prefix + ".") != 0) continue;
-            p = p.substr(prefix.size() + 1);
-        }
-        std::string head = p.substr(0, p.find('.'));
-        if (seen.insert(head).second) out.push_back(head);
-    }
-    return out;
-}
-
-bool is_section(const Keys &keys, const std::string &path) {
-    return !find_key(keys, path) && !children(keys, path).empty();
-}
-
-std::string join(const std::vector<std::string> &xs) {
-    std::string s;
-    for (const auto &x : xs) s += (s.empty() ? "" : ", ") + x;
-    return s;
-}
-
-// Limits on what one YAML source (the file, or one --set value) may expand
-// to. yaml-cpp gives each alias the very node of its anchor, so a few hundred
-// bytes can stand for billions of values (aliases of aliases: "billion
-// laughs"), and an alias inside its own anchor (`a: &x {b: *x}`, or a merge
-// key `<<: *x` that points back) for an infinite tree. The conversion to JSON
-// walks the tree as written out: it refuses a node that is one of its own
-// ancestors and counts what it visits.
-//
-// Nodes (scalars, lists, mappings; a node reached through N aliases counts N
-// times) one source may expand to: run configurations hold hundreds. At a
-// million, refusing an alias bomb of a few hundred bytes took over a second
-// (9 s under the sanitizers, found by fuzz_yaml_config); 100,000 takes a
-// tenth of that.
-constexpr size_t kMaxConfigNodes = 100'000;
-// Nesting depth: the most parts of a key path (`env.params.a` has 3; a list
-// item counts as a part), in a file and in a --set key plus its value.
-constexpr size_t kMaxConfigDepth = 128;
-// Characters of a user's value quoted in a message before it is cut.
-constexpr size_t kMaxShownChars = 80;
-
-// Length of the well-formed UTF-8 sequence at s[i] (RFC 3629: no overlong
-// forms, no surrogates, nothing past U+10FFFF), 0 if there is none.
-size_t utf8_seq(const std::string &s, size_t i) {
-    const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-    const unsigned char c = b(i);
-    if (c < 0x80) return 1;
-    size_t n;
-    unsigned char lo = 0x80, hi = 0xBF; // the range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (i + n > s.size() || b(i + 1) < lo || b(i + 1) > hi) return 0;
-    for (size_t k = 2; k < n; ++k)
-        if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
-    return n;
-}
-
-// The byte offset of the first ill-formed UTF-8 in `s`, or npos.
-size_t bad_utf8_at(const std::string &s) {
-    for (size_t i = 0; i < s.size();) {
-        const size_t n = utf8_seq(s, i);
-        if (n == 0) return i;
-        i += n;
-    }
-    return std::string::npos;
-}
-
-// `s` for a message: control characters and ill-formed UTF-8 as \xHH, cut
-// after kMaxShownChars characters.
-std::string printable(const std::string &s) {
-    std::string out;
-    size_t chars = 0;
-    for (size_t i = 0; i < s.size(); ++chars) {
-        if (chars == kMaxShownChars) return out + "...";
-        const size_t n = utf8_seq(s, i);
-        const auto c = static_cast<unsigned char>(s[i]);
-        if (n == 0 || c < 0x20 || c == 0x7F) {
-            static const char *hex = "0123456789ABCDEF";
-            out += std::string("\\x") + hex[c >> 4] + hex[c & 15];
-            ++i;
-        } else {
-            out.append(s, i, n);
-            i += n;
-        }
-    }
-    return out;
 }
 
 std::string shown(const YAML::Node &n) {
@@ -364,10 +250,6 @@ private:
     std::vector<YAML::Node> open_; // the lists and mappings being converted
 };
 
-size_t parts_of(const std::string &key) {
-    return static_cast<size_t>(std::count(key.begin(), key.end(), '.')) + 1;
-}
-
 // The `filters` list: items {name, params, enforce}.
 json filter_list(Walk &w, const ConfigKey &k, const YAML::Node &v, const std::string &where,
                  const std::string &expect) {
@@ -492,20 +374,6 @@ json convert(Walk &w, const ConfigKey &k, const YAML::Node &v, const std::string
     }
 }
 
-void set_path(json &cfg, const std::string &path, json value) {
-    json *cur = &cfg;
-    std::stringstream ss(path);
-    std::string part;
-    std::vector<std::string> parts;
-    while (std::getline(ss, part, '.')) parts.push_back(part);
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-        json &next = (*cur)[parts[i]];
-        if (!next.is_object()) next = json::object();
-        cur = &next;
-    }
-    (*cur)[parts.back()] = std::move(value);
-}
-
 // Where a loaded configuration's keys come from: the schema, plus what the
 // file and the overrides hold under top-level names the schema does not know
 // (kept for the script to declare).
@@ -602,29 +470,6 @@ struct Loader {
     }
 };
 
-// The "type" names of a declaration.
-constexpr rl::core::Named<ConfigType> kTypeWords[] = {
-    {ConfigType::String, "string"},      {ConfigType::Integer, "integer"},
-    {ConfigType::Number, "number"},      {ConfigType::Boolean, "boolean"},
-    {ConfigType::StringList, "strings"}, {ConfigType::Object, "mapping"},
-    {ConfigType::ObjectList, "mappings"}};
-
-ConfigType type_named(const std::string &name, const std::string &where) {
-    if (auto t = rl::core::value_in(kTypeWords, name)) return *t;
-    bad(where, "type '" + name + "' is unknown; valid: " + rl::core::names_in(kTypeWords));
-}
-
-const char *type_word(ConfigType t) {
-    return rl::core::name_in(kTypeWords, t);
-}
-
-std::string shown_default(const ConfigKey &k) {
-    if (k.fallback.is_null()) return "null";
-    if (k.fallback.is_string())
-        return k.fallback.get<std::string>().empty() ? "''" : k.fallback.get<std::string>();
-    return k.fallback.dump();
-}
-
 } // namespace
 
 LoadedConfig load_config(const std::string &path, const std::vector<std::string> &overrides) {
@@ -656,166 +501,6 @@ LoadedConfig load_config(const std::string &path, const std::vector<std::string>
     }
     for (const auto &o : overrides) l.apply_override(o);
     return {std::move(l.cfg), std::move(l.undeclared)};
-}
-
-std::vector<ConfigKey> parse_declarations(const json &list) {
-    const std::string what = "config declarations";
-    if (!list.is_array()) bad(what, "must be a JSON array of {key, type, default, doc, ...}");
-    const std::string deep = rl::core::json_too_deep(list, "", kMaxConfigDepth);
-    if (!deep.empty())
-        bad(what, "'" + deep + "' is nested deeper than " + std::to_string(kMaxConfigDepth) +
-                      " levels (the limit)");
-    std::vector<ConfigKey> out;
-    for (size_t i = 0; i < list.size(); ++i) {
-        const json &d = list[i];
-        const std::string where = what + " item " + std::to_string(i + 1);
-        if (!d.is_object() || !d.contains("key") || !d["key"].is_string() || !d.contains("type") ||
-            !d["type"].is_string())
-            bad(where, "needs string fields 'key' and 'type'");
-        ConfigKey k;
-        k.key = d["key"].get<std::string>();
-        if (k.key.find('.') == std::string::npos || k.key.front() == '.' || k.key.back() == '.')
-            bad(where, "key '" + k.key + "' must be a dotted path under a section ('ppo.epochs')");
-        const std::string head = k.key.substr(0, k.key.find('.'));
-        if (find_key(config_schema(), head) || is_section(config_schema(), head))
-            bad(where, "key '" + k.key + "' is in the host's section '" + head +
-                           "'; a script declares keys of its own sections");
-        if (parts_of(k.key) > kMaxConfigDepth)
-            bad(where, "key '" + printable(k.key) + "' has more than " +
-                           std::to_string(kMaxConfigDepth) + " parts (the nesting limit)");
-        k.type = type_named(d["type"].get<std::string>(), where);
-        // An optional field of type `is` (named `type` in messages), or `def`.
-        auto field = [&](const char *name, auto def, bool (json::*is)() const, const char *type) {
-            if (!d.contains(name) || d[name].is_null()) return def;
-            if (!(d[name].*is)())
-                bad(where,
-                    std::string("'") + name + "' must be " + type + ", got " + d[name].type_name());
-            return d[name].get<decltype(def)>();
-        };
-        k.doc = field("doc", std::string(), &json::is_string, "a string");
-        k.nullable = field("nullable", false, &json::is_boolean, "true or false");
-        if (d.contains("choices")) {
-            if (!d["choices"].is_array()) bad(where, "'choices' must be a list of strings");
-            for (const auto &c : d["choices"]) {
-                if (!c.is_string()) bad(where, "'choices' must be a list of strings");
-                k.choices.push_back(c.get<std::string>());
-            }
-        }
-        for (const char *f : {"min", "max"})
-            if (d.contains(f) && !d[f].is_number())
-                bad(where, std::string("'") + f + "' must be a number");
-        if (d.contains("min")) k.range.lo = d["min"].get<double>();
-        if (d.contains("max")) k.range.hi = d["max"].get<double>();
-        k.range.lo_open = field("min_open", false, &json::is_boolean, "true or false");
-        k.range.hi_open = field("max_open", false, &json::is_boolean, "true or false");
-        const json fallback = d.contains("default") ? d["default"] : json();
-        try {
-            k.fallback = rl::core::check_param(k, fallback, k.key);
-        } catch (const rl::core::Error &e) {
-            bad(where, std::string("default: ") + e.what());
-        }
-        for (const auto &prev : out)
-            if (prev.key == k.key) bad(where, "key '" + k.key + "' is declared twice");
-        out.push_back(std::move(k));
-    }
-    return out;
-}
-
-json declare_config(const json &config, const std::vector<ConfigKey> &declared) {
-    // Before the copy below, which recurses as deep as the value is nested.
-    const std::string deep = rl::core::json_too_deep(config, "", kMaxConfigDepth);
-    if (!deep.empty())
-        bad("configuration", "key '" + deep + "' is nested deeper than " +
-                                 std::to_string(kMaxConfigDepth) + " levels (the limit)");
-    json out = config;
-    std::set<std::string> sections;
-    for (const auto &k : declared) sections.insert(k.key.substr(0, k.key.find('.')));
-    // Undeclared top-level names: anything the host schema does not know.
-    std::vector<std::string> extra;
-    for (const auto &kv : config.items())
-        if (!find_key(config_schema(), kv.key()) && !is_section(config_schema(), kv.key()))
-            extra.push_back(kv.key());
-    for (const auto &name : extra) {
-        if (!sections.count(name)) {
-            std::vector<std::string> valid = children(config_schema(), "");
-            valid.insert(valid.end(), sections.begin(), sections.end());
-            bad("configuration", "unknown key '" + name + "'; valid keys at the top level: " +
-                                     join(valid) + " (a script declares keys of its own)");
-        }
-    }
-    // Each declared key: the given value checked, or its default.
-    for (const auto &k : declared) {
-        const json *given = &config;
-        std::stringstream ss(k.key);
-        std::string part;
-        while (given && std::getline(ss, part, '.'))
-            given = given->is_object() && given->contains(part) ? &(*given)[part] : nullptr;
-        json value = k.fallback;
-        if (given) {
-            try {
-                value = rl::core::check_param(k, *given, k.key);
-            } catch (const rl::core::Error &e) {
-                bad("configuration", e.what());
-            }
-        }
-        set_path(out, k.key, value);
-    }
-    // Given keys under the declared sections that no declaration covers.
-    std::function<void(const json &, const std::string &)> walk = [&](const json &node,
-                                                                      const std::string &path) {
-        if (find_key(declared, path)) return;
-        if (!node.is_object() || !is_section(declared, path)) {
-            const size_t dot = path.rfind('.');
-            const std::string prefix = dot == std::string::npos ? "" : path.substr(0, dot);
-            bad("configuration", "unknown key '" + path + "'; valid keys under '" + prefix +
-                                     "': " + join(children(declared, prefix)));
-        }
-        for (const auto &kv : node.items()) walk(kv.value(), path + "." + kv.key());
-    };
-    for (const auto &name : sections)
-        if (config.contains(name)) walk(config[name], name);
-    return out;
-}
-
-json schema_json(const std::vector<ConfigKey> &keys) {
-    json a = json::array();
-    for (const auto &k : keys) {
-        json item = {
-            {"key", k.key}, {"type", type_word(k.type)}, {"default", k.fallback}, {"doc", k.doc}};
-        if (!k.choices.empty()) item["choices"] = k.choices;
-        if (k.range.lo) item["min"] = *k.range.lo;
-        if (k.range.hi) item["max"] = *k.range.hi;
-        if (k.range.lo_open) item["min_open"] = true;
-        if (k.range.hi_open) item["max_open"] = true;
-        if (k.nullable) item["nullable"] = true;
-        a.push_back(std::move(item));
-    }
-    return a;
-}
-
-std::string schema_markdown(const std::vector<ConfigKey> &keys) {
-    std::string out;
-    std::string section = "\x01";
-    for (const auto &k : keys) {
-        const size_t dot = k.key.find('.');
-        const std::string sec = dot == std::string::npos ? "" : k.key.substr(0, dot);
-        if (sec != section) {
-            section = sec;
-            out += "\n### " + (sec.empty() ? std::string("(top level)") : sec) + "\n\n";
-            out += "| key | type | default | meaning |\n|---|---|---|---|\n";
-        }
-        std::string meaning = k.doc;
-        if (!k.choices.empty()) {
-            std::string c;
-            for (const auto &x : k.choices) c += (c.empty() ? "" : ", ") + x;
-            meaning += " One of: " + c + ".";
-        }
-        if (k.range.bounded()) meaning += " Must be " + k.range.describe() + ".";
-        if (k.nullable) meaning += " May be null.";
-        out += "| `" + k.key + "` | " + config_type_name(k.type) + " | `" + shown_default(k) +
-               "` | " + meaning + " |\n";
-    }
-    return out;
 }
 
 } // namespace rl::host
