@@ -72,6 +72,29 @@ def batch_of(seqs):
     return {"input_ids": [t for s in seqs for t in s], "cu_seqlens": cu}, cu
 
 
+def train_and_save(rt, hf, d, seed, targets):
+    """Trains an adapter ("sft") on `hf` saved in d/hf for 3 steps on SEQS; saves it
+    (d/adapter) and its merged export (d/merged). Returns (our logprobs, cu_seqlens,
+    adapter folder, merged folder)."""
+    base = os.path.join(d, "hf")
+    hf.save_pretrained(base)
+    model = rl.Model(base, {"threads": 1})
+    trainer = model.trainer({"learning_rate": 2e-2, "adapter": "sft",
+                             "lora": {"rank": 4, "alpha": 8, "seed": seed,
+                                      "target_modules": targets}})
+    ce = rt.create("loss", "causallm_loss")
+    batch, cu = batch_of(SEQS)
+    for _ in range(3):
+        trainer.forward_backward(batch, ce)
+        trainer.optim_step()
+    ours = trainer.forward(batch).tensors["logprobs"]
+    adapter_dir = os.path.join(d, "adapter")
+    merged_dir = os.path.join(d, "merged")
+    model.save_adapter("sft", adapter_dir)
+    model.export_merged("sft", merged_dir)
+    return ours, cu, adapter_dir, merged_dir
+
+
 class MoePeftTest(unittest.TestCase):
     def test_qwen2_moe_expert_and_shared_expert_adapter_merged_export_matches_transformers(self):
         # peft 0.21 over transformers 5 cannot put a per-expert adapter on
@@ -79,23 +102,8 @@ class MoePeftTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d, \
                 rl.Runtime(plugin_path=PLUGINS, default_plugins=False) as rt:
             hf = random_model(qwen2_moe_config(), 4)
-            base = os.path.join(d, "hf")
-            hf.save_pretrained(base)
-            model = rl.Model(base, {"threads": 1})
-            trainer = model.trainer({"learning_rate": 2e-2, "adapter": "sft",
-                                     "lora": {"rank": 4, "alpha": 8, "seed": 5,
-                                              "target_modules": ["gate_proj", "up_proj",
-                                                                 "down_proj"]}})
-            ce = rt.create("loss", "causallm_loss")
-            batch, cu = batch_of(SEQS)
-            for _ in range(3):
-                trainer.forward_backward(batch, ce)
-                trainer.optim_step()
-            ours = trainer.forward(batch).tensors["logprobs"]
-            adapter_dir = os.path.join(d, "adapter")
-            merged_dir = os.path.join(d, "merged")
-            model.save_adapter("sft", adapter_dir)
-            model.export_merged("sft", merged_dir)
+            ours, cu, adapter_dir, merged_dir = train_and_save(
+                rt, hf, d, 5, ["gate_proj", "up_proj", "down_proj"])
             with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
                 keys = set(f.keys())
             self.assertIn("base_model.model.model.layers.1.mlp.shared_expert.down_proj"
@@ -115,25 +123,7 @@ class MoePeftTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d, \
                 rl.Runtime(plugin_path=PLUGINS, default_plugins=False) as rt:
             hf = random_model(qwen3_moe_config(), 3)
-            base = os.path.join(d, "hf")
-            hf.save_pretrained(base)
-            model = rl.Model(base, {"threads": 1})
-            trainer = model.trainer({"learning_rate": 2e-2, "adapter": "sft",
-                                     "lora": {"rank": 4, "alpha": 8, "seed": 3,
-                                              "target_modules": "all-linear"}})
-            ce = rt.create("loss", "causallm_loss")
-            cu = [0]
-            for s in SEQS:
-                cu.append(cu[-1] + len(s))
-            batch = {"input_ids": [t for s in SEQS for t in s], "cu_seqlens": cu}
-            for _ in range(3):
-                trainer.forward_backward(batch, ce)
-                trainer.optim_step()
-            ours = trainer.forward(batch).tensors["logprobs"]
-            adapter_dir = os.path.join(d, "adapter")
-            merged_dir = os.path.join(d, "merged")
-            model.save_adapter("sft", adapter_dir)
-            model.export_merged("sft", merged_dir)
+            ours, cu, adapter_dir, merged_dir = train_and_save(rt, hf, d, 3, "all-linear")
 
             # PEFT's per-expert key names, the experts trained.
             with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
