@@ -2,15 +2,8 @@
 // protocol.
 #include "protocol.hpp"
 
-#include "capi/common.hpp"
-
 #include <chrono>
 
-using rl::host::HostError;
-using rl::host::OwnedTensor;
-using rl::host::capi::boundary;
-using rl::host::capi::new_result;
-using rl::host::capi::require;
 using namespace rl::host::disagg;
 
 namespace {

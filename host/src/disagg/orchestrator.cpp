@@ -7,18 +7,10 @@
 // "resume".
 #include "protocol.hpp"
 
-#include "capi/common.hpp"
-
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
 
-using rl::host::HostError;
-using rl::host::OwnedTensor;
-using rl::host::capi::boundary;
-using rl::host::capi::new_result;
-using rl::host::capi::require;
 using namespace rl::host::disagg;
 
 namespace {

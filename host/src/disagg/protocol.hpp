@@ -6,6 +6,7 @@
 
 #include <rl/disagg.h>
 
+#include "capi/common.hpp"
 #include "rl/host/runtime.hpp"
 
 #include <nlohmann/json.hpp>
@@ -20,6 +21,12 @@
 namespace rl::host::disagg {
 
 using json = nlohmann::json;
+// The host's names and the C API's boundary, as host/src/capi uses them.
+using rl::host::HostError;
+using rl::host::OwnedTensor;
+using capi::boundary;
+using capi::new_result;
+using capi::require;
 
 // One message: its header and its tensors by name.
 struct Msg {

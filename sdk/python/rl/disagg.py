@@ -26,6 +26,7 @@ import json
 
 from . import _capi as A
 from ._runtime import _call
+from ._train import _Handle
 
 PROTOCOL_VERSION = 1  # RL_DISAGG_PROTOCOL_VERSION of abi/rl/disagg.h
 
@@ -52,29 +53,7 @@ def orchestrate(runtime, config, buffer, advantage):
     return {k: int(v) for k, v in res.scalars.items()}
 
 
-class _End:
-    _destroy = None
-    _h = None  # set once created: a failed create leaves nothing to destroy
-
-    def __init__(self, runtime, handle):
-        self._runtime, self._h = runtime, handle  # the runtime outlives this end
-
-    def close(self):
-        if self._h:
-            getattr(_lib(), self._destroy)(self._h)
-            self._h = None
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-class Worker(_End):
+class Worker(_Handle):
     """The end of rollout worker `index`."""
 
     _destroy = "rl_disagg_worker_destroy"
@@ -82,15 +61,16 @@ class Worker(_End):
     def __init__(self, runtime, config, index):
         h = C.c_void_p()
         A.check(_lib().rl_disagg_worker_create(runtime._h, _text(config), index, C.byref(h)))
-        super().__init__(runtime, h)
+        super().__init__(h)
+        self._runtime = runtime  # outlives this end
 
     def hello(self):
-        A.check(_lib().rl_disagg_worker_hello(self._h))
+        A.check(_lib().rl_disagg_worker_hello(self._handle()))
 
     def credit(self):
         """Waits for a credit: {"seq", "min_version", "done", "trainer_restarted",
         "trainer_version", "worker_run"}."""
-        res = _call(_lib().rl_disagg_worker_credit, self._h)
+        res = _call(_lib().rl_disagg_worker_credit, self._handle())
         out = {k: int(v) for k, v in res.scalars.items()}
         out["done"], out["trainer_restarted"] = bool(out["done"]), bool(out["trainer_restarted"])
         out["worker_run"] = res.texts["worker_run"]
@@ -98,10 +78,10 @@ class Worker(_End):
 
     def send(self, rollouts, policy_version):
         """Sends the chunk of the last credit: rollouts (rl.Rollouts, scored)."""
-        A.check(_lib().rl_disagg_worker_send(self._h, rollouts._handle(), policy_version))
+        A.check(_lib().rl_disagg_worker_send(self._handle(), rollouts._handle(), policy_version))
 
 
-class TrainerEnd(_End):
+class TrainerEnd(_Handle):
     """The trainer's end: batches in step order, acknowledgements."""
 
     _destroy = "rl_disagg_trainer_destroy"
@@ -109,20 +89,21 @@ class TrainerEnd(_End):
     def __init__(self, runtime, config):
         h = C.c_void_p()
         A.check(_lib().rl_disagg_trainer_create(runtime._h, _text(config), C.byref(h)))
-        super().__init__(runtime, h)
+        super().__init__(h)
+        self._runtime = runtime  # outlives this end
 
     def hello(self, version):
-        A.check(_lib().rl_disagg_trainer_hello(self._h, version))
+        A.check(_lib().rl_disagg_trainer_hello(self._handle(), version))
 
     def next(self, version):
         """(header, tensors): the batch of step `version` (tensors: the trainer's input as
         lists, for rl.Trainer.forward_backward), or a worker's request for the weights
         in use (header["kind"] == "rl.weights_wanted", header["worker"])."""
-        res = _call(_lib().rl_disagg_trainer_next, self._h, version)
+        res = _call(_lib().rl_disagg_trainer_next, self._handle(), version)
         return json.loads(res.texts["header"]), res.tensors
 
     def ack(self, version):
-        A.check(_lib().rl_disagg_trainer_ack(self._h, version))
+        A.check(_lib().rl_disagg_trainer_ack(self._handle(), version))
 
 
 __all__ = ["PROTOCOL_VERSION", "TrainerEnd", "Worker", "orchestrate", "protocol_version"]
