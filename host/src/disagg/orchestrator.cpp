@@ -245,6 +245,7 @@ void Orchestrator::take_rollouts(const json &h, Msg &m) {
     if (cu.dtype.bits != 64 || groups.dtype.bits != 64 || versions.dtype.bits != 64 ||
         rewards.dtype.bits != 64 || rewards.numel() != n || groups.numel() != n ||
         versions.numel() != n || ids.numel() != mask.numel() || ids.dtype.bits != 64 ||
+        (lp != m.tensors.end() && lp->second.numel() != ids.numel()) ||
         (n >= 0 && cu_p[n] != ids.numel()))
         throw HostError{RL_ERR_INVALID_ARG,
                         fmt("%s a malformed chunk %lld of worker %lld (tensor sizes or dtypes)",
@@ -254,6 +255,11 @@ void Orchestrator::take_rollouts(const json &h, Msg &m) {
         const std::string key = run + ":" + std::to_string(g_p[i]);
         if (!gid_map_.contains(key)) gid_map_[key] = ++gid_;
         const int64_t a = cu_p[i], b = cu_p[i + 1];
+        if (a < 0 || b < a || b > ids.numel())
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fmt("%s chunk %lld of worker %lld: cu_seqlens is not ascending "
+                                "within its %lld tokens",
+                                kTag, ll(seq), ll(k), ll(ids.numel()))};
         auto slice = [&](const OwnedTensor &t) {
             rl_tensor_view_t v = t.view();
             const size_t es = rl::host::dtype_size(t.dtype);
