@@ -3,7 +3,9 @@
 // it (json_body), its "routed_experts" packed over fixed datum lengths for an
 // MoE shape and for a dense model (request_routed_experts), every item of it
 // read alone (parse_routed_experts: nested lists, {data, shape, dtype} with
-// base64 data, bare base64), and the meta_info encoding of what it decoded.
+// base64 data, bare base64), its "routed_expert_logits" against them
+// (request_routed_expert_logits: the same forms in float32), and the
+// meta_info encodings of what it decoded.
 #include "fuzz_target.hpp"
 
 #include "serve/fields.hpp"
@@ -38,10 +40,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     refused_or_done([&] {
         const rl::serve::json body = rl::serve::json_body(req);
         refused_or_done([&] {
-            const std::vector<int32_t> ids =
-                rl::serve::request_routed_experts(body, "forward_backward_input", kCu, kLayers, kK);
+            std::vector<int64_t> rows;
+            const std::vector<int32_t> ids = rl::serve::request_routed_experts(
+                body, "forward_backward_input", kCu, kLayers, kK, &rows);
             rl::serve::json meta;
             if (!ids.empty()) rl::serve::put_routed_experts(meta, ids, kCu.back(), kLayers, kK);
+            const std::vector<float> weights = rl::serve::request_routed_expert_logits(
+                body, "forward_backward_input", kCu, kLayers, kK, rows);
+            if (!weights.empty())
+                rl::serve::put_expert_logits(meta, weights, kCu.back(), kLayers, kK);
         });
         refused_or_done(
             [&] { rl::serve::request_routed_experts(body, "forward_backward_input", kCu, 0, 0); });

@@ -40,7 +40,16 @@ const char *kServeUsage =
     "  --request-timeout S       a request not finished in S seconds is aborted (default 600)\n"
     "  --served-model-name S     the model's name in the API (default: the folder's name)\n"
     "  --reasoning-parser P      qwen3: chat replies give <think> text as reasoning_content\n"
-    "                            (default: none, it stays in the content)\n";
+    "                            (default: none, it stays in the content)\n"
+    "\n"
+    "QeRL exploration noise (docs/moe.md; engine.noise_scheduler of a run), applied to every\n"
+    "weight version the server receives:\n"
+    "  --noise-total-steps N     the run's optimizer steps (run.steps); turns the noise on\n"
+    "  --noise-sigma-start F     sigma of the first noisy stage (default 5e-2)\n"
+    "  --noise-sigma-end F       sigma of the last stage (default 5e-4)\n"
+    "  --noise-num-stages N      stages, the first noise-free (default 10)\n"
+    "  --noise-first-step N      warm-up steps before the schedule (sft.steps; default 0)\n"
+    "  --noise-seed N            seeds the noise (run.seed; default 0)\n";
 
 } // namespace
 
@@ -54,7 +63,13 @@ int cmd_serve(const std::vector<std::string> &args) {
         {"--max-connections", "max_connections", 'i'},
         {"--request-timeout", "request_timeout_s", 'f'},
         {"--served-model-name", "served_model_name", 's'},
-        {"--reasoning-parser", "reasoning_parser", 's'}};
+        {"--reasoning-parser", "reasoning_parser", 's'},
+        {"--noise-total-steps", "noise_total_steps", 'i'},
+        {"--noise-sigma-start", "noise_sigma_start", 'f'},
+        {"--noise-sigma-end", "noise_sigma_end", 'f'},
+        {"--noise-num-stages", "noise_num_stages", 'i'},
+        {"--noise-first-step", "noise_first_step", 'i'},
+        {"--noise-seed", "noise_seed", 'i'}};
     const rlhost::ServerArgs parsed = rlhost::parse_server_args(args, flags, "RL_SERVE_API_KEY");
     if (auto rc = help_or_error(parsed, "serve", kServeUsage)) return *rc;
     const nlohmann::json &options = parsed.options;

@@ -31,19 +31,44 @@ void put_routed_experts(nlohmann::json &meta, const std::vector<int32_t> &ids, i
 std::vector<int32_t> parse_routed_experts(const nlohmann::json &item, int64_t tokens,
                                           int64_t layers, int64_t k, const std::string &field);
 
+/// The meta_info fields of a sample's recorded routing weights, as
+/// xorl-sglang's --enable-return-expert-logits returns them: `weights` is
+/// the scheduler's float32 [prompt + completion, layers, k]
+/// (RequestResult::routed_expert_weights); the first prompt + completion - 1
+/// rows go out as meta["expert_logits"] (base64 of little-endian float32) with
+/// meta["expert_logits_meta"] {"shape", "dtype": "float32"}.
+void put_expert_logits(nlohmann::json &meta, const std::vector<float> &weights, int64_t tokens,
+                       int64_t layers, int64_t k);
+
 /// The routings (R3) of a forward_backward request `body` whose input object
 /// is `input_key` ("forward_backward_input"): its "routed_experts" (in the
 /// input object, as xorl's ForwardBackwardInput carries it, or at the top
 /// level), one item per datum (parse_routed_experts), packed over the datums'
 /// sequences (`cu`, the batch's cu_seqlens) as the trainer's routed_experts
 /// [T, layers, k] flattened; a null item: that datum routes itself (-1).
-/// Empty when the request carries none. Refused (400, naming the field):
-/// a count other than one per datum, a dense model (layers == 0), and
-/// "routed_expert_logits" (the replay weights each token by the current
-/// router's probabilities at the replayed experts, docs/model.md).
+/// Empty when the request carries none. `rows`, when given, gets each
+/// datum's item's token rows (tokens or tokens - 1; -1 for a null item).
+/// Refused (400, naming the field): a count other than one per datum, a
+/// dense model (layers == 0).
 std::vector<int32_t> request_routed_experts(const nlohmann::json &body,
                                             const std::string &input_key,
                                             const std::vector<int64_t> &cu, int64_t layers,
-                                            int64_t k);
+                                            int64_t k, std::vector<int64_t> *rows = nullptr);
+
+/// The recorded routing weights of the same request: xorl's
+/// "routed_expert_logits" (float32 top-k weights, not logits), one item per
+/// datum in the forms routed_experts takes (a nested list of numbers,
+/// {"data": base64 float32, "shape", "dtype": "float32"}, bare base64),
+/// packed like request_routed_experts (the trainer's routed_expert_weights,
+/// flattened; rows with no weight 0). `rows`: request_routed_experts's rows.
+/// Empty when the request carries none. Refused (400, naming the field and
+/// datum): weights without routed_experts, a count other than one per datum,
+/// an item null where the ids are not (or the reverse), a shape other than
+/// that datum's ids, a dtype other than float32, bad base64, a value that is
+/// not finite (naming token, layer and slot).
+std::vector<float> request_routed_expert_logits(const nlohmann::json &body,
+                                                const std::string &input_key,
+                                                const std::vector<int64_t> &cu, int64_t layers,
+                                                int64_t k, const std::vector<int64_t> &rows);
 
 } // namespace rl::serve

@@ -33,6 +33,7 @@ struct Item {
     bool text_in_logprobs = false;
     bool no_stop_trim = false;
     bool routed_experts = false; ///< return_routed_experts (R3)
+    bool expert_logits = false;  ///< return_expert_logits (their weights)
     std::string rid;
     std::vector<float> input_logprobs; ///< prompt positions logprob_start_len.. (0: none)
 };
@@ -206,6 +207,10 @@ json generate_output(Server &server, const Item &item, const SampleSpec &spec,
         put_routed_experts(meta, o.result.routed_experts,
                            static_cast<int64_t>(spec.prompt.size() + ids.size()),
                            o.result.routed_layers, o.result.routed_k);
+    if (item.expert_logits && finished && o.result.routed_layers > 0)
+        put_expert_logits(meta, o.result.routed_expert_weights,
+                          static_cast<int64_t>(spec.prompt.size() + ids.size()),
+                          o.result.routed_layers, o.result.routed_k);
     return {{"text", text}, {"output_ids", ids}, {"meta_info", std::move(meta)}};
 }
 
@@ -215,7 +220,7 @@ void generate(Server &server, const Request &req, Responder &r) {
     Fields f(body);
     f.only({"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",
             "top_logprobs_num", "return_text_in_logprobs", "stream", "rid", "model", "lora_path",
-            "return_routed_experts", "return_hidden_states"});
+            "return_routed_experts", "return_expert_logits", "return_hidden_states"});
     if (f.has("text") == f.has("input_ids"))
         refuse(f.has("text") ? "input_ids" : "text", "give exactly one of text and input_ids");
     f.string("model"); // one model is served; the name is not checked here
@@ -295,6 +300,16 @@ void generate(Server &server, const Request &req, Responder &r) {
                        "return_routed_experts needs sampling (max_new_tokens > 0); scoring a "
                        "prompt records no routing");
             it.params.return_routed_experts = true;
+        }
+        // xorl-sglang's return_expert_logits: the routed experts' weights too.
+        it.expert_logits =
+            field("return_expert_logits").boolean("return_expert_logits").value_or(false);
+        if (it.expert_logits) {
+            if (!it.routed_experts)
+                refuse("return_expert_logits",
+                       "return_expert_logits returns the weights of the routed experts: it "
+                       "needs return_routed_experts");
+            it.params.return_expert_logits = true;
         }
         if (auto v = field("rid").string("rid"))
             it.rid = *v;
@@ -402,6 +417,7 @@ json stats_json(Server &server) {
             {"queued", s.queued},
             {"slots", s.slots},
             {"version", s.version},
+            {"noise_sigma", s.noise_sigma},
             {"tokens_generated", s.tokens_generated},
             {"cache_bytes", s.cache_bytes},
             {"paused", s.paused},
@@ -439,6 +455,16 @@ json server_info(Server &server) {
             {"max_connections", c.max_connections},
             {"request_timeout_s", c.request_timeout_s},
             {"kv_cache_fraction", c.scheduler.kv_cache_fraction},
+            // QeRL noise (docs/moe.md): what rl.rollout_engine checks a run's
+            // engine.noise_scheduler against.
+            {"noise_scheduler",
+             {{"enabled", c.scheduler.noise.enabled},
+              {"sigma_start", c.scheduler.noise.sigma_start},
+              {"sigma_end", c.scheduler.noise.sigma_end},
+              {"num_stages", c.scheduler.noise.num_stages},
+              {"total_steps", c.scheduler.total_steps},
+              {"first_step", c.scheduler.first_step},
+              {"seed", c.scheduler.seed.value_or(0)}}},
             {"device", m.device().str()},
             {"dtype", std::string(c10::toString(m.dtype()))},
             {"tp_size", 1},

@@ -23,7 +23,9 @@ ServerConfig ServerConfig::from_json(const std::string &text) {
     read_options(text, "server options", [&](const Fields &f) {
         f.only(http_options_and({"served_model_name", "max_tokens_limit", "request_timeout_s",
                                  "reasoning_parser", "max_running", "max_queued", "max_context",
-                                 "kv_cache_fraction"}));
+                                 "kv_cache_fraction", "noise_total_steps", "noise_sigma_start",
+                                 "noise_sigma_end", "noise_num_stages", "noise_first_step",
+                                 "noise_seed"}));
         read_http_options(f, c);
         if (auto v = f.string("served_model_name")) c.served_model_name = *v;
         if (auto v = f.integer("max_tokens_limit", 1, int64_t{1} << 40)) c.max_tokens_limit = *v;
@@ -39,6 +41,23 @@ ServerConfig ServerConfig::from_json(const std::string &text) {
         if (auto v = f.integer("max_queued", 0, 1 << 30)) c.scheduler.max_queued = *v;
         if (auto v = f.integer("max_context", 0, int64_t{1} << 40)) c.scheduler.max_context = *v;
         if (auto v = f.number("kv_cache_fraction", 1e-6, 1.0)) c.scheduler.kv_cache_fraction = *v;
+        // QeRL noise (docs/moe.md): the run's length turns it on.
+        core::SchedulerConfig &sc = c.scheduler;
+        if (auto v = f.integer("noise_total_steps", 1, int64_t{1} << 40)) {
+            sc.noise.enabled = true;
+            sc.total_steps = *v;
+        }
+        if (auto v = f.number("noise_sigma_start", 1e-30, 1e30)) sc.noise.sigma_start = *v;
+        if (auto v = f.number("noise_sigma_end", 1e-30, 1e30)) sc.noise.sigma_end = *v;
+        if (auto v = f.integer("noise_num_stages", 2, int64_t{1} << 40)) sc.noise.num_stages = *v;
+        if (auto v = f.integer("noise_first_step", 0, int64_t{1} << 40)) sc.first_step = *v;
+        if (auto v = f.integer("noise_seed", 0, INT64_MAX)) sc.seed = static_cast<uint64_t>(*v);
+        for (const char *k : {"noise_sigma_start", "noise_sigma_end", "noise_num_stages",
+                              "noise_first_step", "noise_seed"})
+            if (f.has(k) && !sc.noise.enabled)
+                throw core::Error(std::string("server options: ") + k +
+                                  " sets QeRL noise, which needs noise_total_steps (the run's "
+                                  "optimizer steps; --noise-total-steps)");
     });
     return c;
 }

@@ -232,10 +232,16 @@ void TrainingServer::Impl::forward_backward(const Request &req, Responder &r, bo
         int64_t layers = 0;
         for (int64_t l = 0; l < mc.num_hidden_layers; ++l) layers += mc.is_moe_layer(l) ? 1 : 0;
         const int64_t k = mc.num_experts_per_tok;
-        std::vector<int32_t> routes = request_routed_experts(body, in, cu, layers, k);
+        std::vector<int64_t> rows;
+        std::vector<int32_t> routes = request_routed_experts(body, in, cu, layers, k, &rows);
+        // xorl's routed_expert_logits: the recorded weights of those experts.
+        std::vector<float> weights = request_routed_expert_logits(body, in, cu, layers, k, rows);
         if (!routes.empty())
             pb->batch.tensors["routed_experts"] =
                 at::tensor(routes, at::kInt).view({T, layers, k}).clone();
+        if (!weights.empty())
+            pb->batch.tensors["routed_expert_weights"] =
+                at::tensor(weights, at::kFloat).view({T, layers, k}).clone();
     }
     if (plugin && pb->batch.tensors.count("loss_mask")) {
         const at::Tensor &mk = pb->batch.tensors["loss_mask"];

@@ -8,6 +8,7 @@
 #include "rl/core/config.hpp"
 #include "rl/core/engine.hpp"
 #include "rl/core/policy.hpp"
+#include "rl/core/scheduler.hpp"
 #include "rl/core/tiny.hpp"
 
 #include <ATen/ATen.h>
@@ -15,6 +16,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -266,6 +269,137 @@ TEST_P(QerlNoise, GenerateSamplesWithTheNoisyNormsAndForwardsOutsideItDoNot) {
     at::NoGradGuard g;
     EXPECT_TRUE(
         at::equal(noisy_policy->model().logits(batch), clean_policy->model().logits(batch)));
+}
+
+namespace {
+
+// The scheduler's config of the engine's noise (noisy_config).
+SchedulerConfig noisy_scheduler(uint64_t seed) {
+    const EngineConfig e = noisy_config(seed);
+    SchedulerConfig c;
+    c.max_running = 4;
+    c.noise = e.noise;
+    c.total_steps = e.total_steps;
+    c.seed = e.seed;
+    return c;
+}
+
+struct Served {
+    std::vector<int64_t> tokens;
+    std::vector<float> logprobs;
+};
+
+// One request per prompt (sample 0, sampling()'s seed) through `s`.
+std::vector<Served> serve(Scheduler &s) {
+    SamplingParams sp = sampling();
+    sp.n = 1;
+    std::vector<std::promise<RequestResult>> done(kPrompts.size());
+    for (size_t i = 0; i < kPrompts.size(); ++i) {
+        ServeRequest r;
+        r.prompt = kPrompts[i];
+        r.params = sp;
+        r.on_done = [&done, i](RequestResult res) { done[i].set_value(std::move(res)); };
+        s.submit(std::move(r));
+    }
+    std::vector<Served> out;
+    for (auto &d : done) {
+        auto f = d.get_future();
+        if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready)
+            throw std::runtime_error("a served request did not end within 120 s");
+        RequestResult res = f.get();
+        EXPECT_NE(res.end, RequestEnd::Error) << res.error;
+        out.push_back({res.tokens, res.logprobs});
+    }
+    return out;
+}
+
+// Engine::generate's sample 0 of each prompt (sampling()'s seed, n = 1).
+std::vector<Served> generate(Engine &e) {
+    SamplingParams sp = sampling();
+    sp.n = 1;
+    std::vector<Served> out;
+    for (const auto &p : kPrompts) {
+        const Generation g = e.generate({p}, sp);
+        out.push_back({g.token_ids, g.logprobs});
+    }
+    return out;
+}
+
+void expect_same(const std::vector<Served> &a, const std::vector<Served> &b, const char *what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].tokens, b[i].tokens) << what << ", prompt " << i;
+        ASSERT_EQ(a[i].logprobs.size(), b[i].logprobs.size()) << what << ", prompt " << i;
+        for (size_t t = 0; t < a[i].logprobs.size(); ++t)
+            EXPECT_NEAR(a[i].logprobs[t], b[i].logprobs[t], 1e-5)
+                << what << ", prompt " << i << " token " << t;
+    }
+}
+
+bool differ(const std::vector<Served> &a, const std::vector<Served> &b) {
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i].tokens != b[i].tokens) return true;
+        for (size_t t = 0; t < a[i].logprobs.size(); ++t)
+            if (std::abs(a[i].logprobs[t] - b[i].logprobs[t]) > 1e-4f) return true;
+    }
+    return false;
+}
+
+} // namespace
+
+// The serving scheduler (rlhost serve) applies the engine's schedule to every
+// weight version it adopts: in the first stage it samples as a clean one; a
+// weight update (exclusive) to a noisy version gives the scheduled sigma and
+// exactly the co-located engine's noisy samples for that seed and version,
+// which differ from the clean model's.
+TEST_P(QerlNoise, TheServingSchedulerSamplesWithTheEnginesNoiseAtEveryVersion) {
+    auto served_policy = make_policy(GetParam(), 5);
+    auto clean_policy = make_policy(GetParam(), 5);
+    Scheduler noisy(served_policy, noisy_scheduler(9));
+    Scheduler clean(clean_policy, SchedulerConfig{});
+    // Version 0: the first stage, noise-free.
+    EXPECT_EQ(noisy.stats().noise_sigma, 0.0);
+    const std::vector<Served> clean_v0 = serve(clean);
+    expect_same(serve(noisy), clean_v0, "first stage");
+
+    // A weight update to version 4 (stage 2 of 10 steps in 5 stages).
+    noisy.exclusive([&] { served_policy->set_version(4); });
+    const EngineConfig ec = noisy_config(9);
+    const double sigma = ec.noise.sigma(4, ec.total_steps);
+    ASSERT_GT(sigma, 0.0);
+    EXPECT_EQ(noisy.stats().version, 4);
+    EXPECT_EQ(noisy.stats().noise_sigma, sigma);
+    auto engine_policy = make_policy(GetParam(), 5);
+    engine_policy->set_version(4);
+    Engine engine(engine_policy, noisy_config(9));
+    ASSERT_EQ(engine.noise_sigma(), sigma);
+    const std::vector<Served> served_v4 = serve(noisy);
+    expect_same(served_v4, generate(engine), "version 4");
+    clean.exclusive([&] { clean_policy->set_version(4); });
+    EXPECT_TRUE(differ(served_v4, serve(clean))) << "the noise did not reach the samples";
+    // The served model's own weights stay clean.
+    const PackedBatch batch = PackedBatch::from_sequences(kPrompts);
+    at::NoGradGuard g;
+    EXPECT_TRUE(
+        at::equal(served_policy->model().logits(batch), clean_policy->model().logits(batch)));
+}
+
+TEST(QerlConfig, TheSchedulerRefusesBadNoiseSettingsNamingTheKey) {
+    auto policy = make_policy("tiny", 1);
+    SchedulerConfig c = noisy_scheduler(1);
+    c.noise.sigma_start = 0;
+    EXPECT_NE(
+        error_of([&] { Scheduler s(policy, c); }).find("noise_scheduler.sigma_start must be > 0"),
+        std::string::npos);
+    c = noisy_scheduler(1);
+    c.noise.num_stages = 1;
+    EXPECT_NE(
+        error_of([&] { Scheduler s(policy, c); }).find("noise_scheduler.num_stages must be >= 2"),
+        std::string::npos);
+    c = noisy_scheduler(1);
+    c.total_steps = 0;
+    EXPECT_NE(error_of([&] { Scheduler s(policy, c); }).find("needs total_steps > 0"),
+              std::string::npos);
 }
 
 TEST_P(QerlNoise, NoiseIsDeterministicGivenTheSeedAndVersionAndResumesAlike) {

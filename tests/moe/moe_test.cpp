@@ -9,6 +9,7 @@
 #include "rl/core/engine.hpp"
 #include "rl/core/lora.hpp"
 #include "rl/core/moe.hpp"
+#include "rl/core/moe_weights.hpp"
 #include "rl/core/policy.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
@@ -651,6 +652,74 @@ TEST(MoeReplay, ReplayedRoutingKeepsTheRecordedLogprobsWhenTheRouterFlipsSomeTok
     EXPECT_LT((logprobs_of(t, replayed) - lp_self).abs().max().item<double>(), 1e-6);
 }
 
+// Recorded routing weights (RoutingWeightsScope, xorl's routed_expert_logits):
+// the model's own weights replayed with its own ids give its own logits; the
+// weights are taken as given (doubled, the logits move: nothing renormalizes
+// them) and are constants (the routers get no gradient through them, while
+// an ids-only replay trains them); weights without ids, of another shape or
+// not finite are refused naming the tensor.
+TEST(MoeReplay, RecordedWeightsMixTheReplayedExpertsAsGivenWithNoGradientToTheRouter) {
+    for (const std::string arch : {"qwen3_moe", "qwen2_moe"}) {
+        SCOPED_TRACE(arch);
+        auto m = make_model(moe_config(arch), 4);
+        const PackedBatch pb = PackedBatch::from_sequences(random_seqs({7, 5}, 97, 3));
+        const int64_t K = m->config().num_experts_per_tok;
+        at::Tensor ids, w, base;
+        {
+            at::NoGradGuard g;
+            RouterLogitsRecorder rec;
+            base = m->logits(pb);
+            ids = routed_experts_of(rec.logits(), K);
+            w = routed_expert_weights_of(rec.logits(), K, m->config().norm_topk_prob);
+        }
+        auto replayed = [&](const at::Tensor &weights) {
+            at::NoGradGuard g;
+            RoutingReplayScope r(ids);
+            RoutingWeightsScope s(weights);
+            return m->logits(pb);
+        };
+        EXPECT_LT((replayed(w) - base).abs().max().item<double>(), 1e-5);
+        EXPECT_GT((replayed(w * 2) - base).abs().max().item<double>(), 1e-3);
+
+        // Gradients: none reach a router through recorded weights.
+        auto gate_grad = [&](bool with_weights) {
+            for (auto &p : m->parameters()) p.mutable_grad() = at::Tensor();
+            {
+                RoutingReplayScope r(ids);
+                std::optional<RoutingWeightsScope> s;
+                if (with_weights) s.emplace(w);
+                m->logits(pb).logsumexp(-1).sum().backward();
+            }
+            double total = 0;
+            for (const auto &layer : m->model->layers) {
+                const at::Tensor &g = layer->moe->gate->weight.grad();
+                if (g.defined()) total += g.abs().sum().item<double>();
+            }
+            return total;
+        };
+        EXPECT_EQ(gate_grad(true), 0.0);
+        EXPECT_GT(gate_grad(false), 0.0);
+
+        // Refusals name the tensor.
+        at::NoGradGuard g;
+        {
+            RoutingWeightsScope s(w);
+            EXPECT_NE(test::error_of([&] { m->logits(pb); }).find("need the routed experts"),
+                      std::string::npos);
+        }
+        EXPECT_NE(test::error_of([&] {
+                      replayed(w.narrow(0, 0, 3));
+                  }).find("must have the shape of routed_experts"),
+                  std::string::npos);
+        at::Tensor bad = w.clone();
+        bad[4][1][0] = std::numeric_limits<float>::infinity();
+        EXPECT_NE(test::error_of([&] {
+                      replayed(bad);
+                  }).find("at token 4, sparse layer 1, slot 0: inf is not a finite weight"),
+                  std::string::npos);
+    }
+}
+
 TEST(MoeReplay, ReplayedRoutingReachesTheGradientsUnderActivationCheckpointing) {
     TempDir tmp;
     write_tiny_model(tmp / "m", 6, small_moe_spec());
@@ -1059,5 +1128,25 @@ TEST(MoeReplay, RecordingRoutingsIsRefusedWhereItIsNotSupported) {
     EXPECT_NE(error_of([] {
                   SamplingParams::from_json(R"({"return_routed_experts": 1})");
               }).find("return_routed_experts must be true or false"),
+              std::string::npos);
+    // The routing weights (return_expert_logits): with the ids only, and not
+    // for episodes.
+    EXPECT_TRUE(SamplingParams::from_json(
+                    R"({"return_routed_experts": true, "return_expert_logits": true})")
+                    .return_expert_logits);
+    EXPECT_NE(error_of([] { SamplingParams::from_json(R"({"return_expert_logits": true})"); })
+                  .find("return_expert_logits records the weights of the routed experts: it needs "
+                        "return_routed_experts"),
+              std::string::npos);
+    write_tiny_model(tmp / "moe", 12, small_moe_spec());
+    Engine moe(Policy::load(tmp / "moe"));
+    sp.return_expert_logits = true;
+    EXPECT_NE(error_of([&] {
+                  moe.generate_episodes({{'a', 'b'}}, sp, EpisodeOptions{}, [](const TurnEnd &) {
+                      return TurnReply{true, {}, {}};
+                  });
+              })
+                  .find("generate_episodes: return_expert_logits: episodes record the routed "
+                        "experts' ids only"),
               std::string::npos);
 }

@@ -9,6 +9,7 @@
 #include "rl/core/lora.hpp"
 #include "rl/core/model.hpp"
 #include "rl/core/moe.hpp"
+#include "rl/core/moe_weights.hpp"
 #include "rl/core/policy.hpp"
 #include "rl/core/tiny.hpp"
 #include "rl/core/trainer.hpp"
@@ -1210,14 +1211,7 @@ json own_routing(core::Policy &policy, const std::vector<int64_t> &ids) {
     return out;
 }
 
-std::string base64_of_int32(const json &routing) {
-    std::vector<uint8_t> bytes;
-    for (const auto &layers : routing)
-        for (const auto &ks : layers)
-            for (const auto &id : ks) {
-                const uint32_t u = static_cast<uint32_t>(id.get<int32_t>());
-                for (int b = 0; b < 4; ++b) bytes.push_back((u >> (8 * b)) & 0xFF);
-            }
+std::string base64_of(const std::vector<uint8_t> &bytes) {
     const char *a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     std::string s;
     for (size_t i = 0; i < bytes.size(); i += 3) {
@@ -1232,13 +1226,67 @@ std::string base64_of_int32(const json &routing) {
     return s;
 }
 
+// Little-endian 32-bit values of a nested list [T][L][K], base64: int32 ids,
+// or float32 weights when `as_float`.
+std::string base64_of_32(const json &routing, bool as_float) {
+    std::vector<uint8_t> bytes;
+    for (const auto &layers : routing)
+        for (const auto &ks : layers)
+            for (const auto &x : ks) {
+                uint32_t u = 0;
+                if (as_float) {
+                    const float f = x.get<float>();
+                    std::memcpy(&u, &f, 4);
+                } else {
+                    u = static_cast<uint32_t>(x.get<int32_t>());
+                }
+                for (int b = 0; b < 4; ++b) bytes.push_back((u >> (8 * b)) & 0xFF);
+            }
+    return base64_of(bytes);
+}
+
+std::string base64_of_int32(const json &routing) {
+    return base64_of_32(routing, false);
+}
+
+// [T][L][K] nested lists of a tensor.
+json nested(const at::Tensor &t) {
+    json out = json::array();
+    for (int64_t i = 0; i < t.size(0); ++i) {
+        json layers = json::array();
+        for (int64_t l = 0; l < t.size(1); ++l) {
+            json ks = json::array();
+            for (int64_t k = 0; k < t.size(2); ++k)
+                ks.push_back(t.is_floating_point() ? json(t[i][l][k].item<double>())
+                                                   : json(t[i][l][k].item<int64_t>()));
+            layers.push_back(ks);
+        }
+        out.push_back(layers);
+    }
+    return out;
+}
+
+// The routing weights the model mixes `ids`' experts with: [T][L][K].
+json own_weights(core::Policy &policy, const std::vector<int64_t> &ids) {
+    at::NoGradGuard ng;
+    core::RouterLogitsRecorder rec;
+    core::PackedBatch pb;
+    pb.input_ids = at::tensor(ids, at::kLong);
+    pb.cu_seqlens =
+        at::tensor(std::vector<int64_t>{0, static_cast<int64_t>(ids.size())}, at::kLong);
+    policy.model().logits(pb);
+    const core::ModelConfig &c = policy.model().config();
+    return nested(
+        core::routed_expert_weights_of(rec.logits(), c.num_experts_per_tok, c.norm_topk_prob));
+}
+
 } // namespace
 
 // xorl's R3: forward_backward_input.routed_experts, one routing per datum (a
 // nested list, {data: base64 int32, shape} or the SGLang rows without the
 // last token), reaches the trainer: the model's own routing gives the
-// logprobs of routing itself, another routing changes them; bad ones, logits
-// and a dense model are refused naming the field.
+// logprobs of routing itself, another routing changes them; bad ones and a
+// dense model are refused naming the field.
 TEST(TrainingServer, XorlRoutedExpertsAreReplayedByTheTrainer) {
     const std::string dir = tiny_dir() + "-moe";
     core::write_tiny_model(dir, 9, core::tiny_moe_spec());
@@ -1307,15 +1355,6 @@ TEST(TrainingServer, XorlRoutedExpertsAreReplayedByTheTrainer) {
                                  "outside [0, 8)"),
               std::string::npos)
         << failed.dump();
-    {
-        json in = {{"data", json::array({xdatum})},
-                   {"loss_fn", "cross_entropy"},
-                   {"routed_experts", json::array({own})},
-                   {"routed_expert_logits", json::array({own})}};
-        expect_refused(
-            s.post("/api/v1/forward", {{"model_id", model}, {"seq_id", 5}, {"forward_input", in}}),
-            400, "forward_input.routed_expert_logits", "not supported");
-    }
     // A dense model has nothing to replay.
     Srv dense;
     const std::string dm = dense.model(dense.session());
@@ -1325,6 +1364,133 @@ TEST(TrainingServer, XorlRoutedExpertsAreReplayedByTheTrainer) {
     expect_refused(
         dense.post("/api/v1/forward", {{"model_id", dm}, {"seq_id", 1}, {"forward_input", in}}),
         400, "forward_input.routed_experts", "no sparse MoE layer");
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+}
+
+// xorl's routed_expert_logits (the recorded top-k routing weights, float32
+// [T, L, K]) next to routed_experts: the trainer mixes the replayed experts
+// with exactly those weights. Uniform weights give the logprobs of the same
+// model with its routers zeroed (whose replayed weights are then uniform): a
+// direct computation; they differ from the replay without weights; the
+// model's own weights (SGLang's rows, base64 float32) give its own logprobs.
+// Bad weights are refused naming the field.
+TEST(TrainingServer, XorlRoutedExpertLogitsWeighTheReplayedExperts) {
+    const std::string dir = tiny_dir() + "-moe-weights";
+    core::write_tiny_model(dir, 11, core::tiny_moe_spec());
+    Srv s(json::object(), plugin_losses(), dir);
+    const std::string model = s.model(s.session());
+    const std::vector<int64_t> ids = {'w', 'e', 'i', 'g', 'h', 't', 'e', 'd'};
+    const int64_t T = static_cast<int64_t>(ids.size());
+    const json xdatum = {{"model_input", {{"input_ids", ids}}},
+                         {"loss_fn_inputs", {{"labels", ids}}}};
+    const core::ModelConfig &c = s.base->model().config();
+    const int64_t K = c.num_experts_per_tok;
+    int seq = 1;
+    auto call = [&](const char *op, const json &routes, const json &weights) {
+        const std::string key = std::string(op) + "_input";
+        json in = {{"data", json::array({xdatum})}, {"loss_fn", "cross_entropy"}};
+        if (!routes.is_null()) in["routed_experts"] = routes;
+        if (!weights.is_null()) in["routed_expert_logits"] = weights;
+        return s.post(std::string("/api/v1/") + op,
+                      {{"model_id", model}, {"seq_id", seq++}, {key, in}});
+    };
+    auto logprobs = [&](const char *op, const json &routes, const json &weights) {
+        const HttpResponse r = call(op, routes, weights);
+        EXPECT_EQ(r.status, 200) << r.body;
+        const json res = s.result(json::parse(r.body).value("request_id", ""));
+        return res["loss_fn_outputs"][0]["logprobs"]["data"].get<std::vector<double>>();
+    };
+    const json own = own_routing(*s.base, ids);
+    const json mine = own_weights(*s.base, ids);
+    ASSERT_EQ(mine.size(), static_cast<size_t>(T));
+    json uniform = mine;
+    const double u =
+        c.norm_topk_prob ? 1.0 / static_cast<double>(K) : 1.0 / static_cast<double>(c.num_experts);
+    for (auto &layers : uniform)
+        for (auto &ks : layers)
+            for (auto &w : ks) w = u;
+
+    const std::vector<double> ids_only = logprobs("forward", json::array({own}), nullptr);
+    const std::vector<double> weighted =
+        logprobs("forward_backward", json::array({own}), json::array({uniform}));
+    ASSERT_EQ(weighted.size(), ids_only.size());
+    double moved = 0;
+    for (size_t i = 0; i < weighted.size(); ++i)
+        moved = std::max(moved, std::abs(weighted[i] - ids_only[i]));
+    EXPECT_GT(moved, 1e-4) << "recorded weights were not used";
+    // The model's own weights as xorl-sglang sends them (SGLang's rows, the
+    // last token never forwarded; base64 float32): its own logprobs.
+    json sg_ids = own, sg_w = mine;
+    sg_ids.erase(sg_ids.size() - 1);
+    sg_w.erase(sg_w.size() - 1);
+    const json w_packed = {{"data", base64_of_32(sg_w, true)},
+                           {"shape", {T - 1, sg_w[0].size(), K}},
+                           {"dtype", "float32"}};
+    const json id_packed = {{"data", base64_of_int32(sg_ids)},
+                            {"shape", {T - 1, sg_ids[0].size(), K}}};
+    const std::vector<double> as_own =
+        logprobs("forward", json::array({id_packed}), json::array({w_packed}));
+    for (size_t i = 0; i + 1 < ids_only.size(); ++i) EXPECT_NEAR(as_own[i], ids_only[i], 1e-5) << i;
+    // Bare base64: the same.
+    const std::vector<double> bare = logprobs("forward", json::array({base64_of_int32(own)}),
+                                              json::array({base64_of_32(mine, true)}));
+    for (size_t i = 0; i < ids_only.size(); ++i) EXPECT_NEAR(bare[i], ids_only[i], 1e-5) << i;
+
+    // Refusals name the field.
+    const std::string f = "forward_input.routed_expert_logits";
+    json short_w = uniform;
+    short_w.erase(0);
+    short_w.erase(0);
+    expect_refused(call("forward", json::array({own}), json::array({short_w})), 400, f + "[0]",
+                   "must be [8, ");
+    json sg_short = uniform;
+    sg_short.erase(sg_short.size() - 1);
+    expect_refused(call("forward", json::array({own}), json::array({sg_short})), 400, f + "[0]",
+                   "has 7 tokens but routed_experts[0] 8");
+    json nan_w = mine;
+    nan_w[2][1][1] = std::nan("");
+    expect_refused(call("forward", json::array({own}),
+                        json::array({{{"data", base64_of_32(nan_w, true)},
+                                      {"shape", {T, nan_w[0].size(), K}}}})),
+                   400, f + "[0]", "at token 2, sparse layer 1, slot 1: nan is not a finite");
+    expect_refused(call("forward", json::array({own}),
+                        json::array({{{"data", base64_of_int32(own)},
+                                      {"shape", {T, own[0].size(), K}},
+                                      {"dtype", "int32"}}})),
+                   400, f + "[0]", ".dtype must be \"float32\"");
+    json text_w = uniform;
+    text_w[0][0][0] = "half";
+    expect_refused(call("forward", json::array({own}), json::array({text_w})), 400, f + "[0]",
+                   "not one of the routing weights");
+    expect_refused(call("forward", nullptr, json::array({uniform})), 400, f,
+                   "needs routed_experts");
+    expect_refused(call("forward", json::array({own}), json::array({uniform, uniform})), 400, f,
+                   "one routing-weight array per datum (1)");
+    expect_refused(call("forward", json::array({nullptr}), json::array({uniform})), 400, f + "[0]",
+                   "is given but routed_experts[0] is null");
+
+    // The direct computation: the same model with every router zeroed (a
+    // second server whose session clones it) weighs the replayed experts
+    // uniformly, so ids alone give what the uniform weights gave.
+    Srv z(json::object(), plugin_losses(), dir);
+    {
+        at::NoGradGuard ng;
+        for (auto &layer : z.base->model().model->layers)
+            if (layer->moe) layer->moe->gate->weight.zero_();
+    }
+    const std::string zmodel = z.model(z.session());
+    json zin = {{"data", json::array({xdatum})},
+                {"loss_fn", "cross_entropy"},
+                {"routed_experts", json::array({own})}};
+    const HttpResponse zr =
+        z.post("/api/v1/forward", {{"model_id", zmodel}, {"seq_id", 1}, {"forward_input", zin}});
+    ASSERT_EQ(zr.status, 200) << zr.body;
+    const std::vector<double> zeroed = z.result(json::parse(zr.body).value(
+        "request_id", ""))["loss_fn_outputs"][0]["logprobs"]["data"]
+                                           .get<std::vector<double>>();
+    ASSERT_EQ(zeroed.size(), weighted.size());
+    for (size_t i = 0; i < weighted.size(); ++i) EXPECT_NEAR(weighted[i], zeroed[i], 1e-5) << i;
     std::error_code ec;
     fs::remove_all(dir, ec);
 }

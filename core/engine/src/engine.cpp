@@ -5,6 +5,7 @@
 #include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/moe.hpp"
+#include "rl/core/moe_weights.hpp"
 #include "rl/core/params.hpp"
 
 #include <ATen/ATen.h>
@@ -27,6 +28,7 @@ struct Engine::SampleOut {
     std::vector<int64_t> tokens;
     std::vector<float> logprobs;
     std::vector<int64_t> routed; // [rows, L_moe, K] flattened (return_routed_experts)
+    std::vector<float> weights;  // their weights, the same layout (return_expert_logits)
     std::string text;
     FinishReason reason = FinishReason::Length;
 };
@@ -132,12 +134,16 @@ int64_t Engine::sync_weights() {
 // CPU from a generator seeded by (seed, version), so they depend on neither
 // the device nor the dtype, nor on how many calls ran before.
 void Engine::refresh_noise() {
-    noisy_norms_.clear();
     const int64_t version = policy_version();
     const int64_t step = std::max<int64_t>(0, version - config_.first_step);
     noise_sigma_ = config_.noise.sigma(step, config_.total_steps);
-    if (noise_sigma_ <= 0) return;
-    CausalLM &model = policy_->model();
+    noisy_norms_ =
+        qerl_noisy_norms(policy_->model(), noise_sigma_, config_.seed.value_or(0), version);
+}
+
+NormWeights qerl_noisy_norms(CausalLM &model, double sigma, uint64_t seed, int64_t version) {
+    NormWeights out;
+    if (!(sigma > 0)) return out;
     model.materialize_weights();
     std::vector<const RMSNorm *> norms;
     for (const auto &layer : model.model->layers) {
@@ -145,16 +151,17 @@ void Engine::refresh_noise() {
         norms.push_back(layer->post_attention_layernorm.get());
     }
     norms.push_back(model.model->norm.get());
-    const uint64_t seed = mix64(config_.seed.value_or(0) ^ mix64(static_cast<uint64_t>(version)));
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(
+        mix64(seed ^ mix64(static_cast<uint64_t>(version))));
     at::NoGradGuard no_grad;
     for (const RMSNorm *norm : norms) {
         const at::Tensor &clean = norm->weight;
         at::Tensor noise = at::empty(clean.sizes(), at::kFloat);
-        noise.normal_(0.0, noise_sigma_, gen);
+        noise.normal_(0.0, sigma, gen);
         at::Tensor noisy = clean.detach().to(at::kCPU, at::kFloat) + noise;
-        noisy_norms_.emplace(norm, noisy.to(clean.device(), clean.scalar_type()).contiguous());
+        out.emplace(norm, noisy.to(clean.device(), clean.scalar_type()).contiguous());
     }
+    return out;
 }
 
 int64_t Engine::policy_version() const {
@@ -228,6 +235,9 @@ Engine::Prepared Engine::prepare(const std::vector<std::vector<int64_t>> &prompt
     require(!prompts.empty(), ErrorKind::InvalidArgument, who + ": no prompts given");
     if (params.return_routed_experts && !policy_->model().config().has_moe())
         invalid(who + ": return_routed_experts: the model has no sparse MoE layer");
+    if (params.return_expert_logits && who != "generate")
+        invalid(who + ": return_expert_logits: episodes record the routed experts' ids only "
+                      "(return_routed_experts), not their weights");
     const ModelConfig &mc = policy_->model().config();
     for (size_t i = 0; i < prompts.size(); ++i) {
         const auto &p = prompts[i];
@@ -298,6 +308,7 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
         for (int64_t i = 0; i < mc.num_hidden_layers; ++i) g.routed_layers += mc.is_moe_layer(i);
         g.routed_k = mc.num_experts_per_tok;
     }
+    const bool weights = params.return_routed_experts && params.return_expert_logits;
     g.policy_version = prep.adapter ? prep.adapter->version() : version_;
     g.cu_seqlens.push_back(0);
     for (int64_t i = 0; i < total; ++i) {
@@ -305,6 +316,9 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
         g.token_ids.insert(g.token_ids.end(), o.tokens.begin(), o.tokens.end());
         g.logprobs.insert(g.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
         g.routed_experts.insert(g.routed_experts.end(), o.routed.begin(), o.routed.end());
+        if (weights)
+            g.routed_expert_weights.insert(g.routed_expert_weights.end(), o.weights.begin(),
+                                           o.weights.end());
         g.cu_seqlens.push_back(static_cast<int64_t>(g.token_ids.size()));
         g.prompt_index.push_back(i / params.n);
         g.completions.push_back(std::move(o.text));
@@ -320,7 +334,8 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
 // tokens, [prompt, L_moe, K] flattened.
 at::Tensor Engine::prefill_wave(const std::vector<std::vector<int64_t>> &prompts, int64_t n,
                                 int64_t first_sample, int64_t end_sample,
-                                std::vector<std::vector<int64_t>> *routed) {
+                                std::vector<std::vector<int64_t>> *routed,
+                                std::vector<std::vector<float>> *weights) {
     CausalLM &model = policy_->model();
     KVCache &cache = *cache_;
     const int64_t count = end_sample - first_sample;
@@ -356,6 +371,18 @@ at::Tensor Engine::prefill_wave(const std::vector<std::vector<int64_t>> &prompts
             const int64_t *p = ids.data_ptr<int64_t>();
             (*routed)[static_cast<size_t>(k)].assign(p + offset[r] * row, p + offset[r + 1] * row);
         }
+        if (weights != nullptr) {
+            const at::Tensor w =
+                routed_expert_weights_of(recorder->logits(), model.config().num_experts_per_tok,
+                                         model.config().norm_topk_prob);
+            const float *q = w.data_ptr<float>();
+            weights->assign(static_cast<size_t>(count), {});
+            for (int64_t k = 0; k < count; ++k) {
+                const size_t r = static_cast<size_t>(row_of[static_cast<size_t>(k)]);
+                (*weights)[static_cast<size_t>(k)].assign(q + offset[r] * row,
+                                                          q + offset[r + 1] * row);
+            }
+        }
     }
     for (int64_t k = 0; k < count; ++k) {
         const int64_t src = prefill_slots[static_cast<size_t>(row_of[static_cast<size_t>(k)])];
@@ -374,12 +401,17 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
     const int64_t count = end_sample - first_sample;
 
     const bool record = params.return_routed_experts;
+    const bool record_weights = record && params.return_expert_logits;
     const int64_t K = model.config().num_experts_per_tok;
     std::vector<std::vector<int64_t>> prompt_routes;
-    at::Tensor logits = prefill_wave(prompts, params.n, first_sample, end_sample,
-                                     record ? &prompt_routes : nullptr);
+    std::vector<std::vector<float>> prompt_weights;
+    at::Tensor logits =
+        prefill_wave(prompts, params.n, first_sample, end_sample, record ? &prompt_routes : nullptr,
+                     record_weights ? &prompt_weights : nullptr);
     for (size_t k = 0; k < prompt_routes.size(); ++k)
         outs[static_cast<size_t>(first_sample) + k].routed = std::move(prompt_routes[k]);
+    for (size_t k = 0; k < prompt_weights.size(); ++k)
+        outs[static_cast<size_t>(first_sample) + k].weights = std::move(prompt_weights[k]);
     std::optional<RouterLogitsRecorder> recorder;
 
     std::vector<int64_t> active(static_cast<size_t>(count));
@@ -437,6 +469,15 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
                 auto &routed = outs[static_cast<size_t>(first_sample + active[i])].routed;
                 routed.insert(routed.end(), p, p + row);
             }
+            if (record_weights) {
+                const at::Tensor w =
+                    routed_expert_weights_of(recorder->logits(), K, model.config().norm_topk_prob);
+                for (size_t i = 0; i < active.size(); ++i) {
+                    const float *q = w.data_ptr<float>() + static_cast<int64_t>(i) * row;
+                    auto &ws = outs[static_cast<size_t>(first_sample + active[i])].weights;
+                    ws.insert(ws.end(), q, q + row);
+                }
+            }
             recorder.reset();
         }
     }
@@ -448,6 +489,10 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
         for (int64_t s = first_sample; s < end_sample; ++s) {
             auto &routed = outs[static_cast<size_t>(s)].routed;
             routed.insert(routed.end(), static_cast<size_t>(layers * K), -1);
+            if (record_weights)
+                outs[static_cast<size_t>(s)].weights.insert(
+                    outs[static_cast<size_t>(s)].weights.end(), static_cast<size_t>(layers * K),
+                    0.0f);
         }
     }
 }

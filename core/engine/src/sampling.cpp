@@ -87,10 +87,13 @@ SamplingParams SamplingParams::from_json(const std::string &text) {
             if (!v.is_boolean())
                 bad("return_routed_experts must be true or false, got " + v.dump());
             p.return_routed_experts = v.get<bool>();
+        } else if (k == "return_expert_logits") {
+            if (!v.is_boolean()) bad("return_expert_logits must be true or false, got " + v.dump());
+            p.return_expert_logits = v.get<bool>();
         } else {
             bad("unknown key '" + k +
                 "'; valid: n, temperature, top_p, top_k, seed, max_tokens, stop, stop_token_ids, "
-                "adapter, return_routed_experts");
+                "adapter, return_routed_experts, return_expert_logits");
         }
     }
     p.validate();
@@ -107,6 +110,9 @@ void SamplingParams::validate() const {
     if (max_tokens < 1) bad("max_tokens must be >= 1, got " + std::to_string(max_tokens));
     for (size_t i = 0; i < stop.size(); ++i)
         if (stop[i].empty()) bad("stop[" + std::to_string(i) + "] is an empty string");
+    if (return_expert_logits && !return_routed_experts)
+        bad("return_expert_logits records the weights of the routed experts: it needs "
+            "return_routed_experts");
 }
 
 double sampling_uniform(uint64_t seed, int64_t prompt, int64_t sample, int64_t position) {

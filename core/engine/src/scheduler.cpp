@@ -7,6 +7,7 @@
 #include "rl/core/kv_cache.hpp"
 #include "rl/core/lora.hpp"
 #include "rl/core/moe.hpp"
+#include "rl/core/moe_weights.hpp"
 #include "rl/core/names.hpp"
 
 #include <ATen/ATen.h>
@@ -73,6 +74,7 @@ struct Scheduler::Impl {
         // return_routed_experts: the routing of every token read so far,
         // [prompt + tokens read, L_moe, K] flattened.
         std::vector<int32_t> routed;
+        std::vector<float> routed_weights; // return_expert_logits: their weights
         int64_t routed_layers = 0, routed_k = 0;
         // The LoRA adapter it samples with (params.adapter), held so that an
         // adapter unloaded meanwhile still serves the requests that named it.
@@ -96,6 +98,10 @@ struct Scheduler::Impl {
     int64_t version = 0;
     int64_t tokens_generated = 0;
     std::atomic<int64_t> cache_bytes{0};
+    // QeRL noise (config.noise) of `version`: the norm weights every forward
+    // uses (empty: the clean ones) and their sigma. Rebuilt under step_mu.
+    NormWeights noisy_norms;
+    double noise_sigma = 0;
 
     std::mutex step_mu; // held while a step runs; exclusive() and memory calls take it
     KVCache cache;
@@ -144,8 +150,33 @@ struct Scheduler::Impl {
         running.resize(static_cast<size_t>(slots));
         cache = model.make_cache(slots, std::min<int64_t>(max_context, 256));
         cache_bytes = cache.bytes();
+        if (config.noise.enabled) {
+            require(config.noise.sigma_start > 0, ErrorKind::InvalidArgument,
+                    "scheduler: noise_scheduler.sigma_start must be > 0, got " +
+                        std::to_string(config.noise.sigma_start));
+            require(config.noise.sigma_end > 0, ErrorKind::InvalidArgument,
+                    "scheduler: noise_scheduler.sigma_end must be > 0, got " +
+                        std::to_string(config.noise.sigma_end));
+            require(config.noise.num_stages >= 2, ErrorKind::InvalidArgument,
+                    "scheduler: noise_scheduler.num_stages must be >= 2 (the first stage is "
+                    "noise-free), got " +
+                        std::to_string(config.noise.num_stages));
+            require(config.total_steps > 0, ErrorKind::InvalidArgument,
+                    "scheduler: noise_scheduler.enabled needs total_steps > 0 (the run's length)");
+        }
         version = policy->version();
+        refresh_noise();
         thread = std::thread([this] { loop(); });
+    }
+
+    // The QeRL noise of the version just adopted, from the model's current
+    // (clean) weights: the engine's (qerl_noisy_norms), so a served version
+    // samples with the noise a co-located engine draws for it.
+    void refresh_noise() {
+        noise_sigma = config.noise.sigma(std::max<int64_t>(0, version - config.first_step),
+                                         config.total_steps);
+        noisy_norms =
+            qerl_noisy_norms(policy->model(), noise_sigma, config.seed.value_or(0), version);
     }
 
     ~Impl() {
@@ -176,6 +207,10 @@ struct Scheduler::Impl {
                                 static_cast<size_t>(res.routed_layers * res.routed_k);
             res.routed_experts = std::move(r.routed);
             res.routed_experts.resize(want, -1);
+            if (r.req.params.return_expert_logits) {
+                res.routed_expert_weights = std::move(r.routed_weights);
+                res.routed_expert_weights.resize(want, 0.0f);
+            }
         }
         return res;
     }
@@ -290,6 +325,7 @@ struct Scheduler::Impl {
             const int64_t current = policy->version();
             if (current != version) { // weights changed outside exclusive(): never mix
                 version = current;
+                refresh_noise();
                 for (auto &r : running)
                     if (r) r->stale = true;
             }
@@ -371,6 +407,7 @@ struct Scheduler::Impl {
     at::Tensor forward(const std::vector<Request *> &reqs, const std::vector<int64_t> &slot_ids,
                        const at::Tensor &tokens, const std::vector<int64_t> &counts,
                        const std::vector<uint8_t> &refilled, bool record) {
+        NormWeightsScope noise_scope(&noisy_norms); // QeRL noise (empty: the clean norms)
         std::vector<at::Tensor> logits;
         std::vector<std::vector<at::Tensor>> routing; // per group, per sparse layer
         int64_t token_at = 0;
@@ -400,7 +437,7 @@ struct Scheduler::Impl {
                 for (const auto &g : routing) parts.push_back(g[l]);
                 layers[l] = at::cat(parts, 0);
             }
-            keep_routing(reqs, counts, refilled, layers);
+            keep_routing(reqs, counts, refilled, layers, policy->model().config().norm_topk_prob);
         }
         return logits.size() == 1 ? logits.front() : at::cat(logits, 0);
     }
@@ -410,7 +447,7 @@ struct Scheduler::Impl {
     // what it had when it was prefilled again from its prompt.
     static void keep_routing(const std::vector<Request *> &reqs, const std::vector<int64_t> &counts,
                              const std::vector<uint8_t> &refilled,
-                             const std::vector<at::Tensor> &router_logits) {
+                             const std::vector<at::Tensor> &router_logits, bool norm_topk_prob) {
         const Request *any = nullptr;
         for (const Request *r : reqs)
             if (r->req.params.return_routed_experts) any = r;
@@ -418,12 +455,22 @@ struct Scheduler::Impl {
             routed_experts_of(router_logits, any->routed_k).to(at::kInt).contiguous();
         const int64_t row = ids.size(1) * ids.size(2); // ids per token
         const int32_t *p = ids.data_ptr<int32_t>();
+        bool weights = false;
+        for (const Request *r : reqs) weights = weights || r->req.params.return_expert_logits;
+        at::Tensor w;
+        if (weights) w = routed_expert_weights_of(router_logits, any->routed_k, norm_topk_prob);
         int64_t at_row = 0;
         for (size_t i = 0; i < reqs.size(); ++i) {
             Request &r = *reqs[i];
             if (r.req.params.return_routed_experts) {
                 if (refilled[i]) r.routed.clear();
                 r.routed.insert(r.routed.end(), p + at_row * row, p + (at_row + counts[i]) * row);
+            }
+            if (r.req.params.return_expert_logits) {
+                if (refilled[i]) r.routed_weights.clear();
+                const float *q = w.data_ptr<float>();
+                r.routed_weights.insert(r.routed_weights.end(), q + at_row * row,
+                                        q + (at_row + counts[i]) * row);
             }
             at_row += counts[i];
         }
@@ -647,6 +694,7 @@ void Scheduler::exclusive(const std::function<void()> &fn) {
     fn();
     std::lock_guard<std::mutex> lk(s.mu);
     s.version = s.policy->version();
+    s.refresh_noise();
     for (auto &r : s.running)
         if (r) r->stale = true;
     s.cache.clear_all();
@@ -686,6 +734,7 @@ Scheduler::Stats Scheduler::stats() const {
     st.queued = static_cast<int64_t>(s.queue.size());
     st.slots = s.slots;
     st.version = s.version;
+    st.noise_sigma = s.noise_sigma;
     st.tokens_generated = s.tokens_generated;
     st.cache_bytes = s.cache_bytes;
     st.paused = s.paused;

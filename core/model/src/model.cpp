@@ -8,6 +8,7 @@
 #include "rl/core/error.hpp"
 #include "rl/core/lora.hpp"
 #include "rl/core/moe.hpp"
+#include "rl/core/moe_weights.hpp"
 #include "rl/core/threads.hpp"
 #include "rl/core/torch_compat.hpp"
 
@@ -376,13 +377,22 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         check_routed_experts(replay, T, config_, "routed_experts");
         replay = replay.to(options_.device).to(at::kLong);
     }
+    // Recorded routing weights (moe_weights.hpp) of the replayed experts:
+    // float32 [T, L_moe, K] constants, held by the closure likewise.
+    at::Tensor replay_weights = cache == nullptr ? RoutingWeightsScope::current() : at::Tensor();
+    if (replay_weights.defined()) {
+        check(replay.defined(), "routed_expert_weights: recorded routing weights need the routed "
+                                "experts they weigh (routed_experts)");
+        check_routed_expert_weights(replay_weights, replay, "routed_expert_weights");
+        replay_weights = replay_weights.detach().to(options_.device).to(at::kFloat);
+    }
 
     // One decoder layer: h -> h'. The closure holds what every layer shares
     // (rotary tables, attention plan), so a checkpointed layer can run again
     // in the backward.
     auto layer_fn = [this, T, scale, cos = cos, sin = sin, packed = std::move(packed),
-                     cached = std::move(cached), cache, adapter, dropout_seed,
-                     replay](size_t i, const at::Tensor &hin) {
+                     cached = std::move(cached), cache, adapter, dropout_seed, replay,
+                     replay_weights](size_t i, const at::Tensor &hin) {
         const ModelConfig &c = config_;
         const DecoderLayer &layer = *model->layers[i];
         const Attention &attn = *layer.self_attn;
@@ -420,6 +430,17 @@ at::Tensor CausalLM::run_layers(const at::Tensor &input_ids, const at::Tensor &p
         at::Tensor y = layer.post_attention_layernorm->forward(hout);
         if (layer.moe) {
             const ExpertLora lora{adapter.get(), i, dropout_seed};
+            if (replay_weights.defined()) {
+                // The replayed experts mixed with the recorded weights (as
+                // given, no gradient to the router through them); a row of
+                // -1 keeps the router's own choice and weights.
+                const at::Tensor ids = replay.select(1, layer.moe->moe_index);
+                MoeRouting r = layer.moe->replay(y, ids);
+                if (RouterLogitsRecorder *rec = RouterLogitsRecorder::current()) rec->add(r.logits);
+                r.weights = at::where(ids.select(1, 0).lt(0).unsqueeze(1), r.weights,
+                                      replay_weights.select(1, layer.moe->moe_index));
+                return hout + layer.moe->mix(y, r, /*decoding=*/false, adapter ? &lora : nullptr);
+            }
             return hout + layer.moe->forward(y, /*decoding=*/cache != nullptr, nullptr,
                                              replay.defined()
                                                  ? replay.select(1, layer.moe->moe_index)

@@ -13,6 +13,7 @@
 #include "rl/core/dist.hpp"
 #include "rl/core/checkpoint.hpp"
 #include "rl/core/moe.hpp"
+#include "rl/core/moe_weights.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
@@ -43,6 +44,13 @@ namespace {
 
 constexpr int64_t kIgnore = -100;
 constexpr const char *kRoutedExperts = "routed_experts"; // R3 routing replay, [T, L_moe, K]
+// R3's recorded routing weights of those experts, float [T, L_moe, K].
+constexpr const char *kRoutedWeights = "routed_expert_weights";
+
+// A model input, not a loss input.
+bool is_routing(const std::string &name) {
+    return name == kRoutedExperts || name == kRoutedWeights;
+}
 
 [[noreturn]] void invalid(const std::string &msg) {
     throw Error(ErrorKind::InvalidArgument, msg);
@@ -102,12 +110,19 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
                              "batch tensor 'routed_experts'");
         P.routed = it->second.to(at::kCPU).to(at::kLong).contiguous();
     }
+    if (auto it = batch.tensors.find(kRoutedWeights); it != batch.tensors.end()) {
+        if (!P.routed.defined())
+            invalid("batch tensor 'routed_expert_weights' weighs replayed experts but the batch "
+                    "has no 'routed_experts'");
+        check_routed_expert_weights(it->second, P.routed, "batch tensor 'routed_expert_weights'");
+        P.routed_weights = it->second.to(at::kCPU).to(at::kFloat).contiguous();
+    }
 
     // Per-token tensors: shape and dtype checks, reserved names.
     for (const auto &kv : batch.tensors) {
         const std::string &name = kv.first;
         const at::Tensor &t = kv.second;
-        if (name == kRoutedExperts) continue;
+        if (is_routing(name)) continue;
         if (name.empty()) invalid("batch has a tensor with an empty name");
         if (name == "logprobs" || name == "entropy" || name == "logsumexp")
             invalid("batch tensor '" + name +
@@ -171,7 +186,7 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
     // Inputs the loss reads; refuse what it cannot take or misses.
     const LossSignature &sig = loss->signature;
     for (const auto &kv : batch.tensors)
-        if (kv.first != kRoutedExperts && !sig.accepts(kv.first))
+        if (!is_routing(kv.first) && !sig.accepts(kv.first))
             invalid(loss->name + " does not read batch tensor '" + kv.first +
                     "'; it reads: " + list_names([&] {
                         std::vector<std::string> a = sig.required;
@@ -248,7 +263,7 @@ Trainer::Prepared Trainer::prepare(const TrainBatch &batch, const LossFunction *
     if (sig.accepts("labels")) P.inputs.emplace_back("labels", labels);
     if (mask.defined()) P.inputs.emplace_back("loss_mask", mask);
     for (const auto &kv : batch.tensors) {
-        if (kv.first == "labels" || kv.first == "loss_mask" || kv.first == kRoutedExperts) continue;
+        if (kv.first == "labels" || kv.first == "loss_mask" || is_routing(kv.first)) continue;
         P.inputs.emplace_back(kv.first, kv.second.to(at::kCPU).to(at::kDouble).contiguous());
     }
     return P;

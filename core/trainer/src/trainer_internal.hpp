@@ -29,11 +29,12 @@ struct Trainer::Prepared {
     int64_t T = 0;
     std::vector<int64_t> cu;
     PackingPlan plan;
-    at::Tensor ids;          // int64 [T]
-    at::Tensor model_labels; // int64 [T]: label of the next token in the sequence, else -100
-    at::Tensor not_first;    // float32 [T]: 0 at each sequence's first token
-    at::Tensor counted;      // float64 [T]: 1 where the loss counts the token
-    at::Tensor routed;       // int64 [T, L_moe, K]: routing to replay (R3), else undefined
+    at::Tensor ids;            // int64 [T]
+    at::Tensor model_labels;   // int64 [T]: label of the next token in the sequence, else -100
+    at::Tensor not_first;      // float32 [T]: 0 at each sequence's first token
+    at::Tensor counted;        // float64 [T]: 1 where the loss counts the token
+    at::Tensor routed;         // int64 [T, L_moe, K]: routing to replay (R3), else undefined
+    at::Tensor routed_weights; // float32 [T, L_moe, K]: its recorded weights, else undefined
     // Loss inputs over the whole batch (float64, labels int64), sliced per micro-batch.
     std::vector<std::pair<std::string, at::Tensor>> inputs;
     bool want_logprobs = false, want_entropy = false;

@@ -13,6 +13,7 @@
 #include "rl/core/dist.hpp"
 #include "rl/core/checkpoint.hpp"
 #include "rl/core/moe.hpp"
+#include "rl/core/moe_weights.hpp"
 #include "rl/core/pretrained.hpp"
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
@@ -135,8 +136,12 @@ StepResult Trainer::classify(const TrainBatch &batch) {
     std::vector<at::Tensor> scores;
     for (const MicroBatch &mb : P.plan.micro_batches) {
         std::optional<RoutingReplayScope> replay;
+        std::optional<RoutingWeightsScope> replay_weights;
         if (P.routed.defined())
             replay.emplace(P.routed.narrow(0, mb.range.token_begin, mb.range.tokens()));
+        if (P.routed_weights.defined())
+            replay_weights.emplace(
+                P.routed_weights.narrow(0, mb.range.token_begin, mb.range.tokens()));
         scores.push_back(policy_->model().sequence_scores(P.input_of(mb)).to(at::kCPU));
     }
     R.tensors["scores"] =
@@ -264,6 +269,8 @@ StepResult Trainer::run(const TrainBatch &batch, const LossFunction *loss, bool 
         if (moe) recorder.emplace();
         std::optional<RoutingReplayScope> replay;
         if (P.routed.defined()) replay.emplace(P.routed.narrow(0, a, n));
+        std::optional<RoutingWeightsScope> replay_weights;
+        if (P.routed_weights.defined()) replay_weights.emplace(P.routed_weights.narrow(0, a, n));
         TokenLogprobs tl = model.token_logprobs(pb, P.model_labels.narrow(0, a, n), lopts);
         // The router losses of this micro-batch, weighted by its share of the
         // call's tokens (and of the ranks', whose gradients dp sums).

@@ -252,7 +252,8 @@ function rl.rollout_engine(model, cfg, run)
     if cfg.engine and cfg.engine.noise_scheduler and cfg.engine.noise_scheduler.enabled then
         error("engine.noise_scheduler.enabled (QeRL noise) applies to the co-located engine and to "
             .. "engines over synced weights (grpo_disaggregated.lua), not to an inference server "
-            .. "(inference_server.url)", 2)
+            .. "(inference_server.url): start the server with the schedule instead (rlhost serve "
+            .. "--noise-total-steps N ...; docs/moe.md) and leave it off here", 2)
     end
     if cfg.lora and (cfg.lora.rank or 0) > 0 then
         error("lora.rank > 0 needs the co-located engine: an inference server (inference_server.url) "

@@ -45,6 +45,14 @@ struct NoiseSchedule {
     double sigma(int64_t step, int64_t total_steps) const;
 };
 
+/// QeRL noise of one policy version: noisy copies of `model`'s RMSNorm
+/// weights (every decoder layer's input_layernorm and
+/// post_attention_layernorm, and the final norm) with N(0, sigma^2) noise
+/// drawn in float32 on the CPU from a generator seeded by mix64(seed ^
+/// mix64(version)), added to the clean weight in float32 and rounded to its
+/// dtype; empty when sigma <= 0. The engine's and the serving scheduler's.
+NormWeights qerl_noisy_norms(CausalLM &model, double sigma, uint64_t seed, int64_t version);
+
 struct EngineConfig {
     int64_t max_batch_sequences = 0; ///< samples decoded together; 0: all of a call
     /// KV-cache budget: this fraction of the device's memory (GPU memory on
@@ -88,6 +96,10 @@ struct Generation {
     /// layout of the trainer's `routed_experts` for that sequence. Else empty.
     std::vector<int64_t> routed_experts;
     int64_t routed_layers = 0, routed_k = 0; ///< L_moe and K of routed_experts
+    /// With SamplingParams::return_expert_logits as well: the weights each
+    /// row's experts were mixed with, float32, the layout of routed_experts
+    /// (renormalized over the k when norm_topk_prob; 0 in -1 rows). Else empty.
+    std::vector<float> routed_expert_weights;
     int64_t samples() const { return static_cast<int64_t>(prompt_index.size()); }
 };
 
@@ -227,7 +239,8 @@ private:
                      int64_t capacity, const char *fn);
     at::Tensor prefill_wave(const std::vector<std::vector<int64_t>> &prompts, int64_t n,
                             int64_t first_sample, int64_t end_sample,
-                            std::vector<std::vector<int64_t>> *routed = nullptr);
+                            std::vector<std::vector<int64_t>> *routed = nullptr,
+                            std::vector<std::vector<float>> *weights = nullptr);
     void run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
                           const SamplingParams &params, const Prepared &prep, int64_t first_sample,
                           int64_t end_sample, int64_t capacity, const EpisodeOptions &options,

@@ -43,6 +43,10 @@ struct SamplingParams {
     /// Record the mixture-of-experts routing of every token (Engine::generate
     /// only; Generation::routed_experts, docs/model.md "Mixture of experts").
     bool return_routed_experts = false;
+    /// With return_routed_experts, also record the weights the experts were
+    /// mixed with (xorl-sglang's return_expert_logits; Engine::generate and
+    /// the serving scheduler; Generation::routed_expert_weights).
+    bool return_expert_logits = false;
 
     /// JSON object with the keys above (all optional); unknown keys and bad
     /// values are errors naming the key.

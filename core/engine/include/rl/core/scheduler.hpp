@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,14 @@ struct SchedulerConfig {
     int64_t max_context = 0;
     /// KV-cache budget as a fraction of the device's memory (as EngineConfig).
     double kv_cache_fraction = 0.3;
+    /// QeRL exploration noise, as the engine's (EngineConfig::noise,
+    /// total_steps, first_step, seed): every policy version the scheduler
+    /// adopts samples with qerl_noisy_norms of sigma noise.sigma(max(0,
+    /// version - first_step), total_steps).
+    NoiseSchedule noise;
+    int64_t total_steps = 0;
+    int64_t first_step = 0;
+    std::optional<uint64_t> seed;
 };
 
 /// Thrown by submit() when the queue is full (a server answers 503 with
@@ -95,6 +104,9 @@ struct RequestResult {
     /// (weights changed, memory resumed) the rows are that forward's.
     std::vector<int32_t> routed_experts;
     int64_t routed_layers = 0, routed_k = 0;
+    /// With SamplingParams::return_expert_logits as well: the weights of
+    /// those experts, float32 in the layout of routed_experts (0 in -1 rows).
+    std::vector<float> routed_expert_weights;
 };
 
 struct ServeRequest {
@@ -151,6 +163,7 @@ public:
     struct Stats {
         int64_t running = 0, queued = 0, slots = 0;
         int64_t version = 0;
+        double noise_sigma = 0;       ///< QeRL noise of the version (0: clean)
         int64_t tokens_generated = 0; ///< since start
         int64_t cache_bytes = 0;
         bool paused = false, memory_released = false;
