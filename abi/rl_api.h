@@ -26,5 +26,6 @@
 #include "rl/inference.h"
 #include "rl/serve.h"
 #include "rl/training_server.h"
+#include "rl/disagg.h"
 
 #endif /* RL_API_H */

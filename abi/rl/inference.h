@@ -37,8 +37,9 @@ RL_API rl_status_t rl_inference_client_call(rl_inference_client_t *client, const
  * continue, and the server must then report `version`. `options_json` (NULL: defaults): {"mode":
  * "disk" | "distributed", "dir" (disk: a folder the server can read), "keep", "master_address",
  * "master_port", "group_name", "backend", "bucket_bytes", "flattened",
- * "checksums", "dtype"} as docs/serving.md lists ("vllm" + "distributed": vLLM's
- * NCCL weight-transfer engine, the model on CUDA). Result: scalars "skipped"
+ * "checksums", "dtype", "rendezvous"} as docs/serving.md lists ("vllm" +
+ * "distributed": vLLM's NCCL weight-transfer engine, the model on CUDA;
+ * "rendezvous": "store" or "unique_id", the id in the init request). Result: scalars "skipped"
  * (0/1), "version", "tensors"; metrics "sync/bytes", "sync/seconds",
  * "sync/version"; text "server_version". */
 RL_API rl_status_t rl_inference_client_sync(rl_inference_client_t *client, rl_model_t *model,

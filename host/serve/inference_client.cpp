@@ -8,6 +8,7 @@
 #include "rl/core/pretrained.hpp"
 #include "rl/core/update_group.hpp"
 #include "rl/core/json.hpp"
+#include "rl/core/text.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -21,6 +22,7 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <thread>
 
 namespace rl::serve {
 
@@ -122,13 +124,15 @@ SyncOptions SyncOptions::from_json(const json &j) {
             (k == "bucket_bytes" && v.is_number_integer() && v >= 1) ||
             (k == "flattened" && v.is_boolean()) || (k == "force" && v.is_boolean()) ||
             (k == "checksums" && (v.is_boolean() || v == "auto")) ||
-            (k == "dtype" && v.is_string() && (v == "native" || v == "float32" || v == "bfloat16"));
+            (k == "dtype" && v.is_string() &&
+             (v == "native" || v == "float32" || v == "bfloat16")) ||
+            (k == "rendezvous" && v.is_string() && (v == "store" || v == "unique_id"));
         if (!ok)
             bad_option("sync options: key '" + k +
                        "' is unknown or has a bad value (mode: disk | distributed, dir, keep >= 1, "
                        "master_address, master_port 0..65535, group_name, backend: auto | gloo | "
                        "nccl, bucket_bytes >= 1, flattened: bool, checksums: auto | bool, dtype: "
-                       "native | float32 | bfloat16, force: bool)");
+                       "native | float32 | bfloat16, force: bool, rendezvous: store | unique_id)");
         if (k == "mode") o.mode = v;
         if (k == "dir") o.dir = v;
         if (k == "keep") o.keep = v;
@@ -142,6 +146,7 @@ SyncOptions SyncOptions::from_json(const json &j) {
         if (k == "checksums")
             o.checksums = v.is_boolean() ? (v.get<bool>() ? "true" : "false") : "auto";
         if (k == "dtype") o.dtype = v;
+        if (k == "rendezvous") o.rendezvous = v;
     }
     return o;
 }
@@ -203,6 +208,12 @@ SyncOutcome InferenceClient::sync(const core::Policy &policy, int64_t version,
     if (policy.model().weight_hooks() != nullptr)
         throw Error(ErrorKind::BadState,
                     "sync: the model is sharded (trainer.parallel fsdp); gather it first");
+    if (options.rendezvous != "store" &&
+        (options_.protocol != "vllm" || options.mode != "distributed"))
+        bad_option("sync: rendezvous '" + options.rendezvous +
+                   "' is for vLLM's NCCL weight transfer (protocol 'vllm', mode 'distributed': "
+                   "the id goes in init_info.nccl_unique_id_b64); this sync is protocol '" +
+                   options_.protocol + "', mode '" + options.mode + "'");
     const auto t0 = Clock::now();
     // Handshake: a server already at this version (or newer) is left alone.
     const std::string before = weight_version();
@@ -293,6 +304,24 @@ SyncOutcome InferenceClient::sync_disk(const core::Policy &policy, int64_t versi
     for (size_t i = 0; i + static_cast<size_t>(o.keep) < steps.size(); ++i)
         fs::remove_all(steps[i].second);
     return out;
+}
+
+json vllm_init_info(const SyncOptions &o, int workers, int master_port,
+                    const std::array<uint8_t, 128> *unique_id) {
+    json info = {{"rank_offset", 1},
+                 {"world_size", 1 + workers},
+                 {"packed", o.flattened},
+                 {"packed_buffer_size_bytes", o.bucket_bytes},
+                 {"packed_num_buffers", 2}};
+    if (unique_id != nullptr) {
+        // vLLM decodes it with b64decode(validate=True): the standard
+        // alphabet, padded, never the URL-safe one.
+        info["nccl_unique_id_b64"] = core::base64_encode(unique_id->data(), unique_id->size());
+    } else {
+        info["master_address"] = o.master_address;
+        info["master_port"] = master_port;
+    }
+    return info;
 }
 
 SyncOutcome InferenceClient::sync_distributed(const core::Policy &policy, int64_t version,
@@ -438,7 +467,8 @@ SyncOutcome InferenceClient::sync_distributed(const core::Policy &policy, int64_
 
 // vLLM's NCCL weight transfer engine (vLLM 0.33.0) as its trainer does it:
 // rank 0 hosts the StatelessProcessGroup's store and publishes the NCCL id
-// while the server joins (/init_weight_transfer_engine), then one update:
+// while the server joins (/init_weight_transfer_engine; with rendezvous
+// "unique_id" the id goes in its body instead), then one update:
 // /start_weight_update, /update_weights announcing names, dtypes and shapes
 // while the tensors are broadcast (one by one, or packed into uint8 buffers of
 // bucket_bytes when `flattened`), /finish_weight_update with the version.
@@ -460,36 +490,66 @@ SyncOutcome InferenceClient::sync_vllm_nccl(const core::Policy &policy, int64_t 
             workers = std::max(1, w["world_size"].get<int>());
     } catch (const std::exception &) {
     }
-    const int port = o.master_port > 0 ? o.master_port : free_port(o.master_address);
     const int world = 1 + workers;
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
-    const json init_info = {{"master_address", o.master_address},
-                            {"master_port", port},
-                            {"rank_offset", 1},
-                            {"world_size", world},
-                            {"packed", o.flattened},
-                            {"packed_buffer_size_bytes", o.bucket_bytes},
-                            {"packed_num_buffers", 2}};
-    auto init = std::async(std::launch::async, [&] {
-        return call("POST", "/init_weight_transfer_engine", json{{"init_info", init_info}});
-    });
     std::unique_ptr<vllm::StatelessGroup> group;
     std::unique_ptr<vllm::NcclComm> comm;
     std::string trainer_error;
-    try {
-        group = std::make_unique<vllm::StatelessGroup>(o.master_address, port, 0, world, timeout);
+    if (o.rendezvous == "unique_id") {
+        // No store: the id travels in the request and both sides enter
+        // ncclCommInitRank together. NCCL's init has no timeout and cannot be
+        // called off, so it runs on a thread of its own that owns what it
+        // uses: when the server refuses to join, the sync fails at once and
+        // that thread is left waiting for peers that never come.
         const vllm::UniqueId id = vllm::NcclComm::new_unique_id();
-        group->broadcast_unique_id(id);
-        comm = std::make_unique<vllm::NcclComm>(id, 0, world, model.device());
-    } catch (const std::exception &e) {
-        trainer_error = e.what();
-    }
-    try {
-        init.get();
-    } catch (const std::exception &e) {
-        throw Error(ErrorKind::Io, std::string("sync: the server did not join vLLM's weight "
-                                               "transfer: ") +
-                                       e.what());
+        auto made = std::make_shared<std::promise<std::unique_ptr<vllm::NcclComm>>>();
+        auto comm_ready = made->get_future();
+        std::thread([made, id, world, device = model.device()] {
+            try {
+                made->set_value(std::make_unique<vllm::NcclComm>(id, 0, world, device));
+            } catch (...) {
+                made->set_exception(std::current_exception());
+            }
+        }).detach();
+        try {
+            call("POST", "/init_weight_transfer_engine",
+                 json{{"init_info", vllm_init_info(o, workers, 0, &id)}});
+        } catch (const std::exception &e) {
+            throw Error(ErrorKind::Io, std::string("sync: the server did not join vLLM's weight "
+                                                   "transfer: ") +
+                                           e.what());
+        }
+        if (comm_ready.wait_for(timeout) != std::future_status::ready)
+            throw Error(ErrorKind::Io, "sync: the server joined vLLM's weight transfer, but "
+                                       "ncclCommInitRank did not finish within the client's "
+                                       "timeout");
+        try {
+            comm = comm_ready.get();
+        } catch (const std::exception &e) {
+            trainer_error = e.what();
+        }
+    } else {
+        const int port = o.master_port > 0 ? o.master_port : free_port(o.master_address);
+        const json init_info = vllm_init_info(o, workers, port, nullptr);
+        auto init = std::async(std::launch::async, [&] {
+            return call("POST", "/init_weight_transfer_engine", json{{"init_info", init_info}});
+        });
+        try {
+            group =
+                std::make_unique<vllm::StatelessGroup>(o.master_address, port, 0, world, timeout);
+            const vllm::UniqueId id = vllm::NcclComm::new_unique_id();
+            group->broadcast_unique_id(id);
+            comm = std::make_unique<vllm::NcclComm>(id, 0, world, model.device());
+        } catch (const std::exception &e) {
+            trainer_error = e.what();
+        }
+        try {
+            init.get();
+        } catch (const std::exception &e) {
+            throw Error(ErrorKind::Io, std::string("sync: the server did not join vLLM's weight "
+                                                   "transfer: ") +
+                                           e.what());
+        }
     }
     if (!comm) throw Error(ErrorKind::Io, "sync: " + trainer_error);
     struct Shutdown {

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -51,6 +52,11 @@ struct SyncOptions {
     /// true or false (SGLang refuses unknown fields).
     std::string checksums = "auto";
     std::string dtype = "native"; ///< native, float32, bfloat16
+    /// protocol vllm, mode distributed: how the NCCL unique id reaches the
+    /// server. "store": vLLM's StatelessProcessGroup (a TCPStore the trainer
+    /// hosts at master_address:master_port); "unique_id": base64 in the
+    /// request (init_info.nccl_unique_id_b64), no store.
+    std::string rendezvous = "store";
     /// Update even when the server reports this version already (a server
     /// started from other weights than the trainer's).
     bool force = false;
@@ -65,6 +71,14 @@ struct SyncOutcome {
     double seconds = 0;
     std::string server_version; ///< weight_version the server reports after
 };
+
+/// init_info of vLLM's /init_weight_transfer_engine as this client sends it
+/// (vLLM 0.33.0's NCCL engine): the trainer is rank 0 and the server's
+/// `workers` ranks follow it; with `unique_id` (rendezvous "unique_id") the id
+/// goes as standard base64 in nccl_unique_id_b64 instead of master_address and
+/// master_port.
+nlohmann::json vllm_init_info(const SyncOptions &options, int workers, int master_port,
+                              const std::array<uint8_t, 128> *unique_id);
 
 class InferenceClient {
 public:

@@ -1,6 +1,7 @@
 // The weight-update routes of `rlhost serve`: SGLang's (protocols.md D.2,
 // D.3), prime-rl's /update_weights {weight_dir} (E.4) and vLLM's NCCL weight
-// transfer engine (vLLM 0.33.0, docs/serving.md), over WeightUpdater.
+// transfer engine (vLLM 0.33.0, docs/serving.md) with the read-only routes a
+// vLLM trainer calls (/get_world_size, /weight_info), over WeightUpdater.
 #include "weight_routes.hpp"
 
 #include "server.hpp"
@@ -12,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cstring>
 #include <set>
 
@@ -201,59 +203,95 @@ VllmInitInfo vllm_init_info(const json &body) {
     return info;
 }
 
-// update_info of /update_weights for vLLM's NCCL engine: names, dtype_names
-// and shapes (all empty: those of the previous update). A list holds one
-// per worker; this server is one.
-std::vector<AnnouncedTensor> vllm_update_info(const json &given) {
-    const json *u = &given;
-    if (given.is_array()) {
-        if (given.size() != 1)
-            throw BadField("update_info", "update_info: a list holds one entry per worker and "
-                                          "this server is one worker; got " +
-                                              std::to_string(given.size()));
-        u = &given[0];
-    }
-    if (!u->is_object()) throw BadField("update_info", "'update_info' must be an object");
-    for (const auto &[k, v] : u->items())
+// One update_info object of /update_weights for vLLM's NCCL engine: names,
+// dtype_names and shapes (all empty: those of the previous update). `at`
+// names it in errors ("update_info" or "update_info[i]").
+std::vector<AnnouncedTensor> vllm_update_entry(const json &u, const std::string &at) {
+    if (!u.is_object()) throw BadField("update_info", "'" + at + "' must be an object");
+    for (const auto &[k, v] : u.items())
         if (k != "names" && k != "dtype_names" && k != "shapes")
             throw BadField("update_info",
-                           "update_info." + k +
+                           at + "." + k +
                                " is not a field of vLLM's NCCL engine (vLLM 0.33.0: names, "
                                "dtype_names, shapes; packing moved to init_info)");
     std::vector<AnnouncedTensor> ts;
     for (const char *k : {"names", "dtype_names", "shapes"})
-        if (u->contains(k) && !(*u)[k].is_array())
-            throw BadField("update_info", std::string("update_info.") + k + " must be a list");
+        if (u.contains(k) && !u[k].is_array())
+            throw BadField("update_info", at + "." + k + " must be a list");
     const json empty = json::array();
-    const json &names = u->contains("names") ? (*u)["names"] : empty;
-    const json &dtypes = u->contains("dtype_names") ? (*u)["dtype_names"] : empty;
-    const json &shapes = u->contains("shapes") ? (*u)["shapes"] : empty;
+    const json &names = u.contains("names") ? u["names"] : empty;
+    const json &dtypes = u.contains("dtype_names") ? u["dtype_names"] : empty;
+    const json &shapes = u.contains("shapes") ? u["shapes"] : empty;
     if (dtypes.size() != names.size() || shapes.size() != names.size())
-        throw BadField("update_info", "update_info: names, dtype_names and shapes differ in "
-                                      "length (" +
+        throw BadField("update_info", at + ": names, dtype_names and shapes differ in length (" +
                                           std::to_string(names.size()) + ", " +
                                           std::to_string(dtypes.size()) + ", " +
                                           std::to_string(shapes.size()) + ")");
     for (size_t i = 0; i < names.size(); ++i) {
-        const std::string at = "[" + std::to_string(i) + "]";
+        const std::string n = "[" + std::to_string(i) + "]";
         if (!names[i].is_string())
-            throw BadField("update_info", "update_info.names" + at + " must be a string");
+            throw BadField("update_info", at + ".names" + n + " must be a string");
         if (!dtypes[i].is_string())
-            throw BadField("update_info", "update_info.dtype_names" + at + " must be a string");
+            throw BadField("update_info", at + ".dtype_names" + n + " must be a string");
         if (!shapes[i].is_array())
-            throw BadField("update_info", "update_info.shapes" + at + " must be a list");
+            throw BadField("update_info", at + ".shapes" + n + " must be a list");
         AnnouncedTensor t;
         t.name = names[i];
         t.dtype = dtypes[i];
         for (const auto &d : shapes[i]) {
             if (!d.is_number_integer() || d.get<int64_t>() < 0)
-                throw BadField("update_info",
-                               "update_info.shapes" + at + " must hold integers >= 0");
+                throw BadField("update_info", at + ".shapes" + n + " must hold integers >= 0");
             t.shape.push_back(d);
         }
         ts.push_back(std::move(t));
     }
     return ts;
+}
+
+// update_info of /update_weights: one object, or vLLM 0.33's list indexed by
+// global worker rank (data_parallel_index * TP * PP + rank; the worker takes
+// its own entry). This server is one worker, rank 0, so it takes entry 0. The
+// entries of other ranks are taken only when they announce what entry 0 does:
+// every rank of vLLM's dense NCCL engine receives the same full (checkpoint
+// format) tensors from the same broadcasts, and entries that differ describe
+// per-rank shards for tensor-parallel ranks this server does not have.
+std::vector<AnnouncedTensor> vllm_update_info(const json &given) {
+    if (!given.is_array()) return vllm_update_entry(given, "update_info");
+    if (given.empty())
+        throw BadField("update_info",
+                       "update_info is an empty list; a list holds one entry per worker, indexed "
+                       "by global worker rank, and this server is worker 0 (give one object)");
+    std::vector<AnnouncedTensor> mine = vllm_update_entry(given[0], "update_info[0]");
+    for (size_t r = 1; r < given.size(); ++r) {
+        const std::string at = "update_info[" + std::to_string(r) + "]";
+        const std::vector<AnnouncedTensor> other = vllm_update_entry(given[r], at);
+        std::string differs;
+        if (other.size() != mine.size())
+            differs = "announces " + std::to_string(other.size()) + " tensors, update_info[0] " +
+                      std::to_string(mine.size());
+        for (size_t i = 0; differs.empty() && i < mine.size(); ++i) {
+            const std::string n = "[" + std::to_string(i) + "]";
+            if (other[i].name != mine[i].name)
+                differs = "names" + n + " is '" + other[i].name + "', update_info[0]'s '" +
+                          mine[i].name + "'";
+            else if (other[i].dtype != mine[i].dtype)
+                differs = "dtype_names" + n + " is '" + other[i].dtype + "', update_info[0]'s '" +
+                          mine[i].dtype + "'";
+            else if (other[i].shape != mine[i].shape)
+                differs = "shapes" + n + " is " + json(other[i].shape).dump() +
+                          ", update_info[0]'s " + json(mine[i].shape).dump();
+        }
+        if (!differs.empty())
+            throw BadField("update_info",
+                           at + " differs from update_info[0] (" + differs +
+                               "): a list holds one entry per worker, indexed by global worker "
+                               "rank (vLLM 0.33.0: data_parallel_index * TP * PP + rank), and "
+                               "this server is one worker (rank 0, /get_world_size 1); "
+                               "per-rank shards of tensor-parallel ranks it does not have "
+                               "cannot be received, and every rank of one NCCL broadcast "
+                               "receives the same tensors (send full tensors, one entry)");
+    }
+    return mine;
 }
 
 json outcome_json(const UpdateOutcome &o, const std::string &what) {
@@ -484,6 +522,39 @@ void add_weight_routes(Server &server, WeightUpdater &updater) {
                        return json{{"message", "Weight transfer shut down"}};
                    });
                });
+    // vLLM 0.33's read-only routes of its RL API (vllm/entrypoints/rl/online/
+    // api_router.py) a trainer calls: the workers to count in the NCCL group
+    // (TP * PP, times DP with include_dp) and the weights' version.
+    router.add("GET", "/get_world_size", [](const Request &req, Responder &r) {
+        vllm_call(r, [&] {
+            if (auto q = req.query_param("include_dp")) {
+                std::string v = *q;
+                for (char &c : v)
+                    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+                static const std::set<std::string> truth = {"true",  "1", "yes", "on",  "t", "y",
+                                                            "false", "0", "no",  "off", "f", "n"};
+                if (!truth.count(v))
+                    throw BadField("include_dp",
+                                   "include_dp must be a boolean (true or false), got '" + *q +
+                                       "'");
+            }
+            // One worker either way: no tensor, pipeline or data parallelism.
+            return json{{"world_size", 1}};
+        });
+    });
+    router.add("GET", "/weight_info", [srv](const Request &, Responder &r) {
+        vllm_call(r, [&] { return json{{"weight_version", srv->weight_version()}}; });
+    });
+    router.add("POST", "/weight_checker", [](const Request &, Responder &r) {
+        send_error(r, 400,
+                   "/weight_checker is not served: vLLM's checksums are SHA-256 digests of its "
+                   "own in-memory parameters (fused qkv_proj, gate_up_proj; keys per rank, "
+                   "dp0:pp0:pcp0:tp0:...), "
+                   "which this server does not hold; /update_weights_from_disk, "
+                   "/update_weights_from_distributed and /update_weights_from_tensor take "
+                   "CRC-32C per tensor instead",
+                   "action");
+    });
     router.add("POST", "/init_broadcaster", [](const Request &, Responder &r) {
         send_error(r, 400,
                    "/init_broadcaster belongs to prime-rl's NCCL broadcast, which this server "

@@ -223,5 +223,6 @@ void open_runtime(lua_State *L, int module_index);
 void open_train(lua_State *L, int module_index);
 void open_rollouts(lua_State *L, int module_index); // buffer, rollouts, batches, servers
 void open_system(lua_State *L, int module_index);
+void open_disagg(lua_State *L, int module_index); // after open_runtime
 
 } // namespace rl::lua

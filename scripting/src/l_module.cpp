@@ -305,6 +305,7 @@ extern "C" int luaopen_rl(lua_State *L) {
     open_train(L, M);
     open_rollouts(L, M);
     open_system(L, M);
+    open_disagg(L, M);
 
     // require("rl") from the helpers returns this table while it is being built.
     lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);

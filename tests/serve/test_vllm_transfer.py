@@ -6,19 +6,26 @@ what vLLM's side does, without vLLM installed:
   unique id (pickle of a ctypes ncclUniqueId defined under vLLM's module path,
   vllm_fake/), against our C++ side (the vllm_peer program), in both roles;
   malformed pickles are refused naming the store key. Runs on the CPU.
+- Routes: `rlhost serve` (CPU) answers what a vLLM trainer reads before a
+  transfer (/get_world_size, /weight_info) in vLLM's shapes, takes the
+  init_info a torch-free trainer posts (nccl_unique_id_b64 as Python's
+  base64.b64encode writes it; URL-safe base64 refused, as vLLM does) up to
+  the CUDA check, and vLLM's per-worker update_info lists. Runs on the CPU.
 - Nccl (ctest label `cuda`): the transfer itself, on two CUDA devices (NCCL
   refuses two ranks on one). A trainer written as vLLM's (ctypes NCCL, as
   vLLM's pynccl_wrapper) on cuda:0 updates `rlhost serve --device cuda:1`
   through /init_weight_transfer_engine, /start_weight_update,
-  /update_weights and /finish_weight_update, per tensor and packed; the
-  server then generates what a server started on the sent weights does. Our
-  trainer-side client (protocol vllm, mode distributed) syncs into a worker
-  written as vLLM's (cuda:1, in this process), bit for bit. Exits 77
+  /update_weights and /finish_weight_update, per tensor, packed, and with the
+  id in the request (nccl_unique_id_b64, no store); the server then
+  generates what a server started on the sent weights does. Our trainer-side
+  client (protocol vllm, mode distributed, both rendezvous) syncs into a
+  worker written as vLLM's (cuda:1, in this process), bit for bit. Exits 77
   (skipped) with fewer than two CUDA devices.
 
 Run with the Python whose torch the build uses; `python test_vllm_transfer.py
-Nccl` runs the NCCL tests only, `Rendezvous` the others."""
+Nccl` runs the NCCL tests only, `Rendezvous Routes` the others."""
 
+import base64
 import ctypes
 import json
 import os
@@ -183,6 +190,79 @@ class Rendezvous(unittest.TestCase):
                 self.assertEqual(out, "")
 
 
+def get(url, path):
+    try:
+        with urllib.request.urlopen(url + path, timeout=60) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+@unittest.skipUnless(os.environ.get("RL_TEST_RLHOST"), "RL_TEST_RLHOST is not set")
+class Routes(unittest.TestCase):
+    """What a vLLM 0.33 trainer sends and reads, against `rlhost serve` on the
+    CPU (the transfer itself needs CUDA: Nccl below)."""
+
+    @classmethod
+    def setUpClass(cls):
+        import tempfile
+
+        import rl
+        from test_sync import ServerProcess
+        cls.tmp = tempfile.mkdtemp(prefix="rl-vllm-routes-")
+        model = os.path.join(cls.tmp, "a")
+        rl.init_model("tiny", model, 7)
+        cls.server = ServerProcess(model, os.path.join(cls.tmp, "serve.log"))
+        cls.url = cls.server.url
+
+    @classmethod
+    def tearDownClass(cls):
+        import shutil
+        cls.server.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_a_trainer_reads_the_world_size_and_weight_version_as_vllm_serves_them(self):
+        for query in ("", "?include_dp=true", "?include_dp=false"):
+            self.assertEqual(get(self.url, "/get_world_size" + query), (200, {"world_size": 1}))
+        status, body = get(self.url, "/get_world_size?include_dp=perhaps")
+        self.assertEqual(status, 400, body)
+        self.assertEqual(body["error"]["param"], "include_dp")
+        status, info = get(self.url, "/weight_info")
+        self.assertEqual(status, 200, info)
+        self.assertEqual(list(info), ["weight_version"])
+        self.assertEqual(info["weight_version"],
+                         get(self.url, "/get_model_info")[1]["weight_version"])
+
+    def test_the_init_info_of_a_torch_free_trainer_is_taken_up_to_the_cuda_check(self):
+        raw = bytes([0xfb, 0xff]) * 64  # "+/" in base64, "-_" in its URL-safe form
+        # vLLM's worker_init_payload: the init info as a dict, unset fields dropped.
+        info = {"master_address": None, "master_port": None, "rank_offset": 1, "world_size": 2,
+                "nccl_unique_id_b64": base64.b64encode(raw).decode(), "packed": False,
+                "packed_buffer_size_bytes": 1 << 30, "packed_num_buffers": 2}
+        payload = {k: v for k, v in info.items() if v is not None}
+        status, body = post(self.url, "/init_weight_transfer_engine", {"init_info": payload})
+        self.assertEqual(status, 400, body)
+        self.assertIn("needs the model on a CUDA device", body["error"]["message"])
+        # vLLM decodes with b64decode(validate=True): the URL-safe alphabet is refused.
+        payload["nccl_unique_id_b64"] = base64.urlsafe_b64encode(raw).decode()
+        status, body = post(self.url, "/init_weight_transfer_engine", {"init_info": payload})
+        self.assertEqual(status, 400, body)
+        self.assertIn("nccl_unique_id_b64 must be standard base64", body["error"]["message"])
+
+    def test_per_worker_update_info_lists_are_taken_when_every_entry_is_this_workers(self):
+        entry = {"names": ["model.norm.weight"], "dtype_names": ["float32"], "shapes": [[64]]}
+        # Matching entries pass; only the missing engine stops them.
+        status, body = post(self.url, "/update_weights", {"update_info": [entry, entry]})
+        self.assertEqual(status, 400, body)
+        self.assertIn("call /init_weight_transfer_engine first", body["error"]["message"])
+        shard = dict(entry, shapes=[[32]])  # rank 1's half of a tensor-parallel split
+        status, body = post(self.url, "/update_weights", {"update_info": [entry, shard]})
+        self.assertEqual(status, 400, body)
+        self.assertIn("update_info[1] differs from update_info[0] (shapes[0] is [32], "
+                      "update_info[0]'s [64])", body["error"]["message"])
+        self.assertEqual(body["error"]["param"], "update_info")
+
+
 # -- the NCCL transfer (a CUDA device) -------------------------------------------
 
 NCCL_TYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6,
@@ -289,8 +369,10 @@ class Nccl(unittest.TestCase):
         import shutil
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def send_from_python(self, packed):
-        """A trainer written as vLLM's NCCLTrainerWeightTransferEngine."""
+    def send_from_python(self, packed, unique_id=False):
+        """A trainer written as vLLM's NCCLTrainerWeightTransferEngine, or with
+        `unique_id` as a torch-free trainer: no store, the id base64 in the
+        request and both sides in ncclCommInitRank together."""
         import test_sync
         from test_sync import PROMPT
         rlhost = test_sync.RLHOST
@@ -309,13 +391,18 @@ class Nccl(unittest.TestCase):
             init_info = {"master_address": HOST, "master_port": port, "rank_offset": 1,
                          "world_size": 2, "packed": packed,
                          "packed_buffer_size_bytes": buffer_bytes, "packed_num_buffers": 2}
+            nccl = PyNccl("cuda:0")
+            if unique_id:
+                uid = nccl.unique_id()
+                del init_info["master_address"], init_info["master_port"]
+                init_info["nccl_unique_id_b64"] = base64.b64encode(bytes(uid)).decode()
             replies = {}
             t = threading.Thread(target=lambda: replies.update(
                 init=post(url, "/init_weight_transfer_engine", {"init_info": init_info})))
             t.start()
-            store = vllm_store(port, 0, 2)
-            nccl = PyNccl("cuda:0")
-            uid = VllmGroup(store, 0).broadcast_obj(nccl.unique_id(), src=0)
+            if not unique_id:
+                store = vllm_store(port, 0, 2)
+                uid = VllmGroup(store, 0).broadcast_obj(nccl.unique_id(), src=0)
             nccl.init(2, uid, 0)
             t.join()
             self.assertEqual(replies["init"][0], 200, replies["init"])
@@ -361,7 +448,16 @@ class Nccl(unittest.TestCase):
     def test_a_vllm_trainer_updates_rlhost_serve_packed(self):
         self.assertEqual(self.send_from_python(True), self.want_b)
 
+    def test_a_torch_free_trainer_updates_rlhost_serve_with_the_id_in_the_request(self):
+        self.assertEqual(self.send_from_python(False, unique_id=True), self.want_b)
+
     def test_our_trainer_reaches_a_vllm_worker_bit_for_bit(self):
+        self.sync_into_a_vllm_worker("store")
+
+    def test_our_trainer_reaches_a_vllm_worker_with_the_id_in_the_request(self):
+        self.sync_into_a_vllm_worker("unique_id")
+
+    def sync_into_a_vllm_worker(self, rendezvous):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         received, calls, state = {}, [], {}
 
@@ -381,8 +477,11 @@ class Nccl(unittest.TestCase):
                 if path == "/init_weight_transfer_engine":
                     i = req["init_info"]
                     state["info"] = i
-                    store = vllm_store(i["master_port"], i["rank_offset"], i["world_size"])
-                    uid = VllmGroup(store, i["rank_offset"]).broadcast_obj(None, src=0)
+                    if "nccl_unique_id_b64" in i:  # vLLM's uid_init_process_group
+                        uid = make_id(base64.b64decode(i["nccl_unique_id_b64"], validate=True))
+                    else:
+                        store = vllm_store(i["master_port"], i["rank_offset"], i["world_size"])
+                        uid = VllmGroup(store, i["rank_offset"]).broadcast_obj(None, src=0)
                     state["nccl"] = PyNccl("cuda:1")
                     state["nccl"].init(i["world_size"], uid, i["rank_offset"])
                 elif path == "/update_weights":
@@ -408,7 +507,8 @@ class Nccl(unittest.TestCase):
                                              protocol="vllm")
             try:
                 with self.rl.Model(self.b, {"device": "cuda:0"}) as m:
-                    client.sync(m, 3, {"mode": "distributed", "master_address": HOST})
+                    client.sync(m, 3, {"mode": "distributed", "master_address": HOST,
+                                       "rendezvous": rendezvous})
             finally:
                 client.close()
         finally:
@@ -418,6 +518,9 @@ class Nccl(unittest.TestCase):
                      "/finish_weight_update"):
             self.assertIn(path, calls)
         self.assertEqual(state["version"], "3")
+        # One rendezvous or the other, never both (vLLM refuses both).
+        self.assertEqual("nccl_unique_id_b64" in state["info"], rendezvous == "unique_id")
+        self.assertEqual("master_port" in state["info"], rendezvous == "store")
         self.assertEqual(sorted(received), sorted(self.weights_b))
         for name, want in self.weights_b.items():
             self.assertTrue(torch.equal(received[name].view(torch.uint8),

@@ -10,6 +10,7 @@
 #include "../../host/serve/server.hpp"
 #include "../../host/serve/weight_update.hpp"
 
+#include "rl/core/text.hpp"
 #include "rl/core/update_group.hpp"
 
 #include <nlohmann/json.hpp>
@@ -158,6 +159,87 @@ TEST_F(ServeWeights, AVllmDistributedSyncFromACpuModelIsRefusedAndTheServerResum
     EXPECT_EQ(served(), want_a); // resumed, old weights
 }
 
+TEST_F(ServeWeights, VllmsReadOnlyWeightTransferRoutesAnswerWithVllmsShapes) {
+    auto get = [&](const std::string &target) {
+        return http_request(server->url(), "GET", target, "");
+    };
+    // /get_world_size: {"world_size"}, with and without data parallelism.
+    for (const char *target :
+         {"/get_world_size", "/get_world_size?include_dp=true", "/get_world_size?include_dp=False",
+          "/get_world_size?include_dp=0"}) {
+        const HttpResponse r = get(target);
+        ASSERT_EQ(r.status, 200) << target << " -> " << r.body;
+        EXPECT_EQ(json::parse(r.body), json({{"world_size", 1}})) << target;
+    }
+    const HttpResponse bad = get("/get_world_size?include_dp=maybe");
+    EXPECT_EQ(bad.status, 400) << bad.body;
+    EXPECT_NE(bad.body.find("include_dp must be a boolean"), std::string::npos) << bad.body;
+    EXPECT_NE(bad.body.find("\"param\":\"include_dp\""), std::string::npos) << bad.body;
+    // /weight_info: {"weight_version"}, the version the weights in use carry.
+    HttpResponse info = get("/weight_info");
+    ASSERT_EQ(info.status, 200) << info.body;
+    EXPECT_EQ(json::parse(info.body), json({{"weight_version", server->weight_version()}}));
+    ASSERT_EQ(
+        post("/update_weights_from_disk", {{"model_path", dir / "b"}, {"weight_version", "7"}})
+            .status,
+        200);
+    info = get("/weight_info");
+    EXPECT_EQ(json::parse(info.body), json({{"weight_version", "7"}}));
+    // /weight_checker digests vLLM's own fused parameters: refused, saying so.
+    const HttpResponse checker = post("/weight_checker", {{"action", "checksum"}});
+    EXPECT_EQ(checker.status, 400) << checker.body;
+    EXPECT_NE(checker.body.find("/weight_checker is not served"), std::string::npos)
+        << checker.body;
+}
+
+TEST_F(ServeWeights, TheVllmUniqueIdRendezvousSendsTheIdAsStandardBase64InsteadOfTheStore) {
+    SyncOptions o = SyncOptions::from_json({{"mode", "distributed"}, {"rendezvous", "unique_id"}});
+    EXPECT_EQ(o.rendezvous, "unique_id");
+    std::array<uint8_t, 128> id{};
+    for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<uint8_t>(251 + i); // '+' and '/'
+    const json uid = vllm_init_info(o, 1, 0, &id);
+    EXPECT_FALSE(uid.contains("master_address")) << uid.dump();
+    EXPECT_FALSE(uid.contains("master_port")) << uid.dump();
+    const std::string b64 = uid.at("nccl_unique_id_b64");
+    EXPECT_EQ(b64, core::base64_encode(id.data(), id.size()));
+    EXPECT_NE(b64.find_first_of("+/"), std::string::npos) << "standard alphabet, not URL-safe";
+    EXPECT_EQ(b64.back(), '=');
+    EXPECT_EQ(uid.at("rank_offset"), 1);
+    EXPECT_EQ(uid.at("world_size"), 2);
+    o.rendezvous = "store";
+    const json store = vllm_init_info(o, 1, 4567, nullptr);
+    EXPECT_FALSE(store.contains("nccl_unique_id_b64")) << store.dump();
+    EXPECT_EQ(store.at("master_address"), "127.0.0.1");
+    EXPECT_EQ(store.at("master_port"), 4567);
+    // Both bodies pass this server's checks of vLLM's init_info: a CPU server
+    // refuses them only for want of CUDA.
+    for (const json &info : {uid, store}) {
+        const HttpResponse r = post("/init_weight_transfer_engine", {{"init_info", info}});
+        EXPECT_EQ(r.status, 400) << r.body;
+        EXPECT_NE(r.body.find("needs the model on a CUDA device"), std::string::npos) << r.body;
+    }
+    // The key names its values; only vLLM's NCCL transfer has the mode.
+    try {
+        (void)SyncOptions::from_json({{"rendezvous", "tcp"}});
+        ADD_FAILURE() << "rendezvous 'tcp' was taken";
+    } catch (const core::Error &e) {
+        EXPECT_NE(std::string(e.what()).find("key 'rendezvous'"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("rendezvous: store | unique_id"), std::string::npos)
+            << e.what();
+    }
+    o.rendezvous = "unique_id";
+    try {
+        client->sync(*new_weights, 1, o);
+        ADD_FAILURE() << "an SGLang sync took rendezvous 'unique_id'";
+    } catch (const core::Error &e) {
+        EXPECT_NE(std::string(e.what()).find("rendezvous 'unique_id' is for vLLM's NCCL weight "
+                                             "transfer"),
+                  std::string::npos)
+            << e.what();
+    }
+    EXPECT_EQ(served(), want_a);
+}
+
 TEST_F(ServeWeights, DiskSyncThroughTheClientWritesAStepFolderAndKeepsTheNewest) {
     SyncOptions o;
     o.mode = "disk";
@@ -292,9 +374,43 @@ TEST_F(ServeWeights, BadWeightRequestsAre400sNamingTheFieldAndTheServerKeepsServ
         {"/update_weights",
          {{"update_info", {{"names", {"x"}}, {"packed", true}}}},
          "update_info.packed is not a field of vLLM's NCCL engine"},
+        // vLLM 0.33's list: one entry per worker by global rank; this server
+        // is worker 0 and takes other ranks' entries only when they match.
+        {"/update_weights", {{"update_info", json::array()}}, "update_info is an empty list"},
         {"/update_weights",
-         {{"update_info", {json::object(), json::object()}}},
-         "one entry per worker"},
+         {{"update_info",
+           {{{"names", {"x"}}, {"dtype_names", {"float32"}}, {"shapes", {{1}}}},
+            {{"names", {"x"}}, {"dtype_names", {"float32"}}, {"shapes", {{2}}}}}}},
+         "update_info[1] differs from update_info[0] (shapes[0] is [2], update_info[0]'s [1]): "
+         "a list holds one entry per worker"},
+        {"/update_weights",
+         {{"update_info",
+           {{{"names", {"x"}}, {"dtype_names", {"float32"}}, {"shapes", {{1}}}},
+            {{"names", {"y"}}, {"dtype_names", {"float32"}}, {"shapes", {{1}}}}}}},
+         "update_info[1] differs from update_info[0] (names[0] is 'y', update_info[0]'s 'x')"},
+        {"/update_weights",
+         {{"update_info",
+           {{{"names", {"x"}}, {"dtype_names", {"float32"}}, {"shapes", {{1}}}},
+            {{"names", {"x"}}, {"dtype_names", {"bfloat16"}}, {"shapes", {{1}}}}}}},
+         "(dtype_names[0] is 'bfloat16', update_info[0]'s 'float32')"},
+        {"/update_weights",
+         {{"update_info",
+           {{{"names", {"x"}}, {"dtype_names", {"float32"}}, {"shapes", {{1}}}}, json::object()}}},
+         "update_info[1] differs from update_info[0] (announces 0 tensors, update_info[0] 1)"},
+        {"/update_weights",
+         {{"update_info",
+           {json::object(), {{"names", {1}}, {"dtype_names", {"float32"}}, {"shapes", {{1}}}}}}},
+         "update_info[1].names[0] must be a string"},
+        {"/update_weights",
+         {{"update_info", {json::object(), {{"packed", true}}}}},
+         "update_info[1].packed is not a field of vLLM's NCCL engine"},
+        // Entries that match pass the checks (what every rank of a replicated
+        // deployment receives): refused only for want of an engine.
+        {"/update_weights",
+         {{"update_info",
+           {{{"names", {"x"}}, {"dtype_names", {"float32"}}, {"shapes", {{1}}}},
+            {{"names", {"x"}}, {"dtype_names", {"float32"}}, {"shapes", {{1}}}}}}},
+         "call /init_weight_transfer_engine first"},
         {"/update_weights",
          {{"update_info", {{"names", {"x"}}, {"dtype_names", json::array()}, {"shapes", {{1}}}}}},
          "names, dtype_names and shapes differ in length (1, 0, 1)"},

@@ -95,6 +95,29 @@ for _, kind in ipairs { "loss", "advantage", "filter", "env", "transport" } do
     end
 end
 
+--- rl.disagg: the three-role protocol (abi/rl/disagg.h, docs/disaggregated.md) on
+--- the default runtime: rl.disagg.worker(config, index), rl.disagg.trainer(config),
+--- rl.disagg.orchestrator(config, buffer, advantage) (runs until the trainer is
+--- done), rl.disagg.protocol_version(). rl.disagg.config(cfg, dir, workers): the
+--- protocol's config from a run configuration (rollout_transport, run.steps,
+--- run.checkpoint_every, run.resume, max_async_level, buffer.min_rollouts).
+rl.disagg = {
+    worker = function(config, index) return rl.default_runtime():disagg_worker(config, index) end,
+    trainer = function(config) return rl.default_runtime():disagg_trainer(config) end,
+    orchestrator = function(config, buffer, advantage)
+        return rl.default_runtime():disagg_orchestrator(config, buffer, advantage)
+    end,
+    protocol_version = function() return rl.disagg_protocol_version() end,
+    config = function(cfg, dir, workers)
+        local t = cfg.rollout_transport
+        return { transport = t.type, dir = dir, host = t.host, port = t.port, hwm = t.hwm,
+            timeout = t.timeout, timeout_name = "rollout_transport.timeout", workers = workers,
+            steps = cfg.run.steps, checkpoint_every = cfg.run.checkpoint_every,
+            max_async_level = cfg.max_async_level, min_rollouts = cfg.buffer.min_rollouts,
+            resume = cfg.run.resume }
+    end,
+}
+
 --- rl.filters(list): instances for the configuration's `filters` list
 --- ({name, params, enforce}); enforce is passed to the host, which keeps it.
 function rl.filters(list)

@@ -19,7 +19,7 @@ librl is found through RL_LIBRARY (a path), else next to this package in a build
 tree (../../../build/lib), else by the dynamic loader ("librl.so.0.1").
 """
 
-from . import dist
+from . import disagg, dist
 from ._capi import Error, load_library
 from ._runtime import Instance, Result, Runtime, config_load, config_schema, versions
 from ._train import (Buffer, Engine, InferenceClient, Model, Rollouts, Trainer, TrainBatch,
@@ -27,4 +27,4 @@ from ._train import (Buffer, Engine, InferenceClient, Model, Rollouts, Trainer, 
 
 __all__ = ["Buffer", "Engine", "Error", "InferenceClient", "Instance", "Model", "Result", "Rollouts", "Runtime",
            "TrainBatch", "Trainer", "config_declare", "config_load", "config_schema", "init_model",
-           "dist", "load_library", "load_tokenizer", "platform_info", "seed", "versions"]
+           "disagg", "dist", "load_library", "load_tokenizer", "platform_info", "seed", "versions"]

@@ -1,4 +1,4 @@
-"""ctypes declarations of abi/rl/runtime.h, train.h and step.h. Layouts are pinned by
+"""ctypes declarations of abi/rl/runtime.h, train.h, step.h, dist.h and disagg.h. Layouts are pinned by
 tests/abi (C) and tests/python (these declarations against the same sizes)."""
 
 import ctypes as C
@@ -243,6 +243,19 @@ def load_library():
         "rl_dist_barrier": (S, []),
         "rl_dist_broadcast": (S, [StringView, C.c_int32, P(H)]),
         "rl_dist_all_gather": (S, [StringView, P(H)]),
+        # disagg.h
+        "rl_disagg_protocol_version": (C.c_uint32, []),
+        "rl_disagg_worker_create": (S, [H, C.c_char_p, C.c_int64, P(H)]),
+        "rl_disagg_worker_destroy": (None, [H]),
+        "rl_disagg_worker_hello": (S, [H]),
+        "rl_disagg_worker_credit": (S, [H, P(H)]),
+        "rl_disagg_worker_send": (S, [H, H, C.c_int64]),
+        "rl_disagg_orchestrator_run": (S, [H, C.c_char_p, H, H, P(H)]),
+        "rl_disagg_trainer_create": (S, [H, C.c_char_p, P(H)]),
+        "rl_disagg_trainer_destroy": (None, [H]),
+        "rl_disagg_trainer_hello": (S, [H, C.c_int64]),
+        "rl_disagg_trainer_next": (S, [H, C.c_int64, P(H)]),
+        "rl_disagg_trainer_ack": (S, [H, C.c_int64]),
         "rl_result_destroy": (None, [H]),
         "rl_result_json": (S, [H, P(StringView)]),
         "rl_result_scalar": (S, [H, C.c_char_p, P(C.c_double)]),
