@@ -1,8 +1,12 @@
-/* abi/rl_api.h: the C ABI of the RL runtime (its version: RL_ABI_VERSION in rl/version.h).
+/* abi/rl_api.h: the C API of the RL runtime, both contracts: the plugin ABI
+ * (rl_plugin.h, RL_PLUGIN_ABI_VERSION) and the embedder API, librl's functions
+ * (RL_API_VERSION; each function says since which version it exists). Both
+ * versions live in rl/version.h.
  *
- * Pure C11 with no dependency beyond stdint.h, stddef.h and stdbool.h. Plugins
- * include it (usually through sdk/); embedders include it and link librl.
- * Read docs/abi.md for the rules: versioning, ownership, errors, threading.
+ * Pure C11 with no dependency beyond stdint.h, stddef.h and stdbool.h.
+ * Embedders include it and link librl; plugins include rl_plugin.h (usually
+ * through sdk/). Read docs/abi.md for the rules: versioning, ownership,
+ * errors, threading.
  *
  * Thread annotations on members:
  *   [control-thread]  the thread that created the runtime (Lua runs there)
@@ -12,19 +16,9 @@
 #ifndef RL_API_H
 #define RL_API_H
 
-#include "rl/macros.h"
-#include "rl/version.h"
-#include "rl/status.h"
-#include "rl/types.h"
-#include "rl/tensor.h"
-#include "rl/host.h"
-#include "rl/entry.h"
-#include "rl/plugin.h"
-#include "rl/kinds/loss.h"
-#include "rl/kinds/advantage.h"
-#include "rl/kinds/filter.h"
-#include "rl/kinds/env.h"
-#include "rl/kinds/transport.h"
+#include "rl_plugin.h"
+
+/* The embedder API: librl's functions (RL_API_VERSION). */
 #include "rl/runtime.h"
 #include "rl/train.h"
 #include "rl/step.h"
@@ -32,5 +26,6 @@
 #include "rl/inference.h"
 #include "rl/serve.h"
 #include "rl/training_server.h"
+#include "rl/disagg.h"
 
 #endif /* RL_API_H */

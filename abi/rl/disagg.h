@@ -31,8 +31,7 @@
  *
  * Same conventions as runtime.h: status returns with rl_last_error(), opaque
  * handles, JSON options, rl_result_t outputs. Every object is used from one
- * thread. Added within ABI 0.10 (embedder functions only: plugins see nothing
- * new, so the plugin ABI's version stays). */
+ * thread. Embedder API 0.11 (plugins see nothing of it). */
 #ifndef RL_DISAGG_H
 #define RL_DISAGG_H
 
@@ -51,24 +50,24 @@ RL_EXTERN_C_BEGIN
 typedef struct rl_disagg_worker rl_disagg_worker_t;
 typedef struct rl_disagg_trainer rl_disagg_trainer_t;
 
-/* [thread-safe] The protocol version librl speaks (RL_DISAGG_PROTOCOL_VERSION
+/* [thread-safe] (since 0.11) The protocol version librl speaks (RL_DISAGG_PROTOCOL_VERSION
  * of its build). */
 RL_API uint32_t rl_disagg_protocol_version(void);
 
-/* [control-thread] Worker `worker` (0 .. workers - 1) of the protocol: its
+/* [control-thread] (since 0.11) Worker `worker` (0 .. workers - 1) of the protocol: its
  * channels over `runtime`'s transport plugins (borrowed; it must outlive the
  * worker) and a new worker_run naming this process. Nothing is sent yet. */
 RL_API rl_status_t rl_disagg_worker_create(rl_runtime_t *runtime, const char *config_json,
                                            int64_t worker, rl_disagg_worker_t **out_worker);
-/* [control-thread] NULL is a no-op. */
+/* [control-thread] (since 0.11) NULL is a no-op. */
 RL_API void rl_disagg_worker_destroy(rl_disagg_worker_t *worker);
 
-/* [control-thread] Says hello to the orchestrator (a new worker process; the
+/* [control-thread] (since 0.11) Says hello to the orchestrator (a new worker process; the
  * trainer is asked to send it the weights in use again). A failing send is
  * retried for 5 s. */
 RL_API rl_status_t rl_disagg_worker_hello(rl_disagg_worker_t *worker);
 
-/* [control-thread] Waits for a credit for the next chunk (or the end). Before
+/* [control-thread] (since 0.11) Waits for a credit for the next chunk (or the end). Before
  * the first credit it says hello again every 2 s. Scalars "seq" (the number of
  * the next chunk), "min_version" (sample with weights at least this new),
  * "done" (1: the run is over, send nothing more), "trainer_restarted" (1: the
@@ -79,13 +78,13 @@ RL_API rl_status_t rl_disagg_worker_hello(rl_disagg_worker_t *worker);
  * timeout. */
 RL_API rl_status_t rl_disagg_worker_credit(rl_disagg_worker_t *worker, rl_result_t **out_result);
 
-/* [control-thread] Sends the next chunk (numbered "seq" of the last credit):
+/* [control-thread] (since 0.11) Sends the next chunk (numbered "seq" of the last credit):
  * every scored rollout of `rollouts` (borrowed for the call), sampled with
  * weights of `policy_version`. */
 RL_API rl_status_t rl_disagg_worker_send(rl_disagg_worker_t *worker, const rl_rollouts_t *rollouts,
                                          int64_t policy_version);
 
-/* [control-thread] Runs the orchestrator until the trainer says it is done
+/* [control-thread] (since 0.11) Runs the orchestrator until the trainer says it is done
  * (then every worker gets a last credit saying so). `buffer` (its difficulty
  * filter and staleness; empty, or it is refilled from the saved state) and
  * `advantage` (an instance of kind "advantage") are borrowed for the call.
@@ -99,21 +98,21 @@ RL_API rl_status_t rl_disagg_orchestrator_run(rl_runtime_t *runtime, const char 
                                               rl_buffer_t *buffer, rl_instance_t *advantage,
                                               rl_result_t **out_result);
 
-/* [control-thread] The trainer's end: its channels over `runtime`'s transport
+/* [control-thread] (since 0.11) The trainer's end: its channels over `runtime`'s transport
  * plugins (borrowed; it must outlive the trainer end) and a new trainer_run
  * naming this process. With the filesystem transport, batches left in the
  * shared folder by an earlier trainer are removed. */
 RL_API rl_status_t rl_disagg_trainer_create(rl_runtime_t *runtime, const char *config_json,
                                             rl_disagg_trainer_t **out_trainer);
-/* [control-thread] NULL is a no-op. */
+/* [control-thread] (since 0.11) NULL is a no-op. */
 RL_API void rl_disagg_trainer_destroy(rl_disagg_trainer_t *trainer);
 
-/* [control-thread] Says hello to the orchestrator at `version` (the trainer's
+/* [control-thread] (since 0.11) Says hello to the orchestrator at `version` (the trainer's
  * policy version: 0, or its checkpoint's when it resumed); the orchestrator
  * sends the batches from that step on. */
 RL_API rl_status_t rl_disagg_trainer_hello(rl_disagg_trainer_t *trainer, int64_t version);
 
-/* [control-thread] The next message for the trainer at `version`: the batch of
+/* [control-thread] (since 0.11) The next message for the trainer at `version`: the batch of
  * step `version` (a batch of a past step is skipped and counted, one of a later
  * step kept until its turn), or a worker's request for the weights in use.
  * Text "header" (JSON: "kind" "rl.batch" with "step" and the orchestrator's
@@ -125,7 +124,7 @@ RL_API rl_status_t rl_disagg_trainer_hello(rl_disagg_trainer_t *trainer, int64_t
 RL_API rl_status_t rl_disagg_trainer_next(rl_disagg_trainer_t *trainer, int64_t version,
                                           rl_result_t **out_result);
 
-/* [control-thread] Acknowledges the step that made `version`: the orchestrator
+/* [control-thread] (since 0.11) Acknowledges the step that made `version`: the orchestrator
  * learns the version, the checkpoint that surely covers it (checkpoint_every)
  * and whether the run is done (version >= steps). */
 RL_API rl_status_t rl_disagg_trainer_ack(rl_disagg_trainer_t *trainer, int64_t version);

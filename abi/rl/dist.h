@@ -20,7 +20,8 @@
 
 RL_EXTERN_C_BEGIN
 
-/* [control-thread] Joins the group of the environment. `config_json`: the "dist" section
+/* [control-thread] (since 0.2) Joins the group of the environment. `config_json`: the "dist"
+ * section
  * ({"timeout": seconds, "backend": "auto" | "gloo" | "nccl"}) or NULL for the
  * defaults; `device`: the model's device ("cpu", "cuda", "cuda:N"; NULL: cpu),
  * which picks NCCL or Gloo under "auto". Joining twice returns the same
@@ -29,19 +30,20 @@ RL_EXTERN_C_BEGIN
 RL_API rl_status_t rl_dist_init(const char *config_json, const char *device,
                                 rl_result_t **out_result);
 
-/* [control-thread] Scalars "rank", "world_size", "local_rank", "local_world_size" and text
- * "backend" ("none" for a single process) of the group this process is in,
- * joining it with the defaults if it has not yet. */
+/* [control-thread] (since 0.2) Scalars "rank", "world_size", "local_rank", "local_world_size" and
+ * text "backend" ("none" for a single process) of the group this process is in, joining it with the
+ * defaults if it has not yet. */
 RL_API rl_status_t rl_dist_info(rl_result_t **out_result);
 
-/* [control-thread] Waits for every rank. */
+/* [control-thread] (since 0.2) Waits for every rank. */
 RL_API rl_status_t rl_dist_barrier(void);
 
-/* [control-thread] Text "value": rank `root`'s `value` (bytes) on every rank. */
+/* [control-thread] (since 0.2) Text "value": rank `root`'s `value` (bytes) on every rank. */
 RL_API rl_status_t rl_dist_broadcast(rl_string_view_t value, int32_t root,
                                      rl_result_t **out_result);
 
-/* [control-thread] Texts "0", "1", ...: every rank's `value`, by rank; scalar "world_size". */
+/* [control-thread] (since 0.2) Texts "0", "1", ...: every rank's `value`, by rank; scalar
+ * "world_size". */
 RL_API rl_status_t rl_dist_all_gather(rl_string_view_t value, rl_result_t **out_result);
 
 RL_EXTERN_C_END

@@ -15,7 +15,7 @@ RL_EXTERN_C_BEGIN
 
 typedef struct rl_plugin_entry {
     uint32_t struct_size;
-    uint32_t abi_version; /* RL_ABI_VERSION the library was compiled for */
+    uint32_t abi_version; /* RL_PLUGIN_ABI_VERSION the library was compiled for */
 
     /* [control-thread] Fast and cheap: hosts call it to list plugins. No
      * threads, no device work, no large allocations. Called once per load of
@@ -34,8 +34,8 @@ typedef struct rl_plugin_entry {
     const void *(RL_ABI *get_factory)(const char *factory_id);
 } rl_plugin_entry_t;
 
-/* Type of the exported function. It returns a pointer to static storage that
- * stays valid while the library is loaded; it never fails and has no side
+/* [control-thread] Type of the exported function, called by the loader. It returns a pointer to
+ * static storage that stays valid while the library is loaded; it never fails and has no side
  * effects. */
 typedef const rl_plugin_entry_t *(RL_ABI *rl_plugin_entry_fn)(void);
 

@@ -17,26 +17,25 @@ RL_EXTERN_C_BEGIN
 
 typedef struct rl_inference_client rl_inference_client_t;
 
-/* [control-thread] `options_json`: {"url": "http://host:port" (required), "api_key": string,
- * "timeout": seconds (600), "protocol": "sglang" | "vllm"}. Connects lazily:
- * nothing is sent until the first call. */
+/* [control-thread] (since 0.4) `options_json`: {"url": "http://host:port" (required), "api_key":
+ * string, "timeout": seconds (600), "protocol": "sglang" | "vllm"}. Connects lazily: nothing is
+ * sent until the first call. */
 RL_API rl_status_t rl_inference_client_create(const char *options_json,
                                               rl_inference_client_t **out_client);
-/* [control-thread] NULL is a no-op. */
+/* [control-thread] (since 0.4) NULL is a no-op. */
 RL_API void rl_inference_client_destroy(rl_inference_client_t *client);
 
-/* [control-thread] One HTTP call with a JSON body (`body_json` NULL: none). Result: text "body"
- * (the reply, JSON or plain text). A non-2xx reply is RL_ERR_INVALID_ARG (4xx)
- * or RL_ERR_IO with the server's message; no result. */
+/* [control-thread] (since 0.4) One HTTP call with a JSON body (`body_json` NULL: none). Result:
+ * text "body" (the reply, JSON or plain text). A non-2xx reply is RL_ERR_INVALID_ARG (4xx) or
+ * RL_ERR_IO with the server's message; no result. */
 RL_API rl_status_t rl_inference_client_call(rl_inference_client_t *client, const char *method,
                                             const char *path, const char *body_json,
                                             rl_result_t **out_result);
 
-/* [control-thread] Brings the server to the model's weights, labelled `version` (>= 0): skipped
- * when the server already reports this version or a newer one; else pause ->
- * update -> continue, and the server must then report `version`.
- * `options_json` (NULL: defaults): {"mode": "disk" | "distributed", "dir"
- * (disk: a folder the server can read), "keep", "master_address",
+/* [control-thread] (since 0.4) Brings the server to the model's weights, labelled `version` (>= 0):
+ * skipped when the server already reports this version or a newer one; else pause -> update ->
+ * continue, and the server must then report `version`. `options_json` (NULL: defaults): {"mode":
+ * "disk" | "distributed", "dir" (disk: a folder the server can read), "keep", "master_address",
  * "master_port", "group_name", "backend", "bucket_bytes", "flattened",
  * "checksums", "dtype", "rendezvous"} as docs/serving.md lists ("vllm" +
  * "distributed": vLLM's NCCL weight-transfer engine, the model on CUDA;
@@ -47,8 +46,8 @@ RL_API rl_status_t rl_inference_client_sync(rl_inference_client_t *client, rl_mo
                                             int64_t version, const char *options_json,
                                             rl_result_t **out_result);
 
-/* [control-thread] The rollouts of `tasks_json` sampled by the server, as rl_rollouts_generate
- * makes them with the engine in process (abi/rl/step.h: same tasks, same
+/* [control-thread] (since 0.4) The rollouts of `tasks_json` sampled by the server, as
+ * rl_rollouts_generate makes them with the engine in process (abi/rl/step.h: same tasks, same
  * options: chat_template, chat_template_kwargs, group_offset, sampling,
  * parse_special_tokens): prompts encoded with `model`'s tokenizer (a model or
  * an rl_tokenizer_load handle), one /generate call with return_logprob, each

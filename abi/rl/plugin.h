@@ -22,7 +22,7 @@ RL_EXTERN_C_BEGIN
 /* What a plugin is. Owned by the library, valid until the entry's deinit(). */
 typedef struct rl_plugin_desc {
     uint32_t struct_size;
-    uint32_t abi_version;        /* RL_ABI_VERSION the plugin was compiled for */
+    uint32_t abi_version;        /* RL_PLUGIN_ABI_VERSION the plugin was compiled for */
     const char *id;              /* unique, reverse-DNS: "org.rl.loss.policy_loss"; mandatory */
     const char *kind;            /* RL_KIND_*; mandatory */
     const char *name;            /* what users type: "policy_loss"; unique per kind; mandatory */
@@ -61,7 +61,7 @@ typedef struct rl_plugin {
      * plugin, valid until destroy(). */
     const void *(RL_ABI *get_interface)(const struct rl_plugin *plugin, const char *id);
 
-    /* ---- ABI 0.2: read with RL_HAS_FIELD(plugin, rl_plugin_t, get_params) ---- */
+    /* ---- plugin ABI 0.2: read with RL_HAS_FIELD(plugin, rl_plugin_t, get_params) ---- */
 
     /* [control-thread] Optional (NULL, or absent from a 0.1 plugin): emit text
      * "params", the instance's effective parameters as one JSON object, defaults

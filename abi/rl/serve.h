@@ -14,7 +14,7 @@ RL_EXTERN_C_BEGIN
 
 typedef struct rl_server rl_server_t; /* an HTTP server over one model */
 
-/* [control-thread] Start serving `model` (it must outlive the server; a
+/* [control-thread] (since 0.4) Start serving `model` (it must outlive the server; a
  * tokenizer-only handle is refused): binds, listens and returns once requests
  * are accepted. options_json (may be NULL) is a JSON object, every key
  * optional: {"host": "127.0.0.1", "port": 30000 (0: any free port, see
@@ -30,18 +30,18 @@ typedef struct rl_server rl_server_t; /* an HTTP server over one model */
 RL_API rl_status_t rl_server_start(rl_model_t *model, const char *options_json,
                                    rl_server_t **out_server);
 
-/* [thread-safe] The bound TCP port. */
+/* [thread-safe] (since 0.4) The bound TCP port. */
 RL_API int32_t rl_server_port(const rl_server_t *server);
 
-/* [thread-safe] Block until the server has stopped (rl_server_stop from
+/* [thread-safe] (since 0.4) Block until the server has stopped (rl_server_stop from
  * another thread, e.g. one that waits for SIGINT / SIGTERM with sigwait). */
 RL_API rl_status_t rl_server_wait(rl_server_t *server);
 
-/* [thread-safe] Stop accepting, cancel requests in flight, close connections.
+/* [thread-safe] (since 0.4) Stop accepting, cancel requests in flight, close connections.
  * Idempotent; returns once the server has stopped. */
 RL_API rl_status_t rl_server_stop(rl_server_t *server);
 
-/* [control-thread] Stop (if needed) and free. NULL is a no-op. */
+/* [control-thread] (since 0.4) Stop (if needed) and free. NULL is a no-op. */
 RL_API void rl_server_destroy(rl_server_t *server);
 
 RL_EXTERN_C_END

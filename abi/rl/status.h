@@ -28,16 +28,6 @@ enum {
     /* 0x10000..0x1FFFF: reserved for per-kind codes. */
 };
 
-/* [thread-safe] Static name of a status ("RL_ERR_INVALID_ARG"); never NULL, never
- * freed. Unknown values give "RL_ERR_<unlisted>". Implemented by librl; plugins
- * have the same through their SDK. */
-RL_API const char *rl_status_name(rl_status_t status);
-
-/* [thread-safe] Message of the most recent failing rl_* call of librl on the
- * calling thread. Borrowed: valid until the next failing call on this thread.
- * Never NULL ("" when nothing failed). */
-RL_API const char *rl_last_error(void);
-
 RL_EXTERN_C_END
 
 #endif /* RL_STATUS_H */

@@ -41,7 +41,7 @@ typedef struct rl_rollouts rl_rollouts_t;
  * sequence rewards, group ids and policy versions. */
 typedef struct rl_train_batch rl_train_batch_t;
 
-/* [control-thread] Encode each task's "prompt" (tasks_json: JSON array of task
+/* [control-thread] (since 0.1) Encode each task's "prompt" (tasks_json: JSON array of task
  * objects as rl_env_sample returns them), wrapped by the chat template when one
  * is named, and sample n completions per prompt with `engine`.
  * options_json (may be NULL): {"chat_template": "none" | "model" | "chatml" |
@@ -59,7 +59,7 @@ typedef struct rl_train_batch rl_train_batch_t;
  * training batches made of it carry it to the trainer (rl_batch_t). */
 RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_json,
                                         const char *options_json, rl_rollouts_t **out_rollouts);
-/* [control-thread] (ABI 0.9) Multi-turn episodes: for each task, n episodes
+/* [control-thread] (since 0.9) Multi-turn episodes: for each task, n episodes
  * (a group). An episode starts from the task's prompt (encoded as
  * rl_rollouts_generate does; a task's "tools", a JSON array of tool schemas,
  * go to the model's own chat template); after every assistant turn `env` (an
@@ -74,7 +74,7 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
  * 4096). Each rollout's completion is the whole episode after the prompt: its
  * loss mask is 1 on sampled tokens and 0 on observations; its reward is the sum
  * of its turns' rewards (scored: rl_rollouts_score refuses these rollouts).
- * (ABI 0.10) "turn_rewards": "tokens" (default "episode") also gives their
+ * (API 0.10) "turn_rewards": "tokens" (default "episode") also gives their
  * batches a per-token "token_rewards" tensor, each turn's reward on the turn's
  * last token, which rl_train_batch_compute_advantages hands to the estimator
  * (with the sequence rewards less those token rewards, so each turn counts
@@ -85,24 +85,24 @@ RL_API rl_status_t rl_rollouts_generate(rl_engine_t *engine, const char *tasks_j
 RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instance_t *env,
                                                  const char *tasks_json, const char *options_json,
                                                  rl_rollouts_t **out_rollouts);
-/* [control-thread] NULL is a no-op. */
+/* [control-thread] (since 0.1) NULL is a no-op. */
 RL_API void rl_rollouts_destroy(rl_rollouts_t *rollouts);
 
-/* [control-thread] Score every rollout with `env` (an instance of kind "env"):
+/* [control-thread] (since 0.1) Score every rollout with `env` (an instance of kind "env"):
  * its reward and env metrics. A non-finite reward is an error naming the
  * rollout and the env. */
 RL_API rl_status_t rl_rollouts_score(rl_rollouts_t *rollouts, rl_instance_t *env);
 
-/* [control-thread] Set every rollout's reward: rollout i gets rewards[i] (n
+/* [control-thread] (since 0.8) Set every rollout's reward: rollout i gets rewards[i] (n
  * must be the number of rollouts, every value finite; the rewards are copied).
  * The rollouts count as scored afterwards; env metrics an earlier
  * rl_rollouts_score recorded stay. For rewards computed outside an env plugin:
  * a reward model, an LLM judge, or shaping of the env's rewards (read them
- * with rl_rollouts_info, change, set). Since ABI 0.8. */
+ * with rl_rollouts_info, change, set). Since API 0.8. */
 RL_API rl_status_t rl_rollouts_set_rewards(rl_rollouts_t *rollouts, const double *rewards,
                                            uint64_t n);
 
-/* [control-thread] Run every filter (instances of kind "filter") on every
+/* [control-thread] (since 0.1) Run every filter (instances of kind "filter") on every
  * rollout's completion. A flagged rollout records the filter's reason; when the
  * filter instance enforces (its `enforce` setting, owned by the filter, not the
  * caller), the rollout is masked: none of its tokens reach the loss. Result:
@@ -110,7 +110,7 @@ RL_API rl_status_t rl_rollouts_set_rewards(rl_rollouts_t *rollouts, const double
 RL_API rl_status_t rl_rollouts_filter(rl_rollouts_t *rollouts, rl_instance_t *const *filters,
                                       uint64_t n_filters, rl_result_t **out_result);
 
-/* [thread-safe] What the rollouts hold. Scalars "rollouts", "groups", "tokens"
+/* [thread-safe] (since 0.1) What the rollouts hold. Scalars "rollouts", "groups", "tokens"
  * (completion tokens), "flagged", "masked", and when scored "reward_mean",
  * "reward_std" (population), "reward_min", "reward_max" and "env/<metric>" (the
  * mean of each env metric), "sampling_temperature"; tensors "rewards" (float64), "group_ids",
@@ -124,7 +124,7 @@ RL_API rl_status_t rl_rollouts_filter(rl_rollouts_t *rollouts, rl_instance_t *co
  * and "errors" (JSON array, "" when none). */
 RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t **out_result);
 
-/* [thread-safe] Push every scored rollout into the buffer as one sequence:
+/* [thread-safe] (since 0.1) Push every scored rollout into the buffer as one sequence:
  * token ids = prompt then completion, logprobs 0 on the prompt then the
  * sampling log-probs, loss mask 0 on the prompt and 1 on the completion (0 when
  * masked). Unscored rollouts are refused. Result: scalar "pushed". The buffer
@@ -133,13 +133,13 @@ RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t *
 RL_API rl_status_t rl_buffer_push_rollouts(rl_buffer_t *buffer, const rl_rollouts_t *rollouts,
                                            rl_result_t **out_result);
 
-/* [thread-safe] Every scored rollout as one training batch, in rollout order,
+/* [thread-safe] (since 0.1) Every scored rollout as one training batch, in rollout order,
  * without the buffer (on-policy uses such as distillation that train on every
  * sample); same layout as rl_buffer_pop_train_batch. */
 RL_API rl_status_t rl_rollouts_to_batch(const rl_rollouts_t *rollouts,
                                         rl_train_batch_t **out_batch);
 
-/* [control-thread] A supervised batch on the tasks' reference answers
+/* [control-thread] (since 0.2) A supervised batch on the tasks' reference answers
  * (tasks_json: JSON array of tasks with string "prompt" and "answer"): per
  * sequence the prompt (wrapped by the chat template when one is named), then
  * the answer followed by a newline, then the end-of-sequence token; tensor
@@ -154,7 +154,7 @@ RL_API rl_status_t rl_train_batch_supervised(rl_model_t *model, const char *task
                                              const char *options_json,
                                              rl_train_batch_t **out_batch);
 
-/* [control-thread] (ABI 0.9) A supervised batch of reference episodes, the
+/* [control-thread] (since 0.9) A supervised batch of reference episodes, the
  * multi-turn form of rl_train_batch_supervised: each task's
  * metadata.reference_turns (a non-empty JSON array of assistant turns) is
  * played against `env` (its step() answers each turn but the last), and the
@@ -168,7 +168,7 @@ RL_API rl_status_t rl_train_batch_supervised_episodes(rl_model_t *model, rl_inst
                                                       const char *options_json,
                                                       rl_train_batch_t **out_batch);
 
-/* [thread-safe] Wait up to timeout_ms (0: do not wait) until at least
+/* [thread-safe] (since 0.1) Wait up to timeout_ms (0: do not wait) until at least
  * min_rollouts rollouts of complete, kept groups are ready, then take every
  * ready group as one training batch (sequences group-major). *out_batch is
  * NULL when fewer are ready (they stay for a later call).
@@ -178,10 +178,10 @@ RL_API rl_status_t rl_train_batch_supervised_episodes(rl_model_t *model, rl_inst
  * none does, so the ranks train in step. */
 RL_API rl_status_t rl_buffer_pop_train_batch(rl_buffer_t *buffer, uint64_t min_rollouts,
                                              uint64_t timeout_ms, rl_train_batch_t **out_batch);
-/* [control-thread] NULL is a no-op. */
+/* [control-thread] (since 0.1) NULL is a no-op. */
 RL_API void rl_train_batch_destroy(rl_train_batch_t *batch);
 
-/* [control-thread] Compute per-token advantages with `advantage` (an instance
+/* [control-thread] (since 0.1) Compute per-token advantages with `advantage` (an instance
  * of kind "advantage") from the batch's rewards, group ids, cu_seqlens and loss
  * mask, and store them in the batch as tensor "advantages" (replacing any).
  * Result: the plugin's result (tensor "advantages", its metrics). */
@@ -189,36 +189,36 @@ RL_API rl_status_t rl_train_batch_compute_advantages(rl_train_batch_t *batch,
                                                      rl_instance_t *advantage,
                                                      rl_result_t **out_result);
 
-/* [control-thread] Add or replace per-token tensor `name` (float32 / float64,
+/* [control-thread] (since 0.1) Add or replace per-token tensor `name` (float32 / float64,
  * one value per token; copied), e.g. "teacher_logprobs" or "ref_logprobs" from
  * another model's rl_trainer_forward. "input_ids" and "cu_seqlens" cannot be
  * replaced. */
 RL_API rl_status_t rl_train_batch_set_tensor(rl_train_batch_t *batch, const char *name,
                                              const rl_tensor_view_t *tensor);
 
-/* [thread-safe] Split into at most k minibatches of consecutive sequences,
+/* [thread-safe] (since 0.1) Split into at most k minibatches of consecutive sequences,
  * about equal in sequence count, never splitting a group (PPO epochs over
  * minibatches). out_parts must hold k entries; *out_count receives how many
  * were made (each to be destroyed by the caller). */
 RL_API rl_status_t rl_train_batch_split(const rl_train_batch_t *batch, uint64_t k,
                                         rl_train_batch_t **out_parts, uint64_t *out_count);
 
-/* [thread-safe] The batch as trainer input: out_batch->input_ids, cu_seqlens
+/* [thread-safe] (since 0.1) The batch as trainer input: out_batch->input_ids, cu_seqlens
  * and tensors ("loss_mask", "old_logprobs", "advantages" once computed, the
  * extras) are views into the batch, valid until it is destroyed or changed;
- * when out_batch has room for them (ABI 0.3), flags and sampling_temperature
+ * when out_batch has room for them (API 0.3), flags and sampling_temperature
  * (the rollouts' sampling temperature, when they carry one). Set
  * out_batch->struct_size first (sizeof(rl_batch_t)). */
 RL_API rl_status_t rl_train_batch_view(const rl_train_batch_t *batch, rl_batch_t *out_batch);
 
-/* [thread-safe] Scalars "groups", "rollouts", "tokens" (all positions),
+/* [thread-safe] (since 0.1) Scalars "groups", "rollouts", "tokens" (all positions),
  * "loss_tokens", "min_policy_version", "sampling_temperature" (when the
  * rollouts carry one); tensors "rewards" (float64), "group_ids",
  * "policy_versions" (int64), one per sequence, and copies of the per-token
  * tensors; texts "tasks", "completions" (JSON arrays, one per sequence). */
 RL_API rl_status_t rl_train_batch_info(const rl_train_batch_t *batch, rl_result_t **out_result);
 
-/* [control-thread] Weight sync, one call: the engine adopts the trainer's
+/* [control-thread] (since 0.1) Weight sync, one call: the engine adopts the trainer's
  * current weights and policy version (co-located: no copy) and drops its
  * cached state; the buffer (may be NULL) learns the new version and drops what
  * became stale. Scalar "policy_version". */

@@ -1,4 +1,4 @@
-/* abi/rl/training_server.h (ABI 0.5): the training server for embedders:
+/* abi/rl/training_server.h (API 0.5): the training server for embedders:
  * the trainer and engine behind the Tinker training API
  * (docs/training-server.md). Same conventions as runtime.h: status returns,
  * rl_last_error() on failure, opaque handles, JSON options. */
@@ -15,7 +15,7 @@ RL_EXTERN_C_BEGIN
 
 typedef struct rl_training_server rl_training_server_t;
 
-/* [control-thread] Start a training server over `model` (the base every
+/* [control-thread] (since 0.5) Start a training server over `model` (the base every
  * session starts from; it must outlive the server and is never modified).
  * `runtime` (may be NULL) provides the loss plugins by name; Tinker's loss
  * names (cross_entropy, importance_sampling, ppo, cispo) run the plugins that
@@ -35,17 +35,17 @@ RL_API rl_status_t rl_training_server_start(rl_runtime_t *runtime, rl_model_t *m
                                             const char *options_json,
                                             rl_training_server_t **out_server);
 
-/* [thread-safe] The bound TCP port. */
+/* [thread-safe] (since 0.5) The bound TCP port. */
 RL_API int32_t rl_training_server_port(const rl_training_server_t *server);
 
-/* [thread-safe] Block until the server has stopped. */
+/* [thread-safe] (since 0.5) Block until the server has stopped. */
 RL_API rl_status_t rl_training_server_wait(rl_training_server_t *server);
 
-/* [thread-safe] Stop accepting, fail queued calls, finish running ones, close
+/* [thread-safe] (since 0.5) Stop accepting, fail queued calls, finish running ones, close
  * connections. Idempotent. */
 RL_API rl_status_t rl_training_server_stop(rl_training_server_t *server);
 
-/* [control-thread] Stop (if needed) and free. NULL is a no-op. */
+/* [control-thread] (since 0.5) Stop (if needed) and free. NULL is a no-op. */
 RL_API void rl_training_server_destroy(rl_training_server_t *server);
 
 RL_EXTERN_C_END

@@ -232,8 +232,9 @@ int main(int argc, char **argv) {
     for (; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--version") {
-            std::printf("rlhost %s (ABI %s)\n", rl_get_version(),
-                        abi_string(rl_get_abi_version()).c_str());
+            std::printf("rlhost %s (plugin ABI %s, API %s)\n", rl_get_version(),
+                        abi_string(rl_get_abi_version()).c_str(),
+                        abi_string(rl_get_api_version()).c_str());
             const auto platform = nlohmann::json::parse(rl_platform_info(), nullptr, false);
             if (platform.is_object() && platform.contains("summary"))
                 std::printf("%s\n", platform["summary"].get<std::string>().c_str());

@@ -264,10 +264,11 @@ namespace {
 
 int l_version(lua_State *L) {
     lua_pushstring(L, rl_get_version());
-    const uint32_t v = rl_get_abi_version();
-    lua_pushfstring(L, "%d.%d.%d", static_cast<int>(RL_VERSION_MAJOR(v)),
-                    static_cast<int>(RL_VERSION_MINOR(v)), static_cast<int>(RL_VERSION_PATCH(v)));
-    return 2;
+    for (const uint32_t v : {rl_get_abi_version(), rl_get_api_version()})
+        lua_pushfstring(L, "%d.%d.%d", static_cast<int>(RL_VERSION_MAJOR(v)),
+                        static_cast<int>(RL_VERSION_MINOR(v)),
+                        static_cast<int>(RL_VERSION_PATCH(v)));
+    return 3;
 }
 
 int load_embedded(lua_State *L) {

@@ -2,7 +2,6 @@
  * umbrella header is pure C, has no implicit padding, and its INIT macros
  * compile. */
 #include <rl_api.h>
-#include <rl/disagg.h> /* embedder-only, outside the umbrella (docs/disaggregated.md) */
 
 _Static_assert(RL_ABI_VERSION == RL_MAKE_VERSION(RL_ABI_VERSION_MAJOR, RL_ABI_VERSION_MINOR,
                                                  RL_ABI_VERSION_PATCH),

@@ -1,6 +1,5 @@
 // Compiled as C++17 (inside the test) and C++20 with -Wpedantic -Wpadded -Werror.
 #include <rl_api.h>
-#include <rl/disagg.h> /* embedder-only, outside the umbrella (docs/disaggregated.md) */
 
 #if RL_ABI_VERSION_MAJOR != 0
 #error "tests expect ABI major 0"

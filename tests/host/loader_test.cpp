@@ -742,4 +742,11 @@ TEST(StatusNames, EveryStatusHasAStableName) {
     EXPECT_EQ(rl_get_abi_version(), static_cast<uint32_t>(RL_ABI_VERSION));
 }
 
+TEST(Versions, LibrlReportsThePluginAbiAndTheEmbedderApiSeparately) {
+    EXPECT_EQ(rl_get_abi_version(), static_cast<uint32_t>(RL_PLUGIN_ABI_VERSION));
+    EXPECT_EQ(rl_get_api_version(), static_cast<uint32_t>(RL_API_VERSION));
+    // The older name is the plugin ABI: every plugin built so far stores it.
+    EXPECT_EQ(static_cast<uint32_t>(RL_ABI_VERSION), static_cast<uint32_t>(RL_PLUGIN_ABI_VERSION));
+}
+
 } // namespace

@@ -25,6 +25,15 @@ class EmbeddingTest(unittest.TestCase):
             self.assertEqual(out.tensors["grad.logprobs"], [-1 / 3, 1 / 3, -2 / 3])
             self.assertEqual(loss.signature()["differentiable"], ["logprobs"])
 
+    def test_versions_name_the_plugin_abi_and_the_embedder_api_apart(self):
+        v = rl.versions()
+        self.assertRegex(v["librl"], r"^\d+\.\d+\.\d+$")
+        # The plugin ABI a loaded plugin reports is the host's plugin ABI, not the API's.
+        with rl.Runtime(plugin_path=fixture("fixture_plain_c"), default_plugins=False) as rt:
+            self.assertEqual(rt.plugins()["plugins"][0]["abi_version"], v["plugin_abi"])
+        self.assertEqual(v["plugin_abi"], "0.10.0")
+        self.assertEqual(v["api"], "0.11.0")
+
     def test_errors_carry_status_and_message(self):
         with rl.Runtime(plugin_path=fixture("fixture_good"), default_plugins=False) as rt:
             with self.assertRaises(rl.Error) as cm:

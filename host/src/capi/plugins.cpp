@@ -53,7 +53,10 @@ RL_API const char *rl_last_error(void) {
     return last_error().c_str();
 }
 RL_API uint32_t rl_get_abi_version(void) {
-    return RL_ABI_VERSION;
+    return RL_PLUGIN_ABI_VERSION;
+}
+RL_API uint32_t rl_get_api_version(void) {
+    return RL_API_VERSION;
 }
 RL_API const char *rl_get_version(void) {
     return RL_VERSION_STRING;

@@ -21,10 +21,10 @@ tree (../../../build/lib), else by the dynamic loader ("librl.so.0.1").
 
 from . import disagg, dist
 from ._capi import Error, load_library
-from ._runtime import Instance, Result, Runtime, config_load, config_schema
+from ._runtime import Instance, Result, Runtime, config_load, config_schema, versions
 from ._train import (Buffer, Engine, InferenceClient, Model, Rollouts, Trainer, TrainBatch,
                      config_declare, init_model, load_tokenizer, platform_info, seed)
 
 __all__ = ["Buffer", "Engine", "Error", "InferenceClient", "Instance", "Model", "Result", "Rollouts", "Runtime",
            "TrainBatch", "Trainer", "config_declare", "config_load", "config_schema", "init_model",
-           "disagg", "dist", "load_library", "load_tokenizer", "platform_info", "seed"]
+           "disagg", "dist", "load_library", "load_tokenizer", "platform_info", "seed", "versions"]

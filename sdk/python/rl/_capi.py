@@ -149,6 +149,7 @@ def load_library():
         "rl_status_name": (C.c_char_p, [S]),
         "rl_last_error": (C.c_char_p, []),
         "rl_get_abi_version": (C.c_uint32, []),
+        "rl_get_api_version": (C.c_uint32, []),
         "rl_get_version": (C.c_char_p, []),
         "rl_runtime_create": (S, [P(RuntimeDesc), P(H)]),
         "rl_runtime_destroy": (None, [H]),

@@ -220,6 +220,18 @@ def config_load(path=None, overrides=()):
     return json.loads(res.texts["config"])
 
 
+def versions():
+    """librl's version and the versions of its two contracts (docs/abi.md):
+    {"librl": "0.1.0", "plugin_abi": "0.10.0", "api": "0.11.0"}."""
+    lib = A.load_library()
+
+    def text(v):
+        return "%d.%d.%d" % (v >> 22 & 0x3FF, v >> 12 & 0x3FF, v & 0xFFF)
+
+    return {"librl": lib.rl_get_version().decode(), "plugin_abi": text(lib.rl_get_abi_version()),
+            "api": text(lib.rl_get_api_version())}
+
+
 def config_schema():
     lib = A.load_library()
     return json.loads(_call(lib.rl_config_schema).texts["schema"])

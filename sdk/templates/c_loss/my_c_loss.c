@@ -1,6 +1,6 @@
-/* A loss plugin written in plain C11 against abi/rl_api.h only.
+/* A loss plugin written in plain C11 against the plugin ABI (rl_plugin.h) only.
  * loss = -sum(advantages * logprobs) / n; d loss / d logprobs = -advantages / n. */
-#include <rl_api.h>
+#include <rl_plugin.h>
 
 #include <stdlib.h>
 #include <string.h>

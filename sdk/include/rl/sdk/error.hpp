@@ -1,7 +1,7 @@
 // rl/sdk/error.hpp: exceptions inside a plugin, status codes at the boundary.
 #pragma once
 
-#include <rl_api.h>
+#include <rl_plugin.h>
 
 #include <stdexcept>
 #include <string>

@@ -16,7 +16,7 @@
 // the boundary; nothing unwinds into the host.
 #pragma once
 
-#include <rl_api.h>
+#include <rl_plugin.h>
 
 #include "error.hpp"
 #include "params.hpp"

@@ -3,7 +3,7 @@
 // model, so plugins compute in double on the CPU.
 #pragma once
 
-#include <rl_api.h>
+#include <rl_plugin.h>
 
 #include "error.hpp"
 

@@ -10,7 +10,7 @@
 // a wrong number.
 #pragma once
 
-#include <rl_api.h>
+#include <rl_plugin.h>
 
 #include "error.hpp"
 
