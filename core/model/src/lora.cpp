@@ -1,5 +1,7 @@
 #include "rl/core/lora.hpp"
 
+#include "lora_peft.hpp"
+
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/model.hpp"
@@ -452,9 +454,9 @@ void LoraAdapter::assign(const std::map<std::string, at::Tensor> &tensors,
                     "' is not a LoRA weight of this adapter's modules" +
                     (kv.first.find(".mlp.experts.lora_") != std::string::npos ||
                              kv.first.find(".mlp.experts.base_layer.") != std::string::npos
-                         ? " (LoRA on fused expert parameters, as PEFT writes over transformers "
-                           ">= 5, is not supported; the experts' modules are "
-                           "mlp.experts.<E>.gate_proj, up_proj, down_proj)"
+                         ? " (a LoRA pair on fused expert parameters, as PEFT writes over "
+                           "transformers >= 5, that the config's target_parameters does not "
+                           "name)"
                          : ""));
     at::NoGradGuard no_grad;
     for (const auto &kv : params) kv.second.copy_(tensors.at(kv.first));
@@ -522,50 +524,20 @@ void save_adapter(const LoraAdapter &adapter, const std::string &dir) {
 }
 
 LoraConfig read_adapter_config(const std::string &dir) {
-    const std::string path = (fs::path(dir) / kConfigFile).string();
-    if (!fs::exists(path))
-        throw Error(ErrorKind::NotFound, "LoRA adapter '" + dir + "' has no " + kConfigFile);
-    const json j = rl::core::parse_json_or_discarded(read_file(path));
-    auto bad = [&](const std::string &msg) -> Error {
-        return Error(ErrorKind::InvalidArgument, "'" + path + "': " + msg);
-    };
-    if (j.is_discarded() || !j.is_object()) throw bad("not a JSON object");
-    if (j.value("peft_type", std::string()) != "LORA")
-        throw bad("peft_type is " + (j.contains("peft_type") ? j["peft_type"].dump() : "missing") +
-                  "; only LORA adapters are supported");
-    if (j.value("use_dora", false)) throw bad("use_dora is true; DoRA is not supported");
-    if (j.contains("bias") && j["bias"] != "none")
-        throw bad("bias is " + j["bias"].dump() + "; only \"none\" is supported");
-    if (j.value("fan_in_fan_out", false)) throw bad("fan_in_fan_out is true; not supported");
-    for (const char *k : {"modules_to_save", "layers_to_transform", "layers_pattern"})
-        if (j.contains(k) && !j[k].is_null() && !(j[k].is_array() && j[k].empty()))
-            throw bad(std::string(k) + " is set; not supported");
-    // PEFT >= 0.17 over transformers >= 5 adapts fused 3-D expert parameters
-    // (mlp.experts.gate_up_proj, down_proj) through target_parameters, with
-    // tensors of another layout.
-    if (j.contains("target_parameters") && !j["target_parameters"].is_null() &&
-        !j["target_parameters"].empty())
-        throw bad("target_parameters is " + j["target_parameters"].dump() +
-                  "; LoRA on fused expert parameters is not supported (per-expert modules "
-                  "are: target_modules gate_proj, up_proj, down_proj)");
-    for (const char *k : {"rank_pattern", "alpha_pattern"})
-        if (j.contains(k) && !j[k].is_null() && !j[k].empty())
-            throw bad(std::string(k) + " is set; per-module ranks and alphas are not supported");
-    json ours = json::object();
-    for (const char *k : {"r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora",
-                          "base_model_name_or_path"})
-        if (j.contains(k) && !j[k].is_null()) ours[k] = j[k];
-    if (!ours.contains("r")) throw bad("r is missing");
-    try {
-        return LoraConfig::from_json(ours.dump());
-    } catch (const Error &e) {
-        throw bad(e.what());
-    }
+    const peft::AdapterFile f = peft::read_adapter_file(dir);
+    // Per-module ranks and alphas are checked against a model (load_adapter).
+    for (const auto *p : {&f.rank_pattern, &f.alpha_pattern})
+        if (!p->empty())
+            invalid("'" + f.path +
+                    "': " + (p == &f.rank_pattern ? "rank_pattern" : "alpha_pattern") +
+                    " is set; per-module ranks and alphas are read only with the model "
+                    "(load_adapter)");
+    return f.config;
 }
 
 std::shared_ptr<LoraAdapter> load_adapter(const CausalLM &model, const std::string &dir,
                                           const std::string &name) {
-    LoraConfig c = read_adapter_config(dir);
+    const peft::AdapterFile file = peft::read_adapter_file(dir);
     const std::string wpath = (fs::path(dir) / kWeightsFile).string();
     if (!fs::exists(wpath))
         throw Error(ErrorKind::NotFound, "LoRA adapter '" + dir + "' has no " + kWeightsFile);
@@ -587,7 +559,9 @@ std::shared_ptr<LoraAdapter> load_adapter(const CausalLM &model, const std::stri
         }
         named[k] = kv.second;
     }
-    auto adapter = std::make_shared<LoraAdapter>(model, name, c);
+    auto adapter = std::make_shared<LoraAdapter>(model, name, file.config);
+    // PEFT's fused-expert layout (target_parameters) becomes per-expert pairs.
+    peft::convert_to_per_expert(model, file, *adapter, named, "'" + wpath + "'");
     adapter->assign(named, "'" + wpath + "'");
     return adapter;
 }

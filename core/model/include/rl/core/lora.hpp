@@ -207,16 +207,21 @@ private:
 /// adapter_config.json and adapter_model.safetensors in PEFT's layout.
 void save_adapter(const LoraAdapter &adapter, const std::string &dir);
 
-/// Reads a PEFT LoRA folder into a new adapter named `name` over `model`.
-/// Refuses (naming the file and key or tensor) anything but a plain LoRA of
-/// the decoder's linear layers: another peft_type, DoRA, bias != "none",
-/// modules_to_save, layers_to_transform, per-module rank/alpha patterns,
-/// target_parameters (PEFT's LoRA on fused 3-D expert parameters), tensors of
+/// Reads a PEFT LoRA folder into a new adapter named `name` over `model`:
+/// per-module keys, or on an MoE model PEFT's fused-expert layout
+/// (target_parameters mlp.experts.gate_up_proj / down_proj, turned into exact
+/// per-expert pairs; docs/lora.md). Refuses (naming the file and key or
+/// tensor) anything but a plain LoRA of the decoder's linear layers: another
+/// peft_type, DoRA, bias != "none", modules_to_save, layers_to_transform,
+/// rank/alpha patterns that give a module another rank or scale (but PEFT's
+/// fused gate_up_proj at twice the rank), other target_parameters, tensors of
 /// unknown modules or wrong shapes.
 std::shared_ptr<LoraAdapter> load_adapter(const CausalLM &model, const std::string &dir,
                                           const std::string &name);
 
-/// Reads the LoRA config of a PEFT folder (adapter_config.json) alone.
+/// Reads the LoRA config of a PEFT folder (adapter_config.json) alone (the
+/// targets target_parameters implies included; rank/alpha patterns refused,
+/// as only load_adapter can check them against a model).
 LoraConfig read_adapter_config(const std::string &dir);
 
 /// The base weights with the adapter merged in (W + s B A for every targeted
