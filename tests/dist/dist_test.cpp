@@ -153,6 +153,28 @@ double max_abs_diff(const fs::path &a, const fs::path &b) {
 
 const std::vector<std::map<std::string, std::string>> kOneProcess = {{}};
 
+// Five training steps of strategy `one` in one process, and the same five
+// interrupted after step 3 and resumed at another world size: `many` on 2
+// ranks saves the checkpoint folder ck1 and one process resumes from it; one
+// process saves ck2 and `many` on 2 ranks resumes from it. Both end where the
+// uninterrupted run ends.
+void expect_resumes_across_world_sizes(Ranks &ranks, const std::string &one,
+                                       const std::string &many) {
+    const std::string ck1 = ranks.path("ck1").string(), ck2 = ranks.path("ck2").string();
+    const std::string full = ranks.path("full.safetensors");
+    expect_all_ok(ranks.run({"train", one, "5", full}, kOneProcess));
+
+    const std::string a = ranks.path("a.safetensors"), a2 = ranks.path("a2.safetensors");
+    expect_all_ok(ranks.run({"train", many, "3", a, "--save", ck1}, Ranks::world(2)));
+    expect_all_ok(ranks.run({"train", one, "5", a2, "--resume", ck1}, kOneProcess));
+    EXPECT_LE(max_abs_diff(full, a2), 1e-5) << many << " on 2 ranks, then " << one;
+
+    const std::string b = ranks.path("b.safetensors"), b2 = ranks.path("b2.safetensors");
+    expect_all_ok(ranks.run({"train", one, "3", b, "--save", ck2}, kOneProcess));
+    expect_all_ok(ranks.run({"train", many, "5", b2, "--resume", ck2}, Ranks::world(2)));
+    EXPECT_LE(max_abs_diff(full, b2), 1e-5) << one << ", then " << many << " on 2 ranks";
+}
+
 // "name value" lines the worker writes beside its weights.
 std::map<std::string, double> read_metrics(const std::string &path) {
     std::map<std::string, double> out;
@@ -217,23 +239,9 @@ TEST(DistOverlap, RanksWithDifferentNumbersOfCallsPerStepAreToldNotSummed) {
 
 TEST(DistResume, TwoRanksToOneAndOneToTwoEqualAnUninterruptedRun) {
     Ranks ranks("rl_dist_resume");
-    const std::string full = ranks.path("full.safetensors");
-    expect_all_ok(ranks.run({"train", "dp", "5", full}, kOneProcess));
-
-    // fsdp on 2 ranks for 3 steps (sharded state gathered into the
-    // checkpoint), then 1 process to step 5.
-    const std::string ck1 = ranks.path("ck1").string();
-    const std::string a = ranks.path("a.safetensors"), a2 = ranks.path("a2.safetensors");
-    expect_all_ok(ranks.run({"train", "fsdp", "3", a, "--save", ck1}, Ranks::world(2)));
-    expect_all_ok(ranks.run({"train", "dp", "5", a2, "--resume", ck1}, kOneProcess));
-    EXPECT_LE(max_abs_diff(full, a2), 1e-5);
-
-    // 1 process for 3 steps, then fsdp on 2 ranks (each takes its shards).
-    const std::string ck2 = ranks.path("ck2").string();
-    const std::string b = ranks.path("b.safetensors"), b2 = ranks.path("b2.safetensors");
-    expect_all_ok(ranks.run({"train", "dp", "3", b, "--save", ck2}, kOneProcess));
-    expect_all_ok(ranks.run({"train", "fsdp", "5", b2, "--resume", ck2}, Ranks::world(2)));
-    EXPECT_LE(max_abs_diff(full, b2), 1e-5);
+    // fsdp's sharded state is gathered into the checkpoint; resuming on 2
+    // ranks, each takes its shards.
+    expect_resumes_across_world_sizes(ranks, "dp", "fsdp");
 }
 
 TEST(DistCheckpoints, FsdpRanksWriteTheirOwnShardsAndResumeAtAnyWorldSize) {
@@ -356,23 +364,10 @@ TEST(DistExpertParallel, ExpertGroupsCombinedWithDataParallelEqualOneProcess) {
 
 TEST(DistExpertParallel, CheckpointsResumeFromTwoRanksOnOneProcessAndBack) {
     Ranks ranks("rl_dist_ep_resume");
-    const std::string full = ranks.path("full.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp", "5", full}, kOneProcess));
-
-    // Expert parallel on 2 ranks for 3 steps (experts and their AdamW state
-    // gathered into the checkpoint), then one process to step 5.
-    const std::string ck1 = ranks.path("ck1").string();
-    const std::string a = ranks.path("a.safetensors"), a2 = ranks.path("a2.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-ep", "3", a, "--save", ck1}, Ranks::world(2)));
-    expect_all_ok(ranks.run({"train", "moe-dp", "5", a2, "--resume", ck1}, kOneProcess));
-    EXPECT_LE(max_abs_diff(full, a2), 1e-5);
-
-    // One process for 3 steps, then expert parallel on 2 ranks.
-    const std::string ck2 = ranks.path("ck2").string();
-    const std::string b = ranks.path("b.safetensors"), b2 = ranks.path("b2.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp", "3", b, "--save", ck2}, kOneProcess));
-    expect_all_ok(ranks.run({"train", "moe-ep", "5", b2, "--resume", ck2}, Ranks::world(2)));
-    EXPECT_LE(max_abs_diff(full, b2), 1e-5);
+    // Expert parallel gathers the experts and their AdamW state into the
+    // checkpoint.
+    expect_resumes_across_world_sizes(ranks, "moe-dp", "moe-ep");
+    const std::string ck1 = ranks.path("ck1").string(), ck2 = ranks.path("ck2").string();
 
     // Both checkpoints hold the same tensors: the HF model folder and the
     // optimizer state of every expert, as one process writes them.
