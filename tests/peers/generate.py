@@ -185,6 +185,13 @@ def verl_vectors(path, w):
                         "metrics": {k.split("/")[-1]: float(v) for k, v in metrics.items()}},
         }
 
+    def clipped_case(name, mode, inp, low, high, use_is, agg="token-mean"):
+        """run_policy of `mode` with the clip bounds low / high, as the case `name`."""
+        bounds = dict(clip_ratio_low=low, clip_ratio_high=high)
+        case = run_policy(mode, inp, bounds, actor_config(**bounds), use_is=use_is, agg=agg)
+        case["name"] = name
+        return case
+
     layout = "padded: [batch, response_length] rows, response_mask 1 on loss tokens"
 
     # vanilla PPO with dual clip (always on in verl, clip_ratio_c), clip-higher,
@@ -287,11 +294,8 @@ def verl_vectors(path, w):
             (6, 9, 0.2, 0.28, (1,), 0.1, False, False)]):
         _, inp = policy_inputs(300 + i, B, L, empty, holes, seq_adv=seq_adv,
                                log_ratio=seq_log_ratio)
-        cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high)
-        case = run_policy("gspo", inp, dict(clip_ratio_low=low, clip_ratio_high=high), cfg,
-                          use_is=use_is, agg="seq-mean-token-mean")
-        case["name"] = f"gspo_{i}"
-        cases.append(case)
+        cases.append(clipped_case(f"gspo_{i}", "gspo", inp, low, high, use_is,
+                                  agg="seq-mean-token-mean"))
     w.write("compute_policy_loss_gspo", layout, cases)
 
     # GMPO (geo_mean): log-space clip; sequence-constant advantages (verl's
@@ -304,11 +308,7 @@ def verl_vectors(path, w):
                                log_ratio=lambda g, s: uni(g, s, -1.0, 1.0))
         if use_is:  # one weight per sequence: verl takes their geometric mean
             inp["rollout_is_weights"] = inp["rollout_is_weights"][:, :1].expand(B, L).clone()
-        cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high)
-        case = run_policy("geo_mean", inp, dict(clip_ratio_low=low, clip_ratio_high=high), cfg,
-                          use_is=use_is)
-        case["name"] = f"geo_mean_{i}"
-        cases.append(case)
+        cases.append(clipped_case(f"geo_mean_{i}", "geo_mean", inp, low, high, use_is))
     w.write("compute_policy_loss_geo_mean", layout, cases)
 
     # SAPO
@@ -388,11 +388,7 @@ def verl_vectors(path, w):
     for i, (B, L, low, high, empty, holes, use_is) in enumerate([
             (6, 8, 0.2, 0.28, (), 0.0, False), (5, 9, 0.5, 3.0, (1,), 0.15, True)]):
         _, inp = policy_inputs(800 + i, B, L, empty, holes)
-        cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high)
-        case = run_policy("cispo", inp, dict(clip_ratio_low=low, clip_ratio_high=high), cfg,
-                          use_is=use_is)
-        case["name"] = f"cispo_{i}"
-        cases.append(case)
+        cases.append(clipped_case(f"cispo_{i}", "cispo", inp, low, high, use_is))
     w.write("compute_policy_loss_cispo", layout, cases)
     cases = []
     for i, (B, L, empty, holes, agg) in enumerate([(6, 8, (), 0.0, "token-mean"),
