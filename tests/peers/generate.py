@@ -1106,6 +1106,16 @@ def xorl_vectors(path, w):
                         "grad_logits": tolist(h.grad), "metrics": metrics},
         }
 
+    def named_runs(name, fn, seed, B, L, kws):
+        """run(fn) once per keyword set of kws (seeds seed, seed + 1, ...), as the
+        cases name_0, name_1, ..."""
+        cases = []
+        for i, kw in enumerate(kws):
+            case = run(fn, seed + i, B, L, kw)
+            case["name"] = f"{name}_{i}"
+            cases.append(case)
+        return cases
+
     def rollout(g, lp, B, L):
         return {"rollout_logprobs": lp - uni(g, (B, L), -0.9, 0.9)}
 
@@ -1127,22 +1137,16 @@ def xorl_vectors(path, w):
             "per_token_logprobs")
 
     isl = mods["importance_sampling_loss"].importance_sampling_loss_function
-    cases = []
-    for i, kw in enumerate([dict(), dict(compute_kl_stats=True)]):
-        case = run(isl, 5100 + i, 6, 8, kw)
-        case["name"] = f"importance_sampling_{i}"
-        cases.append(case)
-    w.write("importance_sampling_loss_function", layout, cases)
+    w.write("importance_sampling_loss_function", layout,
+            named_runs("importance_sampling", isl, 5100, 6, 8,
+                       [dict(), dict(compute_kl_stats=True)]))
 
     cispo = mods["cispo_loss"].cispo_loss_function
-    cases = []
-    for i, kw in enumerate([dict(), dict(clip_low_threshold=0.8, clip_high_threshold=1.28,
-                                         compute_kl_stats=True),
-                            dict(clip_low_threshold=0.0, clip_high_threshold=2.0)]):
-        case = run(cispo, 5200 + i, 6, 8, kw)
-        case["name"] = f"cispo_{i}"
-        cases.append(case)
-    w.write("cispo_loss_function", layout, cases)
+    w.write("cispo_loss_function", layout,
+            named_runs("cispo", cispo, 5200, 6, 8,
+                       [dict(), dict(clip_low_threshold=0.8, clip_high_threshold=1.28,
+                                     compute_kl_stats=True),
+                        dict(clip_low_threshold=0.0, clip_high_threshold=2.0)]))
 
     # the z-loss: xorl has it on causallm_loss_function (z_loss_coef) only
     ce = mods["causallm_loss"].causallm_loss_function
