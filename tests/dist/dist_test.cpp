@@ -153,6 +153,27 @@ double max_abs_diff(const fs::path &a, const fs::path &b) {
 
 const std::vector<std::map<std::string, std::string>> kOneProcess = {{}};
 
+// Every metric of the one-process run (m1) in the other (m2), equal to 1e-5
+// relative.
+void expect_same_metrics(const std::map<std::string, double> &m1,
+                         const std::map<std::string, double> &m2) {
+    for (const auto &kv : m1) {
+        ASSERT_TRUE(m2.count(kv.first)) << kv.first;
+        EXPECT_NEAR(m2.at(kv.first), kv.second, 1e-5 * (1 + std::abs(kv.second))) << kv.first;
+    }
+}
+
+// The weights `trained` differ from those of a run of `strategy` for 0 steps
+// (written to zero.safetensors, whose path it returns): a comparison with the
+// trained weights is not of two initial states.
+std::string expect_moved_from_the_start(Ranks &ranks, const std::string &strategy,
+                                        const std::string &trained) {
+    const std::string zero = ranks.path("zero.safetensors");
+    expect_all_ok(ranks.run({"train", strategy, "0", zero}, kOneProcess));
+    EXPECT_GT(max_abs_diff(zero, trained), 1e-3);
+    return zero;
+}
+
 // Five training steps of strategy `one` in one process, and the same five
 // interrupted after step 3 and resumed at another world size: `many` on 2
 // ranks saves the checkpoint folder ck1 and one process resumes from it; one
@@ -207,14 +228,9 @@ TEST_P(DistParity, FiveStepsOnTwoRanksEqualOneProcessWithUnevenMicroBatches) {
     EXPECT_EQ(m2.at("masked_tokens"), m2.at("global_tokens")); // summed over ranks
     EXPECT_LE(m2.at("lp_min"), m2.at("lp_token_mean"));
     EXPECT_LE(m2.at("lp_token_mean"), m2.at("lp_max"));
-    for (const auto &kv : m1) {
-        ASSERT_TRUE(m2.count(kv.first)) << kv.first;
-        EXPECT_NEAR(m2.at(kv.first), kv.second, 1e-5 * (1 + std::abs(kv.second))) << kv.first;
-    }
+    expect_same_metrics(m1, m2);
     // The run changed the weights (the comparison is not of two initial states).
-    const std::string zero = ranks.path("zero.safetensors");
-    expect_all_ok(ranks.run({"train", "dp", "0", zero}, kOneProcess));
-    EXPECT_GT(max_abs_diff(zero, one), 1e-3);
+    expect_moved_from_the_start(ranks, "dp", one);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, DistParity, ::testing::Values("dp", "fsdp", "dp-overlap"),
@@ -306,14 +322,9 @@ TEST(DistExpertParallel, FiveStepsWithTheExpertsSplitOverTwoRanksEqualOneProcess
     // and the loss's metrics equal the single process's.
     const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
     ASSERT_TRUE(m1.count("loss_sum"));
-    for (const auto &kv : m1) {
-        ASSERT_TRUE(m2.count(kv.first)) << kv.first;
-        EXPECT_NEAR(m2.at(kv.first), kv.second, 1e-5 * (1 + std::abs(kv.second))) << kv.first;
-    }
+    expect_same_metrics(m1, m2);
     // The run changed the weights, experts included.
-    const std::string zero = ranks.path("zero.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp", "0", zero}, kOneProcess));
-    EXPECT_GT(max_abs_diff(zero, one), 1e-3);
+    const std::string zero = expect_moved_from_the_start(ranks, "moe-dp", one);
     auto w0 = rl::core::load_safetensors(zero), w1 = rl::core::load_safetensors(one);
     for (const char *e : {"model.layers.0.mlp.experts.0.up_proj.weight",
                           "model.layers.1.mlp.experts.3.down_proj.weight"})
