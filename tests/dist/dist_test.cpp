@@ -153,6 +153,16 @@ double max_abs_diff(const fs::path &a, const fs::path &b) {
 
 const std::vector<std::map<std::string, std::string>> kOneProcess = {{}};
 
+// "name value" lines the worker writes beside its weights.
+std::map<std::string, double> read_metrics(const std::string &path) {
+    std::map<std::string, double> out;
+    std::ifstream in(path);
+    std::string name;
+    double v = 0;
+    while (in >> name >> v) out[name] = v;
+    return out;
+}
+
 // Every metric of the one-process run (m1) in the other (m2), equal to 1e-5
 // relative.
 void expect_same_metrics(const std::map<std::string, double> &m1,
@@ -172,6 +182,14 @@ std::string expect_moved_from_the_start(Ranks &ranks, const std::string &strateg
     expect_all_ok(ranks.run({"train", strategy, "0", zero}, kOneProcess));
     EXPECT_GT(max_abs_diff(zero, trained), 1e-3);
     return zero;
+}
+
+// The weights (to 1e-5) and the loss_sum metric of run `b` equal run `a`'s.
+void expect_same_weights_and_loss(const std::string &a, const std::string &b) {
+    EXPECT_LE(max_abs_diff(a, b), 1e-5) << b;
+    const auto ma = read_metrics(a + ".metrics"), mb = read_metrics(b + ".metrics");
+    EXPECT_NEAR(mb.at("loss_sum"), ma.at("loss_sum"), 1e-5 * (1 + std::abs(ma.at("loss_sum"))))
+        << b;
 }
 
 // Five training steps of strategy `one` in one process, and the same five
@@ -194,16 +212,6 @@ void expect_resumes_across_world_sizes(Ranks &ranks, const std::string &one,
     expect_all_ok(ranks.run({"train", one, "3", b, "--save", ck2}, kOneProcess));
     expect_all_ok(ranks.run({"train", many, "5", b2, "--resume", ck2}, Ranks::world(2)));
     EXPECT_LE(max_abs_diff(full, b2), 1e-5) << one << ", then " << many << " on 2 ranks";
-}
-
-// "name value" lines the worker writes beside its weights.
-std::map<std::string, double> read_metrics(const std::string &path) {
-    std::map<std::string, double> out;
-    std::ifstream in(path);
-    std::string name;
-    double v = 0;
-    while (in >> name >> v) out[name] = v;
-    return out;
 }
 
 TEST(DistCollectives, EveryOperationAgreesAcrossTwoRanks) {
@@ -336,9 +344,7 @@ TEST(DistExpertParallel, AReplayedRoutingTrainsAsInOneProcess) {
     const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
     expect_all_ok(ranks.run({"train", "moe-dp-r3", "3", one}, kOneProcess));
     expect_all_ok(ranks.run({"train", "moe-ep-r3", "3", two}, Ranks::world(2)));
-    EXPECT_LE(max_abs_diff(one, two), 1e-5);
-    const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
-    EXPECT_NEAR(m2.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))));
+    expect_same_weights_and_loss(one, two);
     // The replay matters: the routing's own choices train other weights.
     const std::string own = ranks.path("own.safetensors");
     expect_all_ok(ranks.run({"train", "moe-dp", "3", own}, kOneProcess));
@@ -352,9 +358,7 @@ TEST(DistExpertParallel, RecomputedLayersAndUnevenMicroBatchesEqualOneProcess) {
     // Rank 1 has fewer micro-batches than rank 0: it joins the exchanges of
     // rank 0's extra ones with empty turns.
     expect_all_ok(ranks.run({"train", "moe-ep-ckpt", "3", two}, Ranks::world(2)));
-    EXPECT_LE(max_abs_diff(one, two), 1e-5);
-    const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
-    EXPECT_NEAR(m2.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))));
+    expect_same_weights_and_loss(one, two);
 }
 
 TEST(DistExpertParallel, ExpertGroupsCombinedWithDataParallelEqualOneProcess) {
@@ -366,10 +370,7 @@ TEST(DistExpertParallel, ExpertGroupsCombinedWithDataParallelEqualOneProcess) {
     for (const std::string strategy : {"moe-ep", "moe-ep4"}) {
         const std::string four = ranks.path(strategy + ".safetensors");
         expect_all_ok(ranks.run({"train", strategy, "3", four}, Ranks::world(4)));
-        EXPECT_LE(max_abs_diff(one, four), 1e-5) << strategy;
-        const auto m1 = read_metrics(one + ".metrics"), m4 = read_metrics(four + ".metrics");
-        EXPECT_NEAR(m4.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))))
-            << strategy;
+        expect_same_weights_and_loss(one, four);
     }
 }
 
