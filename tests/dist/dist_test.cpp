@@ -192,6 +192,17 @@ void expect_same_weights_and_loss(const std::string &a, const std::string &b) {
         << b;
 }
 
+// Three steps of `strategy` on 2 ranks end with the weights and loss_sum of
+// three steps of `single` in one process; the one-process weights' path.
+std::string expect_two_ranks_as_one_process(Ranks &ranks, const std::string &single,
+                                            const std::string &strategy) {
+    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
+    expect_all_ok(ranks.run({"train", single, "3", one}, kOneProcess));
+    expect_all_ok(ranks.run({"train", strategy, "3", two}, Ranks::world(2)));
+    expect_same_weights_and_loss(one, two);
+    return one;
+}
+
 // Five training steps of strategy `one` in one process, and the same five
 // interrupted after step 3 and resumed at another world size: `many` on 2
 // ranks saves the checkpoint folder ck1 and one process resumes from it; one
@@ -341,10 +352,7 @@ TEST(DistExpertParallel, FiveStepsWithTheExpertsSplitOverTwoRanksEqualOneProcess
 
 TEST(DistExpertParallel, AReplayedRoutingTrainsAsInOneProcess) {
     Ranks ranks("rl_dist_ep_r3");
-    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp-r3", "3", one}, kOneProcess));
-    expect_all_ok(ranks.run({"train", "moe-ep-r3", "3", two}, Ranks::world(2)));
-    expect_same_weights_and_loss(one, two);
+    const std::string one = expect_two_ranks_as_one_process(ranks, "moe-dp-r3", "moe-ep-r3");
     // The replay matters: the routing's own choices train other weights.
     const std::string own = ranks.path("own.safetensors");
     expect_all_ok(ranks.run({"train", "moe-dp", "3", own}, kOneProcess));
@@ -353,12 +361,9 @@ TEST(DistExpertParallel, AReplayedRoutingTrainsAsInOneProcess) {
 
 TEST(DistExpertParallel, RecomputedLayersAndUnevenMicroBatchesEqualOneProcess) {
     Ranks ranks("rl_dist_ep_ckpt");
-    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp-ckpt", "3", one}, kOneProcess));
     // Rank 1 has fewer micro-batches than rank 0: it joins the exchanges of
     // rank 0's extra ones with empty turns.
-    expect_all_ok(ranks.run({"train", "moe-ep-ckpt", "3", two}, Ranks::world(2)));
-    expect_same_weights_and_loss(one, two);
+    expect_two_ranks_as_one_process(ranks, "moe-dp-ckpt", "moe-ep-ckpt");
 }
 
 TEST(DistExpertParallel, ExpertGroupsCombinedWithDataParallelEqualOneProcess) {
