@@ -65,7 +65,7 @@ fuzz: deps
 	bash scripts/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 format:
-	git ls-files '*.c' '*.h' '*.cpp' '*.hpp' | xargs clang-format -i
+	git ls-files '*.c' '*.h' '*.cpp' '*.hpp' '*.inc' | xargs clang-format -i
 
 clean:
 	rm -rf $(BUILD) build-san build-fuzz

@@ -7,6 +7,7 @@
 // (request_routed_expert_logits: the same forms in float32), and the
 // meta_info encodings of what it decoded.
 #include "fuzz_target.hpp"
+#include "serve_request.hpp"
 
 #include "serve/fields.hpp"
 #include "serve/routed_experts_wire.hpp"
@@ -33,10 +34,7 @@ void refused_or_done(F &&f) {
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    rl::serve::Request req;
-    req.method = "POST";
-    req.path = "/api/v1/forward_backward";
-    req.body = fuzz_text(data, size);
+    const rl::serve::Request req = post_request("/api/v1/forward_backward", data, size);
     refused_or_done([&] {
         const rl::serve::json body = rl::serve::json_body(req);
         refused_or_done([&] {

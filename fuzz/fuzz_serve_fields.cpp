@@ -8,6 +8,7 @@
 // messages, the SGLang sampling_params) take the Server (vocabulary, model
 // name, tokenizer) and are not reachable without the engine.
 #include "fuzz_target.hpp"
+#include "serve_request.hpp"
 
 #include "serve/fields.hpp"
 
@@ -62,10 +63,7 @@ void read_object(const json &object, const std::string &prefix, int depth) {
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    rl::serve::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = fuzz_text(data, size);
+    const rl::serve::Request req = post_request("/v1/completions", data, size);
     try {
         const json body = rl::serve::json_body(req, /*allow_empty=*/true);
         read_object(body, "", 0);

@@ -140,27 +140,10 @@ put("jinja", "llama3.jinja",
     "message['content'] | trim + '<|eot_id|>' }}{%- endfor %}\n"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
     "{%- endif %}\n")
-put("jinja", "tools_macros.jinja",
-    "{%- set ns = namespace(last=-1, sys='') %}\n"
-    "{%- macro fmt(m, sep=': ') -%}{{ m.role | upper }}{{ sep }}{{ m.content | trim }}"
-    "{%- endmacro %}\n"
-    "{%- for m in messages[::-1] if m.role != 'tool' %}\n"
-    "  {%- if ns.last < 0 and m.role == 'user' %}{% set ns.last = loop.revindex0 %}{% endif %}\n"
-    "{%- endfor %}\n"
-    "{%- for m in messages %}\n"
-    "    {%- if m.content is string and '</think>' in m.content %}"
-    "{{ m.content.split('</think>')[-1].lstrip('\\n') }}\n"
-    "    {%- elif m.tool_calls %}{{ m.tool_calls | map(attribute='function') | list | "
-    "tojson(indent=2) }}\n"
-    "    {%- else %}{{ fmt(m) ~ (loop.index0 == ns.last) ~ (m | length) }}{% endif %}\n"
-    "    {%- if not loop.last %}{{ '\\n' }}{% else %}{% break %}{% endif %}\n"
-    "{%- endfor %}\n"
-    "{%- if tools %}{% for t in tools %}{{ t.function.name ~ '/' ~ loop.length }}"
-    "{% endfor %}{% endif %}\n"
-    "{%- if add_generation_prompt %}{{ '<|assistant|>' + ('x' * 3)[1:] }}{% endif %}\n"
-    "{{ {'a': [1, 2.5, none, true], 'b': 'é'} | dictsort | list }}{{ 7 // 2 }}{{ -7 % 3 }}"
-    "{{ '%s-%d' | format('a', 3) }}{{ range(3) | join(',') }}{{ raise_exception('x') "
-    "if false }}\n")
+# the template that tours the engine, as tests/core/chat_template_test.cpp
+# mutates it
+with open(os.path.join(HERE, "..", "tests", "core", "data", "jinja_tour.jinja"), "rb") as f:
+    put("jinja", "tools_macros.jinja", f.read())
 
 # ---- Tinker forward_backward, JSON ----------------------------------------------------
 datum = {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3, 4]}]},

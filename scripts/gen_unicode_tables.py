@@ -87,6 +87,17 @@ def initializer_rows(items, per_row):
     return ["    " + " ".join(items[i:i + per_row]) for i in range(0, len(items), per_row)]
 
 
+def table(ctype, name, items, per_row, count):
+    """Lines of `const ctype name[]` with `per_row` items a row (left to the
+    generator by clang-format) and its element count `count`, as clang-format
+    writes them, then a blank line."""
+    size = "const size_t %s = sizeof %s / sizeof %s[0];" % (count, name, name)
+    if len(size) > 100:  # the .clang-format column limit: clang-format breaks after `=`
+        size = "const size_t %s =\n    sizeof %s / sizeof %s[0];" % (count, name, name)
+    return (["// clang-format off", "const %s %s[] = {" % (ctype, name)]
+            + initializer_rows(items, per_row) + ["};", "// clang-format on", "", size, ""])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -124,39 +135,19 @@ def main():
         "const char kTablesUnicodeVersion[] = \"%s\";" % unicodedata2.unidata_version,
         "const char kBaseUnicodeVersion[] = \"%s\";" % base,
         "",
-        "// clang-format off",
-        "const GcRun kGcRuns[] = {",
     ]
-    lines += initializer_rows(["{0x%05X, Gc::%s}," % tuple(r) for r in rs], 4)
+    lines += table("GcRun", "kGcRuns", ["{0x%05X, Gc::%s}," % tuple(r) for r in rs], 4,
+                   "kGcRunCount")
+    lines += table("BaseDiff", "kBaseDiffs",
+                   ["{0x%05X, 0x%05X, Gc::%s}," % tuple(d) for d in diffs], 3, "kBaseDiffCount")
     lines += [
-        "};",
-        "// clang-format on",
-        "",
-        "const size_t kGcRunCount = sizeof kGcRuns / sizeof kGcRuns[0];",
-        "",
-        "// clang-format off",
-        "const BaseDiff kBaseDiffs[] = {",
-    ]
-    lines += initializer_rows(["{0x%05X, 0x%05X, Gc::%s}," % tuple(d) for d in diffs], 3)
-    lines += [
-        "};",
-        "// clang-format on",
-        "",
-        "const size_t kBaseDiffCount = sizeof kBaseDiffs / sizeof kBaseDiffs[0];",
-        "",
         "const char kNormalizationUnicodeVersion[] = \"%s\";" % norm_version,
         "",
-        "// clang-format off",
-        "const CpRange kNormalizationUnassigned[] = {",
     ]
-    lines += initializer_rows(["{0x%05X, 0x%05X}," % tuple(u) for u in unassigned], 4)
+    lines += table("CpRange", "kNormalizationUnassigned",
+                   ["{0x%05X, 0x%05X}," % tuple(u) for u in unassigned], 4,
+                   "kNormalizationUnassignedCount")
     lines += [
-        "};",
-        "// clang-format on",
-        "",
-        "const size_t kNormalizationUnassignedCount =",
-        "    sizeof kNormalizationUnassigned / sizeof kNormalizationUnassigned[0];",
-        "",
         "} // namespace rl::core::unicode",
         "",
     ]

@@ -437,27 +437,8 @@ TEST(Jinja, OutputSizeAndWorkAreBounded) {
 // inserted, duplicated, truncated): every variant renders or fails with
 // rl::core::Error; nothing else escapes and nothing hangs.
 TEST(Jinja, MutatedTemplatesRenderOrFailWithAnError) {
-    const std::string base =
-        "{%- set ns = namespace(last=-1, sys='') %}\n"
-        "{%- macro fmt(m, sep=': ') -%}{{ m.role | upper }}{{ sep }}{{ m.content | trim }}"
-        "{%- endmacro %}\n"
-        "{%- for m in messages[::-1] if m.role != 'tool' %}\n"
-        "  {%- if ns.last < 0 and m.role == 'user' %}{% set ns.last = loop.revindex0 %}{% endif "
-        "%}\n"
-        "{%- endfor %}\n"
-        "{{- bos_token if bos_token is defined else '' }}\n"
-        "{%- for m in messages %}\n"
-        "    {%- if m.content is string and '</think>' in m.content %}"
-        "{{ m.content.split('</think>')[-1].lstrip('\\n') }}\n"
-        "    {%- elif m.tool_calls %}{{ m.tool_calls | map(attribute='function') | list | "
-        "tojson(indent=2) }}\n"
-        "    {%- else %}{{ fmt(m) ~ (loop.index0 == ns.last) ~ (m | length) }}{% endif %}\n"
-        "    {%- if not loop.last %}{{ '\\n' }}{% else %}{% break %}{% endif %}\n"
-        "{%- endfor %}\n"
-        "{#- tools #}{% if tools %}{% for t in tools %}{{ t.function.name ~ '/' ~ loop.length }}"
-        "{% endfor %}{% endif %}\n"
-        "{%- if add_generation_prompt %}{{ '<|assistant|>' + ('x' * 3)[1:] }}{% endif %}\n"
-        "{{ {'a': [1, 2.5, none, true], 'b': 'é'} | dictsort | list }}{{ 7 // 2 }}{{ -7 % 3 }}\n";
+    const std::string base = test::slurp(test::source_path("tests/core/data/jinja_tour.jinja"));
+    ASSERT_FALSE(base.empty());
     const std::string msgs = R"([{"role": "system", "content": " S "},
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "<think>r</think>\n\nok",

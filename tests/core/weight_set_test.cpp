@@ -12,6 +12,8 @@
 #include <cfloat>
 #include <functional>
 #include <map>
+#include <memory>
+#include <string>
 
 namespace rl::core {
 namespace {
@@ -24,6 +26,15 @@ Named shifted(const CausalLM &m, double delta) {
     for (const auto &[name, p] : m.named_weights())
         out.emplace_back(name, p.detach().to(at::kFloat) + delta);
     return out;
+}
+
+// The tiny model written under `dir` and loaded in bfloat16 (a dtype the
+// senders' float32 is cast to on the swap).
+std::shared_ptr<Policy> bf16_tiny_policy(const std::string &dir) {
+    write_tiny_model(dir, 3);
+    LoadOptions lo;
+    lo.dtype = at::kBFloat16;
+    return Policy::load(dir, lo);
 }
 
 std::map<std::string, at::Tensor> snapshot(const CausalLM &m) {
@@ -50,10 +61,7 @@ std::string refusal(const std::function<void()> &f, ErrorKind want = ErrorKind::
 
 TEST(WeightSet, ASwapLandsInPlaceInTheModelsDtypeAndSetsTheVersion) {
     test::TempDir dir;
-    write_tiny_model(dir.path(), 3);
-    LoadOptions lo;
-    lo.dtype = at::kBFloat16;
-    auto policy = Policy::load(dir.path(), lo);
+    auto policy = bf16_tiny_policy(dir.path());
     const CausalLM &m = policy->model();
     std::map<std::string, const void *> storage;
     for (const auto &[name, p] : m.named_weights()) storage[name] = p.data_ptr();
@@ -80,10 +88,7 @@ TEST(WeightSet, ASwapLandsInPlaceInTheModelsDtypeAndSetsTheVersion) {
 
 TEST(WeightSet, RefusalsNameTheTensorAndLeaveTheModelAsItWas) {
     test::TempDir dir;
-    write_tiny_model(dir.path(), 3);
-    LoadOptions lo;
-    lo.dtype = at::kBFloat16;
-    auto policy = Policy::load(dir.path(), lo);
+    auto policy = bf16_tiny_policy(dir.path());
     const CausalLM &m = policy->model();
     const auto before = snapshot(m);
     const Named good = shifted(m, 0.25);

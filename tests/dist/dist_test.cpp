@@ -163,6 +163,68 @@ std::map<std::string, double> read_metrics(const std::string &path) {
     return out;
 }
 
+// Every metric of the one-process run (m1) in the other (m2), equal to 1e-5
+// relative.
+void expect_same_metrics(const std::map<std::string, double> &m1,
+                         const std::map<std::string, double> &m2) {
+    for (const auto &kv : m1) {
+        ASSERT_TRUE(m2.count(kv.first)) << kv.first;
+        EXPECT_NEAR(m2.at(kv.first), kv.second, 1e-5 * (1 + std::abs(kv.second))) << kv.first;
+    }
+}
+
+// The weights `trained` differ from those of a run of `strategy` for 0 steps
+// (written to zero.safetensors, whose path it returns): a comparison with the
+// trained weights is not of two initial states.
+std::string expect_moved_from_the_start(Ranks &ranks, const std::string &strategy,
+                                        const std::string &trained) {
+    const std::string zero = ranks.path("zero.safetensors");
+    expect_all_ok(ranks.run({"train", strategy, "0", zero}, kOneProcess));
+    EXPECT_GT(max_abs_diff(zero, trained), 1e-3);
+    return zero;
+}
+
+// The weights (to 1e-5) and the loss_sum metric of run `b` equal run `a`'s.
+void expect_same_weights_and_loss(const std::string &a, const std::string &b) {
+    EXPECT_LE(max_abs_diff(a, b), 1e-5) << b;
+    const auto ma = read_metrics(a + ".metrics"), mb = read_metrics(b + ".metrics");
+    EXPECT_NEAR(mb.at("loss_sum"), ma.at("loss_sum"), 1e-5 * (1 + std::abs(ma.at("loss_sum"))))
+        << b;
+}
+
+// Three steps of `strategy` on 2 ranks end with the weights and loss_sum of
+// three steps of `single` in one process; the one-process weights' path.
+std::string expect_two_ranks_as_one_process(Ranks &ranks, const std::string &single,
+                                            const std::string &strategy) {
+    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
+    expect_all_ok(ranks.run({"train", single, "3", one}, kOneProcess));
+    expect_all_ok(ranks.run({"train", strategy, "3", two}, Ranks::world(2)));
+    expect_same_weights_and_loss(one, two);
+    return one;
+}
+
+// Five training steps of strategy `one` in one process, and the same five
+// interrupted after step 3 and resumed at another world size: `many` on 2
+// ranks saves the checkpoint folder ck1 and one process resumes from it; one
+// process saves ck2 and `many` on 2 ranks resumes from it. Both end where the
+// uninterrupted run ends.
+void expect_resumes_across_world_sizes(Ranks &ranks, const std::string &one,
+                                       const std::string &many) {
+    const std::string ck1 = ranks.path("ck1").string(), ck2 = ranks.path("ck2").string();
+    const std::string full = ranks.path("full.safetensors");
+    expect_all_ok(ranks.run({"train", one, "5", full}, kOneProcess));
+
+    const std::string a = ranks.path("a.safetensors"), a2 = ranks.path("a2.safetensors");
+    expect_all_ok(ranks.run({"train", many, "3", a, "--save", ck1}, Ranks::world(2)));
+    expect_all_ok(ranks.run({"train", one, "5", a2, "--resume", ck1}, kOneProcess));
+    EXPECT_LE(max_abs_diff(full, a2), 1e-5) << many << " on 2 ranks, then " << one;
+
+    const std::string b = ranks.path("b.safetensors"), b2 = ranks.path("b2.safetensors");
+    expect_all_ok(ranks.run({"train", one, "3", b, "--save", ck2}, kOneProcess));
+    expect_all_ok(ranks.run({"train", many, "5", b2, "--resume", ck2}, Ranks::world(2)));
+    EXPECT_LE(max_abs_diff(full, b2), 1e-5) << one << ", then " << many << " on 2 ranks";
+}
+
 TEST(DistCollectives, EveryOperationAgreesAcrossTwoRanks) {
     Ranks ranks("rl_dist_collectives");
     expect_all_ok(ranks.run({"collectives"}, Ranks::world(2)));
@@ -185,14 +247,9 @@ TEST_P(DistParity, FiveStepsOnTwoRanksEqualOneProcessWithUnevenMicroBatches) {
     EXPECT_EQ(m2.at("masked_tokens"), m2.at("global_tokens")); // summed over ranks
     EXPECT_LE(m2.at("lp_min"), m2.at("lp_token_mean"));
     EXPECT_LE(m2.at("lp_token_mean"), m2.at("lp_max"));
-    for (const auto &kv : m1) {
-        ASSERT_TRUE(m2.count(kv.first)) << kv.first;
-        EXPECT_NEAR(m2.at(kv.first), kv.second, 1e-5 * (1 + std::abs(kv.second))) << kv.first;
-    }
+    expect_same_metrics(m1, m2);
     // The run changed the weights (the comparison is not of two initial states).
-    const std::string zero = ranks.path("zero.safetensors");
-    expect_all_ok(ranks.run({"train", "dp", "0", zero}, kOneProcess));
-    EXPECT_GT(max_abs_diff(zero, one), 1e-3);
+    expect_moved_from_the_start(ranks, "dp", one);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, DistParity, ::testing::Values("dp", "fsdp", "dp-overlap"),
@@ -217,23 +274,9 @@ TEST(DistOverlap, RanksWithDifferentNumbersOfCallsPerStepAreToldNotSummed) {
 
 TEST(DistResume, TwoRanksToOneAndOneToTwoEqualAnUninterruptedRun) {
     Ranks ranks("rl_dist_resume");
-    const std::string full = ranks.path("full.safetensors");
-    expect_all_ok(ranks.run({"train", "dp", "5", full}, kOneProcess));
-
-    // fsdp on 2 ranks for 3 steps (sharded state gathered into the
-    // checkpoint), then 1 process to step 5.
-    const std::string ck1 = ranks.path("ck1").string();
-    const std::string a = ranks.path("a.safetensors"), a2 = ranks.path("a2.safetensors");
-    expect_all_ok(ranks.run({"train", "fsdp", "3", a, "--save", ck1}, Ranks::world(2)));
-    expect_all_ok(ranks.run({"train", "dp", "5", a2, "--resume", ck1}, kOneProcess));
-    EXPECT_LE(max_abs_diff(full, a2), 1e-5);
-
-    // 1 process for 3 steps, then fsdp on 2 ranks (each takes its shards).
-    const std::string ck2 = ranks.path("ck2").string();
-    const std::string b = ranks.path("b.safetensors"), b2 = ranks.path("b2.safetensors");
-    expect_all_ok(ranks.run({"train", "dp", "3", b, "--save", ck2}, kOneProcess));
-    expect_all_ok(ranks.run({"train", "fsdp", "5", b2, "--resume", ck2}, Ranks::world(2)));
-    EXPECT_LE(max_abs_diff(full, b2), 1e-5);
+    // fsdp's sharded state is gathered into the checkpoint; resuming on 2
+    // ranks, each takes its shards.
+    expect_resumes_across_world_sizes(ranks, "dp", "fsdp");
 }
 
 TEST(DistCheckpoints, FsdpRanksWriteTheirOwnShardsAndResumeAtAnyWorldSize) {
@@ -298,14 +341,9 @@ TEST(DistExpertParallel, FiveStepsWithTheExpertsSplitOverTwoRanksEqualOneProcess
     // and the loss's metrics equal the single process's.
     const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
     ASSERT_TRUE(m1.count("loss_sum"));
-    for (const auto &kv : m1) {
-        ASSERT_TRUE(m2.count(kv.first)) << kv.first;
-        EXPECT_NEAR(m2.at(kv.first), kv.second, 1e-5 * (1 + std::abs(kv.second))) << kv.first;
-    }
+    expect_same_metrics(m1, m2);
     // The run changed the weights, experts included.
-    const std::string zero = ranks.path("zero.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp", "0", zero}, kOneProcess));
-    EXPECT_GT(max_abs_diff(zero, one), 1e-3);
+    const std::string zero = expect_moved_from_the_start(ranks, "moe-dp", one);
     auto w0 = rl::core::load_safetensors(zero), w1 = rl::core::load_safetensors(one);
     for (const char *e : {"model.layers.0.mlp.experts.0.up_proj.weight",
                           "model.layers.1.mlp.experts.3.down_proj.weight"})
@@ -314,12 +352,7 @@ TEST(DistExpertParallel, FiveStepsWithTheExpertsSplitOverTwoRanksEqualOneProcess
 
 TEST(DistExpertParallel, AReplayedRoutingTrainsAsInOneProcess) {
     Ranks ranks("rl_dist_ep_r3");
-    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp-r3", "3", one}, kOneProcess));
-    expect_all_ok(ranks.run({"train", "moe-ep-r3", "3", two}, Ranks::world(2)));
-    EXPECT_LE(max_abs_diff(one, two), 1e-5);
-    const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
-    EXPECT_NEAR(m2.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))));
+    const std::string one = expect_two_ranks_as_one_process(ranks, "moe-dp-r3", "moe-ep-r3");
     // The replay matters: the routing's own choices train other weights.
     const std::string own = ranks.path("own.safetensors");
     expect_all_ok(ranks.run({"train", "moe-dp", "3", own}, kOneProcess));
@@ -328,14 +361,9 @@ TEST(DistExpertParallel, AReplayedRoutingTrainsAsInOneProcess) {
 
 TEST(DistExpertParallel, RecomputedLayersAndUnevenMicroBatchesEqualOneProcess) {
     Ranks ranks("rl_dist_ep_ckpt");
-    const std::string one = ranks.path("one.safetensors"), two = ranks.path("two.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp-ckpt", "3", one}, kOneProcess));
     // Rank 1 has fewer micro-batches than rank 0: it joins the exchanges of
     // rank 0's extra ones with empty turns.
-    expect_all_ok(ranks.run({"train", "moe-ep-ckpt", "3", two}, Ranks::world(2)));
-    EXPECT_LE(max_abs_diff(one, two), 1e-5);
-    const auto m1 = read_metrics(one + ".metrics"), m2 = read_metrics(two + ".metrics");
-    EXPECT_NEAR(m2.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))));
+    expect_two_ranks_as_one_process(ranks, "moe-dp-ckpt", "moe-ep-ckpt");
 }
 
 TEST(DistExpertParallel, ExpertGroupsCombinedWithDataParallelEqualOneProcess) {
@@ -347,32 +375,16 @@ TEST(DistExpertParallel, ExpertGroupsCombinedWithDataParallelEqualOneProcess) {
     for (const std::string strategy : {"moe-ep", "moe-ep4"}) {
         const std::string four = ranks.path(strategy + ".safetensors");
         expect_all_ok(ranks.run({"train", strategy, "3", four}, Ranks::world(4)));
-        EXPECT_LE(max_abs_diff(one, four), 1e-5) << strategy;
-        const auto m1 = read_metrics(one + ".metrics"), m4 = read_metrics(four + ".metrics");
-        EXPECT_NEAR(m4.at("loss_sum"), m1.at("loss_sum"), 1e-5 * (1 + std::abs(m1.at("loss_sum"))))
-            << strategy;
+        expect_same_weights_and_loss(one, four);
     }
 }
 
 TEST(DistExpertParallel, CheckpointsResumeFromTwoRanksOnOneProcessAndBack) {
     Ranks ranks("rl_dist_ep_resume");
-    const std::string full = ranks.path("full.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp", "5", full}, kOneProcess));
-
-    // Expert parallel on 2 ranks for 3 steps (experts and their AdamW state
-    // gathered into the checkpoint), then one process to step 5.
-    const std::string ck1 = ranks.path("ck1").string();
-    const std::string a = ranks.path("a.safetensors"), a2 = ranks.path("a2.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-ep", "3", a, "--save", ck1}, Ranks::world(2)));
-    expect_all_ok(ranks.run({"train", "moe-dp", "5", a2, "--resume", ck1}, kOneProcess));
-    EXPECT_LE(max_abs_diff(full, a2), 1e-5);
-
-    // One process for 3 steps, then expert parallel on 2 ranks.
-    const std::string ck2 = ranks.path("ck2").string();
-    const std::string b = ranks.path("b.safetensors"), b2 = ranks.path("b2.safetensors");
-    expect_all_ok(ranks.run({"train", "moe-dp", "3", b, "--save", ck2}, kOneProcess));
-    expect_all_ok(ranks.run({"train", "moe-ep", "5", b2, "--resume", ck2}, Ranks::world(2)));
-    EXPECT_LE(max_abs_diff(full, b2), 1e-5);
+    // Expert parallel gathers the experts and their AdamW state into the
+    // checkpoint.
+    expect_resumes_across_world_sizes(ranks, "moe-dp", "moe-ep");
+    const std::string ck1 = ranks.path("ck1").string(), ck2 = ranks.path("ck2").string();
 
     // Both checkpoints hold the same tensors: the HF model folder and the
     // optimizer state of every expert, as one process writes them.

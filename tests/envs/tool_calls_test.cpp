@@ -51,19 +51,19 @@ TEST(ToolCallsHermes, ArgumentsKeepTheOrderTheModelWroteThem) {
     EXPECT_EQ(p.calls[0].arguments_text, "{\"b\":1,\"a\":2}");
 }
 
-TEST(ToolCallsHermes, TextWithoutBlocksIsAllContent) {
-    const auto p = parse_tool_calls("  The answer is 4.\n", "hermes");
-    EXPECT_TRUE(p.calls.empty());
-    EXPECT_TRUE(p.errors.empty());
-    EXPECT_EQ(p.content, "The answer is 4.");
-}
-
-TEST(ToolCallsHermes, EmptyTextIsNoCallsAndNoContent) {
-    for (const char *family : {"hermes", "llama3_json"}) {
-        const auto p = parse_tool_calls("", family);
-        EXPECT_TRUE(p.calls.empty()) << family;
-        EXPECT_TRUE(p.errors.empty()) << family;
-        EXPECT_EQ(p.content, "") << family;
+// Text without a call (a Hermes block, a Llama 3 JSON object), empty or not,
+// is no call, no error and all content (trimmed), in every family.
+TEST(ToolCalls, TextWithoutCallsIsAllContentInEveryFamily) {
+    struct Case {
+        const char *family, *text, *content;
+    };
+    for (const Case &c : {Case{"hermes", "  The answer is 4.\n", "The answer is 4."},
+                          Case{"llama3_json", "Paris is sunny {today}.", "Paris is sunny {today}."},
+                          Case{"hermes", "", ""}, Case{"llama3_json", "", ""}}) {
+        const auto p = parse_tool_calls(c.text, c.family);
+        EXPECT_TRUE(p.calls.empty()) << c.family << ": " << c.text;
+        EXPECT_TRUE(p.errors.empty()) << c.family << ": " << c.text;
+        EXPECT_EQ(p.content, c.content) << c.family;
     }
 }
 
@@ -178,13 +178,6 @@ TEST(ToolCallsLlama3, SeveralCallsSeparatedBySemicolons) {
     ASSERT_EQ(p.calls.size(), 2u);
     EXPECT_EQ(p.calls[0].arguments["s"], "x;}{");
     EXPECT_EQ(p.calls[1].name, "b");
-}
-
-TEST(ToolCallsLlama3, PlainTextIsContent) {
-    const auto p = parse_tool_calls("Paris is sunny {today}.", "llama3_json");
-    EXPECT_TRUE(p.calls.empty());
-    EXPECT_TRUE(p.errors.empty());
-    EXPECT_EQ(p.content, "Paris is sunny {today}.");
 }
 
 TEST(ToolCallsLlama3, MalformedCallsAreErrors) {

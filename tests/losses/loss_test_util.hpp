@@ -4,6 +4,7 @@
 #pragma once
 
 #include "loss_registry.hpp" // generated: every loss plugin of the build
+#include "loss_run_once.hpp" // run_once<L>
 
 #include <rl/sdk/testing.hpp>
 
@@ -17,21 +18,6 @@
 namespace rl::losses::test {
 
 namespace T = rl::sdk::testing;
-
-// Loss L created with `params` run once on `in`; when it refuses the params,
-// a run with the create status and error.
-template <class L>
-T::LossRun run_once(const std::string &params, const T::LossInputs &in, bool want_grads = true) {
-    T::Host host;
-    T::Instance<L> inst(host, params);
-    if (!inst.ok()) {
-        T::LossRun r;
-        r.status = inst.status();
-        r.error = inst.error();
-        return r;
-    }
-    return T::run_loss(inst, in, want_grads);
-}
 
 // A packed batch: float inputs by name, optional int64 labels.
 struct Batch {

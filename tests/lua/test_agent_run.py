@@ -12,39 +12,25 @@ the greedy evaluation rise by a margin."""
 
 import json
 import os
-import subprocess
-import tempfile
 import unittest
 
-RLHOST = os.environ["RL_TEST_RLHOST"]
-SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
-SCALE = int(os.environ.get("RL_TEST_TIME_SCALE", "1"))  # 4 under the sanitizers
+from rlhost_runs import SCALE, RunFolderCase, read_records, rlhost_run
 
 
-class AgentBase(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="rl-agent-")
-        self.run_dir = os.path.join(self.tmp.name, "runs", "agent")
+class AgentBase(RunFolderCase):
+    RUN = "agent"
 
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def rlhost_run(self, *sets, config="examples/agent.yaml", timeout=600):
-        args = [RLHOST, "run", "examples/agent.lua", "--config", config,
-                "--set", "run.progress=lines", "--set", "run.tensorboard=false",
-                "--set", f"run.dir={self.tmp.name}/runs",
-                "--set", f"model.init_dir={self.tmp.name}/tiny"]
-        for s in sets:
-            args += ["--set", s]
-        return subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=timeout * SCALE)
+    def rlhost_run(self, *sets, config="examples/agent.yaml", script="examples/agent.lua",
+                   launch=(), timeout=600):
+        return rlhost_run(self.tmp.name, script, config, ("run.tensorboard=false",) + sets,
+                          launch=launch, timeout=timeout * SCALE)
 
 
 class AgentRun(AgentBase):
     def test_episodes_are_logged_with_their_turns_and_trained_with_the_envs_answers(self):
         p = self.rlhost_run("sft.steps=20", "run.steps=6", "run.samples_every=1")
         self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
-        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
+        recs = read_records(self.run_dir)
         sft = [r for r in recs if r["phase"] == "sft"]
         rl_steps = [r for r in recs if r["phase"] == "rl"]
         self.assertEqual(len(sft), 20)
@@ -69,18 +55,14 @@ class AgentRun(AgentBase):
 
 
 class ToolUseLearns(AgentBase):
-    def setUp(self):
-        super().setUp()
-        self.run_dir = os.path.join(self.tmp.name, "runs", "agent_tools")
+    RUN = "agent_tools"  # the run.name of examples/agent_tools.yaml
 
     def test_rl_makes_the_model_call_the_calculator_and_the_reward_rises(self):
         steps = 20
         p = self.rlhost_run(f"run.steps={steps}", "eval.every=0", "run.checkpoint_every=0",
                             config="examples/agent_tools.yaml", timeout=1700)
         self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
-        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-        rl_steps = [r for r in recs if r["phase"] == "rl"]
+        rl_steps = read_records(self.run_dir, "rl")
         self.assertEqual(len(rl_steps), steps)
 
         def mean(key, rs):
@@ -101,21 +83,15 @@ class ToolUseLearns(AgentBase):
         # plays the episodes (tool calls, results, answers) and sends them to
         # the trainer; the trainer logs the env's metrics it was sent.
         more = 10
-        p = subprocess.run(
-            [RLHOST, "launch", "--roles", "trainer,rollout", "--", "run",
-             "examples/grpo_disaggregated.lua", "--config", "examples/agent_tools.yaml",
-             "--set", "run.progress=lines", "--set", "run.tensorboard=false",
-             "--set", f"run.dir={self.tmp.name}/runs", "--set", f"model.init_dir={self.tmp.name}/tiny",
-             "--set", "run.resume=true", "--set", f"run.steps={steps + more}",
-             "--set", "eval.every=0", "--set", "run.checkpoint_every=0",
-             "--set", "max_async_level=1", "--set", "buffer.max_off_policy_steps=1"],
-            cwd=SOURCE, capture_output=True, text=True, timeout=900 * SCALE)
+        p = self.rlhost_run("run.resume=true", f"run.steps={steps + more}", "eval.every=0",
+                            "run.checkpoint_every=0", "max_async_level=1",
+                            "buffer.max_off_policy_steps=1", config="examples/agent_tools.yaml",
+                            script="examples/grpo_disaggregated.lua",
+                            launch=("launch", "--roles", "trainer,rollout", "--"), timeout=900)
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-2000:])
         self.assertIn("resumed from", p.stdout + p.stderr)
         self.assertIn("[rollout] [rollout 0/1] done", p.stdout + p.stderr)
-        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-        disagg = [r for r in recs if r["phase"] == "rl"][steps:]
+        disagg = read_records(self.run_dir, "rl")[steps:]
         self.assertEqual([r["step"] for r in disagg], list(range(steps + 1, steps + more + 1)))
         summary = " ".join(f"{r['reward']:.2f}/{r['env/tool_calls']:.2f}" for r in disagg)
         for r in disagg:
@@ -133,9 +109,7 @@ class GuessNumberLearns(AgentBase):
         # The whole example (60 warm-up steps of random guesses, 200 RL steps).
         p = self.rlhost_run("run.checkpoint_every=0", timeout=1700)  # about 4 min alone
         self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
-        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-        rl_steps = [r for r in recs if r["phase"] == "rl"]
+        rl_steps = read_records(self.run_dir, "rl")
         self.assertEqual(len(rl_steps), 200)
 
         def mean(key, rs):

@@ -11,38 +11,36 @@
   initial weights, scored by the initial weights) and above 0 once the policy
   moved; the reference folder is the trainer's."""
 
-import json
 import os
 import subprocess
-import tempfile
 import unittest
 
-RLHOST = os.environ["RL_TEST_RLHOST"]
-SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
+from rlhost_runs import RLHOST, RunFolderCase, read_records, rlhost_run
+
 EVAL = ["eval.every=2", "eval.tasks=4"]
 
 
-class ExampleLoops(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="rl-loops-")
+class ExampleLoops(RunFolderCase):
+    RUN = "loops"
 
-    def tearDown(self):
-        self.tmp.cleanup()
+    def rlhost_run(self, script, config, name, sets, launch=(), timeout=900):
+        return rlhost_run(self.tmp.name, script, config,
+                          ["run.tensorboard=false", f"run.name={name}"] + sets, launch=launch,
+                          timeout=timeout)
 
-    def run_example(self, script, config, name, sets, launch=None):
-        args = [RLHOST] + (launch or []) + ["run", script, "--config", config,
-                                            "--set", "run.progress=lines",
-                                            "--set", "run.tensorboard=false",
-                                            "--set", f"run.name={name}",
-                                            "--set", f"run.dir={self.tmp.name}/runs",
-                                            "--set", f"model.init_dir={self.tmp.name}/tiny"]
-        for s in sets:
-            args += ["--set", s]
-        p = subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=900)
+    def run_example(self, script, config, name, sets, launch=()):
+        p = self.rlhost_run(script, config, name, sets, launch=launch)
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
-        with open(os.path.join(self.tmp.name, "runs", name, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-        return [r for r in recs if r["phase"] == "rl"]
+        return read_records(os.path.join(self.tmp.name, "runs", name), "rl")
+
+    def trained_on_moe(self, script, config, name, sets):
+        """The records of the steps that trained in a run of the example on the
+        tiny-moe preset (at least one)."""
+        recs = self.run_example(script, config, name, ["model.preset=tiny-moe",
+                                                       f"model.init_dir={self.tmp.name}/moe"] + sets)
+        trained = [r for r in recs if "grad_norm" in r]
+        self.assertTrue(trained, recs)
+        return trained
 
     def expect_eval_on_even_steps(self, recs, steps):
         self.assertEqual([r["step"] for r in recs], list(range(1, steps + 1)))
@@ -74,11 +72,8 @@ class ExampleLoops(unittest.TestCase):
         self.expect_eval_on_even_steps(recs, 2)
 
     def test_grpo_on_the_moe_preset_logs_the_router(self):
-        recs = self.run_example("examples/grpo.lua", "examples/grpo.yaml", "moe",
-                                ["model.preset=tiny-moe", f"model.init_dir={self.tmp.name}/moe",
-                                 "sft.steps=2", "run.steps=2", "buffer.min_rollouts=8"])
-        trained = [r for r in recs if "grad_norm" in r]
-        self.assertTrue(trained, recs)
+        trained = self.trained_on_moe("examples/grpo.lua", "examples/grpo.yaml", "moe",
+                                      ["sft.steps=2", "run.steps=2", "buffer.min_rollouts=8"])
         for r in trained:
             self.assertGreater(r["moe/aux_loss"], 0.0)
             self.assertGreaterEqual(r["moe/max_load_ratio"], 1.0)
@@ -88,21 +83,14 @@ class ExampleLoops(unittest.TestCase):
     def test_grpo_replays_the_rollouts_routing_on_the_moe_preset(self):
         # moe.routing_replay: rollouts record their routing, the batches carry
         # it (routed_experts) and the trainer replays it.
-        recs = self.run_example("examples/grpo.lua", "examples/grpo.yaml", "moe_r3",
-                                ["model.preset=tiny-moe", f"model.init_dir={self.tmp.name}/moe",
-                                 "moe.routing_replay=true", "sft.steps=0", "run.steps=2",
-                                 "buffer.min_rollouts=8"])
-        trained = [r for r in recs if "grad_norm" in r]
-        self.assertTrue(trained, recs)
+        trained = self.trained_on_moe("examples/grpo.lua", "examples/grpo.yaml", "moe_r3",
+                                      ["moe.routing_replay=true", "sft.steps=0", "run.steps=2",
+                                       "buffer.min_rollouts=8"])
         for r in trained:
             self.assertGreater(r["moe/aux_loss"], 0.0)
         # A dense model refuses it, naming the option.
-        args = [RLHOST, "run", "examples/grpo.lua", "--config", "examples/grpo.yaml",
-                "--set", "run.progress=lines", "--set", "run.tensorboard=false",
-                "--set", "run.name=dense_r3", "--set", f"run.dir={self.tmp.name}/runs",
-                "--set", f"model.init_dir={self.tmp.name}/tiny", "--set", "sft.steps=0",
-                "--set", "moe.routing_replay=true"]
-        p = subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=600)
+        p = self.rlhost_run("examples/grpo.lua", "examples/grpo.yaml", "dense_r3",
+                            ["sft.steps=0", "moe.routing_replay=true"], timeout=600)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("return_routed_experts", p.stdout + p.stderr)
 
@@ -110,11 +98,8 @@ class ExampleLoops(unittest.TestCase):
         # moe.routing_replay on a multi-turn env: every episode records the
         # routing of its whole sequence, the batches carry it and the trainer
         # replays it (tests/moe/moe_rollouts_test checks the values).
-        recs = self.run_example("examples/agent.lua", "examples/agent.yaml", "agent_r3",
-                                ["model.preset=tiny-moe", f"model.init_dir={self.tmp.name}/moe",
-                                 "moe.routing_replay=true", "sft.steps=2", "run.steps=2"])
-        trained = [r for r in recs if "grad_norm" in r]
-        self.assertTrue(trained, recs)
+        trained = self.trained_on_moe("examples/agent.lua", "examples/agent.yaml", "agent_r3",
+                                      ["moe.routing_replay=true", "sft.steps=2", "run.steps=2"])
         for r in trained:
             self.assertEqual(r["episode_errors"], 0)
 

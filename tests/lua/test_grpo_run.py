@@ -27,38 +27,23 @@ import re
 import shutil
 from html.parser import HTMLParser
 import subprocess
-import tempfile
 import unittest
 
-RLHOST = os.environ["RL_TEST_RLHOST"]
-SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
+from rlhost_runs import RLHOST, RunFolderCase, read_records, rlhost_run
 
 
-class GrpoRun(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="rl-ref-")
-        self.run_dir = os.path.join(self.tmp.name, "runs", "grpo")
-
-    def tearDown(self):
-        self.tmp.cleanup()
+class GrpoRun(RunFolderCase):
+    RUN = "grpo"
 
     def rlhost_run(self, *sets, ok=True):
-        args = [RLHOST, "run", "examples/grpo.lua", "--config", "examples/grpo.yaml",
-                "--set", "sft.steps=3", "--set", "run.progress=lines",
-                "--set", "run.tensorboard=false",
-                "--set", f"run.dir={self.tmp.name}/runs",
-                "--set", f"model.init_dir={self.tmp.name}/tiny"]
-        for s in sets:
-            args += ["--set", s]
-        p = subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=600)
+        p = rlhost_run(self.tmp.name, "examples/grpo.lua", "examples/grpo.yaml",
+                       ("sft.steps=3", "run.tensorboard=false") + sets)
         if ok:
             self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
         return p
 
     def trained_steps(self):
-        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-        return [r for r in recs if r["phase"] == "rl" and "grad_norm" in r]
+        return [r for r in read_records(self.run_dir, "rl") if "grad_norm" in r]
 
 
 class ReferenceModel(GrpoRun):
@@ -117,9 +102,7 @@ class QerlNoise(GrpoRun):
     'kl' leaves 0); an inference server is refused."""
 
     def records(self, name):
-        with open(os.path.join(self.tmp.name, "runs", name, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
-        return [r for r in recs if r["phase"] == "rl"]
+        return read_records(os.path.join(self.tmp.name, "runs", name), "rl")
 
     def test_the_first_stage_is_clean_and_the_noisy_stages_move_only_the_rollouts(self):
         # 6 RL steps after the 3-step warm-up (schedule step = policy version
@@ -197,8 +180,7 @@ class Samples(GrpoRun):
 
 class Evaluation(GrpoRun):
     def records(self):
-        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return read_records(self.run_dir)
 
     def test_every_nth_step_records_the_evaluation(self):
         self.rlhost_run("run.steps=4", "eval.every=2", "eval.tasks=6", "eval.samples=3",
@@ -255,8 +237,7 @@ class OverlongShaping(GrpoRun):
         shaped = self.run_dir.replace("/grpo", "/shaped")
 
         def rl_step(d):
-            with open(os.path.join(d, "metrics.jsonl")) as f:
-                return [json.loads(l) for l in f if json.loads(l)["phase"] == "rl"][0]
+            return read_records(d, "rl")[0]
 
         a, b = rl_step(plain), rl_step(shaped)
         self.assertNotIn("overlong_penalty", a)
@@ -338,8 +319,7 @@ class Report(GrpoRun):
         self.assertNotIn("script", page.tags)
         self.assertNotIn("b", page.tags)
         self.assertIn("<b>not a tag</b>", "".join(page.text))
-        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
+        recs = read_records(self.run_dir)
         counts = {}
         for r in recs:
             for k, v in r.items():

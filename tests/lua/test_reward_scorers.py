@@ -19,8 +19,8 @@ import threading
 import time
 import unittest
 
-RLHOST = os.environ["RL_TEST_RLHOST"]
-SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
+from rlhost_runs import RLHOST, SOURCE, read_records, rlhost_run
+
 sys.path.insert(0, os.path.join(SOURCE, "sdk", "python"))
 import rl  # noqa: E402  (librl through RL_LIBRARY)
 
@@ -39,17 +39,12 @@ class RewardScorers(unittest.TestCase):
         cls.tmp.cleanup()
 
     def run_grpo(self, name, *sets, timeout=600):
-        args = [RLHOST, "run", "examples/grpo.lua", "--config", "examples/grpo.yaml",
-                "--set", "run.progress=lines", "--set", "run.tensorboard=false",
-                "--set", f"run.name={name}", "--set", f"run.dir={self.tmp.name}/runs",
-                "--set", f"model.init_dir={self.tmp.name}/tiny", "--set", "sft.steps=5"]
-        for s in sets:
-            args += ["--set", s]
-        return subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=timeout)
+        return rlhost_run(self.tmp.name, "examples/grpo.lua", "examples/grpo.yaml",
+                          ("run.tensorboard=false", f"run.name={name}", "sft.steps=5") + sets,
+                          timeout=timeout)
 
     def records(self, name):
-        with open(os.path.join(self.tmp.name, "runs", name, "metrics.jsonl")) as f:
-            return [r for r in (json.loads(line) for line in f if line.strip()) if r["phase"] == "rl"]
+        return read_records(os.path.join(self.tmp.name, "runs", name), "rl")
 
     def test_reward_model_scores_are_the_rewards(self):
         p = self.run_grpo("rm", "run.steps=2", "run.samples_every=1",

@@ -9,8 +9,6 @@ writes none."""
 import json
 import os
 import struct
-import subprocess
-import tempfile
 import unittest
 
 try:
@@ -19,35 +17,23 @@ except ImportError:
     print("the tensorboard package is not installed in this venv (no PyPI?): skipped")
     raise SystemExit(77)
 
-RLHOST = os.environ["RL_TEST_RLHOST"]
-SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
+from rlhost_runs import RunFolderCase, read_records, rlhost_run  # noqa: E402
 
 
 def f32(v):
     return struct.unpack("<f", struct.pack("<f", float(v)))[0]
 
 
-class TensorBoardFiles(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="rl-tb-")
-        self.run_dir = os.path.join(self.tmp.name, "runs", "grpo")
-
-    def tearDown(self):
-        self.tmp.cleanup()
+class TensorBoardFiles(RunFolderCase):
+    RUN = "grpo"
 
     def rlhost_run(self, *sets):
-        args = [RLHOST, "run", "examples/grpo.lua", "--config", "examples/grpo.yaml",
-                "--set", "sft.steps=3", "--set", "run.progress=lines",
-                "--set", f"run.dir={self.tmp.name}/runs",
-                "--set", f"model.init_dir={self.tmp.name}/tiny"]
-        for s in sets:
-            args += ["--set", s]
-        p = subprocess.run(args, cwd=SOURCE, capture_output=True, text=True, timeout=600)
+        p = rlhost_run(self.tmp.name, "examples/grpo.lua", "examples/grpo.yaml",
+                       ("sft.steps=3",) + sets)
         self.assertEqual(p.returncode, 0, p.stdout[-2000:] + p.stderr[-2000:])
 
     def records(self):
-        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return read_records(self.run_dir)
 
     def expect_same(self):
         acc = EventAccumulator(os.path.join(self.run_dir, "tensorboard"),

@@ -36,6 +36,15 @@ const char *kTasks = R"([{"prompt": "ab", "answer": "ba"}, {"prompt": "moe", "an
 const char *kSampling =
     R"({"n": 2, "max_tokens": 4, "seed": 17, "temperature": 1.0, "return_routed_experts": true})";
 
+// Rollouts of kTasks sampled by `e` with kSampling (the routing recorded).
+RolloutsPtr routed_rollouts(rl_engine_t *e) {
+    rl_rollouts_t *r = nullptr;
+    const std::string options = std::string(R"({"sampling": )") + kSampling + "}";
+    if (rl_rollouts_generate(e, kTasks, options.c_str(), &r) != RL_OK)
+        ADD_FAILURE() << "generate: " << rl_last_error();
+    return RolloutsPtr(r);
+}
+
 // A result tensor as int64 values and its shape.
 struct IntTensor {
     std::vector<int64_t> shape, values;
@@ -107,10 +116,8 @@ TEST(MoeRollouts, RolloutsCarryTheEngineRoutingAndTheTrainerReplaysIt) {
     ModelPtr m = load_model(dir);
     EnginePtr e = make_engine(m.get());
 
-    rl_rollouts_t *raw = nullptr;
-    const std::string options = std::string(R"({"sampling": )") + kSampling + "}";
-    RL_ASSERT_OK(rl_rollouts_generate(e.get(), kTasks, options.c_str(), &raw));
-    RolloutsPtr r(raw);
+    RolloutsPtr r = routed_rollouts(e.get());
+    ASSERT_NE(r, nullptr);
     Result info;
     RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
     const int64_t L = static_cast<int64_t>(info.scalar("routed_layers"));
@@ -132,17 +139,8 @@ TEST(MoeRollouts, RolloutsCarryTheEngineRoutingAndTheTrainerReplaysIt) {
     ASSERT_EQ(routes.shape, (std::vector<int64_t>{rcu.back(), L, K}));
 
     // Exactly what rl_engine_generate records for the same prompts and seed.
-    std::vector<int64_t> ids = encode(m.get(), "ab");
-    const std::vector<int64_t> second = encode(m.get(), "moe");
-    const std::vector<int64_t> cu = {0, static_cast<int64_t>(ids.size()),
-                                     static_cast<int64_t>(ids.size() + second.size())};
-    ids.insert(ids.end(), second.begin(), second.end());
-    const int64_t n_ids = static_cast<int64_t>(ids.size()), n_cu = 3;
-    const rl_tensor_view_t idv = view_of(ids.data(), &n_ids, kI64);
-    const rl_tensor_view_t cuv = view_of(cu.data(), &n_cu, kI64);
-    EnginePtr e2 = make_engine(m.get());
     Result g;
-    RL_ASSERT_OK(rl_engine_generate(e2.get(), &idv, &cuv, kSampling, g.out()));
+    ASSERT_TRUE(engine_generate(m.get(), {"ab", "moe"}, kSampling, &g));
     const IntTensor engine_routes = int_tensor(g, "routed_experts");
     EXPECT_EQ(engine_routes.shape, routes.shape);
     EXPECT_EQ(engine_routes.values, routes.values);
@@ -154,11 +152,9 @@ TEST(MoeRollouts, RolloutsCarryTheEngineRoutingAndTheTrainerReplaysIt) {
     // The batch packs them with the tokens; a split keeps them aligned.
     const std::vector<double> rewards = {1, 0, 0, 1};
     RL_ASSERT_OK(rl_rollouts_set_rewards(r.get(), rewards.data(), rewards.size()));
-    rl_train_batch_t *braw = nullptr;
-    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &braw));
-    BatchPtr batch(braw);
     Result binfo;
-    RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
+    BatchPtr batch = to_batch(r.get(), &binfo);
+    ASSERT_NE(batch, nullptr);
     const IntTensor packed = int_tensor(binfo, "routed_experts");
     EXPECT_EQ(packed.shape, routes.shape);
     EXPECT_EQ(packed.values, routes.values);
@@ -249,10 +245,8 @@ TEST(MoeRollouts, TheBufferKeepsTheRoutingThroughSaveAndLoadAndRefusesMixedBatch
     RL_ASSERT_OK(rl_model_init_preset("tiny-moe", dir.c_str(), 6));
     ModelPtr m = load_model(dir);
     EnginePtr e = make_engine(m.get());
-    rl_rollouts_t *raw = nullptr;
-    const std::string options = std::string(R"({"sampling": )") + kSampling + "}";
-    RL_ASSERT_OK(rl_rollouts_generate(e.get(), kTasks, options.c_str(), &raw));
-    RolloutsPtr r(raw);
+    RolloutsPtr r = routed_rollouts(e.get());
+    ASSERT_NE(r, nullptr);
     const std::vector<double> rewards = {1, 0, 0, 1};
     RL_ASSERT_OK(rl_rollouts_set_rewards(r.get(), rewards.data(), rewards.size()));
     Result info;
@@ -347,11 +341,9 @@ TEST(MoeRollouts, EpisodesCarryTheirRoutingIntoTheBatchAndTheTrainerReplaysIt) {
 
     // The batch: one routing row per token of each episode's sequence (prompt,
     // turns and observations), -1 only at its last token, never read.
-    rl_train_batch_t *braw = nullptr;
-    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &braw));
-    BatchPtr batch(braw);
     Result binfo;
-    RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
+    BatchPtr batch = to_batch(r.get(), &binfo);
+    ASSERT_NE(batch, nullptr);
     const std::vector<int64_t> cu = binfo.tensor<int64_t>("cu_seqlens");
     EXPECT_EQ(cu, rcu);
     const IntTensor packed = int_tensor(binfo, "routed_experts");

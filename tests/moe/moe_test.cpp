@@ -27,6 +27,7 @@
 #include <future>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -142,6 +143,13 @@ TinyModelSpec small_moe_spec() {
     return s;
 }
 
+// A small MoE model (small_moe_spec) initialised from `seed`, written under
+// `dir` and loaded.
+std::shared_ptr<Policy> small_moe_policy(const std::string &dir, uint64_t seed) {
+    write_tiny_model(dir, seed, small_moe_spec());
+    return Policy::load(dir);
+}
+
 } // namespace
 
 // -- config ---------------------------------------------------------------------
@@ -183,31 +191,35 @@ TEST(MoeConfig, ReadsTheSparseLayoutOfQwen3MoeAndQwen2Moe) {
 }
 
 TEST(MoeConfig, BadValuesAreRefusedNamingTheKey) {
-    auto refused = [](Json j, const std::string &what) {
-        const std::string msg = error_of([&] { ModelConfig::parse(j.dump()); });
-        EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    // A key of a good config set to a bad value (null: left out), and what the
+    // refusal says.
+    struct Case {
+        const char *arch, *key;
+        Json value;
+        const char *error;
     };
-    Json j = moe_config("qwen3_moe");
-    j["num_experts_per_tok"] = 7;
-    refused(j, "'num_experts_per_tok' (7) must not exceed num_experts (6)");
-    j = moe_config("qwen3_moe");
-    j.erase("moe_intermediate_size");
-    refused(j, "'moe_intermediate_size' is required");
-    j = moe_config("qwen3_moe");
-    j["mlp_only_layers"] = {0, 3};
-    refused(j, "'mlp_only_layers' holds 3: layer indices must be in [0, 3)");
-    j = moe_config("qwen3_moe");
-    j["num_local_experts"] = 4;
-    refused(j, "'num_local_experts' (4) differs from num_experts (6)");
-    j = moe_config("qwen2_moe");
-    j.erase("shared_expert_intermediate_size");
-    refused(j, "'shared_expert_intermediate_size' is required");
-    j = moe_config("qwen3_moe");
-    j["decoder_sparse_step"] = 0;
-    refused(j, "'decoder_sparse_step' must be >= 1");
-    j = moe_config("qwen3_moe");
-    j["num_experts_per_tok"] = 0;
-    refused(j, "'num_experts_per_tok' must be >= 1");
+    const Case cases[] = {
+        {"qwen3_moe", "num_experts_per_tok", 7,
+         "'num_experts_per_tok' (7) must not exceed num_experts (6)"},
+        {"qwen3_moe", "moe_intermediate_size", nullptr, "'moe_intermediate_size' is required"},
+        {"qwen3_moe", "mlp_only_layers", Json::array({0, 3}),
+         "'mlp_only_layers' holds 3: layer indices must be in [0, 3)"},
+        {"qwen3_moe", "num_local_experts", 4,
+         "'num_local_experts' (4) differs from num_experts (6)"},
+        {"qwen2_moe", "shared_expert_intermediate_size", nullptr,
+         "'shared_expert_intermediate_size' is required"},
+        {"qwen3_moe", "decoder_sparse_step", 0, "'decoder_sparse_step' must be >= 1"},
+        {"qwen3_moe", "num_experts_per_tok", 0, "'num_experts_per_tok' must be >= 1"},
+    };
+    for (const Case &c : cases) {
+        Json j = moe_config(c.arch);
+        if (c.value.is_null())
+            j.erase(c.key);
+        else
+            j[c.key] = c.value;
+        const std::string msg = error_of([&] { ModelConfig::parse(j.dump()); });
+        EXPECT_NE(msg.find(c.error), std::string::npos) << c.arch << " " << c.key << ": " << msg;
+    }
 }
 
 // -- checkpoints ------------------------------------------------------------------
@@ -499,8 +511,7 @@ TEST(TinyMoe, PresetIsAQwen3MoeAndUnknownPresetsAreNamed) {
 
 TEST(TinyMoe, TrainingLowersTheLoss) {
     TempDir tmp;
-    write_tiny_model(tmp / "m", 1, small_moe_spec());
-    auto policy = Policy::load(tmp / "m");
+    auto policy = small_moe_policy(tmp / "m", 1);
     TrainerConfig tc;
     tc.learning_rate = 3e-3;
     Trainer t(policy, tc);
@@ -519,8 +530,7 @@ TEST(TinyMoe, TrainingLowersTheLoss) {
 
 TEST(TinyMoe, EngineGeneratesTheTokensAStepByStepRecomputePicks) {
     TempDir tmp;
-    write_tiny_model(tmp / "m", 2, small_moe_spec());
-    auto policy = Policy::load(tmp / "m");
+    auto policy = small_moe_policy(tmp / "m", 2);
     {
         at::NoGradGuard g; // routers that pick clearly
         for (auto &[name, p] : policy->model().named_weights())
@@ -553,8 +563,7 @@ TEST(TinyMoe, EngineGeneratesTheTokensAStepByStepRecomputePicks) {
 TEST(TinyMoe, LoraOnTheAttentionAloneLeavesTheExpertsUnadapted) {
     // Expert adapters: tests/lora/lora_moe_test.cpp.
     TempDir tmp;
-    write_tiny_model(tmp / "m", 4, small_moe_spec());
-    auto policy = Policy::load(tmp / "m");
+    auto policy = small_moe_policy(tmp / "m", 4);
     LoraConfig lc;
     lc.rank = 2;
     lc.target_modules = {"q_proj", "v_proj"};
@@ -596,8 +605,7 @@ at::Tensor logprobs_of(Trainer &t, const TrainBatch &batch) {
 
 TEST(MoeReplay, ReplayedRoutingKeepsTheRecordedLogprobsWhenTheRouterFlipsSomeTokens) {
     TempDir tmp;
-    write_tiny_model(tmp / "m", 5, small_moe_spec()); // norm_topk_prob, 2 sparse layers
-    auto policy = Policy::load(tmp / "m");
+    auto policy = small_moe_policy(tmp / "m", 5); // norm_topk_prob, 2 sparse layers
     CausalLM &m = policy->model();
     Trainer t(policy, TrainerConfig{});
     TrainBatch batch = batch_of(random_seqs({14, 9, 11}, 256, 21));
@@ -744,8 +752,7 @@ TEST(MoeReplay, ReplayedRoutingReachesTheGradientsUnderActivationCheckpointing) 
 
 TEST(MoeReplay, BadRoutedExpertsAreRefusedNamingTheTensorLayerAndToken) {
     TempDir tmp;
-    write_tiny_model(tmp / "m", 7, small_moe_spec());
-    auto policy = Policy::load(tmp / "m");
+    auto policy = small_moe_policy(tmp / "m", 7);
     Trainer t(policy, TrainerConfig{});
     TrainBatch batch = batch_of(random_seqs({6, 4}, 256, 8));
     const at::Tensor good = routing_of(policy->model(), batch).first; // [10, 2, 2]
@@ -792,8 +799,7 @@ TEST(MoeReplay, BadRoutedExpertsAreRefusedNamingTheTensorLayerAndToken) {
 
 TEST(MoeReplay, EngineRecordsTheRoutingThatGivesItsLogprobsBackAfterARouterChange) {
     TempDir tmp;
-    write_tiny_model(tmp / "m", 11, small_moe_spec());
-    auto policy = Policy::load(tmp / "m");
+    auto policy = small_moe_policy(tmp / "m", 11);
     CausalLM &m = policy->model();
     const int64_t L = 2, K = m.config().num_experts_per_tok;
     Engine engine(policy);
@@ -942,8 +948,7 @@ RecordedEpisodes record_episodes(Engine &engine, const std::vector<std::vector<i
 
 TEST(MoeReplay, EpisodesRecordTheRoutingOfOnePackedForwardOverTheirWholeSequence) {
     TempDir tmp;
-    write_tiny_model(tmp / "m", 14, small_moe_spec());
-    auto policy = Policy::load(tmp / "m");
+    auto policy = small_moe_policy(tmp / "m", 14);
     CausalLM &m = policy->model();
     const int64_t L = 2, K = m.config().num_experts_per_tok;
     Engine engine(policy);
@@ -994,8 +999,7 @@ TEST(MoeReplay, EpisodesRecordTheRoutingOfOnePackedForwardOverTheirWholeSequence
 
 TEST(MoeReplay, ReplayedEpisodeRoutingGivesTheEngineLogprobsBackAfterARouterChange) {
     TempDir tmp;
-    write_tiny_model(tmp / "m", 15, small_moe_spec());
-    auto policy = Policy::load(tmp / "m");
+    auto policy = small_moe_policy(tmp / "m", 15);
     CausalLM &m = policy->model();
     const int64_t K = m.config().num_experts_per_tok;
     Engine engine(policy);
@@ -1054,8 +1058,7 @@ TEST(MoeReplay, ReplayedEpisodeRoutingGivesTheEngineLogprobsBackAfterARouterChan
 
 TEST(MoeReplay, TheServingSchedulerRecordsTheRoutingsEngineGenerateRecords) {
     TempDir tmp;
-    write_tiny_model(tmp / "m", 13, small_moe_spec());
-    auto policy = Policy::load(tmp / "m");
+    auto policy = small_moe_policy(tmp / "m", 13);
     const int64_t L = 2, K = policy->model().config().num_experts_per_tok;
     SamplingParams sp;
     sp.temperature = 1.0;

@@ -185,6 +185,13 @@ def verl_vectors(path, w):
                         "metrics": {k.split("/")[-1]: float(v) for k, v in metrics.items()}},
         }
 
+    def clipped_case(name, mode, inp, low, high, use_is, agg="token-mean"):
+        """run_policy of `mode` with the clip bounds low / high, as the case `name`."""
+        bounds = dict(clip_ratio_low=low, clip_ratio_high=high)
+        case = run_policy(mode, inp, bounds, actor_config(**bounds), use_is=use_is, agg=agg)
+        case["name"] = name
+        return case
+
     layout = "padded: [batch, response_length] rows, response_mask 1 on loss tokens"
 
     # vanilla PPO with dual clip (always on in verl, clip_ratio_c), clip-higher,
@@ -287,11 +294,8 @@ def verl_vectors(path, w):
             (6, 9, 0.2, 0.28, (1,), 0.1, False, False)]):
         _, inp = policy_inputs(300 + i, B, L, empty, holes, seq_adv=seq_adv,
                                log_ratio=seq_log_ratio)
-        cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high)
-        case = run_policy("gspo", inp, dict(clip_ratio_low=low, clip_ratio_high=high), cfg,
-                          use_is=use_is, agg="seq-mean-token-mean")
-        case["name"] = f"gspo_{i}"
-        cases.append(case)
+        cases.append(clipped_case(f"gspo_{i}", "gspo", inp, low, high, use_is,
+                                  agg="seq-mean-token-mean"))
     w.write("compute_policy_loss_gspo", layout, cases)
 
     # GMPO (geo_mean): log-space clip; sequence-constant advantages (verl's
@@ -304,11 +308,7 @@ def verl_vectors(path, w):
                                log_ratio=lambda g, s: uni(g, s, -1.0, 1.0))
         if use_is:  # one weight per sequence: verl takes their geometric mean
             inp["rollout_is_weights"] = inp["rollout_is_weights"][:, :1].expand(B, L).clone()
-        cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high)
-        case = run_policy("geo_mean", inp, dict(clip_ratio_low=low, clip_ratio_high=high), cfg,
-                          use_is=use_is)
-        case["name"] = f"geo_mean_{i}"
-        cases.append(case)
+        cases.append(clipped_case(f"geo_mean_{i}", "geo_mean", inp, low, high, use_is))
     w.write("compute_policy_loss_geo_mean", layout, cases)
 
     # SAPO
@@ -388,11 +388,7 @@ def verl_vectors(path, w):
     for i, (B, L, low, high, empty, holes, use_is) in enumerate([
             (6, 8, 0.2, 0.28, (), 0.0, False), (5, 9, 0.5, 3.0, (1,), 0.15, True)]):
         _, inp = policy_inputs(800 + i, B, L, empty, holes)
-        cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high)
-        case = run_policy("cispo", inp, dict(clip_ratio_low=low, clip_ratio_high=high), cfg,
-                          use_is=use_is)
-        case["name"] = f"cispo_{i}"
-        cases.append(case)
+        cases.append(clipped_case(f"cispo_{i}", "cispo", inp, low, high, use_is))
     w.write("compute_policy_loss_cispo", layout, cases)
     cases = []
     for i, (B, L, empty, holes, agg) in enumerate([(6, 8, (), 0.0, "token-mean"),
@@ -496,21 +492,16 @@ def verl_advantage_vectors(ca, w):
                           {"token_level_rewards": tlr, "response_mask": mask, "index": idx}, a, r))
     w.write("compute_grpo_outcome_advantage", layout, cases)
 
-    cases = []
-    for i, groups in enumerate([groups_a, groups_b]):
-        _, tlr, mask, idx = outcome_inputs(1200 + i, len(groups), 6, groups)
-        a, r = ca.compute_rloo_outcome_advantage(tlr, mask, idx)
-        cases.append(case(f"rloo_{i}", {}, {"token_level_rewards": tlr, "response_mask": mask,
-                                           "index": idx}, a, r))
-    w.write("compute_rloo_outcome_advantage", layout, cases)
-
-    cases = []
-    for i, groups in enumerate([groups_a, groups_b]):
-        _, tlr, mask, idx = outcome_inputs(1300 + i, len(groups), 6, groups)
-        a, r = ca.compute_opo_outcome_advantage(tlr, mask, idx)
-        cases.append(case(f"opo_{i}", {}, {"token_level_rewards": tlr, "response_mask": mask,
-                                          "index": idx}, a, r))
-    w.write("compute_opo_outcome_advantage", layout, cases)
+    # the outcome estimators without parameters, each on both group layouts
+    for name, seed in (("rloo", 1200), ("opo", 1300)):
+        function = f"compute_{name}_outcome_advantage"
+        cases = []
+        for i, groups in enumerate([groups_a, groups_b]):
+            _, tlr, mask, idx = outcome_inputs(seed + i, len(groups), 6, groups)
+            a, r = getattr(ca, function)(tlr, mask, idx)
+            cases.append(case(f"{name}_{i}", {}, {"token_level_rewards": tlr,
+                                                  "response_mask": mask, "index": idx}, a, r))
+        w.write(function, layout, cases)
 
     cases = []
     for i, (groups, f_norm, zeros) in enumerate([(groups_a, 1.0, False), (groups_b, 2.0, True)]):
@@ -608,28 +599,32 @@ def _stub_attr(module, attr):
     return type(f"{module}.{attr}", (), {})
 
 
+def areal_actor_stats(stat, loss_mask, rejection=True):
+    """The metrics AReaL's actor logs from the stat dict of ppo_actor_loss_fn
+    (areal/trainer/ppo/actor.py: stats_tracker, denominators n_valid_tokens =
+    the call's loss_mask and unclipped_behave_tokens = behave_mask);
+    rs_filtered_fraction only where the function has rejection sampling (not
+    the legacy behaviour cap)."""
+    n = loss_mask.sum().clamp(min=1).double()
+    m = {
+        "importance_weight": num(torch.where(loss_mask, stat["importance_weight"], 0).sum() / n),
+        "approx_kl": num(torch.where(loss_mask, stat["approx_kl"], 0).sum() / n),
+        "clip_ratio": num(stat["clip_mask"][loss_mask].sum() / n),
+        "dual_clip_ratio": num(stat["dual_clip_mask"][loss_mask].sum() / n),
+    }
+    if "behave_mask" in stat:
+        bm = stat["behave_mask"]
+        nb = bm.sum().clamp(min=1).double()
+        m["behave_imp_weight"] = num(torch.where(bm, stat["behave_imp_weight"], 0).sum() / nb)
+        m["behave_approx_kl"] = num(torch.where(bm, stat["behave_approx_kl"], 0).sum() / nb)
+        if rejection:
+            m["rs_filtered_fraction"] = float(stat["filtered_fraction"])
+    return m
+
+
 def areal_vectors(path, w):
     F, RSConfig = areal_import(path)
     layout = "packed: 1-D tokens, cu_seqlens, loss_mask (bool)"
-
-    def stats(stat, loss_mask):
-        """The metrics AReaL's actor logs from the stat dict
-        (areal/trainer/ppo/actor.py: stats_tracker, denominators n_valid_tokens =
-        the call's loss_mask and unclipped_behave_tokens = behave_mask)."""
-        n = loss_mask.sum().clamp(min=1).double()
-        m = {
-            "importance_weight": num(torch.where(loss_mask, stat["importance_weight"], 0).sum() / n),
-            "approx_kl": num(torch.where(loss_mask, stat["approx_kl"], 0).sum() / n),
-            "clip_ratio": num(stat["clip_mask"][loss_mask].sum() / n),
-            "dual_clip_ratio": num(stat["dual_clip_mask"][loss_mask].sum() / n),
-        }
-        if "behave_mask" in stat:
-            bm = stat["behave_mask"]
-            nb = bm.sum().clamp(min=1).double()
-            m["behave_imp_weight"] = num(torch.where(bm, stat["behave_imp_weight"], 0).sum() / nb)
-            m["behave_approx_kl"] = num(torch.where(bm, stat["behave_approx_kl"], 0).sum() / nb)
-            m["rs_filtered_fraction"] = float(stat["filtered_fraction"])
-        return m
 
     def rs_dict(rs):
         return None if rs is None else {k: getattr(rs, k) for k in
@@ -695,7 +690,7 @@ def areal_vectors(path, w):
                            "importance_sampling_level": level},
             "inputs": {k: tolist(v) for k, v in inp.items()},
             "outputs": {"loss": num(loss), "grad_logprobs": tolist(grad),
-                        "metrics": stats(stat, inp["loss_mask"])},
+                        "metrics": areal_actor_stats(stat, inp["loss_mask"])},
         })
     w.write("ppo_actor_loss_fn", layout, cases,
             "metrics as areal/trainer/ppo/actor.py logs them from the returned stat dict")
@@ -765,6 +760,22 @@ def areal_vectors(path, w):
     # advantage normalization (areal/utils/data.py Normalization, NormConfig)
     from areal.api.cli_args import NormConfig
     from areal.utils.data import Normalization
+
+    def normalization_case(name, seed, B, cfg):
+        g = torch.Generator().manual_seed(seed)
+        L = 7
+        mask = padded_mask(g, B, L, (), 0.1)
+        x = uni(g, (B, L), -2.0, 3.0) * mask
+        full = dict(dict(mean_level="batch", std_level="batch", mean_leave1out=False,
+                         std_unbiased=True, eps=1e-5, group_size=1), **cfg)
+        out = Normalization(NormConfig(**full))(x, mask)
+        return {
+            "name": name,
+            "parameters": full,
+            "inputs": {"x": tolist(x), "loss_mask": tolist(mask)},
+            "outputs": {"normalized": tolist(out.double())},
+        }
+
     cases = []
     for i, cfg in enumerate([
             dict(mean_level="batch", std_level="batch"),
@@ -774,19 +785,7 @@ def areal_vectors(path, w):
             dict(mean_level="batch", std_level="group", mean_leave1out=True, group_size=2,
                  eps=1e-3),
             dict(mean_level=None, std_level="batch")]):
-        g = torch.Generator().manual_seed(2300 + i)
-        B, L = 6, 7
-        mask = padded_mask(g, B, L, (), 0.1)
-        x = uni(g, (B, L), -2.0, 3.0) * mask
-        full = dict(dict(mean_level="batch", std_level="batch", mean_leave1out=False,
-                         std_unbiased=True, eps=1e-5, group_size=1), **cfg)
-        out = Normalization(NormConfig(**full))(x, mask)
-        cases.append({
-            "name": f"normalization_{i}",
-            "parameters": full,
-            "inputs": {"x": tolist(x), "loss_mask": tolist(mask)},
-            "outputs": {"normalized": tolist(out.double())},
-        })
+        cases.append(normalization_case(f"normalization_{i}", 2300 + i, 6, cfg))
     # batches that are not a multiple of group_size: AReaL's group loops run
     # over bs // group_size groups; the leftover rows belong to none
     for i, (B, cfg) in enumerate([
@@ -794,19 +793,7 @@ def areal_vectors(path, w):
             (8, dict(mean_level="group", std_level=None, mean_leave1out=True, group_size=3)),
             (7, dict(mean_level=None, std_level="group", group_size=4, std_unbiased=False,
                      eps=1e-3))]):
-        g = torch.Generator().manual_seed(2350 + i)
-        L = 7
-        mask = padded_mask(g, B, L, (), 0.1)
-        x = uni(g, (B, L), -2.0, 3.0) * mask
-        full = dict(dict(mean_level="batch", std_level="batch", mean_leave1out=False,
-                         std_unbiased=True, eps=1e-5, group_size=1), **cfg)
-        out = Normalization(NormConfig(**full))(x, mask)
-        cases.append({
-            "name": f"normalization_leftover_{i}",
-            "parameters": full,
-            "inputs": {"x": tolist(x), "loss_mask": tolist(mask)},
-            "outputs": {"normalized": tolist(out.double())},
-        })
+        cases.append(normalization_case(f"normalization_leftover_{i}", 2350 + i, B, cfg))
     w.write("Normalization", "padded: [batch, seq] rows, groups of group_size consecutive rows",
             cases, "areal/utils/data.py Normalization(NormConfig(...))(x, loss_mask)")
 
@@ -951,19 +938,7 @@ def areal_legacy_vectors(path, w):
             behave_imp_weight_cap=cap, importance_sampling_level=level,
             cu_seqlens=inp["cu_seqlens"], behave_imp_weight_mode=mode)
         loss.backward()
-        mask = inp["loss_mask"]
-        n = mask.sum().clamp(min=1).double()
-        m = {
-            "importance_weight": num(torch.where(mask, stat["importance_weight"], 0).sum() / n),
-            "approx_kl": num(torch.where(mask, stat["approx_kl"], 0).sum() / n),
-            "clip_ratio": num(stat["clip_mask"][mask].sum() / n),
-            "dual_clip_ratio": num(stat["dual_clip_mask"][mask].sum() / n),
-        }
-        if "behave_mask" in stat:
-            bm = stat["behave_mask"]
-            nb = bm.sum().clamp(min=1).double()
-            m["behave_imp_weight"] = num(torch.where(bm, stat["behave_imp_weight"], 0).sum() / nb)
-            m["behave_approx_kl"] = num(torch.where(bm, stat["behave_approx_kl"], 0).sum() / nb)
+        m = areal_actor_stats(stat, inp["loss_mask"], rejection=False)
         cases.append({
             "name": name,
             "parameters": {"eps_clip": 0.2, "eps_clip_higher": 0.28, "c_clip": c_clip,
@@ -1131,6 +1106,16 @@ def xorl_vectors(path, w):
                         "grad_logits": tolist(h.grad), "metrics": metrics},
         }
 
+    def named_runs(name, fn, seed, B, L, kws):
+        """run(fn) once per keyword set of kws (seeds seed, seed + 1, ...), as the
+        cases name_0, name_1, ..."""
+        cases = []
+        for i, kw in enumerate(kws):
+            case = run(fn, seed + i, B, L, kw)
+            case["name"] = f"{name}_{i}"
+            cases.append(case)
+        return cases
+
     def rollout(g, lp, B, L):
         return {"rollout_logprobs": lp - uni(g, (B, L), -0.9, 0.9)}
 
@@ -1152,22 +1137,16 @@ def xorl_vectors(path, w):
             "per_token_logprobs")
 
     isl = mods["importance_sampling_loss"].importance_sampling_loss_function
-    cases = []
-    for i, kw in enumerate([dict(), dict(compute_kl_stats=True)]):
-        case = run(isl, 5100 + i, 6, 8, kw)
-        case["name"] = f"importance_sampling_{i}"
-        cases.append(case)
-    w.write("importance_sampling_loss_function", layout, cases)
+    w.write("importance_sampling_loss_function", layout,
+            named_runs("importance_sampling", isl, 5100, 6, 8,
+                       [dict(), dict(compute_kl_stats=True)]))
 
     cispo = mods["cispo_loss"].cispo_loss_function
-    cases = []
-    for i, kw in enumerate([dict(), dict(clip_low_threshold=0.8, clip_high_threshold=1.28,
-                                         compute_kl_stats=True),
-                            dict(clip_low_threshold=0.0, clip_high_threshold=2.0)]):
-        case = run(cispo, 5200 + i, 6, 8, kw)
-        case["name"] = f"cispo_{i}"
-        cases.append(case)
-    w.write("cispo_loss_function", layout, cases)
+    w.write("cispo_loss_function", layout,
+            named_runs("cispo", cispo, 5200, 6, 8,
+                       [dict(), dict(clip_low_threshold=0.8, clip_high_threshold=1.28,
+                                     compute_kl_stats=True),
+                        dict(clip_low_threshold=0.0, clip_high_threshold=2.0)]))
 
     # the z-loss: xorl has it on causallm_loss_function (z_loss_coef) only
     ce = mods["causallm_loss"].causallm_loss_function
@@ -1360,24 +1339,16 @@ def main():
     import torch as _torch
     torch = _torch
     torch.set_default_dtype(torch.float64)
-    if args.verl:
-        check_checkout("verl", args.verl)
-        verl_vectors(os.path.abspath(args.verl), Writer(args.out, "verl"))
-    if args.areal:
-        check_checkout("areal", args.areal)
-        areal_vectors(os.path.abspath(args.areal), Writer(args.out, "areal"))
-    if args.prime_rl:
-        check_checkout("prime-rl", args.prime_rl)
-        prime_rl_vectors(os.path.abspath(args.prime_rl), Writer(args.out, "prime-rl"))
-    if args.xorl:
-        check_checkout("xorl", args.xorl)
-        xorl_vectors(os.path.abspath(args.xorl), Writer(args.out, "xorl"))
-    if args.surogate:
-        check_checkout("surogate", args.surogate)
-        surogate_vectors(os.path.abspath(args.surogate), Writer(args.out, "surogate"))
-    if args.areal_legacy:
-        check_checkout("areal_legacy", args.areal_legacy)
-        areal_legacy_vectors(os.path.abspath(args.areal_legacy), Writer(args.out, "areal_legacy"))
+    # peer (PINS and vectors/<peer>), its checkout, what writes its vectors
+    for peer, path, vectors in [("verl", args.verl, verl_vectors),
+                                ("areal", args.areal, areal_vectors),
+                                ("prime-rl", args.prime_rl, prime_rl_vectors),
+                                ("xorl", args.xorl, xorl_vectors),
+                                ("surogate", args.surogate, surogate_vectors),
+                                ("areal_legacy", args.areal_legacy, areal_legacy_vectors)]:
+        if path:
+            check_checkout(peer, path)
+            vectors(os.path.abspath(path), Writer(args.out, peer))
 
 
 if __name__ == "__main__":

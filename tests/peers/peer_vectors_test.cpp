@@ -9,6 +9,7 @@
 // and the docs line that states it, and compares the rest strictly with that
 // difference removed (a rescaled normalizer, the rows it does not touch, or
 // the peer's reduction applied to our per-token outputs).
+#include "../losses/loss_run_once.hpp"
 #include "causallm_loss/causallm_loss.hpp"
 #include "cispo/cispo.hpp"
 #include "clip_cov/clip_cov.hpp"
@@ -164,34 +165,23 @@ void expect_close(const std::string &where, const std::string &what,
 
 // ---- running our losses -----------------------------------------------------------------
 
-template <class L>
-T::LossRun run_as(const std::string &params, const T::LossInputs &in) {
-    T::Host host;
-    T::Instance<L> inst(host, params);
-    if (!inst.ok()) {
-        T::LossRun r;
-        r.status = inst.status();
-        r.error = inst.error();
-        return r;
-    }
-    return T::run_loss(inst, in, true);
-}
+using rl::losses::test::run_once;
 
 T::LossRun run_loss(const std::string &loss, const json &params, const T::LossInputs &in) {
     const std::string p = params.dump();
-    if (loss == "policy_loss") return run_as<rl::losses::PolicyLoss>(p, in);
-    if (loss == "importance_sampling") return run_as<rl::losses::ImportanceSampling>(p, in);
-    if (loss == "gspo") return run_as<rl::losses::Gspo>(p, in);
-    if (loss == "gmpo") return run_as<rl::losses::Gmpo>(p, in);
-    if (loss == "sapo") return run_as<rl::losses::Sapo>(p, in);
-    if (loss == "clip_cov") return run_as<rl::losses::ClipCov>(p, in);
-    if (loss == "kl_cov") return run_as<rl::losses::KlCov>(p, in);
-    if (loss == "cispo") return run_as<rl::losses::Cispo>(p, in);
-    if (loss == "decoupled_ppo") return run_as<rl::losses::DecoupledPpo>(p, in);
-    if (loss == "dppo") return run_as<rl::losses::Dppo>(p, in);
-    if (loss == "ipo") return run_as<rl::losses::Ipo>(p, in);
-    if (loss == "value_loss") return run_as<rl::losses::ValueLoss>(p, in);
-    if (loss == "causallm_loss") return run_as<rl::losses::CausalLmLoss>(p, in);
+    if (loss == "policy_loss") return run_once<rl::losses::PolicyLoss>(p, in);
+    if (loss == "importance_sampling") return run_once<rl::losses::ImportanceSampling>(p, in);
+    if (loss == "gspo") return run_once<rl::losses::Gspo>(p, in);
+    if (loss == "gmpo") return run_once<rl::losses::Gmpo>(p, in);
+    if (loss == "sapo") return run_once<rl::losses::Sapo>(p, in);
+    if (loss == "clip_cov") return run_once<rl::losses::ClipCov>(p, in);
+    if (loss == "kl_cov") return run_once<rl::losses::KlCov>(p, in);
+    if (loss == "cispo") return run_once<rl::losses::Cispo>(p, in);
+    if (loss == "decoupled_ppo") return run_once<rl::losses::DecoupledPpo>(p, in);
+    if (loss == "dppo") return run_once<rl::losses::Dppo>(p, in);
+    if (loss == "ipo") return run_once<rl::losses::Ipo>(p, in);
+    if (loss == "value_loss") return run_once<rl::losses::ValueLoss>(p, in);
+    if (loss == "causallm_loss") return run_once<rl::losses::CausalLmLoss>(p, in);
     throw std::invalid_argument("the test maps no peer function onto loss '" + loss + "'");
 }
 
@@ -200,6 +190,14 @@ T::LossRun run_ok(const std::string &where, const std::string &loss, const json 
     T::LossRun run = run_loss(loss, p, in);
     EXPECT_EQ(run.status, RL_OK) << where << ": " << loss << " " << p.dump() << ": " << run.error;
     return run;
+}
+
+// The run's loss and d loss / d logprobs against the vector's outputs (loss,
+// grad_logprobs).
+void expect_loss_and_grad(const std::string &where, const T::LossRun &run, const json &out) {
+    expect_close(where, "loss", run.loss, out["loss"].get<double>());
+    expect_close(where, "d loss / d logprobs", run.grads.at("logprobs"),
+                 flat(out["grad_logprobs"], "grad_logprobs"));
 }
 
 // ---- verl's policy losses (padded rows become packed sequences) -------------------------
@@ -699,6 +697,13 @@ T::LossInputs areal_inputs(const json &in, const std::string &where, std::vector
     return li;
 }
 
+// Our decoupled_ppo with `p` on an AReaL vector's inputs (with the behaviour
+// logprobs); their loss mask in *mask.
+T::LossRun areal_decoupled_ppo(const json &c, const std::string &where, const json &p,
+                               std::vector<double> *mask) {
+    return run_ok(where, "decoupled_ppo", p, areal_inputs(c["inputs"], where, mask, true));
+}
+
 void areal_ppo_actor(const json &c, const std::string &where) {
     const json &pp = c["parameters"];
     json p = {{"eps_clip", pp.at("eps_clip")},
@@ -723,9 +728,8 @@ void areal_ppo_actor(const json &c, const std::string &where) {
         p["behav_imp_weight_mode"] = "disabled";
     }
     std::vector<double> mask;
-    const T::LossInputs in = areal_inputs(c["inputs"], where, &mask, true);
-    const T::LossRun run = run_loss("decoupled_ppo", p, in);
-    ASSERT_EQ(run.status, RL_OK) << where << ": " << p.dump() << ": " << run.error;
+    const T::LossRun run = areal_decoupled_ppo(c, where, p, &mask);
+    if (run.status != RL_OK) return;
     const json &out = c["outputs"];
     const json &m = out["metrics"];
     expect_close(where, "loss", run.loss, out["loss"].get<double>());
@@ -804,9 +808,8 @@ void areal_legacy_ppo_actor(const json &c, const std::string &where) {
     if (!pp.at("behave_imp_weight_cap").is_null())
         p["behave_imp_weight_cap"] = pp["behave_imp_weight_cap"];
     std::vector<double> mask;
-    const T::LossInputs in = areal_inputs(c["inputs"], where, &mask, true);
-    const T::LossRun run = run_loss("decoupled_ppo", p, in);
-    ASSERT_EQ(run.status, RL_OK) << where << ": " << p.dump() << ": " << run.error;
+    const T::LossRun run = areal_decoupled_ppo(c, where, p, &mask);
+    if (run.status != RL_OK) return;
     const json &out = c["outputs"];
     const json &m = out["metrics"];
     const auto peer_grad = vec(out["grad_logprobs"], "grad_logprobs");
@@ -1178,6 +1181,17 @@ void expect_xorl_metrics(const std::string &where, const T::LossRun &run, const 
     }
 }
 
+// Our `loss` with `p` on the vector's inputs against the vector's loss, d loss
+// / d logprobs and metrics.
+void xorl_compare(const json &c, const std::string &where, const std::string &loss, const json &p,
+                  const XorlRows &r) {
+    const T::LossRun run = run_ok(where, loss, p, xorl_policy_inputs(c, r, where));
+    if (run.status != RL_OK) return;
+    const json &out = c["outputs"];
+    expect_loss_and_grad(where, run, out);
+    expect_xorl_metrics(where, run, out["metrics"]);
+}
+
 // policy_loss_function: same parameter names here. Two deliberate differences
 // (docs/losses.md, `policy_loss`, "Differences from xorl, on purpose"): xorl
 // keeps IcePop-masked tokens in the reported value (IcePop only zeroes their
@@ -1235,13 +1249,7 @@ void xorl_importance_sampling(const json &c, const std::string &where) {
     json p = {{"loss_agg_mode", "token-mean"}};
     if (c["parameters"].contains("compute_kl_stats"))
         p["compute_kl_stats"] = c["parameters"]["compute_kl_stats"];
-    const T::LossRun run = run_ok(where, "importance_sampling", p, xorl_policy_inputs(c, r, where));
-    if (run.status != RL_OK) return;
-    const json &out = c["outputs"];
-    expect_close(where, "loss", run.loss, out["loss"].get<double>());
-    expect_close(where, "d loss / d logprobs", run.grads.at("logprobs"),
-                 flat(out["grad_logprobs"], "grad_logprobs"));
-    expect_xorl_metrics(where, run, out["metrics"]);
+    xorl_compare(c, where, "importance_sampling", p, r);
 }
 
 // cispo_loss_function: clip_low_threshold / clip_high_threshold are our
@@ -1254,13 +1262,7 @@ void xorl_cispo(const json &c, const std::string &where) {
     if (pp.contains("clip_low_threshold")) p["clip_low"] = pp["clip_low_threshold"];
     if (pp.contains("clip_high_threshold")) p["clip_high"] = pp["clip_high_threshold"];
     if (pp.contains("compute_kl_stats")) p["compute_kl_stats"] = pp["compute_kl_stats"];
-    const T::LossRun run = run_ok(where, "cispo", p, xorl_policy_inputs(c, r, where));
-    if (run.status != RL_OK) return;
-    const json &out = c["outputs"];
-    expect_close(where, "loss", run.loss, out["loss"].get<double>());
-    expect_close(where, "d loss / d logprobs", run.grads.at("logprobs"),
-                 flat(out["grad_logprobs"], "grad_logprobs"));
-    expect_xorl_metrics(where, run, out["metrics"]);
+    xorl_compare(c, where, "cispo", p, r);
 }
 
 // drgrpo_loss_function: PPO clip-higher plus beta * xorl's k1 / k2 / k3 against
@@ -1318,9 +1320,7 @@ void xorl_drgrpo(const json &c, const std::string &where) {
     const T::LossRun run = run_ok(where, loss, p, in);
     if (run.status != RL_OK) return;
     const json &out = c["outputs"];
-    expect_close(where, "loss", run.loss, out["loss"].get<double>());
-    expect_close(where, "d loss / d logprobs", run.grads.at("logprobs"),
-                 flat(out["grad_logprobs"], "grad_logprobs"));
+    expect_loss_and_grad(where, run, out);
     const json &m = out["metrics"];
     expect_close(where, "metric pg_clipfrac", run.metric("pg_clipfrac"),
                  m.at("loss/clip/high_fraction").get<double>() +

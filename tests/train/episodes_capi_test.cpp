@@ -55,14 +55,10 @@ TEST(Episodes, ObservationsAreUntrainedAndRewardsAreTheSumOfTheTurns) {
     const json task_list = json::parse(tasks);
     const auto rewards = info.tensor<double>("rewards");
 
-    rl_train_batch_t *raw = nullptr;
-    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &raw));
-    BatchPtr batch(raw);
     Result bi;
-    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
-    const auto ids = bi.tensor<int64_t>("input_ids");
-    const auto cu = bi.tensor<int64_t>("cu_seqlens");
-    const auto mask = bi.tensor<float>("loss_mask");
+    BatchPtr batch = to_batch(r.get(), &bi);
+    ASSERT_NE(batch, nullptr);
+    const auto [ids, cu, mask] = packed_tokens(bi);
     const auto old = bi.tensor<float>("old_logprobs");
     const std::vector<std::vector<int64_t>> answers = {
         encode(m.get(), "higher\n"), encode(m.get(), "lower\n"), encode(m.get(), "say a number\n")};
@@ -214,14 +210,10 @@ TEST(Episodes, AChatTemplateRendersTheObservationAsItsNextMessage) {
                  R"({"chat_template": "chatml", "sampling": {"n": 4, "max_tokens": 3, "seed": 1},
             "max_turns": 2})");
     ASSERT_NE(r, nullptr);
-    rl_train_batch_t *raw = nullptr;
-    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &raw));
-    BatchPtr batch(raw);
     Result bi;
-    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
-    const auto ids = bi.tensor<int64_t>("input_ids");
-    const auto cu = bi.tensor<int64_t>("cu_seqlens");
-    const auto mask = bi.tensor<float>("loss_mask");
+    BatchPtr batch = to_batch(r.get(), &bi);
+    ASSERT_NE(batch, nullptr);
+    const auto [ids, cu, mask] = packed_tokens(bi);
     // The tiny model's stop token is not <|im_end|>, so the observation closes
     // the turn as ChatML does, then opens the user message and the next
     // assistant header.
@@ -260,9 +252,7 @@ TEST(Episodes, ASupervisedBatchPlaysTheReferenceTurnsAgainstTheEnv) {
     BatchPtr batch(raw);
     Result bi;
     RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
-    const auto ids = bi.tensor<int64_t>("input_ids");
-    const auto cu = bi.tensor<int64_t>("cu_seqlens");
-    const auto mask = bi.tensor<float>("loss_mask");
+    const auto [ids, cu, mask] = packed_tokens(bi);
     ASSERT_EQ(cu.size(), 5u);
     for (size_t i = 0; i < 4; ++i) {
         // The expected layout, rebuilt from the reference turns and the game's rules.
@@ -350,11 +340,9 @@ TEST(Episodes, PerTurnRewardsLandOnEachTurnsLastTokenForTheEstimator) {
     const std::vector<std::vector<double>> per_turn = {
         {1, 0, 2}, {1, 0, 2}, {0, 0.5, 0}, {0, 0.5, 0}};
 
-    rl_train_batch_t *raw = nullptr;
-    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &raw));
-    BatchPtr batch(raw);
     Result bi;
-    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
+    BatchPtr batch = to_batch(r.get(), &bi);
+    ASSERT_NE(batch, nullptr);
     const auto cu = bi.tensor<int64_t>("cu_seqlens");
     const auto mask = bi.tensor<float>("loss_mask");
     const auto tr = bi.tensor<float>("token_rewards");

@@ -63,18 +63,9 @@ TEST(Step, GenerateEncodesPromptsAndSamplesLikeTheEngine) {
     EXPECT_EQ(info.tensor<int64_t>("prompt_index"), (std::vector<int64_t>{0, 0, 0, 1, 1, 1}));
 
     // The same prompts and sampling parameters through rl_engine_generate.
-    std::vector<int64_t> ids = encode(m.get(), "Reverse: abc\n");
-    const std::vector<int64_t> second = encode(m.get(), "Reverse: hello\n");
-    const std::vector<int64_t> cu = {0, static_cast<int64_t>(ids.size()),
-                                     static_cast<int64_t>(ids.size() + second.size())};
-    ids.insert(ids.end(), second.begin(), second.end());
-    const int64_t n_ids = static_cast<int64_t>(ids.size()), n_cu = 3;
-    const rl_tensor_view_t idv = view_of(ids.data(), &n_ids, {RL_DTYPE_INT, 64, 1});
-    const rl_tensor_view_t cuv = view_of(cu.data(), &n_cu, {RL_DTYPE_INT, 64, 1});
-    EnginePtr e2 = make_engine(m.get());
     Result g;
-    RL_ASSERT_OK(rl_engine_generate(e2.get(), &idv, &cuv,
-                                    R"({"n": 3, "max_tokens": 5, "seed": 11})", g.out()));
+    ASSERT_TRUE(engine_generate(m.get(), {"Reverse: abc\n", "Reverse: hello\n"},
+                                R"({"n": 3, "max_tokens": 5, "seed": 11})", &g));
     EXPECT_EQ(json::parse(info.text("completions")), json::parse(g.text("completions")));
     std::vector<int64_t> lengths;
     const auto gcu = g.tensor<int64_t>("cu_seqlens");
@@ -129,11 +120,9 @@ TEST(Step, ScoreFilterAndInfoAgreeWithThePlugins) {
     rl_instance_t *enforced[] = {enforcing.get()};
     RL_ASSERT_OK(rl_rollouts_filter(r.get(), enforced, 1, f.out()));
     EXPECT_EQ(f.scalar("masked"), 6);
-    rl_train_batch_t *b = nullptr;
-    RL_ASSERT_OK(rl_rollouts_to_batch(r.get(), &b));
-    BatchPtr batch(b);
     Result bi;
-    RL_ASSERT_OK(rl_train_batch_info(batch.get(), bi.out()));
+    BatchPtr batch = to_batch(r.get(), &bi);
+    ASSERT_NE(batch, nullptr);
     EXPECT_EQ(bi.scalar("loss_tokens"), 0);
 }
 

@@ -221,6 +221,30 @@ using RolloutsPtr = Owned<rl_rollouts_t, rl_rollouts_destroy>;
 using BatchPtr = Owned<rl_train_batch_t, rl_train_batch_destroy>;
 using BufferPtr = Owned<rl_buffer_t, rl_buffer_destroy>;
 
+// A training batch's tokens as its info reports them: input_ids, cu_seqlens
+// and loss_mask.
+struct PackedTokens {
+    std::vector<int64_t> ids, cu;
+    std::vector<float> mask;
+};
+inline PackedTokens packed_tokens(const Result &info) {
+    return {info.tensor<int64_t>("input_ids"), info.tensor<int64_t>("cu_seqlens"),
+            info.tensor<float>("loss_mask")};
+}
+
+// The rollouts `r` packed into a training batch (rl_rollouts_to_batch) with
+// its info in *info; null, and a test failure, when the packing is refused.
+inline BatchPtr to_batch(rl_rollouts_t *r, Result *info) {
+    rl_train_batch_t *raw = nullptr;
+    if (rl_rollouts_to_batch(r, &raw) != RL_OK) {
+        ADD_FAILURE() << "rollouts to batch: " << rl_last_error();
+        return nullptr;
+    }
+    BatchPtr batch(raw);
+    EXPECT_EQ(rl_train_batch_info(batch.get(), info->out()), RL_OK) << rl_last_error();
+    return batch;
+}
+
 inline ModelPtr load_model(const std::string &dir = tiny_model_dir()) {
     rl_model_t *m = nullptr;
     if (rl_model_load(dir.c_str(), "{\"threads\": 1}", &m) != RL_OK)
@@ -266,6 +290,29 @@ inline std::vector<int64_t> encode(rl_model_t *m, const std::string &text) {
         return {};
     }
     return r.tensor<int64_t>("ids");
+}
+
+// rl_engine_generate on a fresh engine of `m`, the prompts encoded and packed
+// one after another (input_ids, cu_seqlens); its result in *out. False, and a
+// test failure, when it is refused.
+inline bool engine_generate(rl_model_t *m, const std::vector<std::string> &prompts,
+                            const char *sampling, Result *out) {
+    std::vector<int64_t> ids, cu{0};
+    for (const std::string &prompt : prompts) {
+        const std::vector<int64_t> tokens = encode(m, prompt);
+        ids.insert(ids.end(), tokens.begin(), tokens.end());
+        cu.push_back(static_cast<int64_t>(ids.size()));
+    }
+    const int64_t n_ids = static_cast<int64_t>(ids.size());
+    const int64_t n_cu = static_cast<int64_t>(cu.size());
+    const rl_tensor_view_t idv = view_of(ids.data(), &n_ids, kI64);
+    const rl_tensor_view_t cuv = view_of(cu.data(), &n_cu, kI64);
+    EnginePtr e = make_engine(m);
+    if (rl_engine_generate(e.get(), &idv, &cuv, sampling, out->out()) != RL_OK) {
+        ADD_FAILURE() << "engine generate: " << rl_last_error();
+        return false;
+    }
+    return true;
 }
 
 inline double max_abs_diff(const std::vector<float> &a, const std::vector<float> &b) {

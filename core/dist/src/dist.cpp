@@ -76,6 +76,26 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> gloo_options(const Env &env,
     return o;
 }
 
+// The Gloo backend of env's ranks over `store` (its keys under "gloo/").
+c10::intrusive_ptr<c10d::Backend>
+gloo_backend(const c10::intrusive_ptr<c10d::Store> &store, const Env &env,
+             const c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> &options) {
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("gloo", store), env.rank, env.world_size, options);
+}
+
+#if defined(USE_C10D_NCCL)
+// The NCCL backend of env's ranks over `store` (its keys under "nccl/").
+c10::intrusive_ptr<c10d::Backend> nccl_backend(const c10::intrusive_ptr<c10d::Store> &store,
+                                               const Env &env, const Options &options) {
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = options.timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        c10::make_intrusive<c10d::PrefixStore>("nccl", store), env.rank, env.world_size,
+        nccl_options);
+}
+#endif
+
 std::shared_ptr<Group> g_current;
 bool g_tried_env = false;
 std::mutex g_mutex;
@@ -246,9 +266,7 @@ std::shared_ptr<Group> Group::create(const Env &env, const Options &options,
 
     auto gloo_opts = gloo_options(env, options);
     try {
-        im.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
-            c10::make_intrusive<c10d::PrefixStore>("gloo", im.store), env.rank, env.world_size,
-            gloo_opts);
+        im.gloo = gloo_backend(im.store, env, gloo_opts);
     } catch (const std::exception &e) {
         throw Error(ErrorKind::Io, "distributed: rank " + std::to_string(env.rank) +
                                        " cannot connect to the other ranks (Gloo): " +
@@ -259,11 +277,7 @@ std::shared_ptr<Group> Group::create(const Env &env, const Options &options,
     const bool want_nccl = options.backend == "nccl" || (options.backend == "auto" && cuda_device);
     if (want_nccl) {
 #if defined(USE_C10D_NCCL)
-        auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
-        nccl_opts->timeout = options.timeout;
-        im.nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-            c10::make_intrusive<c10d::PrefixStore>("nccl", im.store), env.rank, env.world_size,
-            nccl_opts);
+        im.nccl = nccl_backend(im.store, env, options);
 #else
         throw Error(ErrorKind::InvalidArgument,
                     "distributed: dist.backend nccl needs a libtorch built with NCCL; this one "
@@ -484,17 +498,9 @@ std::shared_ptr<Group> Group::subgroup(const std::vector<int> &ranks, const std:
     im.store = c10::make_intrusive<c10d::PrefixStore>("rl/sub/" + name, impl_->store);
     im.hb_store = impl_->store->clone();
     try {
-        im.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
-            c10::make_intrusive<c10d::PrefixStore>("gloo", im.store), env.rank, env.world_size,
-            gloo_options(env, options_));
+        im.gloo = gloo_backend(im.store, env, gloo_options(env, options_));
 #if defined(USE_C10D_NCCL)
-        if (impl_->nccl) {
-            auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
-            nccl_opts->timeout = options_.timeout;
-            im.nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-                c10::make_intrusive<c10d::PrefixStore>("nccl", im.store), env.rank, env.world_size,
-                nccl_opts);
-        }
+        if (impl_->nccl) im.nccl = nccl_backend(im.store, env, options_);
 #endif
     } catch (const std::exception &e) {
         throw Error(ErrorKind::Io, "distributed: rank " + std::to_string(rank()) +

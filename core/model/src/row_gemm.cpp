@@ -28,80 +28,6 @@ RL_AVX2 inline __m128 sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-// MR rows of A against NR rows of W: MR x NR accumulators of 8 lanes over k.
-// 3 x 4 uses twelve accumulators, three A vectors and one W vector: the 16
-// vector registers, enough independent sums to keep both FMA units busy.
-template <int MR, int NR>
-RL_AVX2 void tile(const float *A, int64_t lda, const float *W, int64_t ldw, float *C, int64_t ldc,
-                  int64_t K, __m256i tail) {
-    __m256 acc[MR][NR];
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-    const int64_t body = K & ~int64_t{7};
-    for (int64_t k = 0; k < body; k += 8) {
-        __m256 a[MR];
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) a[i] = _mm256_loadu_ps(A + i * lda + k);
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) {
-            const __m256 w = _mm256_loadu_ps(W + j * ldw + k);
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(a[i], w, acc[i][j]);
-        }
-    }
-    if (body < K) {
-        // The last K % 8 columns: masked loads read nothing past the row.
-        __m256 a[MR];
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) a[i] = _mm256_maskload_ps(A + i * lda + body, tail);
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) {
-            const __m256 w = _mm256_maskload_ps(W + j * ldw + body, tail);
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(a[i], w, acc[i][j]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-        __m256 r[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                       _mm256_setzero_ps()};
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) r[j] = acc[i][j];
-        const __m128 s = sum4(r[0], r[1], r[2], r[3]);
-        if constexpr (NR == 4) {
-            _mm_storeu_ps(C + i * ldc, s);
-        } else {
-            alignas(16) float out[4];
-            _mm_store_ps(out, s);
-            for (int j = 0; j < NR; ++j) C[i * ldc + j] = out[j];
-        }
-    }
-}
-
-// Columns [0, count) of W (rows of W) for MR rows of A: tiles of four W rows,
-// then the rest.
-template <int MR>
-RL_AVX2 void row_block(const float *A, int64_t lda, const float *W, int64_t ldw, float *C,
-                       int64_t ldc, int64_t K, int64_t count, __m256i tail) {
-    int64_t n = 0;
-    for (; n + 4 <= count; n += 4) tile<MR, 4>(A, lda, W + n * ldw, ldw, C + n, ldc, K, tail);
-    switch (count - n) {
-        case 3:
-            tile<MR, 3>(A, lda, W + n * ldw, ldw, C + n, ldc, K, tail);
-            break;
-        case 2:
-            tile<MR, 2>(A, lda, W + n * ldw, ldw, C + n, ldc, K, tail);
-            break;
-        case 1:
-            tile<MR, 1>(A, lda, W + n * ldw, ldw, C + n, ldc, K, tail);
-            break;
-        default:
-            break;
-    }
-}
-
 // Rows are taken three at a time; four left over go as two pairs, so that no
 // group but a lone row has fewer than two.
 int group_rows(int64_t left) {
@@ -109,164 +35,71 @@ int group_rows(int64_t left) {
     return left >= 3 ? 3 : static_cast<int>(left);
 }
 
-// Columns per block: the W rows a block reads (at most kBlockBytes) stay in
-// the first-level caches while every group of A rows passes over them, so W
-// is read from memory once per call. The block's outputs go to a small
-// contiguous buffer first: rows of C lie a whole output row apart, and for a
-// wide C (the vocabulary) those addresses share cache sets, so writing a few
-// floats into each in turn would evict them from one another.
-constexpr int64_t kBlockBytes = 24 * 1024;
-constexpr int64_t kMaxBlock = 64;
+constexpr int64_t kBlockBytes = 24 * 1024; // the W rows of one block, at most
+constexpr int64_t kMaxBlock = 64;          // outputs of a block, at most
 
-RL_AVX2 void multiply_avx2(const float *A, int64_t lda, const float *W, int64_t ldw, float *C,
-                           int64_t ldc, int64_t M, int64_t K, int64_t n_begin, int64_t n_end) {
-    alignas(32) int32_t lanes[8];
-    for (int l = 0; l < 8; ++l) lanes[l] = l < (K & 7) ? -1 : 0;
-    const __m256i tail = _mm256_load_si256(reinterpret_cast<const __m256i *>(lanes));
-    const int64_t row_bytes = K * static_cast<int64_t>(sizeof(float));
-    int64_t block = (kBlockBytes / row_bytes) & ~int64_t{3};
-    block = block < 4 ? 4 : block > kMaxBlock ? kMaxBlock : block;
-    alignas(64) float out[kMaxRows * kMaxBlock];
-    for (int64_t n0 = n_begin; n0 < n_end; n0 += block) {
-        const int64_t n1 = n0 + block < n_end ? n0 + block : n_end;
-        const float *w = W + n0 * ldw;
-        for (int64_t m = 0; m < M;) {
-            const int r = group_rows(M - m);
-            const float *a = A + m * lda;
-            float *o = out + m * block;
-            if (r == 3)
-                row_block<3>(a, lda, w, ldw, o, block, K, n1 - n0, tail);
-            else if (r == 2)
-                row_block<2>(a, lda, w, ldw, o, block, K, n1 - n0, tail);
-            else
-                row_block<1>(a, lda, w, ldw, o, block, K, n1 - n0, tail);
-            m += r;
-        }
-        for (int64_t m = 0; m < M; ++m)
-            std::memcpy(C + m * ldc + n0, out + m * block, sizeof(float) * (n1 - n0));
+// The AVX2 path: 8-lane accumulators in tiles of 3 x 4 (twelve accumulators,
+// three A vectors and one W vector: the 16 vector registers, enough
+// independent sums to keep both FMA units busy).
+struct Avx2 {
+    using Vec = __m256;
+    using Tail = __m256i; // the lanes of the last K % 8 columns
+    static constexpr int kLanes = 8;
+    static constexpr int kMaxGroup = 3;
+    RL_AVX2 static Vec zero() { return _mm256_setzero_ps(); }
+    RL_AVX2 static Vec load(const float *p) { return _mm256_loadu_ps(p); }
+    RL_AVX2 static Vec load_tail(const float *p, Tail t) { return _mm256_maskload_ps(p, t); }
+    RL_AVX2 static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+    RL_AVX2 static __m256 fold(Vec a) { return a; }
+    RL_AVX2 static Tail tail(int64_t K) {
+        alignas(32) int32_t lanes[8];
+        for (int l = 0; l < 8; ++l) lanes[l] = l < (K & 7) ? -1 : 0;
+        return _mm256_load_si256(reinterpret_cast<const __m256i *>(lanes));
     }
-}
+    static int group(int64_t left) { return group_rows(left); }
+};
 
-// -- AVX-512 ------------------------------------------------------------------
-// The same blocking with 16-lane accumulators and tiles of 4 x 4 (sixteen
-// accumulators, four A vectors, one W vector of the 32 registers). Each
-// output's 16 lanes are folded to 8 (lane l plus lane l + 8) and then go
-// through the AVX2 path's tree, so here too the sum of an output does not
-// depend on the tile or the thread that computed it (it differs from the AVX2
-// path's in the last bits: the k order within the lanes is another).
+// The AVX-512 path: the same blocking with 16-lane accumulators and tiles of
+// 4 x 4 (sixteen accumulators, four A vectors, one W vector of the 32
+// registers). Each output's 16 lanes are folded to 8 (lane l plus lane l + 8)
+// and then go through the AVX2 path's tree, so here too the sum of an output
+// does not depend on the tile or the thread that computed it (it differs from
+// the AVX2 path's in the last bits: the k order within the lanes is another).
 #define RL_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
-RL_AVX512 inline __m256 fold(__m512 a) {
-    // Through memory: once per output, and GCC 12's extract / shuffle
-    // intrinsics trip its own -Wmaybe-uninitialized.
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, a);
-    return _mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
-}
+struct Avx512 {
+    using Vec = __m512;
+    using Tail = __mmask16; // the lanes of the last K % 16 columns
+    static constexpr int kLanes = 16;
+    static constexpr int kMaxGroup = 4;
+    RL_AVX512 static Vec zero() { return _mm512_setzero_ps(); }
+    RL_AVX512 static Vec load(const float *p) { return _mm512_loadu_ps(p); }
+    RL_AVX512 static Vec load_tail(const float *p, Tail t) { return _mm512_maskz_loadu_ps(t, p); }
+    RL_AVX512 static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+    RL_AVX512 static __m256 fold(Vec a) {
+        // Through memory: once per output, and GCC 12's extract / shuffle
+        // intrinsics trip its own -Wmaybe-uninitialized.
+        alignas(64) float lanes[16];
+        _mm512_store_ps(lanes, a);
+        return _mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
+    }
+    static Tail tail(int64_t K) { return static_cast<__mmask16>((1u << (K & 15)) - 1u); }
+    static int group(int64_t left) { return left >= 4 ? 4 : static_cast<int>(left); }
+};
 
-template <int MR, int NR>
-RL_AVX512 void tile512(const float *A, int64_t lda, const float *W, int64_t ldw, float *C,
-                       int64_t ldc, int64_t K, __mmask16 tail) {
-    __m512 acc[MR][NR];
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-    const int64_t body = K & ~int64_t{15};
-    for (int64_t k = 0; k < body; k += 16) {
-        __m512 a[MR];
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) a[i] = _mm512_loadu_ps(A + i * lda + k);
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) {
-            const __m512 w = _mm512_loadu_ps(W + j * ldw + k);
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(a[i], w, acc[i][j]);
-        }
-    }
-    if (body < K) {
-        // The last K % 16 columns: masked loads read nothing past the row.
-        __m512 a[MR];
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) a[i] = _mm512_maskz_loadu_ps(tail, A + i * lda + body);
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) {
-            const __m512 w = _mm512_maskz_loadu_ps(tail, W + j * ldw + body);
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_fmadd_ps(a[i], w, acc[i][j]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-        __m256 r[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                       _mm256_setzero_ps()};
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) r[j] = fold(acc[i][j]);
-        const __m128 s = sum4(r[0], r[1], r[2], r[3]);
-        if constexpr (NR == 4) {
-            _mm_storeu_ps(C + i * ldc, s);
-        } else {
-            alignas(16) float out[4];
-            _mm_store_ps(out, s);
-            for (int j = 0; j < NR; ++j) C[i * ldc + j] = out[j];
-        }
-    }
-}
+namespace avx2 {
+using V = Avx2;
+#define RL_ROW_GEMM_TARGET RL_AVX2
+#include "row_gemm_paths.inc"
+#undef RL_ROW_GEMM_TARGET
+} // namespace avx2
 
-template <int MR>
-RL_AVX512 void row_block512(const float *A, int64_t lda, const float *W, int64_t ldw, float *C,
-                            int64_t ldc, int64_t K, int64_t count, __mmask16 tail) {
-    int64_t n = 0;
-    for (; n + 4 <= count; n += 4) tile512<MR, 4>(A, lda, W + n * ldw, ldw, C + n, ldc, K, tail);
-    switch (count - n) {
-        case 3:
-            tile512<MR, 3>(A, lda, W + n * ldw, ldw, C + n, ldc, K, tail);
-            break;
-        case 2:
-            tile512<MR, 2>(A, lda, W + n * ldw, ldw, C + n, ldc, K, tail);
-            break;
-        case 1:
-            tile512<MR, 1>(A, lda, W + n * ldw, ldw, C + n, ldc, K, tail);
-            break;
-        default:
-            break;
-    }
-}
-
-RL_AVX512 void multiply_avx512(const float *A, int64_t lda, const float *W, int64_t ldw, float *C,
-                               int64_t ldc, int64_t M, int64_t K, int64_t n_begin, int64_t n_end) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (K & 15)) - 1u);
-    const int64_t row_bytes = K * static_cast<int64_t>(sizeof(float));
-    int64_t block = (kBlockBytes / row_bytes) & ~int64_t{3};
-    block = block < 4 ? 4 : block > kMaxBlock ? kMaxBlock : block;
-    alignas(64) float out[kMaxRows * kMaxBlock];
-    for (int64_t n0 = n_begin; n0 < n_end; n0 += block) {
-        const int64_t n1 = n0 + block < n_end ? n0 + block : n_end;
-        const float *w = W + n0 * ldw;
-        for (int64_t m = 0; m < M;) {
-            const int64_t r = M - m >= 4 ? 4 : M - m;
-            const float *a = A + m * lda;
-            float *o = out + m * block;
-            switch (r) {
-                case 4:
-                    row_block512<4>(a, lda, w, ldw, o, block, K, n1 - n0, tail);
-                    break;
-                case 3:
-                    row_block512<3>(a, lda, w, ldw, o, block, K, n1 - n0, tail);
-                    break;
-                case 2:
-                    row_block512<2>(a, lda, w, ldw, o, block, K, n1 - n0, tail);
-                    break;
-                default:
-                    row_block512<1>(a, lda, w, ldw, o, block, K, n1 - n0, tail);
-                    break;
-            }
-            m += r;
-        }
-        for (int64_t m = 0; m < M; ++m)
-            std::memcpy(C + m * ldc + n0, out + m * block, sizeof(float) * (n1 - n0));
-    }
-}
+namespace avx512 {
+using V = Avx512;
+#define RL_ROW_GEMM_TARGET RL_AVX512
+#include "row_gemm_paths.inc"
+#undef RL_ROW_GEMM_TARGET
+} // namespace avx512
 
 } // namespace
 
@@ -293,9 +126,9 @@ void multiply(Isa isa, const float *A, int64_t lda, const float *W, int64_t ldw,
         return;
     }
     if (isa == Isa::Avx512)
-        multiply_avx512(A, lda, W, ldw, C, ldc, M, K, n_begin, n_end);
+        avx512::multiply(A, lda, W, ldw, C, ldc, M, K, n_begin, n_end);
     else
-        multiply_avx2(A, lda, W, ldw, C, ldc, M, K, n_begin, n_end);
+        avx2::multiply(A, lda, W, ldw, C, ldc, M, K, n_begin, n_end);
 }
 
 #else
