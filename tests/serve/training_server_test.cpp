@@ -1187,8 +1187,8 @@ TEST(TrainingServer, XorlDialectAliases) {
 
 namespace {
 
-// The routing the model chooses for `ids` (one sequence): [T][L][K] expert ids.
-json own_routing(core::Policy &policy, const std::vector<int64_t> &ids) {
+// The router logits of every MoE layer of one forward of `ids` (one sequence).
+std::vector<at::Tensor> own_router_logits(core::Policy &policy, const std::vector<int64_t> &ids) {
     at::NoGradGuard ng;
     core::RouterLogitsRecorder rec;
     core::PackedBatch pb;
@@ -1196,8 +1196,13 @@ json own_routing(core::Policy &policy, const std::vector<int64_t> &ids) {
     pb.cu_seqlens =
         at::tensor(std::vector<int64_t>{0, static_cast<int64_t>(ids.size())}, at::kLong);
     policy.model().logits(pb);
-    const at::Tensor r =
-        core::routed_experts_of(rec.logits(), policy.model().config().num_experts_per_tok);
+    return rec.logits();
+}
+
+// The routing the model chooses for `ids`: [T][L][K] expert ids.
+json own_routing(core::Policy &policy, const std::vector<int64_t> &ids) {
+    const at::Tensor r = core::routed_experts_of(own_router_logits(policy, ids),
+                                                 policy.model().config().num_experts_per_tok);
     json out = json::array();
     for (int64_t t = 0; t < r.size(0); ++t) {
         json layers = json::array();
@@ -1268,16 +1273,21 @@ json nested(const at::Tensor &t) {
 
 // The routing weights the model mixes `ids`' experts with: [T][L][K].
 json own_weights(core::Policy &policy, const std::vector<int64_t> &ids) {
-    at::NoGradGuard ng;
-    core::RouterLogitsRecorder rec;
-    core::PackedBatch pb;
-    pb.input_ids = at::tensor(ids, at::kLong);
-    pb.cu_seqlens =
-        at::tensor(std::vector<int64_t>{0, static_cast<int64_t>(ids.size())}, at::kLong);
-    policy.model().logits(pb);
     const core::ModelConfig &c = policy.model().config();
-    return nested(
-        core::routed_expert_weights_of(rec.logits(), c.num_experts_per_tok, c.norm_topk_prob));
+    return nested(core::routed_expert_weights_of(own_router_logits(policy, ids),
+                                                 c.num_experts_per_tok, c.norm_topk_prob));
+}
+
+// A fresh tiny MoE model (seed `seed`) in tiny_dir() + `suffix`.
+std::string tiny_moe_dir(const std::string &suffix, uint64_t seed) {
+    const std::string dir = tiny_dir() + suffix;
+    core::write_tiny_model(dir, seed, core::tiny_moe_spec());
+    return dir;
+}
+
+// The datum of `ids` as xorl's client sends it: the tokens are their own labels.
+json xorl_datum(const std::vector<int64_t> &ids) {
+    return {{"model_input", {{"input_ids", ids}}}, {"loss_fn_inputs", {{"labels", ids}}}};
 }
 
 } // namespace
@@ -1288,14 +1298,12 @@ json own_weights(core::Policy &policy, const std::vector<int64_t> &ids) {
 // logprobs of routing itself, another routing changes them; bad ones and a
 // dense model are refused naming the field.
 TEST(TrainingServer, XorlRoutedExpertsAreReplayedByTheTrainer) {
-    const std::string dir = tiny_dir() + "-moe";
-    core::write_tiny_model(dir, 9, core::tiny_moe_spec());
+    const std::string dir = tiny_moe_dir("-moe", 9);
     Srv s(json::object(), plugin_losses(), dir);
     const std::string model = s.model(s.session());
     const std::vector<int64_t> ids = {'r', 'o', 'u', 't', 'e', ' ', 'm', 'e'};
     const int64_t T = static_cast<int64_t>(ids.size());
-    const json xdatum = {{"model_input", {{"input_ids", ids}}},
-                         {"loss_fn_inputs", {{"labels", ids}}}};
+    const json xdatum = xorl_datum(ids);
     const int64_t E = s.base->model().config().num_experts;
     auto forward = [&](const json &routes, int seq) {
         json in = {{"data", json::array({xdatum})}, {"loss_fn", "cross_entropy"}};
@@ -1376,14 +1384,12 @@ TEST(TrainingServer, XorlRoutedExpertsAreReplayedByTheTrainer) {
 // model's own weights (SGLang's rows, base64 float32) give its own logprobs.
 // Bad weights are refused naming the field.
 TEST(TrainingServer, XorlRoutedExpertLogitsWeighTheReplayedExperts) {
-    const std::string dir = tiny_dir() + "-moe-weights";
-    core::write_tiny_model(dir, 11, core::tiny_moe_spec());
+    const std::string dir = tiny_moe_dir("-moe-weights", 11);
     Srv s(json::object(), plugin_losses(), dir);
     const std::string model = s.model(s.session());
     const std::vector<int64_t> ids = {'w', 'e', 'i', 'g', 'h', 't', 'e', 'd'};
     const int64_t T = static_cast<int64_t>(ids.size());
-    const json xdatum = {{"model_input", {{"input_ids", ids}}},
-                         {"loss_fn_inputs", {{"labels", ids}}}};
+    const json xdatum = xorl_datum(ids);
     const core::ModelConfig &c = s.base->model().config();
     const int64_t K = c.num_experts_per_tok;
     int seq = 1;
