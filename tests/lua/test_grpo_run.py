@@ -99,7 +99,7 @@ class QerlNoise(GrpoRun):
     """engine.noise_scheduler (docs/moe.md) through the Lua loop: the first
     stage samples as without noise, later stages sample with noisy norms while
     the trainer scores with the clean ones (the rollout / trainer mismatch
-    'kl' leaves 0); an inference server is refused."""
+    'kl' leaves 0); an inference server that cannot be asked for its schedule is refused."""
 
     def records(self, name):
         return read_records(os.path.join(self.tmp.name, "runs", name), "rl")
@@ -127,12 +127,13 @@ class QerlNoise(GrpoRun):
         self.assertTrue(all(k < 1e-9 for k in kl_noisy[:first]), kl_noisy)
         self.assertTrue(all(k > 1e-6 for k in kl_noisy[first:]), kl_noisy)
 
-    def test_noise_with_an_inference_server_is_refused(self):
+    def test_noise_with_an_unreachable_inference_server_is_refused(self):
         p = self.rlhost_run("run.steps=1", "inference_server.url=http://127.0.0.1:9",
                             "engine.noise_scheduler.enabled=true", ok=False)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("engine.noise_scheduler.enabled (QeRL noise) applies to the co-located engine",
-                      p.stdout + p.stderr)
+        # Nothing answers there: the run cannot learn the server's schedule.
+        self.assertIn("engine.noise_scheduler.enabled (QeRL noise) with inference_server.url needs "
+                      "a server that applies the same schedule", p.stdout + p.stderr)
 
 
 class Samples(GrpoRun):

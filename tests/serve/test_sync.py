@@ -31,9 +31,9 @@ def greedy(model):
 
 
 class ServerProcess:
-    def __init__(self, model_dir, log):
+    def __init__(self, model_dir, log, extra=()):
         self.log = open(log, "w")
-        self.proc = subprocess.Popen([RLHOST, "serve", "--model", model_dir, "--port", "0"],
+        self.proc = subprocess.Popen([RLHOST, "serve", "--model", model_dir, "--port", "0", *extra],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True)
         deadline = time.time() + 120
         self.url = None
@@ -148,6 +148,56 @@ class InferenceSync(unittest.TestCase):
         self.assertGreater(trained, 0)
         info = self.client.call("GET", "/get_model_info")
         self.assertEqual(info["weight_version"], str(3 + trained))
+
+
+    def test_grpo_with_qerl_noise_runs_only_against_a_server_with_the_runs_schedule(self):
+        work = os.path.join(self.tmp, "grpo-noise")
+        os.makedirs(work, exist_ok=True)
+
+        def grpo(url):
+            return subprocess.run(
+                [RLHOST, "run", os.path.join(SOURCE, "examples", "grpo.lua"),
+                 "--config", os.path.join(SOURCE, "tests", "lua", "scripts", "grpo_test.yaml"),
+                 "--set", "run.steps=4", "--set", "run.checkpoint_every=0",
+                 "--set", "engine.noise_scheduler.enabled=true",
+                 "--set", "engine.noise_scheduler.num_stages=2",
+                 "--set", f"inference_server.url={url}"],
+                capture_output=True, text=True, timeout=600, cwd=work)
+
+        # This class's server samples without noise: refused before any step.
+        run = grpo(self.server.url)
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("samples without noise", run.stdout + run.stderr)
+        # grpo_test.yaml: run.seed 1, sft.steps 3. A server with another seed is refused
+        # naming the key, both values and the flag.
+        schedule = ["--noise-total-steps", "4", "--noise-num-stages", "2",
+                    "--noise-first-step", "3"]
+        other = ServerProcess(self.a, os.path.join(self.tmp, "noise-seed2.log"),
+                              schedule + ["--noise-seed", "2"])
+        try:
+            run = grpo(other.url)
+        finally:
+            other.stop()
+        self.assertNotEqual(run.returncode, 0)
+        self.assertIn("run.seed is 1 in this run but 2 on the server", run.stdout + run.stderr)
+        self.assertIn("--noise-seed", run.stdout + run.stderr)
+        # The run's schedule: the run trains, and the server samples each version with
+        # the schedule's sigma (2 stages of 2 steps: noise-free, then sigma_start).
+        same = ServerProcess(self.a, os.path.join(self.tmp, "noise-seed1.log"),
+                             schedule + ["--noise-seed", "1"])
+        try:
+            run = grpo(same.url)
+            self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
+            client = rl.InferenceClient(same.url)
+            version = int(client.call("GET", "/get_model_info")["weight_version"])
+            info = client.call("GET", "/get_server_info")
+            client.close()
+        finally:
+            same.stop()
+        self.assertTrue(info["noise_scheduler"]["enabled"])
+        trained = version - 3
+        self.assertGreater(trained, 0)
+        self.assertEqual(info["scheduler"]["noise_sigma"], 0.05 if trained >= 2 else 0.0)
 
 
 class RemoteRoutings(unittest.TestCase):

@@ -239,6 +239,43 @@ function rl.engine_config(cfg, extra)
     return e
 end
 
+-- QeRL noise with an inference server (docs/moe.md): the server samples with
+-- noise only when it was started with the run's schedule (rlhost serve
+-- --noise-*); its /get_server_info says which. Anything else is an error naming
+-- the setting, the run's value, the server's, and the flag that sets it.
+local function check_server_noise(client, url, engine)
+    local want = engine.noise_scheduler
+    local ok, info = pcall(client.call, client, "GET", "/get_server_info")
+    local got = ok and type(info) == "table" and info.noise_scheduler or nil
+    local off = "engine.noise_scheduler.enabled (QeRL noise) with inference_server.url needs a server "
+        .. "that applies the same schedule: "
+    if type(got) ~= "table" then
+        error(off .. "the server at " .. url .. " does not report one (" .. tostring(ok and "no "
+            .. "noise_scheduler in /get_server_info" or info) .. "); start rlhost serve with --noise-"
+            .. "total-steps N ... (docs/moe.md) or leave the noise off here", 3)
+    end
+    if not got.enabled then
+        error(off .. "the server at " .. url .. " samples without noise; start it with rlhost serve "
+            .. "--noise-total-steps " .. engine.total_steps .. " ... (docs/moe.md) or leave the noise "
+            .. "off here", 3)
+    end
+    local pairs_to_check = {
+        { "engine.noise_scheduler.sigma_start", want.sigma_start, got.sigma_start, "--noise-sigma-start" },
+        { "engine.noise_scheduler.sigma_end", want.sigma_end, got.sigma_end, "--noise-sigma-end" },
+        { "engine.noise_scheduler.num_stages", want.num_stages, got.num_stages, "--noise-num-stages" },
+        { "run.steps", engine.total_steps, got.total_steps, "--noise-total-steps" },
+        { "sft.steps", engine.first_step, got.first_step, "--noise-first-step" },
+        { "run.seed", engine.seed, got.seed, "--noise-seed" },
+    }
+    for _, c in ipairs(pairs_to_check) do
+        local key, a, b, flag = c[1], c[2], c[3], c[4]
+        if type(b) ~= "number" or math.abs(a - b) > 1e-12 * math.max(math.abs(a), math.abs(b)) then
+            error(("%s%s is %s in this run but %s on the server at %s (%s)"):format(off, key,
+                tostring(a), tostring(b), url, flag), 3)
+        end
+    end
+end
+
 --- rl.rollout_engine(model, cfg [, run]): what generates the rollouts. The
 --- co-located engine (model:engine) unless inference_server.url is set; then
 --- an object with the same rollouts(tasks, opts) and sync_weights(buffer)
@@ -249,17 +286,14 @@ function rl.rollout_engine(model, cfg, run)
     cfg = cfg or rl.config()
     local s = cfg.inference_server
     if s == nil or s.url == "" then return model:engine(rl.engine_config(cfg)) end
-    if cfg.engine and cfg.engine.noise_scheduler and cfg.engine.noise_scheduler.enabled then
-        error("engine.noise_scheduler.enabled (QeRL noise) applies to the co-located engine and to "
-            .. "engines over synced weights (grpo_disaggregated.lua), not to an inference server "
-            .. "(inference_server.url): start the server with the schedule instead (rlhost serve "
-            .. "--noise-total-steps N ...; docs/moe.md) and leave it off here", 2)
-    end
     if cfg.lora and (cfg.lora.rank or 0) > 0 then
         error("lora.rank > 0 needs the co-located engine: an inference server (inference_server.url) "
             .. "receives the base weights, not the adapter", 2)
     end
     local client = rl.inference_client { url = s.url, api_key = s.api_key, timeout = s.timeout }
+    if cfg.engine and cfg.engine.noise_scheduler and cfg.engine.noise_scheduler.enabled then
+        check_server_noise(client, s.url, rl.engine_config(cfg))
+    end
     local sync = { mode = s.sync }
     if s.sync == "disk" then
         sync.dir = s.dir ~= "" and s.dir or ((run and run.dir or ".") .. "/broadcasts")
