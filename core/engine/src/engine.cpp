@@ -1,5 +1,6 @@
 #include "rl/core/engine.hpp"
 
+#include "routing.hpp"
 #include "text_tracker.hpp"
 
 #include "rl/core/device.hpp"
@@ -305,7 +306,7 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
 
     Generation g;
     if (params.return_routed_experts) {
-        for (int64_t i = 0; i < mc.num_hidden_layers; ++i) g.routed_layers += mc.is_moe_layer(i);
+        g.routed_layers = detail::sparse_layers(mc);
         g.routed_k = mc.num_experts_per_tok;
     }
     const bool weights = params.return_routed_experts && params.return_expert_logits;
@@ -483,9 +484,7 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
     }
     if (record) {
         // The last token of every sample was never read: route yourself.
-        int64_t layers = 0;
-        for (int64_t i = 0; i < model.config().num_hidden_layers; ++i)
-            layers += model.config().is_moe_layer(i) ? 1 : 0;
+        const int64_t layers = detail::sparse_layers(model.config());
         for (int64_t s = first_sample; s < end_sample; ++s) {
             auto &routed = outs[static_cast<size_t>(s)].routed;
             routed.insert(routed.end(), static_cast<size_t>(layers * K), -1);

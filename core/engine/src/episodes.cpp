@@ -6,6 +6,7 @@
 // episode's rows follow its tokens.
 #include "rl/core/engine.hpp"
 
+#include "routing.hpp"
 #include "text_tracker.hpp"
 
 #include "rl/core/error.hpp"
@@ -87,7 +88,7 @@ Episodes Engine::generate_episodes(const std::vector<std::vector<int64_t>> &prom
     out.policy_version = prep.adapter ? prep.adapter->version() : version_;
     for (int64_t i = 0; i < total; ++i) out.prompt_index.push_back(i / params.n);
     if (params.return_routed_experts) {
-        for (int64_t i = 0; i < mc.num_hidden_layers; ++i) out.routed_layers += mc.is_moe_layer(i);
+        out.routed_layers = detail::sparse_layers(mc);
         out.routed_k = mc.num_experts_per_tok;
     }
     return out;
@@ -250,8 +251,7 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
     if (record) {
         // Every token was read but the episode's last (it ended there): route yourself.
         const ModelConfig &mc = model.config();
-        int64_t layers = 0;
-        for (int64_t i = 0; i < mc.num_hidden_layers; ++i) layers += mc.is_moe_layer(i);
+        const int64_t layers = detail::sparse_layers(mc);
         const int64_t row = layers * mc.num_experts_per_tok;
         for (int64_t s = first_sample; s < end_sample; ++s) {
             Episode &e = outs[static_cast<size_t>(s)];

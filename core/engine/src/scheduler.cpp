@@ -1,5 +1,6 @@
 #include "rl/core/scheduler.hpp"
 
+#include "routing.hpp"
 #include "text_tracker.hpp"
 
 #include "rl/core/device.hpp"
@@ -608,8 +609,7 @@ uint64_t Scheduler::submit(ServeRequest request) {
     if (p.return_routed_experts) {
         if (!mc.has_moe())
             invalid("sampling params: return_routed_experts: the model has no sparse MoE layer");
-        for (int64_t i = 0; i < mc.num_hidden_layers; ++i)
-            r->routed_layers += mc.is_moe_layer(i) ? 1 : 0;
+        r->routed_layers = detail::sparse_layers(mc);
         r->routed_k = mc.num_experts_per_tok;
     }
     // The adapter by name (NotFound naming the adapters there are).
