@@ -595,14 +595,18 @@ rl_model_t *model_of(lua_State *L, int idx) {
 }
 
 void open_train(lua_State *L, int M) {
-    static const luaL_Reg model_methods[] = {RL_LUA_FN("info", m_info),
-                                             RL_LUA_FN("save", m_save),
-                                             RL_LUA_FN("encode", m_encode),
-                                             RL_LUA_FN("decode", m_decode),
-                                             RL_LUA_FN("apply_chat_template", m_chat),
-                                             RL_LUA_FN("encode_chat", m_encode_chat),
-                                             RL_LUA_FN("sft_batch", m_sft_batch),
-                                             RL_LUA_FN("sft_episodes_batch", m_sft_episodes_batch),
+    // A tokenizer's methods; a model has them all, and more.
+    static const luaL_Reg tokenizer_methods[] = {
+        RL_LUA_FN("encode", m_encode),
+        RL_LUA_FN("decode", m_decode),
+        RL_LUA_FN("apply_chat_template", m_chat),
+        RL_LUA_FN("encode_chat", m_encode_chat),
+        RL_LUA_FN("sft_batch", m_sft_batch),
+        RL_LUA_FN("sft_episodes_batch", m_sft_episodes_batch),
+        RL_LUA_FN("info", m_info),
+        {nullptr, nullptr}};
+    define_handle_type(L, kTokenizerMT, tokenizer_methods);
+    static const luaL_Reg model_methods[] = {RL_LUA_FN("save", m_save),
                                              RL_LUA_FN("tokenizer", m_tokenizer),
                                              RL_LUA_FN("trainer", m_trainer),
                                              RL_LUA_FN("engine", m_engine),
@@ -616,16 +620,10 @@ void open_train(lua_State *L, int M) {
                                              RL_LUA_FN("adapter_info", m_adapter_info),
                                              {nullptr, nullptr}};
     define_handle_type(L, kModelMT, model_methods);
-    static const luaL_Reg tokenizer_methods[] = {
-        RL_LUA_FN("encode", m_encode),
-        RL_LUA_FN("decode", m_decode),
-        RL_LUA_FN("apply_chat_template", m_chat),
-        RL_LUA_FN("encode_chat", m_encode_chat),
-        RL_LUA_FN("sft_batch", m_sft_batch),
-        RL_LUA_FN("sft_episodes_batch", m_sft_episodes_batch),
-        RL_LUA_FN("info", m_info),
-        {nullptr, nullptr}};
-    define_handle_type(L, kTokenizerMT, tokenizer_methods);
+    luaL_getmetatable(L, kModelMT);
+    lua_getfield(L, -1, "__index");
+    luaL_setfuncs(L, tokenizer_methods, 0);
+    lua_pop(L, 2);
     static const luaL_Reg trainer_methods[] = {RL_LUA_FN("forward_backward", t_forward_backward),
                                                RL_LUA_FN("forward", t_forward),
                                                RL_LUA_FN("optim_step", t_optim_step),
