@@ -2,6 +2,7 @@
 // per-expert adapters on gate_proj / up_proj / down_proj (and Qwen2-MoE's
 // shared expert) in the trainer, the engine, routing replay, activation
 // checkpointing, merged exports and PEFT files.
+#include "../moe/moe_test_util.hpp"
 #include "lora_test_util.hpp"
 
 #include "rl/core/engine.hpp"
@@ -16,37 +17,18 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
 
-namespace fs = std::filesystem;
 using namespace rl::core;
 
 namespace {
 
-using test::error_of;
-using test::lora_trainer_config;
-using test::nll_loss;
-using test::snapshot;
-using test::TempDir;
-using test::text_batch;
-using test::train_steps;
-
-// The tiny-moe preset shrunk: hidden 64, 2 sparse layers of 8 experts of 32, top-2.
-TinyModelSpec small_moe_spec() {
-    TinyModelSpec s = test::small_tiny_spec(2);
-    s.num_experts = 8;
-    s.moe_intermediate_size = 32;
-    s.max_position_embeddings = 256;
-    return s;
-}
+using namespace test;
 
 std::shared_ptr<Policy> moe_policy(const TempDir &tmp) {
-    const std::string dir = tmp / "moe";
-    if (!fs::exists(fs::path(dir) / "config.json")) write_tiny_model(dir, 11, small_moe_spec());
-    return Policy::load(dir);
+    return seeded_policy(tmp / "moe", 11, small_moe_spec());
 }
 
 LoraConfig expert_lora(uint64_t seed = 1) {
@@ -136,12 +118,7 @@ TEST(LoraMoe, EngineLogprobsWithExpertAdapterEqualTrainerLogprobsAndReplay) {
     Trainer t(p, lora_trainer_config(), a);
     train_steps(t, 3, {"the cat sat on the mat"});
     Engine e(p);
-    SamplingParams sp;
-    sp.adapter = "a";
-    sp.max_tokens = 12;
-    sp.seed = 3;
-    sp.n = 2;
-    sp.stop_token_ids = std::vector<int64_t>{};
+    SamplingParams sp = adapter_sampling("a");
     sp.return_routed_experts = true;
     const std::vector<int64_t> prompt{'t', 'h', 'e', ' '};
     const Generation g = e.generate({prompt}, sp);
@@ -249,24 +226,7 @@ TEST(LoraMoe, MergedExportGivesTheExpertAdapterLogits) {
 
 TEST(LoraMoe, SharedExpertOfQwen2MoeTakesTheAdapterAsMergingDoesAndDenseLayersNone) {
     // Qwen2-MoE, layer 1 dense (mlp_only_layers), a gated shared expert.
-    nlohmann::json j{{"vocab_size", 97},
-                     {"hidden_size", 48},
-                     {"intermediate_size", 80},
-                     {"num_hidden_layers", 3},
-                     {"num_attention_heads", 4},
-                     {"num_key_value_heads", 2},
-                     {"rms_norm_eps", 1e-6},
-                     {"rope_theta", 10000.0},
-                     {"tie_word_embeddings", false},
-                     {"num_experts", 6},
-                     {"num_experts_per_tok", 2},
-                     {"moe_intermediate_size", 24},
-                     {"shared_expert_intermediate_size", 40},
-                     {"norm_topk_prob", false},
-                     {"mlp_only_layers", {1}},
-                     {"architectures", {"Qwen2MoeForCausalLM"}},
-                     {"model_type", "qwen2_moe"}};
-    const ModelConfig c = ModelConfig::parse(j.dump());
+    const ModelConfig c = ModelConfig::parse(moe_config("qwen2_moe", /*mixed=*/true).dump());
     auto m = std::make_shared<CausalLM>(c);
     m->init_weights(4, 0.08);
     LoraConfig lc = expert_lora();

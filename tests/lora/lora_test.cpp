@@ -22,12 +22,7 @@ using namespace rl::core;
 
 namespace {
 
-using test::lora_trainer_config;
-using test::nll_loss;
-using test::snapshot;
-using test::TempDir;
-using test::text_batch;
-using test::train_steps;
+using namespace test;
 
 TinyModelSpec small_spec() {
     TinyModelSpec s = test::small_tiny_spec(2);
@@ -37,9 +32,7 @@ TinyModelSpec small_spec() {
 
 // A fresh policy over the same seeded small model.
 std::shared_ptr<Policy> make_policy(const TempDir &tmp) {
-    const std::string dir = tmp / "base";
-    if (!fs::exists(fs::path(dir) / "config.json")) write_tiny_model(dir, 7, small_spec());
-    return Policy::load(dir);
+    return seeded_policy(tmp / "base", 7, small_spec());
 }
 
 at::Tensor logits_of(Policy &p, const std::shared_ptr<const LoraAdapter> &a,
@@ -225,12 +218,7 @@ TEST(Lora, EngineLogprobsWithAdapterEqualTrainerLogprobs) {
     TrainedAdapter trained(tmp, 3, {"the cat sat on the mat"});
     auto &[p, a, t] = trained;
     Engine e(p);
-    SamplingParams sp;
-    sp.adapter = "a";
-    sp.max_tokens = 12;
-    sp.seed = 3;
-    sp.n = 2;
-    sp.stop_token_ids = std::vector<int64_t>{};
+    SamplingParams sp = adapter_sampling("a");
     const std::vector<int64_t> prompt{'t', 'h', 'e', ' '};
     const Generation g = e.generate({prompt}, sp);
     EXPECT_EQ(g.policy_version, a->version());

@@ -1,19 +1,34 @@
-// Helpers of the LoRA suites (lora_test.cpp, lora_moe_test.cpp): byte-level
-// text batches, parameter snapshots and a few training steps.
+// Helpers of the LoRA suites (lora_test.cpp, lora_moe_test.cpp): seeded tiny
+// models, byte-level text batches, parameter snapshots, a few training steps
+// and the engine's sampling with an adapter.
 #pragma once
 
 #include "../platform/platform_util.hpp"
 
+#include "rl/core/policy.hpp"
+#include "rl/core/sampling.hpp"
+#include "rl/core/tiny.hpp"
 #include "rl/core/trainer.hpp"
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace rl::core::test {
+
+// A fresh policy over the tiny model of `spec` drawn from `seed`, written to
+// `dir` by the first call.
+inline std::shared_ptr<Policy> seeded_policy(const std::string &dir, uint64_t seed,
+                                             const TinyModelSpec &spec) {
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "config.json"))
+        write_tiny_model(dir, seed, spec);
+    return Policy::load(dir);
+}
 
 // One sequence per text, its bytes as token ids.
 inline TrainBatch text_batch(const std::vector<std::string> &texts) {
@@ -49,6 +64,18 @@ inline TrainerConfig lora_trainer_config() {
     TrainerConfig c;
     c.learning_rate = 1e-2;
     return c;
+}
+
+// Two samples of up to 12 tokens from seed 3 with the adapter `adapter`, no
+// stop tokens.
+inline SamplingParams adapter_sampling(const std::string &adapter) {
+    SamplingParams sp;
+    sp.adapter = adapter;
+    sp.max_tokens = 12;
+    sp.seed = 3;
+    sp.n = 2;
+    sp.stop_token_ids = std::vector<int64_t>{};
+    return sp;
 }
 
 } // namespace rl::core::test

@@ -10,22 +10,16 @@ refused naming the key. Skips (77) without transformers / peft."""
 
 import json
 import os
-import sys
 import tempfile
 import unittest
 
-try:
-    import torch
-    import transformers
-    import peft
-    from safetensors import safe_open
-except ImportError as e:  # the venv could not get them (no PyPI)
-    print(f"skipping: {e}")
-    sys.exit(77)
+from hf_util import hf_logprobs, import_or_skip, random_model
 
+torch, transformers, peft, safetensors = import_or_skip(
+    "torch", "transformers", "peft", "safetensors")
 import rl
-from test_lora_moe_peft import (SEQS, TOL, batch_of, hf_logprobs, qwen2_moe_config,
-                                qwen3_moe_config, random_model, train_and_save)
+from test_lora_moe_peft import (SEQS, TOL, LogprobsCase, batch_of, load_merged,
+                                qwen2_moe_config, qwen3_moe_config, train_and_save)
 
 PLUGINS = os.environ["RL_TEST_PLUGIN_DIR"]
 FUSED = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
@@ -57,13 +51,7 @@ def expert_lora(pm):
     return [p for n, p in pm.named_parameters() if ".experts." in n and "lora_B" in n]
 
 
-class FusedPeftTest(unittest.TestCase):
-    def assert_matches(self, ours, cu, model, what):
-        for i, s in enumerate(SEQS):
-            for t, b in enumerate(hf_logprobs(model, s)):
-                self.assertAlmostEqual(ours[cu[i] + t], b, delta=TOL,
-                                       msg=f"sequence {i} token {t} {what}")
-
+class FusedPeftTest(LogprobsCase):
     def assert_experts_matter(self, ours, cu, pm):
         # Without the expert pairs PEFT's logprobs move away from ours.
         lora = expert_lora(pm)
@@ -87,7 +75,8 @@ class FusedPeftTest(unittest.TestCase):
             pm = peft_fused(hf, 8)
             adapter_dir = os.path.join(d, "adapter")
             pm.save_pretrained(adapter_dir)
-            with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
+            with safetensors.safe_open(
+                    os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
                 keys = set(f.keys())
             # PEFT's fused layout: gate_up_proj's wrapper is down_proj's base layer.
             self.assertIn("base_model.model.model.layers.1.mlp.experts.base_layer.lora_B.weight",
@@ -104,14 +93,14 @@ class FusedPeftTest(unittest.TestCase):
             # Saved again by rl: PEFT's per-expert keys.
             resaved = os.path.join(d, "ours")
             model.save_adapter("fused", resaved)
-            with safe_open(os.path.join(resaved, "adapter_model.safetensors"), "pt") as f:
+            with safetensors.safe_open(
+                    os.path.join(resaved, "adapter_model.safetensors"), "pt") as f:
                 self.assertIn("base_model.model.model.layers.1.mlp.experts.5.up_proj"
                               ".lora_B.weight", set(f.keys()))
 
             merged_dir = os.path.join(d, "merged")
             model.export_merged("fused", merged_dir)
-            merged = transformers.AutoModelForCausalLM.from_pretrained(
-                merged_dir, torch_dtype=torch.float32).eval()
+            merged = load_merged(merged_dir)
             peft_merged = pm.merge_and_unload().eval()
             for i, s in enumerate(SEQS):
                 want = hf_logprobs(peft_merged, s)
@@ -130,7 +119,8 @@ class FusedPeftTest(unittest.TestCase):
                             target_modules=("k_proj", "gate_proj", "up_proj", "down_proj"))
             adapter_dir = os.path.join(d, "adapter")
             pm.save_pretrained(adapter_dir)
-            with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
+            with safetensors.safe_open(
+                    os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
                 self.assertIn("base_model.model.model.layers.0.mlp.shared_expert.up_proj"
                               ".lora_A.weight", set(f.keys()))
             model = rl.Model(base, {"threads": 1})

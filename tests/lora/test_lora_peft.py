@@ -4,33 +4,16 @@ the tiny model's HF folder and gives our logprobs; the merged export does too,
 in transformers and in rl.model. Skips (77) without transformers / peft."""
 
 import os
-import sys
 import tempfile
 import unittest
 
-try:
-    import torch
-    import transformers
-    import peft
-except ImportError as e:  # the venv could not get them (no PyPI)
-    print(f"skipping: {e}")
-    sys.exit(77)
+from hf_util import hf_logprobs, import_or_skip, train_adapter
 
+torch, transformers, peft = import_or_skip("torch", "transformers", "peft")
 import rl
 
 PLUGINS = os.environ["RL_TEST_PLUGIN_DIR"]
 TOL = 1e-5
-
-
-def hf_logprobs(model, ids):
-    """log p(ids[t] | ids[:t]) for t >= 1 (position 0: 0), as rl's trainer aligns them."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].double()
-    lp = torch.log_softmax(logits, dim=-1)
-    out = [0.0]
-    for t in range(1, len(ids)):
-        out.append(lp[t - 1, ids[t]].item())
-    return out
 
 
 class PeftTest(unittest.TestCase):
@@ -40,20 +23,10 @@ class PeftTest(unittest.TestCase):
             base = os.path.join(d, "tiny")
             rl.init_model("tiny", base, 7)
             model = rl.Model(base, {"threads": 1})
-            trainer = model.trainer({"learning_rate": 1e-2, "adapter": "sft",
-                                     "lora": {"rank": 4, "alpha": 8, "seed": 3,
-                                              "target_modules": "all-linear"}})
-            ce = rt.create("loss", "causallm_loss")
             ids = list(b"hello lora world")
             batch = {"input_ids": ids, "cu_seqlens": [0, len(ids)]}
-            for _ in range(3):
-                trainer.forward_backward(batch, ce)
-                trainer.optim_step()
-            ours = trainer.forward(batch).tensors["logprobs"]
-            adapter_dir = os.path.join(d, "adapter")
-            merged_dir = os.path.join(d, "merged")
-            model.save_adapter("sft", adapter_dir)
-            model.export_merged("sft", merged_dir)
+            ours, adapter_dir, merged_dir = train_adapter(
+                rt, model, batch, d, 1e-2, 3, "all-linear")
             info = model.adapter_info("sft")
             self.assertEqual(info["rank"], 4)
             self.assertEqual(info["version"], 3)

@@ -4,6 +4,7 @@
 // tiny-moe preset training and generating, and what is refused.
 #include "../platform/platform_util.hpp"
 #include "flip_router.hpp"
+#include "moe_test_util.hpp"
 
 #include "rl/core/config.hpp"
 #include "rl/core/engine.hpp"
@@ -36,38 +37,12 @@ using namespace rl::core;
 using Json = nlohmann::json;
 using test::error_of;
 using test::flip_some_in_the_last_layer;
+using test::moe_config;
 using test::nll_loss;
+using test::small_moe_spec;
 using test::TempDir;
 
 namespace {
-
-// A small Qwen3-MoE (or Qwen2-MoE with a shared expert) config: 3 layers,
-// layer 1 dense when `mixed` (mlp_only_layers), 6 experts, top-2.
-Json moe_config(const std::string &arch, bool mixed = false) {
-    Json j{{"vocab_size", 97},
-           {"hidden_size", 48},
-           {"intermediate_size", 80},
-           {"num_hidden_layers", 3},
-           {"num_attention_heads", 4},
-           {"num_key_value_heads", 2},
-           {"rms_norm_eps", 1e-6},
-           {"rope_theta", 10000.0},
-           {"tie_word_embeddings", false},
-           {"num_experts", 6},
-           {"num_experts_per_tok", 2},
-           {"moe_intermediate_size", 24},
-           {"norm_topk_prob", arch == "qwen3_moe"},
-           {"mlp_only_layers", mixed ? Json::array({1}) : Json::array()}};
-    if (arch == "qwen3_moe") {
-        j["architectures"] = {"Qwen3MoeForCausalLM"};
-        j["head_dim"] = 16;
-    } else {
-        j["architectures"] = {"Qwen2MoeForCausalLM"};
-        j["shared_expert_intermediate_size"] = 40;
-    }
-    j["model_type"] = arch;
-    return j;
-}
 
 // A model of `config` with weights drawn from `seed`; the router weights are
 // scaled up so that tokens prefer experts clearly.
@@ -132,15 +107,6 @@ TrainBatch batch_of(const std::vector<std::vector<int64_t>> &seqs) {
     }
     b.input_ids = at::tensor(ids, at::kLong);
     return b;
-}
-
-// The tiny-moe preset shrunk for tests: hidden 64, 2 layers, 8 experts of 32, top-2.
-TinyModelSpec small_moe_spec() {
-    TinyModelSpec s = test::small_tiny_spec(2);
-    s.num_experts = 8;
-    s.moe_intermediate_size = 32;
-    s.max_position_embeddings = 256;
-    return s;
 }
 
 // A small MoE model (small_moe_spec) initialised from `seed`, written under

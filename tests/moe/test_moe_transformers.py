@@ -7,28 +7,15 @@ tensors transformers reads back. Skips (77) without transformers."""
 
 import json
 import os
-import sys
 import tempfile
 import unittest
 
-try:
-    import torch
-    import transformers
-except ImportError as e:  # the venv could not get them (no PyPI)
-    print(f"skipping: {e}")
-    sys.exit(77)
+from hf_util import hf_logprobs, import_or_skip, random_model  # tests/lora
 
+torch, transformers = import_or_skip("torch", "transformers")
 import rl
 
 TOL = 1e-4
-
-
-def hf_logprobs(model, ids):
-    """log p(ids[t] | ids[:t]) for t >= 1 (position 0: 0), as rl's trainer aligns them."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].double()
-    lp = torch.log_softmax(logits, dim=-1)
-    return [0.0] + [lp[t - 1, ids[t]].item() for t in range(1, len(ids))]
 
 
 def hf_aux_loss(model, seqs):
@@ -56,21 +43,6 @@ def hf_z_loss(model, seqs):
     # Every layer holds the same tokens: the mean of the layers' means is the pooled mean.
     zs = [router_z_loss_func(torch.cat(xs).float().unsqueeze(0)).item() for xs in per_layer]
     return sum(zs) / len(zs)
-
-
-def random_model(config, seed):
-    """A transformers model of `config` with weights large enough for the
-    router to prefer some experts clearly (the default init routes nearly
-    uniformly)."""
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.8, 1.2)
-            else:
-                p.normal_(0.0, 0.5 if name.endswith("mlp.gate.weight") else 0.08)
-    return model.eval()
 
 
 SEQS = [[5, 17, 3, 44, 9, 28, 60, 2, 11, 39, 7], [33, 1, 58], [12, 12, 40, 6, 19, 23, 51]]
