@@ -22,11 +22,11 @@ namespace rl::host::disagg {
 
 using json = nlohmann::json;
 // The host's names and the C API's boundary, as host/src/capi uses them.
-using rl::host::HostError;
-using rl::host::OwnedTensor;
 using capi::boundary;
 using capi::new_result;
 using capi::require;
+using rl::host::HostError;
+using rl::host::OwnedTensor;
 
 // One message: its header and its tensors by name.
 struct Msg {
