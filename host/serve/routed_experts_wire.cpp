@@ -11,12 +11,6 @@ namespace rl::serve {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t> &shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + "]";
-}
-
 // Base64 text to bytes; refuses (naming `field`) anything but the alphabet
 // and trailing padding.
 std::vector<uint8_t> base64_decode(const std::string &s, const std::string &field) {
@@ -148,7 +142,7 @@ std::vector<typename Kind::Value> parse_item(const json &item, int64_t tokens, i
             shape = s.get<std::vector<int64_t>>();
             if (static_cast<int64_t>(v.size()) != shape[0] * shape[1] * shape[2])
                 refuse(field, field + ".data holds " + std::to_string(v.size()) + " values, its " +
-                                  "shape " + shape_text(shape) + " " +
+                                  "shape " + core::shape_text(shape) + " " +
                                   std::to_string(shape[0] * shape[1] * shape[2]));
         }
     } else if (item.is_string()) {
@@ -172,7 +166,7 @@ std::vector<typename Kind::Value> parse_item(const json &item, int64_t tokens, i
         refuse(field, field + " must be [" + std::to_string(tokens) + ", " +
                           std::to_string(layers) + ", " + std::to_string(k) + "] (tokens, " +
                           "sparse layers, experts per token; or " + std::to_string(tokens - 1) +
-                          " tokens, the last one never forwarded), got " + shape_text(shape));
+                          " tokens, the last one never forwarded), got " + core::shape_text(shape));
     if (rows != nullptr) *rows = shape[0];
     v.resize(static_cast<size_t>(tokens * row), fill);
     return v;

@@ -1,6 +1,7 @@
 // PEFT's adapter_config.json and its fused-expert layout (lora_peft.hpp).
 #include "lora_peft.hpp"
 
+#include "rl/core/text.hpp"
 #include "rl/core/atomic_file.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/json.hpp"
@@ -65,10 +66,6 @@ std::string fused_name(const std::string &name) {
 
 std::string layer_path(int64_t layer) {
     return "model.layers." + std::to_string(layer) + ".";
-}
-
-std::string shape_of(const at::Tensor &t) {
-    return c10::str(t.sizes());
 }
 
 // PEFT's pattern lookup (peft.utils.other.get_pattern_key): the first key of
@@ -366,13 +363,13 @@ void convert_to_per_expert(const CausalLM &model, const AdapterFile &file,
             const std::string layout = " (" + param + ": " + std::to_string(E) +
                                        " experts of rank " + std::to_string(R) + ")";
             if (!A.sizes().equals({R * E, in}))
-                invalid(source + ": tensor '" + prefix + "lora_A.weight' has shape " + shape_of(A) +
-                        ", expected [" + std::to_string(R * E) + ", " + std::to_string(in) + "]" +
-                        layout);
+                invalid(source + ": tensor '" + prefix + "lora_A.weight' has shape " +
+                        shape_text(A.sizes()) + ", expected [" + std::to_string(R * E) + ", " +
+                        std::to_string(in) + "]" + layout);
             if (!B.sizes().equals({out, R * E}))
-                invalid(source + ": tensor '" + prefix + "lora_B.weight' has shape " + shape_of(B) +
-                        ", expected [" + std::to_string(out) + ", " + std::to_string(R * E) + "]" +
-                        layout);
+                invalid(source + ": tensor '" + prefix + "lora_B.weight' has shape " +
+                        shape_text(B.sizes()) + ", expected [" + std::to_string(out) + ", " +
+                        std::to_string(R * E) + "]" + layout);
             const at::Tensor As = A.reshape({E, R, in});                     // expert-major rows
             const at::Tensor Bs = B.reshape({out, R, E}).permute({2, 0, 1}); // rank-major columns
             if (R != r) {

@@ -1,3 +1,4 @@
+#include "rl/core/text.hpp"
 #include "rl/core/moe_weights.hpp"
 
 #include "rl/core/error.hpp"
@@ -13,12 +14,6 @@ namespace rl::core {
 namespace {
 
 thread_local RoutingWeightsScope *tl_weights = nullptr;
-
-std::string shape_text(const at::Tensor &t) {
-    std::string s = "[";
-    for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
-    return s + "]";
-}
 
 } // namespace
 
@@ -44,8 +39,9 @@ void check_routed_expert_weights(const at::Tensor &weights, const at::Tensor &ex
           what + " must hold floating-point routing weights, got " +
               std::string(c10::toString(weights.scalar_type())));
     check(weights.sizes().equals(experts.sizes()),
-          what + " must have the shape of routed_experts " + shape_text(experts) + " (tokens, " +
-              "sparse layers, experts per token), got " + shape_text(weights));
+          what + " must have the shape of routed_experts " + shape_text(experts.sizes()) +
+              " (tokens, " + "sparse layers, experts per token), got " +
+              shape_text(weights.sizes()));
     const at::Tensor w = weights.to(at::kCPU).to(at::kDouble).contiguous();
     const at::Tensor finite = at::isfinite(w);
     if (finite.all().item<bool>()) return;

@@ -1,3 +1,4 @@
+#include "rl/core/text.hpp"
 #include "rl/core/pretrained.hpp"
 
 #include "rl/core/atomic_file.hpp"
@@ -21,12 +22,6 @@ namespace {
 
 constexpr const char *kSingleFile = "model.safetensors";
 constexpr const char *kIndexFile = "model.safetensors.index.json";
-
-std::string shape_str(at::IntArrayRef s) {
-    std::string out = "[";
-    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
-}
 
 bool ends_with(const std::string &s, const std::string &suffix) {
     return s.size() >= suffix.size() &&
@@ -125,8 +120,8 @@ std::shared_ptr<CausalLM> load_pretrained(const std::string &dir, const LoadOpti
                 throw Error(where + " was already loaded from '" + prev->second + "'");
             at::Tensor &param = p->second;
             if (!param.sizes().equals(info.shape))
-                throw Error(where + " has shape " + shape_str(info.shape) +
-                            " but the config needs " + shape_str(param.sizes()));
+                throw Error(where + " has shape " + shape_text(info.shape) +
+                            " but the config needs " + shape_text(param.sizes()));
             const at::ScalarType st_type = to_scalar_type(info.dtype, where);
             check(at::isFloatingType(st_type),
                   where + " has non-float dtype " + dtype_name(info.dtype));

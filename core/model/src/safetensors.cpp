@@ -1,3 +1,4 @@
+#include "rl/core/text.hpp"
 #include "rl/core/safetensors.hpp"
 
 #include "json_object.hpp"
@@ -43,15 +44,6 @@ constexpr DTypeInfo kDTypes[] = {
 // I64, U64. Our DType enum lists the supported ones in the same order.
 int dtype_rank(DType d) {
     return static_cast<int>(d);
-}
-
-std::string shape_str(const std::vector<int64_t> &shape) {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) {
-        if (i) s += ", ";
-        s += std::to_string(shape[i]);
-    }
-    return s + "]";
 }
 
 // numel * elem_size with overflow detection; false on overflow.
@@ -183,9 +175,9 @@ SafetensorsHeader parse_safetensors(const uint8_t *data, size_t size, const std:
                         std::to_string(t.end) + "] end before they begin");
         uint64_t expect = 0;
         if (!byte_size(t.shape, dtype_size(t.dtype), &expect))
-            throw Error(where + ": shape " + shape_str(t.shape) + " overflows");
+            throw Error(where + ": shape " + shape_text(t.shape) + " overflows");
         if (expect != t.nbytes())
-            throw Error(where + ": shape " + shape_str(t.shape) + " of " + dtype_name(t.dtype) +
+            throw Error(where + ": shape " + shape_text(t.shape) + " of " + dtype_name(t.dtype) +
                         " needs " + std::to_string(expect) + " bytes but data_offsets span " +
                         std::to_string(t.nbytes()));
         if (t.end > data_size)
@@ -275,9 +267,9 @@ std::string safetensors_header(std::vector<TensorBytes> *tensors,
         uint64_t expect = 0;
         check(dtype_size(t.dtype) > 0, "safetensors: tensor '" + t.name + "': bad dtype");
         check(byte_size(t.shape, dtype_size(t.dtype), &expect),
-              "safetensors: tensor '" + t.name + "': shape " + shape_str(t.shape) + " invalid");
+              "safetensors: tensor '" + t.name + "': shape " + shape_text(t.shape) + " invalid");
         check(expect == t.nbytes, "safetensors: tensor '" + t.name + "': shape " +
-                                      shape_str(t.shape) + " of " + dtype_name(t.dtype) +
+                                      shape_text(t.shape) + " of " + dtype_name(t.dtype) +
                                       " needs " + std::to_string(expect) + " bytes, given " +
                                       std::to_string(t.nbytes));
         check(t.nbytes == 0 || t.data != nullptr, "safetensors: tensor '" + t.name + "': no data");

@@ -1,3 +1,4 @@
+#include "rl/core/text.hpp"
 #include "rl/core/weight_set.hpp"
 
 #include "rl/core/tensor_io.hpp"
@@ -8,16 +9,6 @@
 #include <set>
 
 namespace rl::core {
-
-namespace {
-
-std::string shape_text(at::IntArrayRef s) {
-    std::string out = "[";
-    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
-}
-
-} // namespace
 
 StagedWeights StagedWeights::stage(const CausalLM &model,
                                    std::vector<std::pair<std::string, at::Tensor>> received,

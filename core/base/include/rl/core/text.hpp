@@ -106,4 +106,13 @@ inline std::optional<std::vector<uint8_t>> base64_decode(const std::string &s) {
     return out;
 }
 
+/// A tensor shape as errors write it, "[2, 3]": any range of integers
+/// (std::vector<int64_t>, at::IntArrayRef).
+template <class Dims>
+std::string shape_text(const Dims &dims) {
+    std::string out = "[";
+    for (const auto d : dims) out += (out.size() > 1 ? ", " : "") + std::to_string(d);
+    return out + "]";
+}
+
 } // namespace rl::core
