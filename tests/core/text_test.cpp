@@ -48,3 +48,9 @@ TEST(Base64, RefusesOtherCharactersDataAfterPaddingAndLongPadding) {
 
 } // namespace
 } // namespace rl::core
+
+TEST(ShapeText, WritesAnyShapeAsErrorsPrintIt) {
+    EXPECT_EQ(rl::core::shape_text(std::vector<int64_t>{}), "[]");
+    EXPECT_EQ(rl::core::shape_text(std::vector<int64_t>{7}), "[7]");
+    EXPECT_EQ(rl::core::shape_text(std::vector<int64_t>{2, 0, 3}), "[2, 0, 3]");
+}
