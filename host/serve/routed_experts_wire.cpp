@@ -221,6 +221,20 @@ std::vector<int32_t> parse_routed_experts(const json &item, int64_t tokens, int6
     return parse_item<IdValues>(item, tokens, layers, k, field, -1, nullptr);
 }
 
+std::vector<float> parse_expert_logits(const json &item, int64_t tokens, int64_t layers, int64_t k,
+                                       const std::string &field, int64_t *rows) {
+    std::vector<float> v = parse_item<WeightValues>(item, tokens, layers, k, field, 0.0f, rows);
+    for (size_t j = 0; j < v.size(); ++j)
+        if (!std::isfinite(v[j])) {
+            const int64_t x = static_cast<int64_t>(j);
+            refuse(field, field + " at token " + std::to_string(x / (layers * k)) +
+                              ", sparse layer " + std::to_string(x / k % layers) + ", slot " +
+                              std::to_string(x % k) + ": " + std::to_string(v[j]) +
+                              " is not a finite routing weight");
+        }
+    return v;
+}
+
 std::vector<int32_t> request_routed_experts(const json &body, const std::string &input_key,
                                             const std::vector<int64_t> &cu, int64_t layers,
                                             int64_t k, std::vector<int64_t> *rows) {
@@ -281,20 +295,11 @@ std::vector<float> request_routed_expert_logits(const json &body, const std::str
             continue;
         }
         int64_t n = 0;
-        const std::vector<float> v =
-            parse_item<WeightValues>(item, tokens, layers, k, at, 0.0f, &n);
+        const std::vector<float> v = parse_expert_logits(item, tokens, layers, k, at, &n);
         if (n != rows[i])
             refuse(at, at + " has " + std::to_string(n) + " tokens but routed_experts[" +
                            std::to_string(i) + "] " + std::to_string(rows[i]) +
                            "; the weights must have the shape of the ids they weigh");
-        for (size_t j = 0; j < v.size(); ++j)
-            if (!std::isfinite(v[j])) {
-                const int64_t x = static_cast<int64_t>(j);
-                refuse(at, at + " at token " + std::to_string(x / (layers * k)) +
-                               ", sparse layer " + std::to_string(x / k % layers) + ", slot " +
-                               std::to_string(x % k) + ": " + std::to_string(v[j]) +
-                               " is not a finite routing weight");
-            }
         out.insert(out.end(), v.begin(), v.end());
     }
     return out;

@@ -40,6 +40,16 @@ std::vector<int32_t> parse_routed_experts(const nlohmann::json &item, int64_t to
 void put_expert_logits(nlohmann::json &meta, const std::vector<float> &weights, int64_t tokens,
                        int64_t layers, int64_t k);
 
+/// One sample's recorded routing weights in the forms parse_routed_experts
+/// takes (float32 values, e.g. /generate's meta_info "expert_logits" with the
+/// shape of "expert_logits_meta"): `tokens` rows of `layers` x `k`, the
+/// missing last row 0. `rows`, when given, gets the item's own row count
+/// (tokens or tokens - 1). Throws ApiError 400 naming `field` (and for a value
+/// that is not finite its token, layer and slot).
+std::vector<float> parse_expert_logits(const nlohmann::json &item, int64_t tokens, int64_t layers,
+                                       int64_t k, const std::string &field,
+                                       int64_t *rows = nullptr);
+
 /// The routings (R3) of a forward_backward request `body` whose input object
 /// is `input_key` ("forward_backward_input"): its "routed_experts" (in the
 /// input object, as xorl's ForwardBackwardInput carries it, or at the top

@@ -82,12 +82,22 @@ class ExampleLoops(RunFolderCase):
 
     def test_grpo_replays_the_rollouts_routing_on_the_moe_preset(self):
         # moe.routing_replay: rollouts record their routing, the batches carry
-        # it (routed_experts) and the trainer replays it.
+        # it (routed_experts) and the trainer replays it; with
+        # moe.routing_replay_weights the mixing weights as well
+        # (routed_expert_weights; tests/moe/moe_rollouts_test checks the values).
         trained = self.trained_on_moe("examples/grpo.lua", "examples/grpo.yaml", "moe_r3",
-                                      ["moe.routing_replay=true", "sft.steps=0", "run.steps=2",
-                                       "buffer.min_rollouts=8"])
+                                      ["moe.routing_replay=true", "moe.routing_replay_weights=true",
+                                       "sft.steps=0", "run.steps=2", "buffer.min_rollouts=8"])
         for r in trained:
             self.assertGreater(r["moe/aux_loss"], 0.0)
+        # The weights without the ids are refused, naming both keys.
+        p = self.rlhost_run("examples/grpo.lua", "examples/grpo.yaml", "moe_r3_weights_only",
+                            ["sft.steps=0", "model.preset=tiny-moe",
+                             f"model.init_dir={self.tmp.name}/moe",
+                             "moe.routing_replay_weights=true"], timeout=600)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("moe.routing_replay_weights", p.stdout + p.stderr)
+        self.assertIn("moe.routing_replay: true", p.stdout + p.stderr)
         # A dense model refuses it, naming the option.
         p = self.rlhost_run("examples/grpo.lua", "examples/grpo.yaml", "dense_r3",
                             ["sft.steps=0", "moe.routing_replay=true"], timeout=600)

@@ -65,20 +65,28 @@ IntTensor int_tensor(const Result &r, const char *name) {
     return t;
 }
 
+// A float32 result tensor's values, flattened (any rank).
 std::vector<float> floats(const Result &r, const char *name) {
-    return r.tensor<float>(name);
+    rl_tensor_view_t v{};
+    EXPECT_EQ(rl_result_tensor(r.get(), name, &v), RL_OK) << name << ": " << rl_last_error();
+    EXPECT_EQ(v.dtype.code, RL_DTYPE_FLOAT) << name;
+    EXPECT_EQ(v.dtype.bits, 32) << name;
+    int64_t n = 1;
+    for (int32_t d = 0; d < v.ndim; ++d) n *= v.shape[d];
+    const float *p = static_cast<const float *>(v.data);
+    return p ? std::vector<float>(p, p + n) : std::vector<float>{};
 }
 
-// The batch's rl_batch_t without its routed_experts (the trainer routes itself).
+// The batch's rl_batch_t without its tensor `name` (by default its
+// routed_experts: the trainer routes itself).
 struct WithoutRoutes {
     rl_batch_t b{};
     std::vector<rl_tensor_arg_t> args;
-    explicit WithoutRoutes(const rl_train_batch_t *batch) {
+    explicit WithoutRoutes(const rl_train_batch_t *batch, const char *name = "routed_experts") {
         b.struct_size = sizeof b;
         EXPECT_EQ(rl_train_batch_view(batch, &b), RL_OK) << rl_last_error();
         for (uint64_t i = 0; i < b.tensors.count; ++i)
-            if (std::strcmp(b.tensors.items[i].name, "routed_experts") != 0)
-                args.push_back(b.tensors.items[i]);
+            if (std::strcmp(b.tensors.items[i].name, name) != 0) args.push_back(b.tensors.items[i]);
         b.tensors = rl_tensor_list_t{args.data(), args.size()};
     }
 };
@@ -107,6 +115,46 @@ void expect_replay_gives_the_engine_logprobs(rl_model_t *m, const rl_train_batch
             EXPECT_NEAR(lp[i], old[i], 1e-4) << "token " << i;
         }
     }
+}
+
+// The router of the model in `dir` scaled by 3, saved to `out`: the same
+// top-k everywhere (a monotone change), other mixing weights.
+void save_sharper_router(const std::string &dir, const std::string &out) {
+    auto policy = rl::core::Policy::load(dir);
+    rl::core::CausalLM &cm = policy->model();
+    at::NoGradGuard ng;
+    for (auto &layer : cm.model->layers)
+        if (layer->moe) layer->moe->gate->weight.mul_(3.0);
+    rl::core::save_pretrained(cm, out);
+}
+
+// A trainer of the model in `dir` with a sharper router (save_sharper_router)
+// on `batch` (described by `binfo`), which carries routed_experts and
+// routed_expert_weights: replaying both gives the batch's old_logprobs (the
+// engine's) at every trained token; the ids alone move some of them.
+void expect_weights_replay_survives_a_sharper_router(const std::string &dir,
+                                                     const std::string &sharper_dir,
+                                                     const rl_train_batch_t *batch,
+                                                     const Result &binfo) {
+    save_sharper_router(dir, sharper_dir);
+    ModelPtr m2 = load_model(sharper_dir);
+    TrainerPtr t2 = make_trainer(m2.get(), "{}");
+    rl_batch_t view{};
+    view.struct_size = sizeof view;
+    RL_ASSERT_OK(rl_train_batch_view(batch, &view));
+    const std::vector<float> old = floats(binfo, "old_logprobs");
+    const std::vector<float> mask = floats(binfo, "loss_mask");
+    const std::vector<float> replayed = logprobs(t2.get(), &view);
+    WithoutRoutes ids_only(batch, "routed_expert_weights");
+    const std::vector<float> reweighed = logprobs(t2.get(), &ids_only.b);
+    ASSERT_EQ(replayed.size(), old.size());
+    int64_t moved = 0;
+    for (size_t i = 0; i < old.size(); ++i) {
+        if (mask[i] == 0) continue;
+        EXPECT_NEAR(replayed[i], old[i], 1e-4) << "token " << i << " (ids and weights replayed)";
+        moved += std::abs(reweighed[i] - old[i]) > 1e-3;
+    }
+    EXPECT_GE(moved, 1) << "the sharper router should move the ids-only replay's logprobs";
 }
 
 TEST(MoeRollouts, RolloutsCarryTheEngineRoutingAndTheTrainerReplaysIt) {
@@ -357,6 +405,182 @@ TEST(MoeRollouts, EpisodesCarryTheirRoutingIntoTheBatchAndTheTrainerReplaysIt) {
     // The trainer replays it: its logprobs are the engine's at every sampled
     // token (mask 1), the turns after an observation included.
     expect_replay_gives_the_engine_logprobs(m.get(), batch.get(), binfo);
+}
+
+TEST(MoeRollouts, EpisodesCarryTheirRoutingWeightsAlignedWithTheirTokens) {
+    TempDir tmp("moe-r3-episode-weights");
+    const std::string dir = tmp.sub("m");
+    RL_ASSERT_OK(rl_model_init_preset("tiny-moe", dir.c_str(), 8));
+    ModelPtr m = load_model(dir);
+    EnginePtr e = make_engine(m.get());
+    InstancePtr env = guess_number();
+    json options = json::parse(kEpisodeOptions);
+    options["sampling"]["return_expert_logits"] = true;
+    rl_rollouts_t *raw = nullptr;
+    RL_ASSERT_OK(rl_rollouts_generate_episodes(e.get(), env.get(), game_tasks(env.get()).c_str(),
+                                               options.dump().c_str(), &raw));
+    RolloutsPtr r(raw);
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    const IntTensor routes = int_tensor(info, "routed_experts");
+    const std::vector<float> weights = floats(info, "routed_expert_weights");
+    ASSERT_EQ(weights.size(), routes.values.size());
+    // A weight where an expert was read, 0 in the never-read rows.
+    for (size_t i = 0; i < weights.size(); ++i)
+        EXPECT_EQ(weights[i] > 0.0f, routes.values[i] >= 0) << "value " << i;
+
+    Result binfo;
+    BatchPtr batch = to_batch(r.get(), &binfo);
+    ASSERT_NE(batch, nullptr);
+    EXPECT_EQ(floats(binfo, "routed_expert_weights"), weights);
+    // Each row's weights belong to the forward that read the token (turns
+    // after an observation included): replayed under a sharper router, they
+    // still give the engine's logprobs.
+    expect_weights_replay_survives_a_sharper_router(dir, tmp.sub("sharper"), batch.get(), binfo);
+}
+
+// sampling.return_expert_logits as well: the rollouts carry the weights the
+// engine mixed the experts with, the buffer keeps them, the batch packs them as
+// routed_expert_weights next to routed_experts, and the trainer mixes the
+// replayed experts with exactly them. A router change that keeps every top-k
+// choice but moves the probabilities (the router scaled by 3): replaying ids
+// and weights still gives the rollouts' logprobs, ids alone do not.
+TEST(MoeRollouts, RecordedRoutingWeightsReachTheTrainerWhichMixesWithThem) {
+    TempDir tmp("moe-r3-weights");
+    const std::string dir = tmp.sub("m"), sharper_dir = tmp.sub("sharper");
+    RL_ASSERT_OK(rl_model_init_preset("tiny-moe", dir.c_str(), 5));
+    ModelPtr m = load_model(dir);
+    EnginePtr e = make_engine(m.get());
+    const std::string sampling =
+        R"({"n": 2, "max_tokens": 4, "seed": 17, "temperature": 1.0,
+            "return_routed_experts": true, "return_expert_logits": true})";
+    rl_rollouts_t *raw = nullptr;
+    RL_ASSERT_OK(
+        rl_rollouts_generate(e.get(), kTasks, (R"({"sampling": )" + sampling + "}").c_str(), &raw));
+    RolloutsPtr r(raw);
+    Result info;
+    RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
+    const IntTensor routes = int_tensor(info, "routed_experts");
+    const std::vector<float> weights = floats(info, "routed_expert_weights");
+    const std::vector<int64_t> rcu = info.tensor<int64_t>("routed_cu_seqlens");
+    ASSERT_EQ(weights.size(), routes.values.size());
+    const int64_t L = routes.shape[1], K = routes.shape[2];
+
+    // Exactly what rl_engine_generate records; 0 in the never-read rows.
+    Result g;
+    ASSERT_TRUE(engine_generate(m.get(), {"ab", "moe"}, sampling.c_str(), &g));
+    EXPECT_EQ(floats(g, "routed_expert_weights"), weights);
+    for (size_t i = 1; i < rcu.size(); ++i)
+        for (int64_t j = 0; j < L * K; ++j)
+            EXPECT_EQ(weights[static_cast<size_t>((rcu[i] - 1) * L * K + j)], 0.0f);
+
+    // Through the buffer (saved and loaded) into a batch and its split.
+    const std::vector<double> rewards = {1, 0, 0, 1};
+    RL_ASSERT_OK(rl_rollouts_set_rewards(r.get(), rewards.data(), rewards.size()));
+    const char *config = R"({"group_size": 2})";
+    rl_buffer_t *b1 = nullptr, *b2 = nullptr;
+    RL_ASSERT_OK(rl_buffer_create(config, &b1));
+    BufferPtr first(b1);
+    RL_ASSERT_OK(rl_buffer_push_rollouts(first.get(), r.get(), nullptr));
+    const std::string state = tmp.sub("buffer.json");
+    RL_ASSERT_OK(rl_buffer_save(first.get(), state.c_str()));
+    RL_ASSERT_OK(rl_buffer_create(config, &b2));
+    BufferPtr second(b2);
+    RL_ASSERT_OK(rl_buffer_load(second.get(), state.c_str()));
+    rl_train_batch_t *braw = nullptr;
+    RL_ASSERT_OK(rl_buffer_pop_train_batch(second.get(), 4, 0, &braw));
+    BatchPtr batch(braw);
+    Result binfo;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
+    EXPECT_EQ(floats(binfo, "routed_expert_weights"), weights);
+    std::vector<rl_train_batch_t *> parts(2, nullptr);
+    uint64_t n_parts = 0;
+    RL_ASSERT_OK(rl_train_batch_split(batch.get(), 2, parts.data(), &n_parts));
+    ASSERT_EQ(n_parts, 2u);
+    for (uint64_t p = 0; p < n_parts; ++p) {
+        BatchPtr part(parts[p]);
+        Result pinfo;
+        RL_ASSERT_OK(rl_train_batch_info(part.get(), pinfo.out()));
+        const int64_t a = rcu[2 * p], b = rcu[2 * p + 2];
+        EXPECT_EQ(floats(pinfo, "routed_expert_weights"),
+                  std::vector<float>(weights.begin() + a * L * K, weights.begin() + b * L * K));
+    }
+
+    expect_weights_replay_survives_a_sharper_router(dir, sharper_dir, batch.get(), binfo);
+
+    // Rollouts with weights and rollouts without cannot share a batch.
+    rl_rollouts_t *plain = nullptr;
+    RL_ASSERT_OK(rl_rollouts_generate(
+        e.get(), kTasks,
+        (std::string(R"({"group_offset": 5, "sampling": )") + kSampling + "}").c_str(), &plain));
+    RolloutsPtr without(plain);
+    RL_ASSERT_OK(rl_rollouts_set_rewards(without.get(), rewards.data(), rewards.size()));
+    RL_ASSERT_OK(rl_buffer_push_rollouts(first.get(), without.get(), nullptr));
+    rl_train_batch_t *mixed = nullptr;
+    EXPECT_EQ(rl_buffer_pop_train_batch(first.get(), 8, 0, &mixed), RL_ERR_BAD_STATE);
+    EXPECT_NE(std::string(rl_last_error()).find("return_expert_logits"), std::string::npos)
+        << rl_last_error();
+    EXPECT_EQ(mixed, nullptr);
+}
+
+// rl_buffer_push takes a rollout's routing as tensors (what the disaggregated
+// orchestrator forwards): [n, L, K] ids and weights reach the batch; a wrong
+// rank, weights without ids, ids that do not cover the tokens are refused.
+TEST(MoeRollouts, BufferPushTakesRoutingTensorsAndRefusesBadOnes) {
+    rl_buffer_t *raw = nullptr;
+    RL_ASSERT_OK(rl_buffer_create(R"({"group_size": 2})", &raw));
+    BufferPtr buffer(raw);
+    const std::vector<int64_t> ids = {'a', 'b', 'c'};
+    const int64_t n = 3;
+    const std::vector<int32_t> routes = {0, 1, 2, 3, 1, 2, 3, 0, -1, -1, -1, -1}; // [3, 2, 2]
+    const std::vector<float> weights = {.6f, .4f, .7f, .3f, .5f, .5f, .9f, .1f, 0, 0, 0, 0};
+    const int64_t shape[3] = {3, 2, 2}, short_shape[3] = {2, 2, 2};
+    auto routed_view = [&](const void *data, const int64_t *s, rl_dtype_t dtype, int32_t ndim) {
+        rl_tensor_view_t v = view_of(data, s, dtype);
+        v.ndim = ndim;
+        return v;
+    };
+    const rl_dtype_t i32{RL_DTYPE_INT, 32, 1};
+    auto push = [&](int64_t group, double reward, std::vector<rl_tensor_arg_t> extra) {
+        std::vector<rl_tensor_arg_t> args = {{"token_ids", view_of(ids.data(), &n, kI64)}};
+        args.insert(args.end(), extra.begin(), extra.end());
+        const rl_tensor_list_t list{args.data(), args.size()};
+        return rl_buffer_push(buffer.get(),
+                              (R"({"group_id": )" + std::to_string(group) + R"(, "reward": )" +
+                               std::to_string(reward) + "}")
+                                  .c_str(),
+                              &list);
+    };
+    const rl_tensor_arg_t good_ids{"routed_experts", routed_view(routes.data(), shape, i32, 3)};
+    const rl_tensor_arg_t good_w{"routed_expert_weights",
+                                 routed_view(weights.data(), shape, kF32, 3)};
+    for (int k = 0; k < 2; ++k) RL_ASSERT_OK(push(1, k, {good_ids, good_w}));
+    rl_train_batch_t *braw = nullptr;
+    RL_ASSERT_OK(rl_buffer_pop_train_batch(buffer.get(), 2, 0, &braw));
+    BatchPtr batch(braw);
+    Result binfo;
+    RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
+    const IntTensor packed = int_tensor(binfo, "routed_experts");
+    EXPECT_EQ(packed.shape, (std::vector<int64_t>{6, 2, 2}));
+    std::vector<int64_t> twice(routes.begin(), routes.end());
+    twice.insert(twice.end(), routes.begin(), routes.end());
+    EXPECT_EQ(packed.values, twice);
+    std::vector<float> twice_w = weights;
+    twice_w.insert(twice_w.end(), weights.begin(), weights.end());
+    EXPECT_EQ(floats(binfo, "routed_expert_weights"), twice_w);
+
+    auto refused = [&](std::vector<rl_tensor_arg_t> extra, const std::string &want) {
+        EXPECT_EQ(push(2, 0, std::move(extra)), RL_ERR_INVALID_ARG) << want;
+        EXPECT_NE(std::string(rl_last_error()).find(want), std::string::npos) << rl_last_error();
+    };
+    refused({{"routed_experts", routed_view(routes.data(), &n, i32, 1)}},
+            "tensor 'routed_experts' must be 3-D [tokens, sparse layers, experts per token]");
+    refused({good_w}, "tensor 'routed_expert_weights' weighs routed experts: it needs "
+                      "'routed_experts'");
+    refused({{"routed_experts", routed_view(routes.data(), short_shape, i32, 3)}},
+            "routed_experts has 8 ids, token_ids x routed_layers x routed_k = 12");
+    refused({{"routed_experts", routed_view(weights.data(), shape, kF32, 3)}},
+            "must hold integer expert ids");
 }
 
 TEST(MoeRollouts, RecordingIsRefusedOnADenseModelNamingTheOption) {

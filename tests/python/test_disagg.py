@@ -2,13 +2,15 @@
 orchestrator between a Lua rollout worker and a Lua trainer (examples/
 grpo_disaggregated.lua under rlhost) trains every step once and the reward rises;
 a message of another protocol version is refused naming both versions; a worker
-whose orchestrator never answers names it after the timeout."""
+whose orchestrator never answers names it after the timeout; mixture-of-experts
+rollouts keep their routing (ids and weights) on the way to the trainer."""
 
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -60,6 +62,67 @@ class ProtocolTest(unittest.TestCase):
         with self.assertRaises(rl.Error) as e:
             dg.Worker(self.rt, {"transport": "zmq", "port": 5555, "workers": 2}, 2)
         self.assertIn("worker 2, but there are 2", str(e.exception))
+
+
+class RoutingThroughTheOrchestratorTest(unittest.TestCase):
+    """R3 in the disaggregated mode: a chunk of mixture-of-experts rollouts that
+    recorded their routing (ids and weights) reaches the trainer's batch with
+    every sequence's rows intact, through a real orchestrator (in a thread)."""
+
+    def test_the_trainers_batch_carries_each_sequences_routing_and_weights(self):
+        work = tempfile.mkdtemp(prefix="rl_disagg_r3_")
+        self.addCleanup(shutil.rmtree, work, True)
+        rt = rl.Runtime(plugin_path=PLUGINS, log_level="warn")
+        self.addCleanup(rt.close)
+        rl.init_model("tiny-moe", os.path.join(work, "moe"), 3)
+        env = rt.create("env", "reverse_text")
+        sampling = {"n": 2, "max_tokens": 5, "seed": 4, "return_routed_experts": True,
+                    "return_expert_logits": True}
+        config = {"transport": "filesystem", "dir": os.path.join(work, "transport"),
+                  "timeout": 60, "workers": 1, "steps": 1, "checkpoint_every": 0,
+                  "max_async_level": 1, "min_rollouts": 4}
+
+        def sequences(tensors):
+            """(tokens, expert ids, weights) of every packed sequence, sorted."""
+            ids, cu = tensors["input_ids"], tensors["cu_seqlens"]
+            routes, weights = tensors["routed_experts"], tensors["routed_expert_weights"]
+            row = len(routes) // len(ids)
+            return sorted((tuple(ids[a:b]), tuple(routes[a * row:b * row]),
+                           tuple(weights[a * row:b * row])) for a, b in zip(cu, cu[1:]))
+
+        stats, failure = {}, []
+
+        def orchestrator():
+            try:
+                stats.update(dg.orchestrate(rt, config, rl.Buffer({"group_size": 2}),
+                                            rt.create("advantage", "grpo")))
+            except rl.Error as e:
+                failure.append(e)
+
+        thread = threading.Thread(target=orchestrator, daemon=True)
+        thread.start()
+        with rl.Model(os.path.join(work, "moe"), {"threads": 1}) as model, \
+                model.engine() as engine:
+            worker, trainer = dg.Worker(rt, config, 0), dg.TrainerEnd(rt, config)
+            trainer.hello(0)
+            worker.hello()
+            self.assertFalse(worker.credit()["done"])
+            with engine.rollouts(env.sample(2, 5), sampling=sampling) as ro:
+                ro.set_rewards([1.0, 0.0, 0.0, 1.0])
+                with ro.to_batch() as local:
+                    want = sequences(local.info().tensors)
+                worker.send(ro, 0)
+            header, tensors = trainer.next(0)
+            while header["kind"] == "rl.weights_wanted":
+                header, tensors = trainer.next(0)
+            self.assertEqual(header["kind"], "rl.batch")
+            self.assertEqual(sequences(tensors), want)
+            trainer.ack(1)
+            thread.join(60)
+            worker.close()
+            trainer.close()
+        self.assertFalse(failure, failure)
+        self.assertEqual(stats["batches"], 1)
 
 
 @unittest.skipUnless(RLHOST and SOURCE and PLUGINS, "needs rlhost, the sources and the plugins")

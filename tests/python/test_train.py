@@ -263,6 +263,53 @@ class TrainTest(unittest.TestCase):
                 engine.rollouts([{"prompt": "ab"}], sampling={"return_routed_experts": True})
             self.assertIn("return_routed_experts", str(cm.exception))
 
+    def test_moe_rollouts_carry_their_routing_weights_into_the_batch(self):
+        # R3 with the sampler's mixing weights (sampling.return_expert_logits).
+        with tempfile.TemporaryDirectory(prefix="rl-py-moe-w-") as tmp:
+            rl.init_model("tiny-moe", os.path.join(tmp, "moe"), 3)
+            env = self.rt.create("env", "reverse_text")
+            tasks = env.sample(2, 5)
+            with open(os.path.join(tmp, "moe", "config.json")) as f:
+                normalized = json.load(f).get("norm_topk_prob", False)
+            with rl.Model(os.path.join(tmp, "moe"), {"threads": 1}) as model, \
+                    model.engine() as engine, model.trainer({"seed": 1}) as trainer:
+                with engine.rollouts(tasks, group_offset=0, sampling={
+                        "n": 2, "max_tokens": 5, "seed": 4, "return_routed_experts": True,
+                        "return_expert_logits": True}) as ro:
+                    routes, weights = ro.routed_experts(), ro.routed_expert_weights()
+                    self.assertEqual(len(weights), 4)
+                    flat = []
+                    for r, w in zip(routes, weights):
+                        self.assertEqual(len(w), len(r))
+                        K = len(w[0][0])
+                        self.assertEqual(w[-1], [[0.0] * K] * len(w[-1]))  # never read
+                        for row in w[:-1]:
+                            for layer in row:
+                                self.assertTrue(all(0.0 < x <= 1.0 for x in layer), layer)
+                                if normalized:
+                                    self.assertAlmostEqual(sum(layer), 1.0, places=5)
+                                # the top-k, largest first
+                                self.assertEqual(layer, sorted(layer, reverse=True))
+                        flat += [x for row in w for layer in row for x in layer]
+                    ro.set_rewards([1.0, 0.0, 0.0, 1.0])
+                    with ro.to_batch() as batch:
+                        b = batch.info()
+                        self.assertEqual(len(b.tensors["routed_expert_weights"]), len(flat))
+                        for x, y in zip(b.tensors["routed_expert_weights"], flat):
+                            self.assertEqual(x, y)
+                        # The trainer mixes the replayed experts with them: the
+                        # rollouts' own logprobs back at every trained token.
+                        out = trainer.forward(batch)
+                        old, mask = b.tensors["old_logprobs"], b.tensors["loss_mask"]
+                        for lp, o, m in zip(out.tensors["logprobs"], old, mask):
+                            if m:
+                                self.assertAlmostEqual(lp, o, delta=1e-4)
+            with rl.Model(os.path.join(tmp, "moe"), {"threads": 1}) as model, \
+                    model.engine() as engine:
+                with self.assertRaises(rl.Error) as cm:
+                    engine.rollouts(tasks, sampling={"return_expert_logits": True})
+                self.assertIn("return_routed_experts", str(cm.exception))
+
     def test_multi_turn_episodes_and_env_steps(self):
         env = self.rt.create("env", "guess_number", {"lo": 1, "hi": 8, "max_guesses": 3})
         self.assertTrue(env.multi_turn())

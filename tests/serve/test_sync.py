@@ -204,7 +204,8 @@ class RemoteRoutings(unittest.TestCase):
     """R3 from a server: rollouts of rl_inference_client_rollouts with
     sampling.return_routed_experts carry the routing `rlhost serve` returned
     (meta_info routed_experts), equal to the co-located engine's for the same
-    seed; the batch packs it."""
+    seed, and with sampling.return_expert_logits the mixing weights
+    (meta_info expert_logits); the batch packs both."""
 
     def test_server_rollouts_carry_the_routing_the_engine_records(self):
         tmp = tempfile.mkdtemp(prefix="rl-serve-r3-")
@@ -214,13 +215,15 @@ class RemoteRoutings(unittest.TestCase):
             server = ServerProcess(model_dir, os.path.join(tmp, "server.log"))
             tasks = [{"prompt": "ab"}, {"prompt": "moe"}]
             opts = {"sampling": {"n": 2, "max_tokens": 5, "seed": 9, "temperature": 1.0,
-                                 "return_routed_experts": True}}
+                                 "return_routed_experts": True, "return_expert_logits": True}}
             try:
                 with rl.InferenceClient(server.url) as client, rl.Model(model_dir) as model:
                     with client.rollouts(model, tasks, opts) as remote, \
                             model.engine() as engine:
                         got = remote.routed_experts()
+                        got_w = remote.routed_expert_weights()
                         self.assertEqual(len(got), 4)
+                        self.assertEqual(len(got_w), 4)
                         # The server samples each prompt as the engine samples
                         # a call of that prompt alone (its own seed stream).
                         for p, task in enumerate(tasks):
@@ -229,10 +232,18 @@ class RemoteRoutings(unittest.TestCase):
                                 have = json.loads(remote.info().texts["completions"])
                                 self.assertEqual(have[2 * p:2 * p + 2], want)
                                 self.assertEqual(got[2 * p:2 * p + 2], local.routed_experts())
+                                want_w = local.routed_expert_weights()
+                                for have_r, want_r in zip(got_w[2 * p:2 * p + 2], want_w):
+                                    self.assertEqual(len(have_r), len(want_r))
+                                    for have_t, want_t in zip(have_r, want_r):
+                                        for a, b in zip(sum(have_t, []), sum(want_t, [])):
+                                            self.assertAlmostEqual(a, b, delta=1e-6)
                         remote.set_rewards([1.0, 0.0, 1.0, 0.0])
                         with remote.to_batch() as batch:
                             flat = [e for r in got for row in r for layer in row for e in layer]
                             self.assertEqual(batch.info().tensors["routed_experts"], flat)
+                            flat_w = [x for r in got_w for row in r for layer in row for x in layer]
+                            self.assertEqual(batch.info().tensors["routed_expert_weights"], flat_w)
             finally:
                 self.assertEqual(server.stop(), 0)
         finally:

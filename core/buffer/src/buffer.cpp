@@ -189,6 +189,17 @@ void RolloutBuffer::validate_rollout(const Rollout &r, const char *where) const 
             bad(at + "routed_experts has " + std::to_string(r.routed_experts.size()) +
                 " ids, token_ids x routed_layers x routed_k = " + std::to_string(want));
     }
+    if (!r.routed_expert_weights.empty()) {
+        if (r.routed_expert_weights.size() != r.routed_experts.size())
+            bad(at + "routed_expert_weights has " + std::to_string(r.routed_expert_weights.size()) +
+                " weights, routed_experts " + std::to_string(r.routed_experts.size()) +
+                " ids (the weights must have the layout of the ids they weigh)");
+        for (size_t t = 0; t < r.routed_expert_weights.size(); ++t)
+            if (!std::isfinite(r.routed_expert_weights[t]))
+                bad(at + "routed_expert_weights holds " +
+                    std::to_string(r.routed_expert_weights[t]) + " at value " + std::to_string(t) +
+                    ", not a finite routing weight");
+    }
     if (!std::isfinite(r.reward)) bad(at + "reward is not finite");
     if (r.policy_version < 0)
         bad(at + "policy_version must be >= 0, got " + std::to_string(r.policy_version));
@@ -468,6 +479,7 @@ json rollout_state(const Rollout &r) {
     if (!r.routed_experts.empty())
         j["routed_experts"] = {
             {"layers", r.routed_layers}, {"k", r.routed_k}, {"ids", r.routed_experts}};
+    if (!r.routed_expert_weights.empty()) j["routed_experts"]["weights"] = r.routed_expert_weights;
     return j;
 }
 
@@ -517,6 +529,7 @@ Rollout rollout_from_state(const json &j, const std::string &where) {
         r.routed_layers = g.get<int64_t>("layers");
         r.routed_k = g.get<int64_t>("k");
         r.routed_experts = g.get<std::vector<int32_t>>("ids");
+        if (g.j.contains("weights")) r.routed_expert_weights = g.get<std::vector<float>>("weights");
     }
     return r;
 }

@@ -236,9 +236,6 @@ Engine::Prepared Engine::prepare(const std::vector<std::vector<int64_t>> &prompt
     require(!prompts.empty(), ErrorKind::InvalidArgument, who + ": no prompts given");
     if (params.return_routed_experts && !policy_->model().config().has_moe())
         invalid(who + ": return_routed_experts: the model has no sparse MoE layer");
-    if (params.return_expert_logits && who != "generate")
-        invalid(who + ": return_expert_logits: episodes record the routed experts' ids only "
-                      "(return_routed_experts), not their weights");
     const ModelConfig &mc = policy_->model().config();
     for (size_t i = 0; i < prompts.size(); ++i) {
         const auto &p = prompts[i];

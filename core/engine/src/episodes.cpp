@@ -11,6 +11,7 @@
 
 #include "rl/core/error.hpp"
 #include "rl/core/moe.hpp"
+#include "rl/core/moe_weights.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -104,27 +105,43 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
     KVCache &cache = *cache_;
     const int64_t count = end_sample - first_sample;
     const bool record = params.return_routed_experts;
+    const bool record_weights = record && params.return_expert_logits;
     std::vector<std::vector<int64_t>> prompt_routes;
-    at::Tensor logits = prefill_wave(prompts, params.n, first_sample, end_sample,
-                                     record ? &prompt_routes : nullptr);
+    std::vector<std::vector<float>> prompt_weights;
+    at::Tensor logits =
+        prefill_wave(prompts, params.n, first_sample, end_sample, record ? &prompt_routes : nullptr,
+                     record_weights ? &prompt_weights : nullptr);
     for (size_t k = 0; k < prompt_routes.size(); ++k)
         outs[static_cast<size_t>(first_sample) + k].routed_experts = std::move(prompt_routes[k]);
-    // Runs one forward; with `record`, appends its routing to the episodes of
-    // `slots`, counts[i] rows (one each without counts) to slots[i]'s.
+    for (size_t k = 0; k < prompt_weights.size(); ++k)
+        outs[static_cast<size_t>(first_sample) + k].routed_expert_weights =
+            std::move(prompt_weights[k]);
+    // Runs one forward; with `record`, appends its routing (and with
+    // `record_weights` the mixing weights) to the episodes of `slots`,
+    // counts[i] rows (one each without counts) to slots[i]'s.
     auto forward = [&](const std::vector<int64_t> &slots, const std::vector<int64_t> *counts,
                        const std::function<at::Tensor()> &run) {
         if (!record) return run();
         RouterLogitsRecorder recorder;
         at::Tensor out = run();
-        const at::Tensor ids =
-            routed_experts_of(recorder.logits(), model.config().num_experts_per_tok);
+        const int64_t K = model.config().num_experts_per_tok;
+        const at::Tensor ids = routed_experts_of(recorder.logits(), K);
+        const at::Tensor w =
+            record_weights
+                ? routed_expert_weights_of(recorder.logits(), K, model.config().norm_topk_prob)
+                : at::Tensor();
         const int64_t row = ids.size(1) * ids.size(2); // ids per token
         const int64_t *p = ids.data_ptr<int64_t>();
+        const float *q = record_weights ? w.data_ptr<float>() : nullptr;
         for (size_t i = 0; i < slots.size(); ++i) {
             const int64_t n = counts != nullptr ? (*counts)[i] : 1;
-            auto &routed = outs[static_cast<size_t>(first_sample + slots[i])].routed_experts;
-            routed.insert(routed.end(), p, p + n * row);
+            Episode &e = outs[static_cast<size_t>(first_sample + slots[i])];
+            e.routed_experts.insert(e.routed_experts.end(), p, p + n * row);
             p += n * row;
+            if (q != nullptr) {
+                e.routed_expert_weights.insert(e.routed_expert_weights.end(), q, q + n * row);
+                q += n * row;
+            }
         }
         check(p == ids.data_ptr<int64_t>() + ids.numel(),
               "generate_episodes: a forward's routing does not cover its tokens");
@@ -262,6 +279,7 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
                   "generate_episodes: episode " + std::to_string(s) +
                       "'s routing does not follow its tokens");
             e.routed_experts.resize(want, -1);
+            if (record_weights) e.routed_expert_weights.resize(want, 0.0f);
         }
     }
 }

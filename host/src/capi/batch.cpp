@@ -17,7 +17,9 @@ std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *
     // Routing replay (R3): the rollouts' recorded routings, packed like the
     // tokens into the trainer's routed_experts [T, L_moe, K].
     std::vector<int32_t> routed;
+    std::vector<float> routed_weights; // their recorded weights (return_expert_logits)
     const bool routes = !rs.empty() && !rs.front()->routed_experts.empty();
+    const bool weighed = routes && !rs.front()->routed_expert_weights.empty();
     const int64_t layers = routes ? rs.front()->routed_layers : 0;
     const int64_t k = routes ? rs.front()->routed_k : 0;
     if (!rs.empty()) b->sampling_temperature = rs.front()->sampling_temperature;
@@ -57,6 +59,15 @@ std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *
                                    std::to_string(r.routed_experts.size()) +
                                    " routed_experts ids for " + std::to_string(n) + " tokens"));
             routed.insert(routed.end(), r.routed_experts.begin(), r.routed_experts.end());
+            if (weighed != !r.routed_expert_weights.empty())
+                throw HostError{
+                    RL_ERR_BAD_STATE,
+                    fn_msg(fn, std::string("rollouts of the batch carry routed_experts ") +
+                                   (weighed ? "with" : "without") + " routing weights and group " +
+                                   std::to_string(r.group_id) + (weighed ? " without" : " with") +
+                                   "; sample them all with or all without return_expert_logits")};
+            routed_weights.insert(routed_weights.end(), r.routed_expert_weights.begin(),
+                                  r.routed_expert_weights.end());
         }
         ids.insert(ids.end(), r.token_ids.begin(), r.token_ids.end());
         cu.push_back(static_cast<int64_t>(ids.size()));
@@ -93,6 +104,11 @@ std::unique_ptr<rl_train_batch> batch_of(const std::vector<const core::Rollout *
         OwnedTensor t = owned_from_vector(routed, rl_dtype_t{RL_DTYPE_INT, 32, 1});
         t.shape = {static_cast<int64_t>(ids.size()), layers, k};
         b->tensors["routed_experts"] = std::move(t);
+        if (weighed) {
+            OwnedTensor w = owned_from_vector(routed_weights, rl_dtype_t{RL_DTYPE_FLOAT, 32, 1});
+            w.shape = {static_cast<int64_t>(ids.size()), layers, k};
+            b->tensors["routed_expert_weights"] = std::move(w);
+        }
     }
     for (const auto &kv : extras) {
         require(!b->tensors.count(kv.first),

@@ -135,6 +135,34 @@ RL_API rl_status_t rl_buffer_push(rl_buffer_t *buffer, const char *rollout_json,
                 continue;
             }
             at::Tensor t = tensor_from_view(a.view, what);
+            if (name == "routed_experts" || name == "routed_expert_weights") {
+                // Routing replay (R3): [n, L_moe, K] per token; the buffer
+                // checks them against token_ids and each other.
+                require(t.dim() == 3,
+                        what + " must be 3-D [tokens, sparse layers, experts per token], got " +
+                            std::to_string(t.dim()) + "-D");
+                if (name == "routed_experts") {
+                    require(!at::isFloatingType(t.scalar_type()),
+                            what + " must hold integer expert ids");
+                    const at::Tensor ids = t.to(at::kLong).contiguous();
+                    const int64_t *p = ids.data_ptr<int64_t>();
+                    for (int64_t k = 0; k < ids.numel(); ++k) {
+                        require(p[k] >= -1 && p[k] <= INT32_MAX,
+                                what + " holds " + std::to_string(p[k]) + " at value " +
+                                    std::to_string(k) + ", not an expert id (or -1)");
+                        r.routed_experts.push_back(static_cast<int32_t>(p[k]));
+                    }
+                    r.routed_layers = t.size(1);
+                    r.routed_k = t.size(2);
+                } else {
+                    require(at::isFloatingType(t.scalar_type()),
+                            what + " must hold floating-point routing weights");
+                    const at::Tensor w = t.to(at::kFloat).contiguous();
+                    r.routed_expert_weights.assign(w.data_ptr<float>(),
+                                                   w.data_ptr<float>() + w.numel());
+                }
+                continue;
+            }
             require(t.dim() == 1, what + " must be 1-D (one value per token)");
             if (name == "loss_mask") {
                 at::Tensor m = t.to(at::kDouble).contiguous();
@@ -155,6 +183,9 @@ RL_API rl_status_t rl_buffer_push(rl_buffer_t *buffer, const char *rollout_json,
                 r.extras[name] = std::move(v);
         }
         require(!r.token_ids.empty(), fn_msg(fn, "tensor 'token_ids' is required and non-empty"));
+        require(r.routed_expert_weights.empty() || !r.routed_experts.empty(),
+                fn_msg(fn, "tensor 'routed_expert_weights' weighs routed experts: it needs "
+                           "'routed_experts'"));
         buffer->impl->push(std::move(r));
         return RL_OK;
     });

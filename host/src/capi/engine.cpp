@@ -65,6 +65,16 @@ RL_API rl_status_t rl_engine_generate(rl_engine_t *engine, const rl_tensor_view_
                                    " tokens"));
             sink.tensors["routed_experts"] = std::move(t);
             sink.tensors["routed_cu_seqlens"] = owned_from_vector(cu, i64);
+            if (!g.routed_expert_weights.empty()) { // return_expert_logits
+                OwnedTensor w = owned_from_vector(g.routed_expert_weights, f32);
+                w.shape = {cu.back(), g.routed_layers, g.routed_k};
+                require(w.numel() == static_cast<int64_t>(g.routed_expert_weights.size()),
+                        fn_msg(fn, "the engine recorded " +
+                                       std::to_string(g.routed_expert_weights.size()) +
+                                       " routing weights for " + std::to_string(cu.back()) +
+                                       " tokens"));
+                sink.tensors["routed_expert_weights"] = std::move(w);
+            }
         }
         json completions = json::array(), reasons = json::array();
         for (size_t i = 0; i < g.completions.size(); ++i) {

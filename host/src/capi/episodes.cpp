@@ -227,6 +227,7 @@ RL_API rl_status_t rl_rollouts_generate_episodes(rl_engine_t *engine, rl_instanc
                 it.routed_layers = eps.routed_layers;
                 it.routed_k = eps.routed_k;
             }
+            it.routed_expert_weights = e.routed_expert_weights; // return_expert_logits
             if (e.end == core::EpisodeEnd::Error) {
                 it.error = e.error;
                 it.masked = true;

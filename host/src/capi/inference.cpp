@@ -57,6 +57,31 @@ void read_routing(const json &meta, int64_t tokens, const std::string &at, const
     g.routed_experts.insert(g.routed_experts.end(), ids.begin(), ids.end());
 }
 
+// Appends one sample's recorded routing weights from its meta_info
+// ("expert_logits", base64 float32 in read_routing's layout, with
+// "expert_logits_meta" {"shape"}), the last token's row 0:
+// Generation::routed_expert_weights' layout. After read_routing.
+void read_routing_weights(const json &meta, int64_t tokens, const std::string &at, const char *fn,
+                          core::Generation &g) {
+    if (!meta.contains("expert_logits"))
+        throw HostError{RL_ERR_IO,
+                        fn_msg(fn, at + " has no expert_logits (sampling.return_expert_logits "
+                                        "needs a server that returns the routing weights: "
+                                        "rlhost serve, or xorl-sglang started with "
+                                        "--enable-return-expert-logits)")};
+    json item = {{"data", meta["expert_logits"]}, {"dtype", "float32"}};
+    const json &info = meta.value("expert_logits_meta", json::object());
+    if (info.is_object() && info.contains("shape")) item["shape"] = info["shape"];
+    std::vector<float> w;
+    try {
+        w = rl::serve::parse_expert_logits(item, tokens, g.routed_layers, g.routed_k,
+                                           at + " meta_info.expert_logits");
+    } catch (const rl::serve::ApiError &e) {
+        throw HostError{RL_ERR_IO, fn_msg(fn, e.what())};
+    }
+    g.routed_expert_weights.insert(g.routed_expert_weights.end(), w.begin(), w.end());
+}
+
 // Samples `prompts` on the server (one /generate call for the batch) as a
 // Generation: tokens, their logprobs, texts, finish reasons, and the oldest
 // weight version the replies report.
@@ -69,6 +94,7 @@ core::Generation remote_generate(const rl::serve::InferenceClient &client,
     // Routing replay (R3): the server's routing of each sample, in meta_info
     // as xorl-sglang encodes it (docs/serving.md).
     if (params.return_routed_experts) request["return_routed_experts"] = true;
+    if (params.return_expert_logits) request["return_expert_logits"] = true;
     const json reply = client.call("POST", "/generate", request);
     const json items = reply.is_array() ? reply : json::array({reply});
     const size_t want = prompts.size() * static_cast<size_t>(params.n);
@@ -100,6 +126,8 @@ core::Generation remote_generate(const rl::serve::InferenceClient &client,
         if (params.return_routed_experts) {
             const size_t prompt = prompts[i / static_cast<size_t>(params.n)].size();
             read_routing(meta, static_cast<int64_t>(prompt + ids.size()), at, fn, g);
+            if (params.return_expert_logits)
+                read_routing_weights(meta, static_cast<int64_t>(prompt + ids.size()), at, fn, g);
         }
         g.completions.push_back(it.value("text", ""));
         const json &fr = meta.value("finish_reason", json());

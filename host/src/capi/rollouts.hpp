@@ -42,6 +42,10 @@ struct rl_rollouts {
         // engine recorded them (-1 rows: never read); empty: not recorded.
         std::vector<int32_t> routed_experts;
         int64_t routed_layers = 0, routed_k = 0;
+        // With sampling.return_expert_logits as well: the weights the
+        // sampler mixed those experts with, float32 in the layout of
+        // routed_experts (0 in -1 rows); empty: not recorded.
+        std::vector<float> routed_expert_weights;
     };
     std::vector<Item> items;
     int64_t groups = 0;

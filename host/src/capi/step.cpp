@@ -152,6 +152,14 @@ generate_rollouts(const core::Tokenizer &tok, int64_t vocab_size, const char *ta
     if (params.return_routed_experts)
         require(route_row > 0,
                 fn_msg(fn, "sampling.return_routed_experts: the generator recorded no routing"));
+    // sampling.return_expert_logits: the weights, in the layout of the ids.
+    const bool weights = params.return_expert_logits;
+    if (weights)
+        require(g.routed_expert_weights.size() == g.routed_experts.size(),
+                fn_msg(fn, "sampling.return_expert_logits: the generator recorded " +
+                               std::to_string(g.routed_expert_weights.size()) +
+                               " routing weights for " + std::to_string(g.routed_experts.size()) +
+                               " routed expert ids"));
     size_t route_at = 0; // the sample's first id in g.routed_experts
     for (size_t s = 0; s < r->items.size(); ++s) {
         auto &it = r->items[s];
@@ -181,6 +189,10 @@ generate_rollouts(const core::Tokenizer &tok, int64_t vocab_size, const char *ta
                 g.routed_experts.begin() + static_cast<std::ptrdiff_t>(route_at + n));
             it.routed_layers = g.routed_layers;
             it.routed_k = g.routed_k;
+            if (weights)
+                it.routed_expert_weights.assign(
+                    g.routed_expert_weights.begin() + static_cast<std::ptrdiff_t>(route_at),
+                    g.routed_expert_weights.begin() + static_cast<std::ptrdiff_t>(route_at + n));
             route_at += n;
         }
     }
@@ -423,6 +435,19 @@ RL_API rl_status_t rl_rollouts_info(const rl_rollouts_t *rollouts, rl_result_t *
             OwnedTensor t = owned_from_vector(ids, rl_dtype_t{RL_DTYPE_INT, 32, 1});
             t.shape = {cu.back(), layers, k};
             s.tensors["routed_experts"] = std::move(t);
+            // Their recorded weights (return_expert_logits), when every
+            // rollout carries them.
+            if (std::all_of(items.begin(), items.end(),
+                            [](const auto &it) { return !it.routed_expert_weights.empty(); })) {
+                std::vector<float> w;
+                w.reserve(ids.size());
+                for (const auto &it : items)
+                    w.insert(w.end(), it.routed_expert_weights.begin(),
+                             it.routed_expert_weights.end());
+                OwnedTensor wt = owned_from_vector(w, kF32);
+                wt.shape = {cu.back(), layers, k};
+                s.tensors["routed_expert_weights"] = std::move(wt);
+            }
             s.tensors["routed_cu_seqlens"] = owned_from_vector(cu, kI64);
             s.scalars["routed_layers"] = static_cast<double>(layers);
             s.scalars["routed_k"] = static_cast<double>(k);

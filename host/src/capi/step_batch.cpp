@@ -25,6 +25,7 @@ core::Rollout buffer_rollout(const rl_rollouts::Item &it, bool turn_tokens) {
     r.routed_experts = it.routed_experts;
     r.routed_layers = it.routed_layers;
     r.routed_k = it.routed_k;
+    r.routed_expert_weights = it.routed_expert_weights;
     const size_t p = it.prompt_ids.size(), c = it.token_ids.size();
     r.token_ids = it.prompt_ids;
     r.token_ids.insert(r.token_ids.end(), it.token_ids.begin(), it.token_ids.end());

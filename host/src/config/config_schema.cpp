@@ -116,6 +116,10 @@ std::vector<ConfigKey> build() {
               "Routing replay (R3) for a mixture-of-experts model: rollouts record the experts "
               "every sparse layer routed each token to and the trainer replays them (see "
               "docs/model.md); refused on a dense model."),
+        param("moe.routing_replay_weights", T::Boolean, false,
+              "With moe.routing_replay: rollouts also record the weights the sampler mixed the "
+              "experts with, and the trainer mixes the replayed experts with exactly those "
+              "(constants: the policy gradient no longer reaches the router; docs/moe.md)."),
 
         param("env.name", T::String, "reverse_text", "Environment plugin."),
         param("env.params", T::Object, json::object(),

@@ -192,6 +192,13 @@ RL_API rl_status_t rl_disagg_worker_send(rl_disagg_worker_t *w, const rl_rollout
             m.tensors[name] = tensor_of(binfo.r, name, fn);
         // The sampling logprobs: the behaviour policy's, the loss's old_logprobs.
         m.tensors["rollout_logprobs"] = tensor_of(binfo.r, "old_logprobs", fn);
+        // Routing replay (R3): the experts (and weights) each token was routed
+        // to, [tokens, L_moe, K], when the rollouts recorded them.
+        for (const char *name : {"routed_experts", "routed_expert_weights"}) {
+            rl_tensor_view_t v{};
+            if (rl_result_tensor(binfo.r, name, &v) == RL_OK)
+                m.tensors[name] = OwnedTensor::copy_of(v);
+        }
         send(w->out.get(), m, w->tag + " sending a chunk");
         ++w->seq;
         return RL_OK;

@@ -237,6 +237,18 @@ void Orchestrator::take_rollouts(const json &h, Msg &m) {
                       &rewards = need("rewards"), &groups = need("group_ids"),
                       &versions = need("policy_versions");
     const auto lp = m.tensors.find("rollout_logprobs");
+    // Routing replay (R3): [tokens, L_moe, K] rows, sliced with the tokens.
+    std::vector<std::pair<std::string, const OwnedTensor *>> routing;
+    for (const char *name : {"routed_experts", "routed_expert_weights"}) {
+        const auto t = m.tensors.find(name);
+        if (t == m.tensors.end()) continue;
+        if (t->second.shape.size() != 3 || t->second.shape[0] != ids.numel())
+            throw HostError{RL_ERR_INVALID_ARG,
+                            fmt("%s chunk %lld of worker %lld: tensor '%s' must be [%lld tokens, "
+                                "sparse layers, experts per token]",
+                                kTag, ll(seq), ll(k), name, ll(ids.numel()))};
+        routing.emplace_back(name, &t->second);
+    }
     const auto *cu_p = reinterpret_cast<const int64_t *>(cu.bytes.data());
     const auto *g_p = reinterpret_cast<const int64_t *>(groups.bytes.data());
     const auto *v_p = reinterpret_cast<const int64_t *>(versions.bytes.data());
@@ -272,6 +284,15 @@ void Orchestrator::take_rollouts(const json &h, Msg &m) {
         parts["token_ids"] = slice(ids);
         parts["loss_mask"] = slice(mask);
         if (lp != m.tensors.end()) parts["logprobs"] = slice(lp->second);
+        for (const auto &[name, t] : routing) {
+            rl_tensor_view_t v = t->view();
+            const int64_t row = t->shape[1] * t->shape[2];
+            v.data = static_cast<uint8_t *>(v.data) +
+                     a * row * static_cast<int64_t>(rl::host::dtype_size(t->dtype));
+            int64_t shape[3] = {b - a, t->shape[1], t->shape[2]};
+            v.shape = shape;
+            parts[name] = OwnedTensor::copy_of(v);
+        }
         std::vector<rl_tensor_arg_t> args;
         for (const auto &kv : parts) args.push_back({kv.first.c_str(), kv.second.view()});
         json r = {{"group_id", gid_map_[key]}, {"reward", r_p[i]}, {"policy_version", v_p[i]}};

@@ -257,13 +257,20 @@ end
 --- `step`, groups numbered from step * #tasks), scored by the env; episodes
 --- for a multi-turn env (rl.scored).
 function M.scored_rollouts(engine, env, cfg, step)
+    local moe = cfg.moe or {}
+    if moe.routing_replay_weights and not moe.routing_replay then
+        error("moe.routing_replay_weights replays the recorded weights of the recorded experts: "
+              .. "it needs moe.routing_replay: true", 2)
+    end
     local tasks = env:sample(cfg.rollout.prompts_per_step, rl.seed(cfg.run.seed, "rl", step))
     return M.scored(engine, env, tasks, cfg, {
         chat_template = cfg.tokenizer.chat_template, group_offset = step * #tasks,
         sampling = rl.generation_params(cfg, {
             seed = rl.seed(cfg.run.seed, "generate", step),
-            -- moe.routing_replay: the rollouts carry their routing, the batch replays it (R3)
-            return_routed_experts = (cfg.moe or {}).routing_replay or nil,
+            -- moe.routing_replay: the rollouts carry their routing, the batch replays it (R3);
+            -- moe.routing_replay_weights: the mixing weights too
+            return_routed_experts = moe.routing_replay or nil,
+            return_expert_logits = moe.routing_replay_weights or nil,
         }),
     })
 end

@@ -421,12 +421,21 @@ class Rollouts(_Handle):
         each of its prompt + completion tokens to, a nested list [T][L][K] (-1
         rows: never read); None when the rollouts were sampled without
         sampling.return_routed_experts."""
+        return self._per_rollout("routed_experts")
+
+    def routed_expert_weights(self):
+        """The weights the sampler mixed those experts with, in the layout of
+        routed_experts() (floats; 0 in -1 rows); None when the rollouts were
+        sampled without sampling.return_expert_logits."""
+        return self._per_rollout("routed_expert_weights")
+
+    def _per_rollout(self, name):
         r = self.info()
-        if "routed_experts" not in r.tensors:
+        if name not in r.tensors:
             return None
-        ids, cu = r.tensors["routed_experts"], r.tensors["routed_cu_seqlens"]
+        values, cu = r.tensors[name], r.tensors["routed_cu_seqlens"]
         L, K = int(r.scalars["routed_layers"]), int(r.scalars["routed_k"])
-        return [[[ids[(t * L + l) * K:(t * L + l + 1) * K] for l in range(L)]
+        return [[[values[(t * L + l) * K:(t * L + l + 1) * K] for l in range(L)]
                  for t in range(cu[i], cu[i + 1])] for i in range(len(cu) - 1)]
 
     def to_batch(self):

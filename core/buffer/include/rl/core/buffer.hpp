@@ -49,6 +49,10 @@ struct Rollout {
     // routed_k] flattened (-1 rows: route yourself); empty: none recorded.
     std::vector<int32_t> routed_experts;
     int64_t routed_layers = 0, routed_k = 0;
+    // The weights the sampler mixed those experts with (xorl's
+    // routed_expert_logits), float32 in the layout of routed_experts (0 in
+    // -1 rows); empty: ids only (the trainer recomputes the weights).
+    std::vector<float> routed_expert_weights;
 };
 
 // A complete group that survived the filters, ready for training.

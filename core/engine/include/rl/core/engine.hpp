@@ -163,6 +163,10 @@ struct Episode {
     /// appended it with the observation). The last token is never read: a
     /// row of -1, "route yourself". Else empty.
     std::vector<int64_t> routed_experts;
+    /// With SamplingParams::return_expert_logits as well: the weights each
+    /// row's experts were mixed with, float32 in the layout of
+    /// routed_experts (0 in the -1 row). Else empty.
+    std::vector<float> routed_expert_weights;
 };
 
 struct Episodes {
