@@ -35,12 +35,17 @@ OWN_WORDS = ("[borrowed]", "[kept until", "[owned by", "[static]", "[released]")
 SCALARS = re.compile(r"(u?int(8|16|32|64)_t|size_t|double|float|rl_status_t)$")
 
 
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
 def includes(abi, header, seen):
     """Headers reached from `header` (paths relative to abi), in include order."""
     if header in seen:
         return
     seen.append(header)
-    text = open(os.path.join(abi, header)).read()
+    text = read(os.path.join(abi, header))
     for inc in re.findall(r'^#include "([^"]+)"', text, re.M):
         includes(abi, os.path.normpath(os.path.join(os.path.dirname(header), inc)), seen)
 
@@ -234,7 +239,7 @@ def check_function(header, where, function, ret, plist, comment, abi, errors):
 
 
 def check_ownership(abi_dir, header, abi, errors):
-    text = open(os.path.join(abi_dir, header)).read()
+    text = read(os.path.join(abi_dir, header))
     masked = mask(text)
     structs = structs_of(masked)
     for _, name, typedef, start, end in structs:
@@ -284,7 +289,7 @@ def check_ownership(abi_dir, header, abi, errors):
 
 
 def version_minor(abi, name):
-    text = open(os.path.join(abi, "rl/version.h")).read()
+    text = read(os.path.join(abi, "rl/version.h"))
     return int(re.search(r"#define %s_MINOR (\d+)" % name, text).group(1))
 
 
@@ -298,7 +303,7 @@ def main():
     api_minor = version_minor(abi, "RL_API_VERSION")
     declared = set()
     for header in every:
-        text = open(os.path.join(abi, header)).read()
+        text = read(os.path.join(abi, header))
         for m in re.finditer(r"^RL_API\b[^;(]*?\b(rl_\w+)\s*\(", text, re.M):
             name = m.group(1)
             declared.add(name)
@@ -330,14 +335,14 @@ def main():
     model = Abi()
     model.functions = declared
     for header in every:
-        masked = mask(open(os.path.join(abi, header)).read())
+        masked = mask(read(os.path.join(abi, header)))
         for tag, name, _, start, end in structs_of(masked):
             fields = [d for _, _, d in declarations(masked, start, end) if "(RL_ABI" not in d]
             model.fields[tag] = model.fields[name] = fields
     for header in every:
         check_ownership(abi, header, model, errors)
     for umbrella in ("rl_plugin.h", "rl_api.h"):
-        head = open(os.path.join(abi, umbrella)).read().split("*/")[0]
+        head = read(os.path.join(abi, umbrella)).split("*/")[0]
         for word in OWN_WORDS:
             if word not in head:
                 errors.append("%s: its first comment does not define the ownership tag %s" %
