@@ -55,8 +55,9 @@ typedef struct rl_disagg_trainer rl_disagg_trainer_t;
 RL_API uint32_t rl_disagg_protocol_version(void);
 
 /* [control-thread] (since 0.11) Worker `worker` (0 .. workers - 1) of the protocol: its
- * channels over `runtime`'s transport plugins (borrowed; it must outlive the
- * worker) and a new worker_run naming this process. Nothing is sent yet. */
+ * channels over `runtime`'s transport plugins (kept: it must outlive the
+ * worker) and a new worker_run naming this process. Nothing is sent yet.
+ * [kept until rl_disagg_worker_destroy: runtime] */
 RL_API rl_status_t rl_disagg_worker_create(rl_runtime_t *runtime, const char *config_json,
                                            int64_t worker, rl_disagg_worker_t **out_worker);
 /* [control-thread] (since 0.11) NULL is a no-op. */
@@ -99,9 +100,10 @@ RL_API rl_status_t rl_disagg_orchestrator_run(rl_runtime_t *runtime, const char 
                                               rl_result_t **out_result);
 
 /* [control-thread] (since 0.11) The trainer's end: its channels over `runtime`'s transport
- * plugins (borrowed; it must outlive the trainer end) and a new trainer_run
+ * plugins (kept: it must outlive the trainer end) and a new trainer_run
  * naming this process. With the filesystem transport, batches left in the
- * shared folder by an earlier trainer are removed. */
+ * shared folder by an earlier trainer are removed.
+ * [kept until rl_disagg_trainer_destroy: runtime] */
 RL_API rl_status_t rl_disagg_trainer_create(rl_runtime_t *runtime, const char *config_json,
                                             rl_disagg_trainer_t **out_trainer);
 /* [control-thread] (since 0.11) NULL is a no-op. */

@@ -19,10 +19,10 @@ typedef struct rl_plugin_entry {
 
     /* [control-thread] Fast and cheap: hosts call it to list plugins. No
      * threads, no device work, no large allocations. Called once per load of
-     * the library, before anything else. `host` is borrowed and valid until
-     * deinit(); `library_path` is borrowed for the call. A library that cannot
+     * the library, before anything else. `host` stays valid until deinit();
+     * `library_path` is borrowed for the call. A library that cannot
      * work with host->abi_version returns RL_ERR_INCOMPATIBLE. Failure messages
-     * go through host->log (there is no call context yet). */
+     * go through host->log (there is no call context yet). [kept until deinit(): host] */
     rl_status_t(RL_ABI *init)(const rl_host_api_t *host, const char *library_path);
 
     /* [control-thread] Called once, after every instance made by this library
@@ -30,13 +30,13 @@ typedef struct rl_plugin_entry {
     void(RL_ABI *deinit)(void);
 
     /* [thread-safe] A factory by id (RL_FACTORY_PLUGIN); NULL if the library has
-     * none. Owned by the library, valid until deinit(). */
+     * none. [owned by library until deinit()] */
     const void *(RL_ABI *get_factory)(const char *factory_id);
 } rl_plugin_entry_t;
 
 /* [control-thread] Type of the exported function, called by the loader. It returns a pointer to
  * static storage that stays valid while the library is loaded; it never fails and has no side
- * effects. */
+ * effects. [static] */
 typedef const rl_plugin_entry_t *(RL_ABI *rl_plugin_entry_fn)(void);
 
 RL_EXTERN_C_END

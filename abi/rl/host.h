@@ -37,12 +37,13 @@ enum {
 
 /* Everything scoped to one call into a plugin. Borrowed: valid until that call
  * returns. Outputs that the call emits through the host (metrics, tensors,
- * text, the failure message) are attached to this context. */
+ * text, the failure message) are attached to this context.
+ * [owned by host until deinit(): host] [borrowed: stream, abort_flag, host_data] */
 typedef struct rl_call_ctx {
     uint32_t struct_size;
     uint32_t reserved0;                 /* 0 */
-    const struct rl_host_api *host;     /* the host that made the call; borrowed */
-    void *stream;                       /* cudaStream_t for CUDA tensors, else NULL; borrowed */
+    const struct rl_host_api *host;     /* the host that made the call */
+    void *stream;                       /* cudaStream_t for CUDA tensors, else NULL */
     const volatile int32_t *abort_flag; /* non-zero: return RL_ERR_ABORTED soon; may be NULL */
     void *host_data;                    /* reserved for the host */
 } rl_call_ctx_t;
@@ -50,17 +51,18 @@ typedef struct rl_call_ctx {
 /* The host services table (SQLite's sqlite3_api_routines + CLAP's clap_host).
  * Owned by the host; valid from the plugin entry's init() until its deinit().
  * Append-only: check RL_HAS_FIELD(host, rl_host_api_t, slot) before using a slot
- * newer than the ABI version you target. */
+ * newer than the ABI version you target. [owned by host until deinit(): host_data]
+ * [static: name, version] */
 typedef struct rl_host_api {
     uint32_t struct_size;
     uint32_t abi_version; /* RL_PLUGIN_ABI_VERSION the host was built with */
     void *host_data;      /* reserved for the host */
-    const char *name;     /* host name, e.g. "rlhost"; static */
-    const char *version;  /* host version, e.g. "0.1.0"; static */
+    const char *name;     /* host name, e.g. "rl-runtime" */
+    const char *version;  /* host version, e.g. "0.1.0" */
 
     /* [thread-safe] Host extension by revisioned id (the RL_EXT_HOST_* ids
-     * listed below, one header each under rl/ext/); NULL for an id the host does not know. Owned by
-     * the host, valid until the plugin entry's deinit(). */
+     * listed below, one header each under rl/ext/); NULL for an id the host does
+     * not know. [owned by host until deinit()] */
     const void *(RL_ABI *get_extension)(const struct rl_host_api *host, const char *id);
 
     /* [thread-safe] Log a NUL-terminated UTF-8 message. The host copies it. */
@@ -73,9 +75,10 @@ typedef struct rl_host_api {
 
     /* [thread-safe] Host allocator. Memory the host frees comes from here; memory
      * from here is freed here (mem_free(NULL) is a no-op). align is a power of two
-     * (0 means the default, 16). Returns NULL when out of memory. */
+     * (0 means the default, 16). Returns NULL when out of memory.
+     * [owned by caller until mem_free] */
     void *(RL_ABI *mem_alloc)(const struct rl_host_api *host, size_t size, size_t align);
-    /* [thread-safe] Frees what mem_alloc returned; NULL is a no-op. */
+    /* [thread-safe] Frees what mem_alloc returned; NULL is a no-op. [released: ptr] */
     void(RL_ABI *mem_free)(const struct rl_host_api *host, void *ptr);
 
     /* [call-thread] Outputs of the call in `ctx`. The host copies what it is

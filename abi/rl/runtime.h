@@ -5,7 +5,9 @@
  * failure, leaves a message in rl_last_error() and its outputs untouched.
  * Handles are opaque; destroy functions accept NULL. Parameters and configs are
  * JSON (or YAML, where said) text; results are rl_result_t objects holding
- * scalars, texts, metrics and tensors. */
+ * scalars, texts, metrics and tensors. Pointers are borrowed for the call and
+ * new handles are the caller's, released by their destroy function, unless an
+ * ownership tag says otherwise (rl_api.h lists them). */
 #ifndef RL_RUNTIME_H
 #define RL_RUNTIME_H
 
@@ -31,10 +33,11 @@ enum {
     RL_RUNTIME_NO_DEFAULT_PLUGINS = 1u << 0
 };
 
+/* Arguments of rl_runtime_create(). [borrowed: next_in_chain, plugin_path, log_level] */
 typedef struct rl_runtime_desc {
     uint32_t struct_size;
     uint32_t flags;                  /* RL_RUNTIME_* */
-    const rl_chain_t *next_in_chain; /* optional extension structs; borrowed */
+    const rl_chain_t *next_in_chain; /* optional extension structs */
     const char *plugin_path;         /* extra plugin files or folders, ':'-separated; may be NULL */
     const char *log_level;           /* "trace".."error", "off"; NULL means "info" */
 } rl_runtime_desc_t;
@@ -43,12 +46,12 @@ typedef struct rl_runtime_desc {
 
 /* [thread-safe] (since 0.1) Static name of a status ("RL_ERR_INVALID_ARG"); never NULL, never
  * freed. Unknown values give "RL_ERR_<unlisted>". Plugins have the same
- * through their SDK (rl/sdk/error.hpp). */
+ * through their SDK (rl/sdk/error.hpp). [static] */
 RL_API const char *rl_status_name(rl_status_t status);
 
 /* [thread-safe] (since 0.1) Message of the most recent failing rl_* call of librl on the
- * calling thread. Borrowed: valid until the next failing call on this thread.
- * Never NULL ("" when nothing failed). */
+ * calling thread. Never NULL ("" when nothing failed).
+ * [owned by librl until the next failing call on this thread] */
 RL_API const char *rl_last_error(void);
 
 /* [thread-safe] (since 0.1) RL_PLUGIN_ABI_VERSION librl was built with: the plugin ABI its
@@ -57,7 +60,7 @@ RL_API uint32_t rl_get_abi_version(void);
 /* [thread-safe] (since 0.11) RL_API_VERSION librl was built with: the embedder API it
  * implements (every function of rl_api.h marked "since" up to this version). */
 RL_API uint32_t rl_get_api_version(void);
-/* [thread-safe] (since 0.1) librl's version string ("0.1.0"); static. */
+/* [thread-safe] (since 0.1) librl's version string ("0.1.0"). [static] */
 RL_API const char *rl_get_version(void);
 
 /* [control-thread] (since 0.1) Create a runtime: plugins are loaded from desc->plugin_path,
@@ -78,7 +81,9 @@ RL_API rl_status_t rl_runtime_load_plugin(rl_runtime_t *runtime, const char *pat
 RL_API rl_status_t rl_runtime_list_plugins(rl_runtime_t *runtime, rl_result_t **out_result);
 
 /* [control-thread] (since 0.1) Create an instance of plugin `name` of `kind` with
- * parameters `params_json` (a JSON object; NULL means "{}"). */
+ * parameters `params_json` (a JSON object; NULL means "{}"). rl_runtime_destroy
+ * destroys the instances still alive: destroy none of them again.
+ * [owned by caller until rl_instance_destroy or rl_runtime_destroy: out_instance] */
 RL_API rl_status_t rl_instance_create(rl_runtime_t *runtime, const char *kind, const char *name,
                                       const char *params_json, rl_instance_t **out_instance);
 /* [control-thread] (since 0.1) NULL is a no-op. */
@@ -176,16 +181,18 @@ RL_API rl_status_t rl_config_schema(rl_result_t **out_result);
 RL_API void rl_result_destroy(rl_result_t *result);
 /* [thread-safe] (since 0.1) The whole result as one JSON object {"scalars": {},
  * "metrics": {}, "texts": {}, "tensors": {name: {"dtype", "shape"}}}; the text
- * is borrowed from the result. Readers of one result may run concurrently. */
+ * is borrowed from the result. Readers of one result may run concurrently.
+ * [owned by librl until rl_result_destroy: out_json] */
 RL_API rl_status_t rl_result_json(const rl_result_t *result, rl_string_view_t *out_json);
-/* [thread-safe] (since 0.1) One named value; RL_ERR_NOT_FOUND when absent. A
- * text is borrowed from the result. */
+/* [thread-safe] (since 0.1) One named value; RL_ERR_NOT_FOUND when absent. */
 RL_API rl_status_t rl_result_scalar(const rl_result_t *result, const char *name, double *out);
 RL_API rl_status_t rl_result_metric(const rl_result_t *result, const char *name, double *out);
+/* [thread-safe] (since 0.1) One named text, borrowed from the result; RL_ERR_NOT_FOUND
+ * when absent. [owned by librl until rl_result_destroy: out] */
 RL_API rl_status_t rl_result_text(const rl_result_t *result, const char *name,
                                   rl_string_view_t *out);
 /* [thread-safe] (since 0.1) A CPU, contiguous view borrowed from the result;
- * RL_ERR_NOT_FOUND when absent. */
+ * RL_ERR_NOT_FOUND when absent. [owned by librl until rl_result_destroy: out] */
 RL_API rl_status_t rl_result_tensor(const rl_result_t *result, const char *name,
                                     rl_tensor_view_t *out);
 

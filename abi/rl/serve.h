@@ -26,7 +26,7 @@ typedef struct rl_server rl_server_t; /* an HTTP server over one model */
  * "kv_cache_fraction": 0.3, "reasoning_parser": "" ("qwen3": chat replies
  * give the text of a <think> block as reasoning_content)}. Unknown keys and
  * wrong types are refused naming the key; a port that cannot be bound is
- * RL_ERR_IO naming host:port. */
+ * RL_ERR_IO naming host:port. [kept until rl_server_destroy: model] */
 RL_API rl_status_t rl_server_start(rl_model_t *model, const char *options_json,
                                    rl_server_t **out_server);
 

@@ -208,7 +208,8 @@ RL_API rl_status_t rl_train_batch_split(const rl_train_batch_t *batch, uint64_t 
  * extras) are views into the batch, valid until it is destroyed or changed;
  * when out_batch has room for them (API 0.3), flags and sampling_temperature
  * (the rollouts' sampling temperature, when they carry one). Set
- * out_batch->struct_size first (sizeof(rl_batch_t)). */
+ * out_batch->struct_size first (sizeof(rl_batch_t)).
+ * [owned by librl until the batch is destroyed or changed: out_batch] */
 RL_API rl_status_t rl_train_batch_view(const rl_train_batch_t *batch, rl_batch_t *out_batch);
 
 /* [thread-safe] (since 0.1) Scalars "groups", "rollouts", "tokens" (all positions),

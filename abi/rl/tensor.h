@@ -30,24 +30,26 @@ typedef struct rl_device {
 enum { RL_DEVICE_CPU = 1, RL_DEVICE_CUDA = 2, RL_DEVICE_CUDA_HOST = 3 };
 
 /* DLPack DLTensor. A borrowed view: valid only until the call it is passed to
- * returns. A callee that needs the data later copies it. */
+ * returns (a view a call hands back says how long it lives). A callee that
+ * needs the data later copies it. [borrowed: data, shape, strides] */
 typedef struct rl_tensor_view {
     void *data;           /* NULL only when the tensor has no elements */
     rl_device_t device;   /* where `data` lives */
     int32_t ndim;         /* number of dimensions; 0 for a scalar */
     rl_dtype_t dtype;     /* element type */
-    int64_t *shape;       /* ndim entries; borrowed */
+    int64_t *shape;       /* ndim entries */
     int64_t *strides;     /* ndim entries, in elements; NULL means contiguous row-major */
     uint64_t byte_offset; /* added to data before indexing */
 } rl_tensor_view_t;
 
 /* A named tensor: how per-token inputs ("logprobs", "advantages", ...) cross. */
 typedef struct rl_tensor_arg {
-    const char *name;      /* NUL-terminated; borrowed like the view */
+    const char *name;      /* [borrowed] NUL-terminated */
     rl_tensor_view_t view; /* borrowed */
 } rl_tensor_arg_t;
 
-/* A borrowed array of named tensors. Names are unique within one list. */
+/* A borrowed array of named tensors. Names are unique within one list.
+ * [borrowed: items] */
 typedef struct rl_tensor_list {
     const rl_tensor_arg_t *items; /* `count` entries; NULL when count is 0 */
     uint64_t count;

@@ -25,7 +25,7 @@ typedef struct rl_engine rl_engine_t;   /* rollout engine reading a model's para
 /* [thread-safe] (since 0.1) The tensor platform under the trainer and engine, as a static
  * NUL-terminated JSON text owned by librl: {"torch_version": "2.15.0+cu132",
  * "cuda_built": true, "cuda_devices": 0, "summary": "libtorch ..., CUDA not
- * usable (...)"}. */
+ * usable (...)"}. [static] */
 RL_API const char *rl_platform_info(void);
 
 /* ---- models ----------------------------------------------------------------- */
@@ -49,7 +49,7 @@ RL_API rl_status_t rl_model_init_preset(const char *preset, const char *dir, uin
 RL_API rl_status_t rl_model_load(const char *path, const char *options_json,
                                  rl_model_t **out_model);
 /* [control-thread] (since 0.1) NULL is a no-op. Trainers and engines of the model must be
- * destroyed first. */
+ * destroyed first (they keep it). */
 RL_API void rl_model_destroy(rl_model_t *model);
 
 /* [thread-safe] (since 0.1) Text "info": JSON {"architecture", "vocab_size", "num_parameters",
@@ -181,7 +181,8 @@ typedef struct rl_batch {
  * else (the base weights are frozen); with "lora": {config as
  * rl_adapter_create} it first creates the adapter ("adapter" names it,
  * default "default"; a taken name is an error). Its optim_step reports the
- * adapter's version as "policy_version"; its checkpoints hold the adapter. */
+ * adapter's version as "policy_version"; its checkpoints hold the adapter.
+ * [kept until rl_trainer_destroy: model] */
 RL_API rl_status_t rl_trainer_create(rl_model_t *model, const char *config_json,
                                      rl_trainer_t **out_trainer);
 /* [control-thread] (since 0.1) NULL is a no-op. */
@@ -270,7 +271,7 @@ RL_API rl_status_t rl_adapter_info(rl_model_t *model, const char *name, rl_resul
 
 /* [control-thread] (since 0.1) A co-located engine: it reads the model's parameters in
  * place (no copy); config_json (may be NULL): {"max_batch_sequences": 0 (no
- * limit)}. */
+ * limit)}. [kept until rl_engine_destroy: model] */
 RL_API rl_status_t rl_engine_create(rl_model_t *model, const char *config_json,
                                     rl_engine_t **out_engine);
 /* [control-thread] (since 0.1) NULL is a no-op. */

@@ -17,7 +17,8 @@ typedef struct rl_training_server rl_training_server_t;
 
 /* [control-thread] (since 0.5) Start a training server over `model` (the base every
  * session starts from; it must outlive the server and is never modified).
- * `runtime` (may be NULL) provides the loss plugins by name; Tinker's loss
+ * `runtime` (may be NULL; it too must outlive the server, which creates loss
+ * instances of it while it runs) provides the loss plugins by name; Tinker's loss
  * names (cross_entropy, importance_sampling, ppo, cispo) run the plugins that
  * implement them (docs/training-server.md), so without a runtime every
  * forward_backward is refused naming the loss. options_json (may be NULL) is
@@ -30,7 +31,8 @@ typedef struct rl_training_server rl_training_server_t;
  * "future_ttl_s": 3600, "max_queued": 256, "workers": 2, "max_models": 16,
  * "max_sample_tokens": 4096, "seq_gap_wait_s": 2, "kv_cache_fraction": 0.1,
  * "trainer": {TrainerConfig keys}}. Unknown keys and wrong types are refused
- * naming the key; a port that cannot be bound is RL_ERR_IO naming host:port. */
+ * naming the key; a port that cannot be bound is RL_ERR_IO naming host:port.
+ * [kept until rl_training_server_destroy: runtime, model] */
 RL_API rl_status_t rl_training_server_start(rl_runtime_t *runtime, rl_model_t *model,
                                             const char *options_json,
                                             rl_training_server_t **out_server);

@@ -8,14 +8,14 @@
 /* A string with an explicit length; not NUL-terminated unless said so. Borrowed
  * unless the member that holds it says otherwise. */
 typedef struct rl_string_view {
-    const char *data; /* may be NULL only when length is 0 */
+    const char *data; /* [borrowed] may be NULL only when length is 0 */
     uint64_t length;  /* in bytes, UTF-8 */
 } rl_string_view_t;
 
 /* Optional extension data for descriptors (webgpu.h nextInChain). Readers skip
  * a stype they do not know. */
 typedef struct rl_chain {
-    const struct rl_chain *next; /* borrowed; NULL ends the chain */
+    const struct rl_chain *next; /* [borrowed] NULL ends the chain */
     uint32_t stype;              /* RL_STYPE_*; 0x10000 and up are vendor blocks */
     uint32_t struct_size;        /* sizeof the whole extension struct */
 } rl_chain_t;

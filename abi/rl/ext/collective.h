@@ -22,19 +22,20 @@ struct rl_host_api;
  * a time. A failed call returns its status and leaves a message for
  * last_error() on the calling thread. */
 #define RL_EXT_HOST_COLLECTIVE "rl.host.collective/1"
-typedef struct rl_collective_store rl_collective_store_t; /* opaque, owned by the host */
-typedef struct rl_collective_group rl_collective_group_t; /* opaque, owned by the host */
+typedef struct rl_collective_store rl_collective_store_t; /* opaque; see store_open */
+typedef struct rl_collective_group rl_collective_group_t; /* opaque; see group_join */
 
 typedef struct rl_host_collective {
     uint32_t struct_size;
     uint32_t reserved0; /* 0 */
 
     /* [thread-safe] Host (is_server 1) or reach (0) the store at host:port, waiting at
-     * most timeout_ms for it. RL_ERR_IO when it cannot. Freed by store_close. */
+     * most timeout_ms for it. RL_ERR_IO when it cannot. Freed by store_close.
+     * [owned by caller until store_close: out_store] */
     rl_status_t(RL_ABI *store_open)(const struct rl_host_api *host, const char *address,
                                     int32_t port, int32_t is_server, int64_t timeout_ms,
                                     rl_collective_store_t **out_store);
-    /* [thread-safe] Closes a store this table opened; NULL is a no-op. */
+    /* [thread-safe] Closes a store this table opened; NULL is a no-op. [released: store] */
     void(RL_ABI *store_close)(rl_collective_store_t *store);
 
     /* [thread-safe] Adds delta to the integer at key (a new key starts at 0) and returns the
@@ -46,12 +47,15 @@ typedef struct rl_host_collective {
      * waiting at most timeout_ms for every rank. backend: "gloo" or "nccl";
      * device_index: the CUDA device under nccl (ignored under gloo). Every
      * later collective of the group waits at most timeout_ms. Freed by
-     * group_leave (which closes its connections). */
+     * group_leave (which closes its connections). The group does not need
+     * `store` afterwards: it may be closed first.
+     * [owned by caller until group_leave: out_group] */
     rl_status_t(RL_ABI *group_join)(rl_collective_store_t *store, const char *prefix,
                                     const char *backend, int32_t rank, int32_t world_size,
                                     int32_t device_index, int64_t timeout_ms,
                                     rl_collective_group_t **out_group);
-    /* [thread-safe] Leaves and frees a group this table joined; NULL is a no-op. */
+    /* [thread-safe] Leaves and frees a group this table joined; NULL is a no-op.
+     * [released: group] */
     void(RL_ABI *group_leave)(rl_collective_group_t *group);
 
     /* [thread-safe] Broadcast `tensors` in place from rank `root`, in order: root's views
@@ -64,8 +68,8 @@ typedef struct rl_host_collective {
     rl_status_t(RL_ABI *broadcast)(rl_collective_group_t *group, const rl_tensor_list_t *tensors,
                                    int32_t root);
 
-    /* [thread-safe] The message of this thread's last failed call; "" if none. Valid until
-     * the thread's next call into this table. */
+    /* [thread-safe] The message of this thread's last failed call; "" if none.
+     * [owned by host until the thread's next call into this table] */
     const char *(RL_ABI *last_error)(void);
 } rl_host_collective_t;
 

@@ -31,7 +31,8 @@ RL_EXTERN_C_BEGIN
 
 /* Which inputs the loss reads. NULL-terminated lists of names, owned by the
  * plugin, valid until destroy(). They may depend on the instance's parameters
- * (use_tis adds rollout_logprobs to `required`). */
+ * (use_tis adds rollout_logprobs to `required`).
+ * [owned by plugin until destroy(): required, optional, differentiable] */
 typedef struct rl_loss_signature {
     uint32_t struct_size;
     uint32_t reserved0;                /* 0 */
@@ -67,7 +68,8 @@ typedef struct rl_loss_iface {
     uint32_t struct_size;
     uint32_t reserved0; /* 0 */
 
-    /* [thread-safe] Fill *out (the host set out->struct_size). */
+    /* [thread-safe] Fill *out (the host set out->struct_size) with lists the
+     * plugin keeps. [owned by plugin until destroy(): out] */
     rl_status_t(RL_ABI *get_signature)(const rl_plugin_t *plugin, rl_loss_signature_t *out);
 
     /* [worker] One loss evaluation; one call at a time per instance. Missing
