@@ -359,10 +359,10 @@ RL_API rl_status_t rl_buffer_set_policy_version(rl_buffer_t *buffer, int64_t ver
  * "completion": str, "sampling_temperature": number >= 0 (0: greedy; the
  * rollouts of one batch must agree; default: none)}. tensors (copied): "token_ids" (int64 [n],
  * prompt + completion, required), "logprobs" (float [n], sampling logprobs), "loss_mask" ([n] of
- * 0/1; default all ones), "routed_experts" (integer [n, L_moe, K]: routing replay's expert ids,
- * -1: route yourself) and "routed_expert_weights" (float [n, L_moe, K]: their mixing weights;
- * needs routed_experts), any other name: a float [n] tensor carried to the batch ("advantages",
- * "ref_logprobs", ...). */
+ * 0/1; default all ones), since 0.12 "routed_experts" (integer [n, L_moe, K]: routing
+ * replay's expert ids, -1: route yourself) and "routed_expert_weights" (float [n, L_moe, K]:
+ * their mixing weights; needs routed_experts), any other name: a float [n] tensor carried to the
+ * batch ("advantages", "ref_logprobs", ...). */
 RL_API rl_status_t rl_buffer_push(rl_buffer_t *buffer, const char *rollout_json,
                                   const rl_tensor_list_t *tensors);
 

@@ -43,7 +43,8 @@
  * rl_inference_client_*; 0.5 rl_adapter_*, value heads,
  * rl_training_server_*; 0.7 rl_buffer_save / load; 0.8
  * rl_rollouts_set_rewards; 0.9 episodes (rl_env_step, ...); 0.10 reward
- * models; 0.11 rl_get_api_version. */
+ * models; 0.11 rl_get_api_version; 0.12 rl_buffer_push takes routing
+ * tensors (routed_experts, routed_expert_weights). */
 #define RL_PLUGIN_ABI_VERSION_MAJOR 0
 #define RL_PLUGIN_ABI_VERSION_MINOR 10
 #define RL_PLUGIN_ABI_VERSION_PATCH 0
@@ -52,7 +53,7 @@
                     RL_PLUGIN_ABI_VERSION_PATCH)
 
 #define RL_API_VERSION_MAJOR 0
-#define RL_API_VERSION_MINOR 11
+#define RL_API_VERSION_MINOR 12
 #define RL_API_VERSION_PATCH 0
 #define RL_API_VERSION                                                                             \
     RL_MAKE_VERSION(RL_API_VERSION_MAJOR, RL_API_VERSION_MINOR, RL_API_VERSION_PATCH)

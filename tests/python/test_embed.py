@@ -32,7 +32,7 @@ class EmbeddingTest(unittest.TestCase):
         with rl.Runtime(plugin_path=fixture("fixture_plain_c"), default_plugins=False) as rt:
             self.assertEqual(rt.plugins()["plugins"][0]["abi_version"], v["plugin_abi"])
         self.assertEqual(v["plugin_abi"], "0.10.0")
-        self.assertEqual(v["api"], "0.11.0")
+        self.assertEqual(v["api"], "0.12.0")
 
     def test_errors_carry_status_and_message(self):
         with rl.Runtime(plugin_path=fixture("fixture_good"), default_plugins=False) as rt:

@@ -222,7 +222,7 @@ def config_load(path=None, overrides=()):
 
 def versions():
     """librl's version and the versions of its two contracts (docs/abi.md):
-    {"librl": "0.1.0", "plugin_abi": "0.10.0", "api": "0.11.0"}."""
+    {"librl": "0.1.0", "plugin_abi": "0.10.0", "api": "0.12.0"}."""
     lib = A.load_library()
 
     def text(v):
