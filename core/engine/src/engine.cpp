@@ -1,12 +1,11 @@
 #include "rl/core/engine.hpp"
 
+#include "decode_step.hpp"
 #include "routing.hpp"
-#include "text_tracker.hpp"
 
 #include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/moe.hpp"
-#include "rl/core/moe_weights.hpp"
 #include "rl/core/params.hpp"
 
 #include <ATen/ATen.h>
@@ -24,15 +23,6 @@
 namespace rl::core {
 
 using nlohmann::json;
-
-struct Engine::SampleOut {
-    std::vector<int64_t> tokens;
-    std::vector<float> logprobs;
-    std::vector<int64_t> routed; // [rows, L_moe, K] flattened (return_routed_experts)
-    std::vector<float> weights;  // their weights, the same layout (return_expert_logits)
-    std::string text;
-    FinishReason reason = FinishReason::Length;
-};
 
 namespace {
 
@@ -295,45 +285,27 @@ Generation Engine::generate(const std::vector<std::vector<int64_t>> &prompts,
     NormWeightsScope noise_scope(&noisy_norms_); // QeRL noise (empty: the clean norms)
 
     c10::InferenceMode inference;
-    const int64_t total = static_cast<int64_t>(prompts.size()) * params.n;
-    std::vector<SampleOut> outs(static_cast<size_t>(total));
-    for (int64_t first = 0; first < total; first += prep.wave)
-        run_wave(prompts, params, prep.seed, prep.stop_ids, first,
-                 std::min(total, first + prep.wave), outs);
-
     Generation g;
     if (params.return_routed_experts) {
         g.routed_layers = detail::sparse_layers(mc);
         g.routed_k = mc.num_experts_per_tok;
     }
-    const bool weights = params.return_routed_experts && params.return_expert_logits;
     g.policy_version = prep.adapter ? prep.adapter->version() : version_;
     g.cu_seqlens.push_back(0);
-    for (int64_t i = 0; i < total; ++i) {
-        SampleOut &o = outs[static_cast<size_t>(i)];
-        g.token_ids.insert(g.token_ids.end(), o.tokens.begin(), o.tokens.end());
-        g.logprobs.insert(g.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-        g.routed_experts.insert(g.routed_experts.end(), o.routed.begin(), o.routed.end());
-        if (weights)
-            g.routed_expert_weights.insert(g.routed_expert_weights.end(), o.weights.begin(),
-                                           o.weights.end());
-        g.cu_seqlens.push_back(static_cast<int64_t>(g.token_ids.size()));
-        g.prompt_index.push_back(i / params.n);
-        g.completions.push_back(std::move(o.text));
-        g.finish_reasons.push_back(o.reason);
-    }
+    const int64_t total = static_cast<int64_t>(prompts.size()) * params.n;
+    for (int64_t first = 0; first < total; first += prep.wave)
+        run_wave(prompts, params, prep, first, std::min(total, first + prep.wave), g);
     return g;
 }
 
 // Prefills each prompt of samples [first_sample, end_sample) once, into the
 // slot of its first sample, and copies it to the other samples' slots (slot k
 // holds sample first_sample + k). Returns the next-token logits per slot.
-// With `routed`: (*routed)[k] is the prefill's routing of slot k's prompt
-// tokens, [prompt, L_moe, K] flattened.
+// With `seqs`: (*seqs)[k], slot k's sequence, gets the prefill's routing of
+// its prompt tokens.
 at::Tensor Engine::prefill_wave(const std::vector<std::vector<int64_t>> &prompts, int64_t n,
                                 int64_t first_sample, int64_t end_sample,
-                                std::vector<std::vector<int64_t>> *routed,
-                                std::vector<std::vector<float>> *weights) {
+                                std::vector<detail::Sequence> *seqs) {
     CausalLM &model = policy_->model();
     KVCache &cache = *cache_;
     const int64_t count = end_sample - first_sample;
@@ -353,33 +325,18 @@ at::Tensor Engine::prefill_wave(const std::vector<std::vector<int64_t>> &prompts
     }
     for (int64_t k = 0; k < count; ++k) cache.clear(k);
     std::optional<RouterLogitsRecorder> recorder;
-    if (routed != nullptr) recorder.emplace();
+    if (seqs != nullptr) recorder.emplace();
     at::Tensor logits = model.prefill(cache, prefill_slots, prefill_prompts);
-    if (routed != nullptr) {
+    if (seqs != nullptr) {
         // The prefill ran each distinct prompt once, in order of first slot.
-        const at::Tensor ids =
-            routed_experts_of(recorder->logits(), model.config().num_experts_per_tok);
-        const int64_t row = ids.size(1) * ids.size(2); // ids per token
-        std::vector<int64_t> offset{0};                // prefill row -> its first token
+        const detail::ForwardRouting routing(recorder->logits(), model.config(),
+                                             seqs->front().record_weights);
+        std::vector<int64_t> offset{0}; // prefill row -> its first token
         for (const auto &p : prefill_prompts)
             offset.push_back(offset.back() + static_cast<int64_t>(p.size()));
-        routed->assign(static_cast<size_t>(count), {});
         for (int64_t k = 0; k < count; ++k) {
             const size_t r = static_cast<size_t>(row_of[static_cast<size_t>(k)]);
-            const int64_t *p = ids.data_ptr<int64_t>();
-            (*routed)[static_cast<size_t>(k)].assign(p + offset[r] * row, p + offset[r + 1] * row);
-        }
-        if (weights != nullptr) {
-            const at::Tensor w =
-                routed_expert_weights_of(recorder->logits(), model.config().num_experts_per_tok,
-                                         model.config().norm_topk_prob);
-            const float *q = w.data_ptr<float>();
-            weights->assign(static_cast<size_t>(count), {});
-            for (int64_t k = 0; k < count; ++k) {
-                const size_t r = static_cast<size_t>(row_of[static_cast<size_t>(k)]);
-                (*weights)[static_cast<size_t>(k)].assign(q + offset[r] * row,
-                                                          q + offset[r + 1] * row);
-            }
+            routing.append((*seqs)[static_cast<size_t>(k)], offset[r], offset[r + 1] - offset[r]);
         }
     }
     for (int64_t k = 0; k < count; ++k) {
@@ -389,107 +346,63 @@ at::Tensor Engine::prefill_wave(const std::vector<std::vector<int64_t>> &prompts
     return logits.index_select(0, long_tensor(row_of).to(logits.device()));
 }
 
+// Samples [first_sample, end_sample) of a generate call, appended to `g`: one
+// prefill, then one decoding step (decode_step.hpp) per token for the samples
+// still running.
 void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
-                      const SamplingParams &params, uint64_t seed,
-                      const std::vector<int64_t> &stop_ids, int64_t first_sample,
-                      int64_t end_sample, std::vector<SampleOut> &outs) {
+                      const SamplingParams &params, const Prepared &prep, int64_t first_sample,
+                      int64_t end_sample, Generation &g) {
     CausalLM &model = policy_->model();
     KVCache &cache = *cache_;
-    const int64_t max_pos = model.config().max_position_embeddings;
+    const ModelConfig &mc = model.config();
     const int64_t count = end_sample - first_sample;
-
     const bool record = params.return_routed_experts;
-    const bool record_weights = record && params.return_expert_logits;
-    const int64_t K = model.config().num_experts_per_tok;
-    std::vector<std::vector<int64_t>> prompt_routes;
-    std::vector<std::vector<float>> prompt_weights;
+    std::vector<detail::Sequence> seqs =
+        detail::start_samples(prompts, params, prep.stop_ids, prep.seed, first_sample, end_sample,
+                              mc.max_position_embeddings, policy_->tokenizer(), mc);
     at::Tensor logits =
-        prefill_wave(prompts, params.n, first_sample, end_sample, record ? &prompt_routes : nullptr,
-                     record_weights ? &prompt_weights : nullptr);
-    for (size_t k = 0; k < prompt_routes.size(); ++k)
-        outs[static_cast<size_t>(first_sample) + k].routed = std::move(prompt_routes[k]);
-    for (size_t k = 0; k < prompt_weights.size(); ++k)
-        outs[static_cast<size_t>(first_sample) + k].weights = std::move(prompt_weights[k]);
-    std::optional<RouterLogitsRecorder> recorder;
+        prefill_wave(prompts, params.n, first_sample, end_sample, record ? &seqs : nullptr);
 
+    std::vector<detail::End> ends(static_cast<size_t>(count));
     std::vector<int64_t> active(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) active[static_cast<size_t>(k)] = k;
-    std::vector<detail::TextTracker> text;
-    text.reserve(static_cast<size_t>(count));
-    for (int64_t k = 0; k < count; ++k) text.emplace_back(policy_->tokenizer(), params.stop);
-
-    for (int64_t position = 0; !active.empty(); ++position) {
-        at::Tensor lp = sampling_logprobs(logits, params);
-        std::vector<double> u;
-        u.reserve(active.size());
-        for (int64_t k : active) {
-            const int64_t s = first_sample + k;
-            u.push_back(sampling_uniform(seed, s / params.n, s % params.n, position));
-        }
-        const auto drawn = draw_tokens(lp, u);
+    for (;;) {
+        std::vector<detail::Sequence *> live;
+        for (int64_t k : active) live.push_back(&seqs[static_cast<size_t>(k)]);
+        std::vector<std::optional<detail::End>> step_ends = detail::step(logits, live);
         std::vector<int64_t> next_active, next_tokens;
+        std::vector<detail::Sequence *> next_live;
         for (size_t i = 0; i < active.size(); ++i) {
-            const int64_t k = active[i];
-            const int64_t s = first_sample + k;
-            SampleOut &o = outs[static_cast<size_t>(s)];
-            const int64_t token = drawn[i].first;
-            o.tokens.push_back(token);
-            o.logprobs.push_back(drawn[i].second);
-            detail::TextTracker &tt = text[static_cast<size_t>(k)];
-            const int64_t prompt_len =
-                static_cast<int64_t>(prompts[static_cast<size_t>(s / params.n)].size());
-            if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
-                o.reason = FinishReason::Stop;
-                o.text = tt.finish();
-            } else if (tt.push(token)) {
-                o.reason = FinishReason::Stop;
-                o.text = tt.cut();
-            } else if (static_cast<int64_t>(o.tokens.size()) >= params.max_tokens ||
-                       (max_pos > 0 &&
-                        prompt_len + static_cast<int64_t>(o.tokens.size()) >= max_pos)) {
-                o.reason = FinishReason::Length;
-                o.text = tt.finish();
+            if (step_ends[i]) {
+                ends[static_cast<size_t>(active[i])] = std::move(*step_ends[i]);
             } else {
-                next_active.push_back(k);
-                next_tokens.push_back(token);
+                next_active.push_back(active[i]);
+                next_tokens.push_back(live[i]->tokens.back());
+                next_live.push_back(live[i]);
             }
         }
         active.swap(next_active);
         if (active.empty()) break;
+        std::optional<RouterLogitsRecorder> recorder;
         if (record) recorder.emplace();
         logits = model.decode(cache, active, long_tensor(next_tokens));
-        if (record) {
-            // Row i: the routing of the token active[i] just read.
-            const at::Tensor ids = routed_experts_of(recorder->logits(), K);
-            const int64_t row = ids.size(1) * K;
-            for (size_t i = 0; i < active.size(); ++i) {
-                const int64_t *p = ids.data_ptr<int64_t>() + static_cast<int64_t>(i) * row;
-                auto &routed = outs[static_cast<size_t>(first_sample + active[i])].routed;
-                routed.insert(routed.end(), p, p + row);
-            }
-            if (record_weights) {
-                const at::Tensor w =
-                    routed_expert_weights_of(recorder->logits(), K, model.config().norm_topk_prob);
-                for (size_t i = 0; i < active.size(); ++i) {
-                    const float *q = w.data_ptr<float>() + static_cast<int64_t>(i) * row;
-                    auto &ws = outs[static_cast<size_t>(first_sample + active[i])].weights;
-                    ws.insert(ws.end(), q, q + row);
-                }
-            }
-            recorder.reset();
-        }
+        // Row i: the routing of the token next_live[i] just read.
+        if (record)
+            detail::ForwardRouting(recorder->logits(), mc, params.return_expert_logits)
+                .append_in_order(next_live);
     }
-    if (record) {
-        // The last token of every sample was never read: route yourself.
-        const int64_t layers = detail::sparse_layers(model.config());
-        for (int64_t s = first_sample; s < end_sample; ++s) {
-            auto &routed = outs[static_cast<size_t>(s)].routed;
-            routed.insert(routed.end(), static_cast<size_t>(layers * K), -1);
-            if (record_weights)
-                outs[static_cast<size_t>(s)].weights.insert(
-                    outs[static_cast<size_t>(s)].weights.end(), static_cast<size_t>(layers * K),
-                    0.0f);
-        }
+    for (int64_t k = 0; k < count; ++k) {
+        detail::Sequence &q = seqs[static_cast<size_t>(k)];
+        detail::pad_unread_routing(q); // the last token was never read: route yourself
+        g.token_ids.insert(g.token_ids.end(), q.tokens.begin(), q.tokens.end());
+        g.logprobs.insert(g.logprobs.end(), q.logprobs.begin(), q.logprobs.end());
+        g.routed_experts.insert(g.routed_experts.end(), q.routed.begin(), q.routed.end());
+        g.routed_expert_weights.insert(g.routed_expert_weights.end(), q.routed_weights.begin(),
+                                       q.routed_weights.end());
+        g.cu_seqlens.push_back(static_cast<int64_t>(g.token_ids.size()));
+        g.prompt_index.push_back(q.prompt);
+        g.completions.push_back(std::move(ends[static_cast<size_t>(k)].text));
+        g.finish_reasons.push_back(ends[static_cast<size_t>(k)].reason);
     }
 }
 

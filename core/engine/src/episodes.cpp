@@ -6,12 +6,11 @@
 // episode's rows follow its tokens.
 #include "rl/core/engine.hpp"
 
+#include "decode_step.hpp"
 #include "routing.hpp"
-#include "text_tracker.hpp"
 
 #include "rl/core/error.hpp"
 #include "rl/core/moe.hpp"
-#include "rl/core/moe_weights.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -27,14 +26,6 @@ at::Tensor long_tensor(const std::vector<int64_t> &v) {
     std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
     return t;
 }
-
-// One episode while it runs.
-struct Running {
-    int64_t sampled = 0; // tokens sampled so far, over all turns (the randomness counter)
-    int64_t turn = 0;
-    size_t turn_start = 0;
-    std::optional<detail::TextTracker> text;
-};
 
 } // namespace
 
@@ -103,99 +94,50 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
                               std::vector<Episode> &outs) {
     CausalLM &model = policy_->model();
     KVCache &cache = *cache_;
+    const ModelConfig &mc = model.config();
     const int64_t count = end_sample - first_sample;
     const bool record = params.return_routed_experts;
-    const bool record_weights = record && params.return_expert_logits;
-    std::vector<std::vector<int64_t>> prompt_routes;
-    std::vector<std::vector<float>> prompt_weights;
+    // One sequence per episode: its tokens are the episode's, observations
+    // included; a turn starts at turn_start.
+    std::vector<detail::Sequence> seqs =
+        detail::start_samples(prompts, params, prep.stop_ids, prep.seed, first_sample, end_sample,
+                              capacity, policy_->tokenizer(), mc);
     at::Tensor logits =
-        prefill_wave(prompts, params.n, first_sample, end_sample, record ? &prompt_routes : nullptr,
-                     record_weights ? &prompt_weights : nullptr);
-    for (size_t k = 0; k < prompt_routes.size(); ++k)
-        outs[static_cast<size_t>(first_sample) + k].routed_experts = std::move(prompt_routes[k]);
-    for (size_t k = 0; k < prompt_weights.size(); ++k)
-        outs[static_cast<size_t>(first_sample) + k].routed_expert_weights =
-            std::move(prompt_weights[k]);
-    // Runs one forward; with `record`, appends its routing (and with
-    // `record_weights` the mixing weights) to the episodes of `slots`,
-    // counts[i] rows (one each without counts) to slots[i]'s.
+        prefill_wave(prompts, params.n, first_sample, end_sample, record ? &seqs : nullptr);
+    // Runs one forward; with `record`, appends its routing to the episodes of
+    // `slots`, counts[i] rows (one each without counts) to slots[i]'s.
     auto forward = [&](const std::vector<int64_t> &slots, const std::vector<int64_t> *counts,
                        const std::function<at::Tensor()> &run) {
         if (!record) return run();
         RouterLogitsRecorder recorder;
         at::Tensor out = run();
-        const int64_t K = model.config().num_experts_per_tok;
-        const at::Tensor ids = routed_experts_of(recorder.logits(), K);
-        const at::Tensor w =
-            record_weights
-                ? routed_expert_weights_of(recorder.logits(), K, model.config().norm_topk_prob)
-                : at::Tensor();
-        const int64_t row = ids.size(1) * ids.size(2); // ids per token
-        const int64_t *p = ids.data_ptr<int64_t>();
-        const float *q = record_weights ? w.data_ptr<float>() : nullptr;
-        for (size_t i = 0; i < slots.size(); ++i) {
-            const int64_t n = counts != nullptr ? (*counts)[i] : 1;
-            Episode &e = outs[static_cast<size_t>(first_sample + slots[i])];
-            e.routed_experts.insert(e.routed_experts.end(), p, p + n * row);
-            p += n * row;
-            if (q != nullptr) {
-                e.routed_expert_weights.insert(e.routed_expert_weights.end(), q, q + n * row);
-                q += n * row;
-            }
-        }
-        check(p == ids.data_ptr<int64_t>() + ids.numel(),
-              "generate_episodes: a forward's routing does not cover its tokens");
+        std::vector<detail::Sequence *> of;
+        for (int64_t k : slots) of.push_back(&seqs[static_cast<size_t>(k)]);
+        detail::ForwardRouting(recorder.logits(), mc, params.return_expert_logits)
+            .append_in_order(of, counts);
         return out;
     };
 
-    std::vector<Running> run(static_cast<size_t>(count));
+    std::vector<int64_t> turns(static_cast<size_t>(count), 0); // turns ended per episode
     std::vector<int64_t> active(static_cast<size_t>(count));
-    for (int64_t k = 0; k < count; ++k) {
-        active[static_cast<size_t>(k)] = k;
-        run[static_cast<size_t>(k)].text.emplace(policy_->tokenizer(), params.stop);
-    }
-    const auto &stop_ids = prep.stop_ids;
+    for (int64_t k = 0; k < count; ++k) active[static_cast<size_t>(k)] = k;
 
     while (!active.empty()) {
-        at::Tensor lp = sampling_logprobs(logits, params);
-        std::vector<double> u;
-        u.reserve(active.size());
-        for (int64_t k : active) {
-            const int64_t s = first_sample + k;
-            u.push_back(sampling_uniform(prep.seed, s / params.n, s % params.n,
-                                         run[static_cast<size_t>(k)].sampled));
-        }
-        const auto drawn = draw_tokens(lp, u);
+        std::vector<detail::Sequence *> live;
+        for (int64_t k : active) live.push_back(&seqs[static_cast<size_t>(k)]);
+        std::vector<std::optional<detail::End>> ends = detail::step(logits, live);
         // Slots that decode on, and slots whose next turn starts after an
         // observation (extended by their last token plus the observation).
         std::vector<int64_t> cont, cont_tokens, resumed, resumed_counts, resumed_tokens;
         for (size_t i = 0; i < active.size(); ++i) {
             const int64_t k = active[i];
             const int64_t s = first_sample + k;
-            Running &r = run[static_cast<size_t>(k)];
+            detail::Sequence &q = *live[i];
             Episode &e = outs[static_cast<size_t>(s)];
-            const int64_t token = drawn[i].first;
-            e.tokens.push_back(token);
-            e.logprobs.push_back(drawn[i].second);
+            const int64_t token = q.tokens.back();
             e.mask.push_back(1);
-            ++r.sampled;
-            const int64_t prompt_len =
-                static_cast<int64_t>(prompts[static_cast<size_t>(s / params.n)].size());
-            const int64_t used = prompt_len + static_cast<int64_t>(e.tokens.size());
-            const int64_t turn_len = static_cast<int64_t>(e.tokens.size() - r.turn_start);
-            std::optional<FinishReason> ended;
-            std::string text;
-            if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
-                ended = FinishReason::Stop;
-                text = r.text->finish();
-            } else if (r.text->push(token)) {
-                ended = FinishReason::Stop;
-                text = r.text->cut();
-            } else if (turn_len >= params.max_tokens || used >= capacity) {
-                ended = FinishReason::Length;
-                text = r.text->finish();
-            }
-            if (!ended) {
+            const int64_t used = q.prompt_len + static_cast<int64_t>(q.tokens.size());
+            if (!ends[i]) {
                 cont.push_back(k);
                 cont_tokens.push_back(token);
                 continue;
@@ -203,20 +145,20 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
             // The turn is over: ask the environment what follows.
             TurnEnd te;
             te.episode = s;
-            te.turn = r.turn;
-            te.tokens.assign(e.tokens.begin() + static_cast<std::ptrdiff_t>(r.turn_start),
-                             e.tokens.end());
-            te.text = text;
-            te.reason = *ended;
+            te.turn = turns[static_cast<size_t>(k)];
+            te.tokens.assign(q.tokens.begin() + static_cast<std::ptrdiff_t>(q.turn_start),
+                             q.tokens.end());
+            te.text = ends[i]->text;
+            te.reason = ends[i]->reason;
             // The next turn needs this token, at least one observation token
             // and one sampled token in the context.
             te.context_full = used + 2 >= capacity;
-            e.turn_starts.push_back(static_cast<int64_t>(r.turn_start));
-            e.turn_ends.push_back(static_cast<int64_t>(e.tokens.size()));
-            e.turn_texts.push_back(std::move(text));
-            e.turn_reasons.push_back(*ended);
+            e.turn_starts.push_back(static_cast<int64_t>(q.turn_start));
+            e.turn_ends.push_back(static_cast<int64_t>(q.tokens.size()));
+            e.turn_texts.push_back(std::move(ends[i]->text));
+            e.turn_reasons.push_back(ends[i]->reason);
             TurnReply reply = on_turn(te);
-            ++r.turn;
+            const int64_t turn = ++turns[static_cast<size_t>(k)];
             if (reply.error) {
                 e.end = EpisodeEnd::Error;
                 e.error = *reply.error;
@@ -226,7 +168,7 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
                 e.end = EpisodeEnd::Done;
                 continue;
             }
-            if (r.turn >= options.max_turns) {
+            if (turn >= options.max_turns) {
                 e.end = EpisodeEnd::MaxTurns;
                 continue;
             }
@@ -236,15 +178,15 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
                 continue;
             }
             for (int64_t t : reply.observation)
-                require(t >= 0 && t < model.config().vocab_size, ErrorKind::InvalidArgument,
+                require(t >= 0 && t < mc.vocab_size, ErrorKind::InvalidArgument,
                         "generate_episodes: episode " + std::to_string(s) + " turn " +
                             std::to_string(te.turn) + ": observation token " + std::to_string(t) +
                             " is outside the vocabulary");
-            e.tokens.insert(e.tokens.end(), reply.observation.begin(), reply.observation.end());
-            e.logprobs.insert(e.logprobs.end(), reply.observation.size(), 0.0f);
+            q.tokens.insert(q.tokens.end(), reply.observation.begin(), reply.observation.end());
+            q.logprobs.insert(q.logprobs.end(), reply.observation.size(), 0.0f);
             e.mask.insert(e.mask.end(), reply.observation.size(), 0);
-            r.turn_start = e.tokens.size();
-            r.text.emplace(policy_->tokenizer(), params.stop);
+            q.turn_start = q.tokens.size();
+            q.text.emplace(policy_->tokenizer(), params.stop);
             resumed.push_back(k);
             resumed_counts.push_back(1 + obs);
             resumed_tokens.push_back(token);
@@ -265,22 +207,20 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
         if (active.empty()) break;
         logits = parts.size() == 1 ? parts[0] : at::cat(parts, 0);
     }
-    if (record) {
+    for (int64_t k = 0; k < count; ++k) {
+        detail::Sequence &q = seqs[static_cast<size_t>(k)];
+        Episode &e = outs[static_cast<size_t>(first_sample + k)];
         // Every token was read but the episode's last (it ended there): route yourself.
-        const ModelConfig &mc = model.config();
-        const int64_t layers = detail::sparse_layers(mc);
-        const int64_t row = layers * mc.num_experts_per_tok;
-        for (int64_t s = first_sample; s < end_sample; ++s) {
-            Episode &e = outs[static_cast<size_t>(s)];
-            const size_t want =
-                (prompts[static_cast<size_t>(s / params.n)].size() + e.tokens.size()) *
-                static_cast<size_t>(row);
-            check(e.routed_experts.size() + static_cast<size_t>(row) == want,
-                  "generate_episodes: episode " + std::to_string(s) +
-                      "'s routing does not follow its tokens");
-            e.routed_experts.resize(want, -1);
-            if (record_weights) e.routed_expert_weights.resize(want, 0.0f);
-        }
+        check(!record || q.routed.size() + static_cast<size_t>(q.routed_width) ==
+                             (static_cast<size_t>(q.prompt_len) + q.tokens.size()) *
+                                 static_cast<size_t>(q.routed_width),
+              "generate_episodes: episode " + std::to_string(first_sample + k) +
+                  "'s routing does not follow its tokens");
+        detail::pad_unread_routing(q);
+        e.tokens = std::move(q.tokens);
+        e.logprobs = std::move(q.logprobs);
+        e.routed_experts = std::move(q.routed);
+        e.routed_expert_weights = std::move(q.routed_weights); // return_expert_logits
     }
 }
 

@@ -1,14 +1,13 @@
 #include "rl/core/scheduler.hpp"
 
+#include "decode_step.hpp"
 #include "routing.hpp"
-#include "text_tracker.hpp"
 
 #include "rl/core/device.hpp"
 #include "rl/core/error.hpp"
 #include "rl/core/kv_cache.hpp"
 #include "rl/core/lora.hpp"
 #include "rl/core/moe.hpp"
-#include "rl/core/moe_weights.hpp"
 #include "rl/core/names.hpp"
 
 #include <ATen/ATen.h>
@@ -18,15 +17,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
-#include <tuple>
 #include <unordered_set>
 
 namespace rl::core {
@@ -66,16 +62,12 @@ struct Scheduler::Impl {
         uint64_t id = 0;
         ServeRequest req;
         std::vector<int64_t> stop_ids;
-        uint64_t seed = 0;
-        std::vector<int64_t> tokens;
-        std::vector<float> logprobs;
-        std::unique_ptr<detail::TextTracker> text;
+        // Its tokens, logprobs, text and (return_routed_experts) the routing
+        // of every token read so far: the decoding state every generator of
+        // core/engine keeps (decode_step.hpp).
+        detail::Sequence seq;
         bool stale = true; // the cache slot does not hold prompt + tokens[..-1]
         int64_t first_version = -1, last_version = -1;
-        // return_routed_experts: the routing of every token read so far,
-        // [prompt + tokens read, L_moe, K] flattened.
-        std::vector<int32_t> routed;
-        std::vector<float> routed_weights; // return_expert_logits: their weights
         int64_t routed_layers = 0, routed_k = 0;
         // The LoRA adapter it samples with (params.adapter), held so that an
         // adapter unloaded meanwhile still serves the requests that named it.
@@ -191,27 +183,22 @@ struct Scheduler::Impl {
 
     static RequestResult result_of(Request &r, RequestEnd end, std::string text,
                                    std::string error = {}) {
+        // Tokens never read (the last sampled one) route themselves: -1.
+        detail::pad_unread_routing(r.seq);
         RequestResult res;
         res.end = end;
-        res.tokens = std::move(r.tokens);
-        res.logprobs = std::move(r.logprobs);
+        res.tokens = std::move(r.seq.tokens);
+        res.logprobs = std::move(r.seq.logprobs);
         res.text = std::move(text);
         res.error = std::move(error);
         res.prompt_tokens = static_cast<int64_t>(r.req.prompt.size());
         res.first_version = r.first_version;
         res.last_version = r.last_version;
         if (r.req.params.return_routed_experts) {
-            // Tokens never read (the last sampled one) route themselves: -1.
             res.routed_layers = r.routed_layers;
             res.routed_k = r.routed_k;
-            const size_t want = (r.req.prompt.size() + res.tokens.size()) *
-                                static_cast<size_t>(res.routed_layers * res.routed_k);
-            res.routed_experts = std::move(r.routed);
-            res.routed_experts.resize(want, -1);
-            if (r.req.params.return_expert_logits) {
-                res.routed_expert_weights = std::move(r.routed_weights);
-                res.routed_expert_weights.resize(want, 0.0f);
-            }
+            res.routed_experts.assign(r.seq.routed.begin(), r.seq.routed.end());
+            res.routed_expert_weights = std::move(r.seq.routed_weights);
         }
         return res;
     }
@@ -240,7 +227,7 @@ struct Scheduler::Impl {
         for (auto it = queue.begin(); it != queue.end();) {
             if (auto e = ends(**it)) {
                 cancels.erase((*it)->id);
-                std::string text = (*it)->text->cut();
+                std::string text = (*it)->seq.text->cut();
                 RequestResult res = result_of(**it, *e, std::move(text));
                 done.emplace_back(std::move(*it), std::move(res));
                 it = queue.erase(it);
@@ -253,7 +240,7 @@ struct Scheduler::Impl {
             if (!r) continue;
             if (auto e = ends(*r)) {
                 cancels.erase(r->id);
-                std::string text = r->text->finish();
+                std::string text = r->seq.text->finish();
                 RequestResult res = result_of(*r, *e, std::move(text));
                 done.emplace_back(std::move(r), std::move(res));
                 r.reset();
@@ -366,11 +353,11 @@ struct Scheduler::Impl {
             if (r.stale) {
                 cache.clear(slot_ids[i]);
                 packed.insert(packed.end(), r.req.prompt.begin(), r.req.prompt.end());
-                packed.insert(packed.end(), r.tokens.begin(), r.tokens.end());
-                counts.push_back(static_cast<int64_t>(r.req.prompt.size() + r.tokens.size()));
+                packed.insert(packed.end(), r.seq.tokens.begin(), r.seq.tokens.end());
+                counts.push_back(static_cast<int64_t>(r.req.prompt.size() + r.seq.tokens.size()));
                 r.stale = false;
             } else {
-                packed.push_back(r.tokens.back());
+                packed.push_back(r.seq.tokens.back());
                 counts.push_back(1);
             }
             needed = std::max(needed, cache.length(slot_ids[i]) + counts.back());
@@ -393,7 +380,7 @@ struct Scheduler::Impl {
                 auto &slot = running[static_cast<size_t>(slot_ids[i])];
                 if (slot.get() != reqs[i]) continue;
                 cache.clear(slot_ids[i]);
-                std::string text = slot->text->finish();
+                std::string text = slot->seq.text->finish();
                 RequestResult res = result_of(*slot, RequestEnd::Error, std::move(text),
                                               std::string("generation step failed: ") + e.what());
                 done.emplace_back(std::move(slot), std::move(res));
@@ -438,87 +425,26 @@ struct Scheduler::Impl {
                 for (const auto &g : routing) parts.push_back(g[l]);
                 layers[l] = at::cat(parts, 0);
             }
-            keep_routing(reqs, counts, refilled, layers, policy->model().config().norm_topk_prob);
+            // Routing replay (R3): each recording request's rows (the routing
+            // of the tokens it read), appended, or replacing what it had when
+            // it was prefilled again from its prompt.
+            std::vector<detail::Sequence *> seqs;
+            bool weights = false;
+            for (Request *r : reqs) {
+                seqs.push_back(&r->seq);
+                weights = weights || r->seq.record_weights;
+            }
+            detail::ForwardRouting(layers, policy->model().config(), weights)
+                .append_in_order(seqs, &counts, &refilled);
         }
         return logits.size() == 1 ? logits.front() : at::cat(logits, 0);
     }
 
-    // Routing replay (R3): each recording request's rows of the step's
-    // forward (the routing of the tokens it read), appended, or replacing
-    // what it had when it was prefilled again from its prompt.
-    static void keep_routing(const std::vector<Request *> &reqs, const std::vector<int64_t> &counts,
-                             const std::vector<uint8_t> &refilled,
-                             const std::vector<at::Tensor> &router_logits, bool norm_topk_prob) {
-        const Request *any = nullptr;
-        for (const Request *r : reqs)
-            if (r->req.params.return_routed_experts) any = r;
-        const at::Tensor ids =
-            routed_experts_of(router_logits, any->routed_k).to(at::kInt).contiguous();
-        const int64_t row = ids.size(1) * ids.size(2); // ids per token
-        const int32_t *p = ids.data_ptr<int32_t>();
-        bool weights = false;
-        for (const Request *r : reqs) weights = weights || r->req.params.return_expert_logits;
-        at::Tensor w;
-        if (weights) w = routed_expert_weights_of(router_logits, any->routed_k, norm_topk_prob);
-        int64_t at_row = 0;
-        for (size_t i = 0; i < reqs.size(); ++i) {
-            Request &r = *reqs[i];
-            if (r.req.params.return_routed_experts) {
-                if (refilled[i]) r.routed.clear();
-                r.routed.insert(r.routed.end(), p + at_row * row, p + (at_row + counts[i]) * row);
-            }
-            if (r.req.params.return_expert_logits) {
-                if (refilled[i]) r.routed_weights.clear();
-                const float *q = w.data_ptr<float>();
-                r.routed_weights.insert(r.routed_weights.end(), q + at_row * row,
-                                        q + (at_row + counts[i]) * row);
-            }
-            at_row += counts[i];
-        }
-    }
-
     void sample(const std::vector<Request *> &reqs, const std::vector<int64_t> &slot_ids,
                 const at::Tensor &logits, int64_t step_version, std::vector<Finished> &done) {
-        // Rows sharing temperature / top-k / top-p are sampled together.
-        std::map<std::tuple<double, int64_t, double>, std::vector<size_t>> groups;
-        for (size_t i = 0; i < reqs.size(); ++i) {
-            const SamplingParams &p = reqs[i]->req.params;
-            groups[{p.temperature, p.top_k, p.top_p}].push_back(i);
-        }
-        std::vector<std::pair<int64_t, float>> drawn(reqs.size());
-        std::vector<std::vector<std::pair<int64_t, float>>> tops(reqs.size());
-        for (const auto &[key, rows] : groups) {
-            std::vector<int64_t> idx(rows.begin(), rows.end());
-            at::Tensor sel = at::empty({static_cast<int64_t>(idx.size())}, at::kLong);
-            std::copy(idx.begin(), idx.end(), sel.data_ptr<int64_t>());
-            at::Tensor lp = sampling_logprobs(logits.index_select(0, sel.to(logits.device())),
-                                              reqs[rows.front()]->req.params);
-            std::vector<double> u;
-            for (size_t row : rows) {
-                const Request &r = *reqs[row];
-                u.push_back(sampling_uniform(r.seed, 0, r.req.sample_index,
-                                             static_cast<int64_t>(r.tokens.size())));
-            }
-            const auto picks = draw_tokens(lp, u);
-            int64_t want_top = 0;
-            for (size_t row : rows) want_top = std::max(want_top, reqs[row]->req.top_logprobs);
-            at::Tensor top_v, top_i;
-            if (want_top > 0) {
-                auto [v, i] = lp.topk(std::min(want_top, lp.size(1)), 1);
-                top_v = v.to(at::kCPU).to(at::kFloat).contiguous();
-                top_i = i.to(at::kCPU).contiguous();
-            }
-            for (size_t k = 0; k < rows.size(); ++k) {
-                drawn[rows[k]] = picks[k];
-                const int64_t want = reqs[rows[k]]->req.top_logprobs;
-                for (int64_t j = 0; j < want && top_v.defined() && j < top_v.size(1); ++j) {
-                    const float v = top_v[static_cast<int64_t>(k)][j].item<float>();
-                    if (!std::isfinite(v)) break;
-                    tops[rows[k]].emplace_back(top_i[static_cast<int64_t>(k)][j].item<int64_t>(),
-                                               v);
-                }
-            }
-        }
+        std::vector<detail::Sequence *> seqs;
+        for (Request *r : reqs) seqs.push_back(&r->seq);
+        std::vector<detail::Draw> drawn = detail::draw_next(logits, seqs);
         std::unordered_set<uint64_t> cancelled;
         {
             std::lock_guard<std::mutex> lk(mu);
@@ -528,41 +454,28 @@ struct Scheduler::Impl {
         for (size_t i = 0; i < reqs.size(); ++i) {
             Request &r = *reqs[i];
             if (cancelled.count(r.id)) continue; // ends before this token (housekeeping)
-            const auto [token, logprob] = drawn[i];
-            r.tokens.push_back(token);
-            r.logprobs.push_back(logprob);
             if (r.first_version < 0) r.first_version = step_version;
             r.last_version = step_version;
             ++produced;
-            std::optional<RequestEnd> end;
-            std::string final_text;
-            if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) {
-                end = RequestEnd::Stop;
-                final_text = r.text->finish();
-            } else if (r.text->push(token)) {
-                end = RequestEnd::Stop;
-                final_text = r.text->cut();
-            } else if (static_cast<int64_t>(r.tokens.size()) >= r.req.params.max_tokens ||
-                       static_cast<int64_t>(r.req.prompt.size() + r.tokens.size()) >= max_context) {
-                end = RequestEnd::Length;
-                final_text = r.text->finish();
-            }
+            std::optional<detail::End> end = detail::accept(r.seq, drawn[i]);
             TokenEvent ev;
-            ev.token = token;
-            ev.logprob = logprob;
-            ev.top = std::move(tops[i]);
+            ev.token = drawn[i].token;
+            ev.logprob = drawn[i].logprob;
+            ev.top = std::move(drawn[i].top);
             if (end) {
-                const size_t from = std::min(r.text->emitted(), final_text.size());
-                ev.text = final_text.substr(from);
+                const size_t from = std::min(r.seq.text->emitted(), end->text.size());
+                ev.text = end->text.substr(from);
             } else {
-                ev.text = r.text->take_settled();
+                ev.text = r.seq.text->take_settled();
             }
             if (r.req.on_token) r.req.on_token(ev);
             if (end) {
                 std::lock_guard<std::mutex> lk(mu);
                 auto &slot = running[static_cast<size_t>(slot_ids[i])];
                 cache.clear(slot_ids[i]);
-                RequestResult res = result_of(*slot, *end, std::move(final_text));
+                const RequestEnd how =
+                    end->reason == FinishReason::Stop ? RequestEnd::Stop : RequestEnd::Length;
+                RequestResult res = result_of(*slot, how, std::move(end->text));
                 done.emplace_back(std::move(slot), std::move(res));
                 slot.reset();
             }
@@ -620,9 +533,22 @@ uint64_t Scheduler::submit(ServeRequest request) {
             invalid("stop_token_ids[" + std::to_string(i) +
                     "] = " + std::to_string(r->stop_ids[i]) + " is outside the vocabulary");
     if (!p.stop.empty()) s.policy->require_tokenizer("stop strings");
-    r->seed = p.seed ? *p.seed : s.policy->next_sampling_seed();
-    r->text = std::make_unique<detail::TextTracker>(s.policy->tokenizer(), p.stop);
+    detail::Sequence &seq = r->seq;
+    seq.seed = p.seed ? *p.seed : s.policy->next_sampling_seed();
+    seq.text.emplace(s.policy->tokenizer(), p.stop);
     r->req = std::move(request);
+    // The sample's uniforms are generate's for prompt 0, sample sample_index.
+    seq.params = &r->req.params;
+    seq.stop_ids = &r->stop_ids;
+    seq.prompt = 0;
+    seq.sample = r->req.sample_index;
+    seq.prompt_len = static_cast<int64_t>(r->req.prompt.size());
+    seq.context_limit = s.max_context;
+    seq.top_logprobs = r->req.top_logprobs;
+    if (r->req.params.return_routed_experts) {
+        seq.routed_width = r->routed_layers * r->routed_k;
+        seq.record_weights = r->req.params.return_expert_logits;
+    }
     uint64_t id = 0;
     {
         std::lock_guard<std::mutex> lk(s.mu);

@@ -1,5 +1,6 @@
 // Text of one sample while it is generated: incremental decoding and
-// stop-string detection, shared by the engine and the serving scheduler.
+// stop-string detection, kept by each sequence of the decoding step
+// (decode_step.hpp).
 #pragma once
 
 #include "rl/core/tokenizer.hpp"

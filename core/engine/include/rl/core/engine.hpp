@@ -6,8 +6,10 @@
 //
 // One generate call: every prompt is prefilled once into a cache slot and the
 // slot copied to its n samples; then one decode step per token runs all
-// unfinished samples together. With max_batch_sequences > 0 the samples are
-// run in waves of at most that many slots. Generation runs under
+// unfinished samples together (the decoding step of generate_episodes and of
+// the serving scheduler too: core/engine/src/decode_step.hpp). With
+// max_batch_sequences > 0 the samples are run in waves of at most that many
+// slots. Generation runs under
 // c10::InferenceMode (no autograd state is recorded).
 #pragma once
 
@@ -23,6 +25,10 @@
 #include <vector>
 
 namespace rl::core {
+
+namespace detail {
+struct Sequence; // one sample while it is decoded (core/engine/src/decode_step.hpp)
+} // namespace detail
 
 /// QeRL exploration noise (Surogate's noise_scheduler; docs/moe.md): the
 /// engine samples with Gaussian noise N(0, sigma^2) added to the RMSNorm
@@ -230,7 +236,6 @@ public:
     int64_t kv_budget_bytes() const;
 
 private:
-    struct SampleOut;
     void ensure_cache(int64_t slots, int64_t capacity);
     /// A call's checked settings: stop ids, adapter, seed, samples per wave.
     struct Prepared {
@@ -243,16 +248,14 @@ private:
                      int64_t capacity, const char *fn);
     at::Tensor prefill_wave(const std::vector<std::vector<int64_t>> &prompts, int64_t n,
                             int64_t first_sample, int64_t end_sample,
-                            std::vector<std::vector<int64_t>> *routed = nullptr,
-                            std::vector<std::vector<float>> *weights = nullptr);
+                            std::vector<detail::Sequence> *seqs);
     void run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
                           const SamplingParams &params, const Prepared &prep, int64_t first_sample,
                           int64_t end_sample, int64_t capacity, const EpisodeOptions &options,
                           const std::function<TurnReply(const TurnEnd &)> &on_turn,
                           std::vector<Episode> &out);
     void run_wave(const std::vector<std::vector<int64_t>> &prompts, const SamplingParams &params,
-                  uint64_t seed, const std::vector<int64_t> &stop_ids, int64_t first_sample,
-                  int64_t end_sample, std::vector<SampleOut> &out);
+                  const Prepared &prep, int64_t first_sample, int64_t end_sample, Generation &g);
 
     std::shared_ptr<Policy> policy_;
     EngineConfig config_;

@@ -40,8 +40,9 @@ struct SamplingParams {
     /// The LoRA adapter to sample with, by its name in the policy's registry
     /// (docs/lora.md); empty: the engine's default (EngineConfig::adapter).
     std::string adapter;
-    /// Record the mixture-of-experts routing of every token (Engine::generate
-    /// only; Generation::routed_experts, docs/model.md "Mixture of experts").
+    /// Record the mixture-of-experts routing of every token (Engine::generate,
+    /// generate_episodes and the serving scheduler; Generation::routed_experts,
+    /// docs/model.md "Mixture of experts").
     bool return_routed_experts = false;
     /// With return_routed_experts, also record the weights the experts were
     /// mixed with (xorl-sglang's return_expert_logits; Engine::generate and

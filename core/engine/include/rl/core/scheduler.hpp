@@ -5,9 +5,11 @@
 // arrived at different times share every decode step; a finished, cancelled
 // or timed-out request frees its slot at once.
 //
-// Sampling is the engine's (sampling.hpp): the same temperature / top-k /
-// top-p rules, the same reported logprobs (of the sampling distribution; at
-// temperature 1 without top-k / top-p they equal the trainer's), and the same
+// Sampling is the engine's, one decoding step for both
+// (core/engine/src/decode_step.hpp; rules in sampling.hpp): the same
+// temperature / top-k / top-p rules, the same stops, the same reported
+// logprobs (of the sampling distribution; at temperature 1 without top-k /
+// top-p they equal the trainer's), and the same
 // counter-based randomness: token `position` of a request uses
 // sampling_uniform(seed, 0, sample_index, position). A request therefore
 // produces the tokens Engine::generate({prompt}, params with n = sample_index
