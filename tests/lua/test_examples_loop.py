@@ -3,8 +3,10 @@
 - online evaluation (eval.every): ppo, distill, agent and the disaggregated
   trainer log eval/* on exactly the steps that are multiples of eval.every;
 - the GRPO example on the MoE preset logs the router's aux loss and the
-  experts' load ratios, and trains with routing replay (moe.routing_replay);
-  a dense model refuses that option; the multi-turn agent example trains with
+  experts' load ratios, and trains with routing replay (moe.routing_replay,
+  moe.routing_replay_weights), also with the experts split over two ranks
+  (trainer.expert_parallel); a dense model refuses routing replay, the weights
+  without the ids are refused; the multi-turn agent example trains with
   routing replay on the MoE preset (its episodes carry their routing);
 - the disaggregated trainer's frozen reference (ref.model): every trained
   batch gets ref_logprobs, ref_kl is 0 on the first step (the batch of the
@@ -33,11 +35,12 @@ class ExampleLoops(RunFolderCase):
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
         return read_records(os.path.join(self.tmp.name, "runs", name), "rl")
 
-    def trained_on_moe(self, script, config, name, sets):
+    def trained_on_moe(self, script, config, name, sets, launch=()):
         """The records of the steps that trained in a run of the example on the
         tiny-moe preset (at least one)."""
         recs = self.run_example(script, config, name, ["model.preset=tiny-moe",
-                                                       f"model.init_dir={self.tmp.name}/moe"] + sets)
+                                                       f"model.init_dir={self.tmp.name}/moe"] + sets,
+                                launch=launch)
         trained = [r for r in recs if "grad_norm" in r]
         self.assertTrue(trained, recs)
         return trained
@@ -103,6 +106,25 @@ class ExampleLoops(RunFolderCase):
                             ["sft.steps=0", "moe.routing_replay=true"], timeout=600)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("return_routed_experts", p.stdout + p.stderr)
+
+    def test_grpo_on_two_ranks_splits_the_experts_and_replays_the_routing(self):
+        # docs/moe.md's worked example: trainer.expert_parallel over the two
+        # ranks of `rlhost launch`, with routing replay of ids and weights.
+        launch = ["launch", "--nproc-per-node", "2", "--"]
+        trained = self.trained_on_moe(
+            "examples/grpo.lua", "examples/grpo.yaml", "moe_ep",
+            ["trainer.expert_parallel=2", "moe.routing_replay=true",
+             "moe.routing_replay_weights=true", "sft.steps=0", "run.steps=2",
+             "buffer.min_rollouts=8"], launch=launch)
+        for r in trained:
+            self.assertGreater(r["moe/aux_loss"], 0.0)
+        # The key reaches the trainer: a split the ranks cannot make is refused.
+        p = self.rlhost_run("examples/grpo.lua", "examples/grpo.yaml", "moe_ep3",
+                            ["sft.steps=0", "model.preset=tiny-moe",
+                             f"model.init_dir={self.tmp.name}/moe", "trainer.expert_parallel=3"],
+                            launch=launch, timeout=600)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("trainer.expert_parallel (3)", p.stdout + p.stderr)
 
     def test_agent_replays_the_episodes_routing_on_the_moe_preset(self):
         # moe.routing_replay on a multi-turn env: every episode records the
