@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,39 @@ void expect_replay_gives_the_engine_logprobs(rl_model_t *m, const rl_train_batch
     }
 }
 
+// `r` (scored, 4 rollouts in groups of 2) pushed into a buffer (*first),
+// saved to `state` and loaded into a second buffer: the batch that one pops.
+BatchPtr through_a_saved_buffer(rl_rollouts_t *r, const std::string &state, BufferPtr *first) {
+    const char *config = R"({"group_size": 2})";
+    rl_buffer_t *b1 = nullptr, *b2 = nullptr;
+    EXPECT_EQ(rl_buffer_create(config, &b1), RL_OK) << rl_last_error();
+    first->reset(b1);
+    EXPECT_EQ(rl_buffer_push_rollouts(b1, r, nullptr), RL_OK) << rl_last_error();
+    EXPECT_EQ(rl_buffer_save(b1, state.c_str()), RL_OK) << rl_last_error();
+    EXPECT_EQ(rl_buffer_create(config, &b2), RL_OK) << rl_last_error();
+    BufferPtr second(b2);
+    EXPECT_EQ(rl_buffer_load(b2, state.c_str()), RL_OK) << rl_last_error();
+    rl_train_batch_t *braw = nullptr;
+    EXPECT_EQ(rl_buffer_pop_train_batch(b2, 4, 0, &braw), RL_OK) << rl_last_error();
+    EXPECT_NE(braw, nullptr);
+    return BatchPtr(braw);
+}
+
+// The infos of the two parts of rl_train_batch_split(batch, 2).
+std::vector<std::unique_ptr<Result>> halves(const rl_train_batch_t *batch) {
+    std::vector<rl_train_batch_t *> parts(2, nullptr);
+    uint64_t n_parts = 0;
+    EXPECT_EQ(rl_train_batch_split(batch, 2, parts.data(), &n_parts), RL_OK) << rl_last_error();
+    EXPECT_EQ(n_parts, 2u);
+    std::vector<std::unique_ptr<Result>> out;
+    for (uint64_t p = 0; p < n_parts; ++p) {
+        BatchPtr part(parts[p]);
+        out.push_back(std::make_unique<Result>());
+        EXPECT_EQ(rl_train_batch_info(part.get(), out.back()->out()), RL_OK) << rl_last_error();
+    }
+    return out;
+}
+
 // The router of the model in `dir` scaled by 3, saved to `out`: the same
 // top-k everywhere (a monotone change), other mixing weights.
 void save_sharper_router(const std::string &dir, const std::string &out) {
@@ -207,15 +241,9 @@ TEST(MoeRollouts, RolloutsCarryTheEngineRoutingAndTheTrainerReplaysIt) {
     EXPECT_EQ(packed.shape, routes.shape);
     EXPECT_EQ(packed.values, routes.values);
     EXPECT_EQ(binfo.tensor<int64_t>("cu_seqlens"), rcu);
-    std::vector<rl_train_batch_t *> parts(2, nullptr);
-    uint64_t n_parts = 0;
-    RL_ASSERT_OK(rl_train_batch_split(batch.get(), 2, parts.data(), &n_parts));
-    ASSERT_EQ(n_parts, 2u);
-    for (uint64_t p = 0; p < n_parts; ++p) {
-        BatchPtr part(parts[p]);
-        Result pinfo;
-        RL_ASSERT_OK(rl_train_batch_info(part.get(), pinfo.out()));
-        const IntTensor pr = int_tensor(pinfo, "routed_experts");
+    const auto parts = halves(batch.get());
+    for (size_t p = 0; p < parts.size(); ++p) {
+        const IntTensor pr = int_tensor(*parts[p], "routed_experts");
         const int64_t a = rcu[2 * p], b = rcu[2 * p + 2];
         EXPECT_EQ(pr.shape, (std::vector<int64_t>{b - a, L, K}));
         EXPECT_EQ(pr.values, std::vector<int64_t>(routes.values.begin() + a * L * K,
@@ -301,21 +329,9 @@ TEST(MoeRollouts, TheBufferKeepsTheRoutingThroughSaveAndLoadAndRefusesMixedBatch
     RL_ASSERT_OK(rl_rollouts_info(r.get(), info.out()));
     const IntTensor routes = int_tensor(info, "routed_experts");
 
-    const char *config = R"({"group_size": 2})";
-    rl_buffer_t *b1 = nullptr;
-    RL_ASSERT_OK(rl_buffer_create(config, &b1));
-    BufferPtr first(b1);
-    RL_ASSERT_OK(rl_buffer_push_rollouts(first.get(), r.get(), nullptr));
-    const std::string state = tmp.sub("buffer.json");
-    RL_ASSERT_OK(rl_buffer_save(first.get(), state.c_str()));
-    rl_buffer_t *b2 = nullptr;
-    RL_ASSERT_OK(rl_buffer_create(config, &b2));
-    BufferPtr second(b2);
-    RL_ASSERT_OK(rl_buffer_load(second.get(), state.c_str()));
-    rl_train_batch_t *braw = nullptr;
-    RL_ASSERT_OK(rl_buffer_pop_train_batch(second.get(), 4, 0, &braw));
-    ASSERT_NE(braw, nullptr);
-    BatchPtr batch(braw);
+    BufferPtr first;
+    BatchPtr batch = through_a_saved_buffer(r.get(), tmp.sub("buffer.json"), &first);
+    ASSERT_NE(batch, nullptr);
     Result binfo;
     RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
     const IntTensor packed = int_tensor(binfo, "routed_experts");
@@ -477,32 +493,16 @@ TEST(MoeRollouts, RecordedRoutingWeightsReachTheTrainerWhichMixesWithThem) {
     // Through the buffer (saved and loaded) into a batch and its split.
     const std::vector<double> rewards = {1, 0, 0, 1};
     RL_ASSERT_OK(rl_rollouts_set_rewards(r.get(), rewards.data(), rewards.size()));
-    const char *config = R"({"group_size": 2})";
-    rl_buffer_t *b1 = nullptr, *b2 = nullptr;
-    RL_ASSERT_OK(rl_buffer_create(config, &b1));
-    BufferPtr first(b1);
-    RL_ASSERT_OK(rl_buffer_push_rollouts(first.get(), r.get(), nullptr));
-    const std::string state = tmp.sub("buffer.json");
-    RL_ASSERT_OK(rl_buffer_save(first.get(), state.c_str()));
-    RL_ASSERT_OK(rl_buffer_create(config, &b2));
-    BufferPtr second(b2);
-    RL_ASSERT_OK(rl_buffer_load(second.get(), state.c_str()));
-    rl_train_batch_t *braw = nullptr;
-    RL_ASSERT_OK(rl_buffer_pop_train_batch(second.get(), 4, 0, &braw));
-    BatchPtr batch(braw);
+    BufferPtr first;
+    BatchPtr batch = through_a_saved_buffer(r.get(), tmp.sub("buffer.json"), &first);
+    ASSERT_NE(batch, nullptr);
     Result binfo;
     RL_ASSERT_OK(rl_train_batch_info(batch.get(), binfo.out()));
     EXPECT_EQ(floats(binfo, "routed_expert_weights"), weights);
-    std::vector<rl_train_batch_t *> parts(2, nullptr);
-    uint64_t n_parts = 0;
-    RL_ASSERT_OK(rl_train_batch_split(batch.get(), 2, parts.data(), &n_parts));
-    ASSERT_EQ(n_parts, 2u);
-    for (uint64_t p = 0; p < n_parts; ++p) {
-        BatchPtr part(parts[p]);
-        Result pinfo;
-        RL_ASSERT_OK(rl_train_batch_info(part.get(), pinfo.out()));
+    const auto parts = halves(batch.get());
+    for (size_t p = 0; p < parts.size(); ++p) {
         const int64_t a = rcu[2 * p], b = rcu[2 * p + 2];
-        EXPECT_EQ(floats(pinfo, "routed_expert_weights"),
+        EXPECT_EQ(floats(*parts[p], "routed_expert_weights"),
                   std::vector<float>(weights.begin() + a * L * K, weights.begin() + b * L * K));
     }
 
