@@ -163,4 +163,10 @@ void pad_unread_routing(Sequence &seq) {
         seq.routed_weights.resize(want * static_cast<size_t>(seq.routed_width), 0.0f);
 }
 
+at::Tensor long_tensor(const std::vector<int64_t> &ids) {
+    at::Tensor t = at::empty({static_cast<int64_t>(ids.size())}, at::kLong);
+    std::copy(ids.begin(), ids.end(), t.data_ptr<int64_t>());
+    return t;
+}
+
 } // namespace rl::core::detail

@@ -123,4 +123,7 @@ private:
 /// yourself", weights 0, up to prompt + tokens rows.
 void pad_unread_routing(Sequence &seq);
 
+/// Token ids as a CPU int64 tensor [n] (the model's decode / extend input).
+at::Tensor long_tensor(const std::vector<int64_t> &ids);
+
 } // namespace rl::core::detail

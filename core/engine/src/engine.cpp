@@ -30,12 +30,6 @@ namespace {
     throw Error(ErrorKind::InvalidArgument, msg);
 }
 
-at::Tensor long_tensor(const std::vector<int64_t> &v) {
-    at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
-    std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
-    return t;
-}
-
 } // namespace
 
 const char *finish_reason_name(FinishReason r) {
@@ -343,7 +337,7 @@ at::Tensor Engine::prefill_wave(const std::vector<std::vector<int64_t>> &prompts
         const int64_t src = prefill_slots[static_cast<size_t>(row_of[static_cast<size_t>(k)])];
         if (src != k) cache.copy_slot(src, k);
     }
-    return logits.index_select(0, long_tensor(row_of).to(logits.device()));
+    return logits.index_select(0, detail::long_tensor(row_of).to(logits.device()));
 }
 
 // Samples [first_sample, end_sample) of a generate call, appended to `g`: one
@@ -385,7 +379,7 @@ void Engine::run_wave(const std::vector<std::vector<int64_t>> &prompts,
         if (active.empty()) break;
         std::optional<RouterLogitsRecorder> recorder;
         if (record) recorder.emplace();
-        logits = model.decode(cache, active, long_tensor(next_tokens));
+        logits = model.decode(cache, active, detail::long_tensor(next_tokens));
         // Row i: the routing of the token next_live[i] just read.
         if (record)
             detail::ForwardRouting(recorder->logits(), mc, params.return_expert_logits)

@@ -19,16 +19,6 @@
 
 namespace rl::core {
 
-namespace {
-
-at::Tensor long_tensor(const std::vector<int64_t> &v) {
-    at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
-    std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
-    return t;
-}
-
-} // namespace
-
 const char *episode_end_name(EpisodeEnd e) {
     switch (e) {
         case EpisodeEnd::Done:
@@ -196,11 +186,12 @@ void Engine::run_episode_wave(const std::vector<std::vector<int64_t>> &prompts,
         std::vector<at::Tensor> parts;
         if (!cont.empty())
             parts.push_back(forward(cont, nullptr, [&] {
-                return model.decode(cache, cont, long_tensor(cont_tokens));
+                return model.decode(cache, cont, detail::long_tensor(cont_tokens));
             }));
         if (!resumed.empty())
             parts.push_back(forward(resumed, &resumed_counts, [&] {
-                return model.extend(cache, resumed, long_tensor(resumed_tokens), resumed_counts);
+                return model.extend(cache, resumed, detail::long_tensor(resumed_tokens),
+                                    resumed_counts);
             }));
         active = std::move(cont);
         active.insert(active.end(), resumed.begin(), resumed.end());
