@@ -1098,8 +1098,8 @@ TEST(MoeReplay, RecordingRoutingsIsRefusedWhereItIsNotSupported) {
                   SamplingParams::from_json(R"({"return_routed_experts": 1})");
               }).find("return_routed_experts must be true or false"),
               std::string::npos);
-    // The routing weights (return_expert_logits): with the ids only, and not
-    // for episodes.
+    // The routing weights (return_expert_logits): with the ids only; episodes
+    // record them too, in the layout of their ids.
     EXPECT_TRUE(SamplingParams::from_json(
                     R"({"return_routed_experts": true, "return_expert_logits": true})")
                     .return_expert_logits);
@@ -1110,12 +1110,14 @@ TEST(MoeReplay, RecordingRoutingsIsRefusedWhereItIsNotSupported) {
     write_tiny_model(tmp / "moe", 12, small_moe_spec());
     Engine moe(Policy::load(tmp / "moe"));
     sp.return_expert_logits = true;
-    EXPECT_NE(error_of([&] {
-                  moe.generate_episodes({{'a', 'b'}}, sp, EpisodeOptions{}, [](const TurnEnd &) {
-                      return TurnReply{true, {}, {}};
-                  });
-              })
-                  .find("generate_episodes: return_expert_logits: episodes record the routed "
-                        "experts' ids only"),
-              std::string::npos);
+    const Episodes eps =
+        moe.generate_episodes({{'a', 'b'}}, sp, EpisodeOptions{}, [](const TurnEnd &) {
+            return TurnReply{true, {}, {}};
+        });
+    for (const Episode &e : eps.episodes) {
+        ASSERT_FALSE(e.routed_experts.empty());
+        ASSERT_EQ(e.routed_expert_weights.size(), e.routed_experts.size());
+        for (size_t i = 0; i < e.routed_experts.size(); ++i)
+            EXPECT_EQ(e.routed_expert_weights[i] > 0.0f, e.routed_experts[i] >= 0) << i;
+    }
 }
