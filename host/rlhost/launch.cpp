@@ -165,20 +165,36 @@ Options parse(const std::vector<std::string> &args) {
     return o;
 }
 
-// A TCP port that was free a moment ago on the loopback interface.
-int free_port() {
+bool bindable_port(int port) {
     const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (s < 0) return 29500;
+    if (s < 0) return false;
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = 29500;
-    if (::bind(s, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
-        ::getsockname(s, reinterpret_cast<sockaddr *>(&a), &len) == 0)
-        port = ntohs(a.sin_port);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(s, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
     ::close(s);
-    return port;
+    return ok;
+}
+
+// A TCP port for the ranks' store that was free a moment ago. It comes from
+// below the kernel's ephemeral range (ip_local_port_range): a port from
+// bind(0) is handed by the kernel to the next outgoing connection of any
+// process on the machine, so it is often taken again before rank 0 binds it.
+int free_port() {
+    int lo = 32768, hi = 60999;
+    std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+    const int first = lo - 1 >= 12000 ? 10000 : hi + 1, last = lo - 1 >= 12000 ? lo - 1 : 65535;
+    const int span = last - first + 1;
+    const auto seed =
+        static_cast<unsigned>(::getpid()) * 7919u +
+        static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count());
+    for (int i = 0; span > 0 && i < 256; ++i) {
+        const int port = first + static_cast<int>((seed + 104729u * static_cast<unsigned>(i)) %
+                                                  static_cast<unsigned>(span));
+        if (bindable_port(port)) return port;
+    }
+    return 29500;
 }
 
 // One rank's output stream: complete lines go out with the prefix.

@@ -4,6 +4,8 @@
 #include "rl/core/safetensors.hpp"
 #include "rl/core/tensor_io.hpp"
 
+#include "free_port.hpp"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -27,19 +29,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-
-int free_port() {
-    int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    ::bind(s, reinterpret_cast<sockaddr *>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(s, reinterpret_cast<sockaddr *>(&a), &len);
-    ::close(s);
-    return ntohs(a.sin_port);
-}
 
 struct Exit {
     int status = -1; ///< exit code, or 128 + signal
@@ -114,7 +103,7 @@ public:
 
     /// The torchrun variables of `world` ranks on this machine.
     static std::vector<std::map<std::string, std::string>> world(int world, int port = 0) {
-        if (port == 0) port = free_port();
+        if (port == 0) port = rltest::free_tcp_port();
         std::vector<std::map<std::string, std::string>> envs;
         for (int r = 0; r < world; ++r)
             envs.push_back({{"RANK", std::to_string(r)},

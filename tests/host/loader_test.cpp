@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -710,6 +711,44 @@ TEST(LoaderHostileStrings, PluginNamesTextsAndMessagesThatAreNotTextStayReadable
     EXPECT_EQ(rl_result_metric(r, "tokens_\xfe", &tokens), RL_OK); // the name as emitted
     EXPECT_EQ(tokens, 3.0);
     rl_result_destroy(r);
+    rl_instance_destroy(inst);
+}
+
+// runtime.h: readers of one result may run at the same time. The first
+// rl_result_json makes the text once; every reader gets that same text (the
+// same bytes at the same address), however many ask at once.
+TEST(LoaderResults, ResultJsonReadFromSeveralThreadsAtOnceIsMadeOnce) {
+    Runtime rt(fixture("fixture_broken_bad_text"));
+    rl_instance_t *inst = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "fixture_text_ok", nullptr, &inst), RL_OK)
+        << rl_last_error();
+    LossBatch b(false);
+    for (int round = 0; round < 200; ++round) {
+        rl_result_t *r = nullptr;
+        ASSERT_EQ(rl_loss_compute(inst, &b.in, 0, &r), RL_OK) << rl_last_error();
+        constexpr int kReaders = 4;
+        std::atomic<int> ready{0};
+        std::vector<rl_string_view_t> views(kReaders);
+        std::vector<std::string> texts(kReaders);
+        std::vector<rl_status_t> status(kReaders, RL_ERR_INTERNAL);
+        std::vector<std::thread> readers;
+        for (int t = 0; t < kReaders; ++t)
+            readers.emplace_back([&, t] {
+                ready.fetch_add(1);
+                while (ready.load() < kReaders) {
+                }
+                status[t] = rl_result_json(r, &views[t]);
+                texts[t] = std::string(views[t].data, views[t].length);
+            });
+        for (auto &th : readers) th.join();
+        for (int t = 0; t < kReaders; ++t) {
+            ASSERT_EQ(status[t], RL_OK) << "round " << round << ", reader " << t;
+            ASSERT_EQ(views[t].data, views[0].data) << "round " << round << ", reader " << t;
+            ASSERT_EQ(texts[t], texts[0]) << "round " << round;
+        }
+        EXPECT_NE(texts[0].find("\"metrics\""), std::string::npos) << texts[0];
+        rl_result_destroy(r);
+    }
     rl_instance_destroy(inst);
 }
 

@@ -3,7 +3,8 @@ orchestrator between a Lua rollout worker and a Lua trainer (examples/
 grpo_disaggregated.lua under rlhost) trains every step once and the reward rises;
 a message of another protocol version is refused naming both versions; a worker
 whose orchestrator never answers names it after the timeout; mixture-of-experts
-rollouts keep their routing (ids and weights) on the way to the trainer."""
+rollouts keep their routing (ids and weights) on the way to the trainer, and a
+chunk whose routing is not one row per token is refused naming the tensor."""
 
 import json
 import os
@@ -54,6 +55,47 @@ class ProtocolTest(unittest.TestCase):
         self.assertIn("[rollout 0/1] no credit from the orchestrator within "
                       "rollout_transport.timeout (1s); is it running?", str(e.exception))
         w.close()
+
+    def test_a_chunk_whose_routing_is_not_token_rows_is_refused_naming_the_tensor(self):
+        config = {"transport": "filesystem", "dir": self.dir, "timeout": 30, "workers": 1,
+                  "steps": 1, "checkpoint_every": 0, "min_rollouts": 1}
+        failure = []
+
+        def orchestrator():
+            try:
+                dg.orchestrate(self.rt, config, rl.Buffer({"group_size": 1}),
+                               self.rt.create("advantage", "grpo"))
+            except rl.Error as e:
+                failure.append(e)
+
+        thread = threading.Thread(target=orchestrator, daemon=True)
+        thread.start()
+        worker = self.rt.create("transport", "filesystem",
+                                {"dir": self.dir, "channel": "to_orch_w0", "poll_ms": 10})
+        # Four tokens whose routing is a flat list, not [tokens, layers, k] rows.
+        # Sent again each second until the orchestrator stops: it clears its
+        # folders when it starts (a send can fail then, or be swept away), and a
+        # chunk it took once is a duplicate after that.
+        try:
+            for _ in range(60):
+                try:
+                    worker.send({"kind": "rl.rollouts", "worker": 0, "worker_run": "hand-made",
+                                 "seq": 1, "policy_version": 0, "protocol": dg.PROTOCOL_VERSION},
+                                {"input_ids": [5, 6, 7, 8], "cu_seqlens": [0, 4],
+                                 "loss_mask": [0, 1, 1, 1], "rewards": [1.0], "group_ids": [0],
+                                 "policy_versions": [0.0],
+                                 "routed_experts": [1.0, 2.0, 3.0, 4.0]})
+                except rl.Error:
+                    pass
+                thread.join(1)
+                if not thread.is_alive():
+                    break
+        finally:
+            thread.join(60)  # never close the runtime under a running orchestrator
+        self.assertFalse(thread.is_alive(), "the orchestrator did not stop")
+        self.assertEqual(len(failure), 1)
+        self.assertIn("chunk 1 of worker 0: tensor 'routed_experts' must be [4 tokens, sparse "
+                      "layers, experts per token]", str(failure[0]))
 
     def test_a_bad_config_key_is_named(self):
         with self.assertRaises(rl.Error) as e:

@@ -4,12 +4,14 @@ world of one."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import unittest
 
 import rl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from free_port import free_port  # noqa: E402
 
 RLHOST = os.environ.get("RL_TEST_RLHOST")
 SOURCE = os.environ.get("RL_TEST_SOURCE_DIR")
@@ -25,12 +27,6 @@ assert d.all_gather(r * 7) == [0, 7]
 d.barrier()
 print("py dist ok", r)
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_ranks(cmd):

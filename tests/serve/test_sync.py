@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,9 @@ import unittest
 import urllib.request
 
 import rl
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from free_port import free_port  # noqa: E402
 
 RLHOST = os.environ["RL_TEST_RLHOST"]
 SOURCE = os.environ["RL_TEST_SOURCE_DIR"]
@@ -259,9 +261,7 @@ class StopSignal(unittest.TestCase):
             model = os.path.join(tmp, "m")
             rl.init_model("tiny", model, 7)
             server = ServerProcess(model, os.path.join(tmp, "server.log"))
-            with socket.socket() as s:  # a port where nobody listens
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+            port = free_port()  # a port where nobody listens
             body = json.dumps({"master_address": "127.0.0.1", "master_port": port,
                                "rank_offset": 1, "world_size": 2, "group_name": "stuck",
                                "backend": "gloo"}).encode()

@@ -14,8 +14,8 @@ exits 77 (skipped) when that torch is missing or another version."""
 
 import json
 import os
-import socket
 import struct
+import sys
 import threading
 import unittest
 import urllib.request
@@ -32,14 +32,11 @@ from torch.distributed.distributed_c10d import (Backend, PrefixStore,  # noqa: E
 
 import rl  # noqa: E402  (after the skip checks)
 from test_sync import PROMPT, ServerProcess, greedy  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from free_port import free_port  # noqa: E402
 
 TIMEOUT = timedelta(seconds=120)
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def join_group(backend, master_address, master_port, rank, world_size, group_name):

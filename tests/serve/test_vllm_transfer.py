@@ -49,17 +49,14 @@ torch = build_torch.require()
 from torch.distributed import TCPStore  # noqa: E402
 
 from vllm.distributed.device_communicators.pynccl_wrapper import ncclUniqueId  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from free_port import free_port  # noqa: E402
 
 PEER = os.environ.get("RL_TEST_VLLM_PEER", "")
 TIMEOUT = timedelta(seconds=60)
 HOST = "127.0.0.1"
 KEY = "broadcast_from/0/0"
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def vllm_store(port, rank, world_size):

@@ -349,7 +349,7 @@ RL_API rl_status_t rl_result_json(const rl_result_t *result, rl_string_view_t *o
     return boundary([&] {
         require(result && out_json, "rl_result_json: result and out_json are required");
         auto *r = const_cast<rl_result_t *>(result);
-        if (r->json_cache.empty()) r->json_cache = r->sink.to_json();
+        std::call_once(r->json_once, [r] { r->json_cache = r->sink.to_json(); });
         *out_json = rl_string_view_t{r->json_cache.data(), r->json_cache.size()};
         return RL_OK;
     });

@@ -272,27 +272,23 @@ void Orchestrator::take_rollouts(const json &h, Msg &m) {
                             fmt("%s chunk %lld of worker %lld: cu_seqlens is not ascending "
                                 "within its %lld tokens",
                                 kTag, ll(seq), ll(k), ll(ids.numel()))};
-        auto slice = [&](const OwnedTensor &t) {
+        // Rows a..b of a tensor whose first dimension is the chunk's tokens.
+        auto rows = [&](const OwnedTensor &t) {
             rl_tensor_view_t v = t.view();
-            const size_t es = rl::host::dtype_size(t.dtype);
-            v.data = static_cast<uint8_t *>(v.data) + a * es;
-            int64_t len = b - a;
-            v.shape = &len;
+            int64_t row = 1;
+            for (size_t d = 1; d < t.shape.size(); ++d) row *= t.shape[d];
+            v.data = static_cast<uint8_t *>(v.data) +
+                     a * row * static_cast<int64_t>(rl::host::dtype_size(t.dtype));
+            std::vector<int64_t> shape = t.shape;
+            shape[0] = b - a;
+            v.shape = shape.data();
             return OwnedTensor::copy_of(v);
         };
         std::map<std::string, OwnedTensor> parts;
-        parts["token_ids"] = slice(ids);
-        parts["loss_mask"] = slice(mask);
-        if (lp != m.tensors.end()) parts["logprobs"] = slice(lp->second);
-        for (const auto &[name, t] : routing) {
-            rl_tensor_view_t v = t->view();
-            const int64_t row = t->shape[1] * t->shape[2];
-            v.data = static_cast<uint8_t *>(v.data) +
-                     a * row * static_cast<int64_t>(rl::host::dtype_size(t->dtype));
-            int64_t shape[3] = {b - a, t->shape[1], t->shape[2]};
-            v.shape = shape;
-            parts[name] = OwnedTensor::copy_of(v);
-        }
+        parts["token_ids"] = rows(ids);
+        parts["loss_mask"] = rows(mask);
+        if (lp != m.tensors.end()) parts["logprobs"] = rows(lp->second);
+        for (const auto &[name, t] : routing) parts[name] = rows(*t);
         std::vector<rl_tensor_arg_t> args;
         for (const auto &kv : parts) args.push_back({kv.first.c_str(), kv.second.view()});
         json r = {{"group_id", gid_map_[key]}, {"reward", r_p[i]}, {"policy_version", v_p[i]}};

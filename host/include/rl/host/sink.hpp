@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,10 @@ struct CallSink {
 
 } // namespace rl::host
 
-// The embedder's result handle is a sink plus its cached JSON text.
+// The embedder's result handle is a sink plus its JSON text, made once on the
+// first rl_result_json (readers of one result may call it at the same time).
 struct rl_result {
     rl::host::CallSink sink;
+    std::once_flag json_once;
     std::string json_cache;
 };
