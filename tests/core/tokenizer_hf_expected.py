@@ -78,25 +78,33 @@ CLASSES = (["\\p{%s}" % gc for gc in
             "[\\P{C}]"])
 
 
+# Every code point but the surrogates, in order (made once: the classes all read it).
+ALL_CODE_POINTS = "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
+
+
 def class_members(tokenizers, pattern):
-    """[[first, last], ...]: the code points `pattern` matches in `tokenizers`."""
-    cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
-    text = "".join(map(chr, cps))
+    """[[first, last], ...]: the code points `pattern` matches in `tokenizers`.
+    The Split pre-tokenizer removes what matches from ALL_CODE_POINTS, so the
+    members are the gaps between the pieces it keeps (ranges, not one Python
+    step per code point)."""
+    text = ALL_CODE_POINTS
+
+    def cp(i):  # the code point at text index i
+        return i if i < 0xD800 else i + 0x800
+
     split = tokenizers.pre_tokenizers.Split(tokenizers.Regex(pattern), "removed")
-    kept = bytearray(len(text))
-    for piece, (a, b) in split.pre_tokenize_str(text):
+    out, end = [], 0
+    for piece, (a, b) in split.pre_tokenize_str(text) + [("", (len(text), len(text)))]:
         if text[a:b] != piece:
             raise RuntimeError("offsets of %r are not character offsets" % pattern)
-        kept[a:b] = b"\x01" * (b - a)
-    out = []
-    for i, k in enumerate(kept):
-        if k:
-            continue
-        c = cps[i]
-        if out and out[-1][1] == c - 1:
-            out[-1][1] = c
-        else:
-            out.append([c, c])
+        # Members: text[end:a]; split at the surrogates' hole.
+        for lo, hi in ((end, min(a, 0xD800)), (max(end, 0xD800), a)):
+            if lo < hi:
+                if out and out[-1][1] == cp(lo) - 1:
+                    out[-1][1] = cp(hi - 1)
+                else:
+                    out.append([cp(lo), cp(hi - 1)])
+        end = max(end, b)
     return out
 
 
@@ -106,16 +114,19 @@ def normalization(tokenizers):
     texts = ["a%s\u0334" % chr(m) for m in marks] + ["\u0345%s" % chr(m) for m in marks]
     texts += [unicodedata.normalize("NFD", chr(c)) for c in range(0x110000)
               if unicodedata.decomposition(chr(c))[:1] not in ("", "<")]
+    # Each code point alone, normalized in one call: joined by "\n", a starter
+    # that composes with nothing and stops reordering, so no code point's
+    # result depends on its neighbours (the split must give one result each).
+    cps = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and c != 0x0A]
     out = {}
     for form in ("NFC", "NFD", "NFKC", "NFKD"):
         n = getattr(tokenizers.normalizers, form)()
-        changed = []
-        for c in range(0x110000):
-            if 0xD800 <= c <= 0xDFFF:
-                continue
-            r = n.normalize_str(chr(c))
-            if r != chr(c):
-                changed.append([c, r])
+        results = n.normalize_str("\n".join(map(chr, cps))).split("\n")
+        if len(results) != len(cps):
+            raise RuntimeError("%s: %d results for %d code points" % (form, len(results), len(cps)))
+        changed = [[c, r] for c, r in zip(cps, results) if r != chr(c)]
+        if n.normalize_str("\n") != "\n":
+            raise RuntimeError("%s changes U+000A" % form)
         out[form] = {"changed": changed,
                      "sequences": [[t, n.normalize_str(t)] for t in texts]}
     return out
