@@ -75,7 +75,8 @@ typedef struct rl_host_api {
 
     /* [thread-safe] Host allocator. Memory the host frees comes from here; memory
      * from here is freed here (mem_free(NULL) is a no-op). align is a power of two
-     * (0 means the default, 16). Returns NULL when out of memory.
+     * (0 means the default, 16). Returns NULL when out of memory, when align is
+     * not a power of two, or when size cannot be rounded up to align.
      * [owned by caller until mem_free] */
     void *(RL_ABI *mem_alloc)(const struct rl_host_api *host, size_t size, size_t align);
     /* [thread-safe] Frees what mem_alloc returned; NULL is a no-op. [released: ptr] */

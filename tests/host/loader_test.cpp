@@ -398,6 +398,26 @@ TEST(Loader, RefusesMalformedDescriptorsAndInstancesNamingStructAndSizes) {
         << err;
 }
 
+// host.h: mem_alloc takes any power-of-two alignment (0: 16). The fixture asks
+// from inside a call (tests/host/fixtures/good_cpp.cpp) and reports.
+TEST(HostAllocator, EveryPowerOfTwoAlignmentIsServedAndAnUnroundableSizeIsNull) {
+    Runtime rt(fixture("fixture_good"));
+    rl_instance_t *inst = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.rt, "loss", "fixture_sum", nullptr, &inst), RL_OK);
+    LossBatch b(false);
+    rl_result_t *r = nullptr;
+    ASSERT_EQ(rl_loss_compute(inst, &b.in, 0, &r), RL_OK) << rl_last_error();
+    double aligned = 0, huge_null = 0, odd_null = 0;
+    EXPECT_EQ(rl_result_metric(r, "mem.aligned", &aligned), RL_OK);
+    EXPECT_EQ(rl_result_metric(r, "mem.huge_is_null", &huge_null), RL_OK);
+    EXPECT_EQ(rl_result_metric(r, "mem.odd_align_is_null", &odd_null), RL_OK);
+    EXPECT_EQ(aligned, 7.0);   // align 0, 1, 2, 4, 8, 64, 4096
+    EXPECT_EQ(huge_null, 1.0); // SIZE_MAX - 2 at align 64 does not wrap to a small block
+    EXPECT_EQ(odd_null, 1.0);  // align 24
+    rl_result_destroy(r);
+    rl_instance_destroy(inst);
+}
+
 TEST(HostExtensions, KnownIdsAnswerAndUnknownIdsAreNull) {
     Runtime rt(fixture("fixture_good"));
     rl_instance_t *inst = nullptr;

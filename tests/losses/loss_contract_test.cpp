@@ -390,6 +390,11 @@ TEST(TestingHost, RecordsOutputsAndRefusesDuplicates) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
     host.api()->mem_free(host.api(), p);
     host.api()->mem_free(host.api(), nullptr);
+    p = host.api()->mem_alloc(host.api(), 3, 2);
+    ASSERT_NE(p, nullptr);
+    host.api()->mem_free(host.api(), p);
+    EXPECT_EQ(host.api()->mem_alloc(host.api(), SIZE_MAX - 2, 64), nullptr);
+    EXPECT_EQ(host.api()->mem_alloc(host.api(), 8, 24), nullptr);
 }
 
 TEST(TestingHost, ReportsCreationFailures) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 
 namespace rl::host {
@@ -74,9 +75,15 @@ rl_status_t RL_ABI api_fail(const rl_call_ctx_t *ctx, rl_status_t status, const 
     return status == RL_OK ? RL_ERR_UNKNOWN : status;
 }
 
+// Any power of two: below the pointer size the block is aligned further (an
+// address aligned to 8 is aligned to 1, 2 and 4), as aligned_alloc needs. A
+// size that cannot be rounded up to the alignment gets NULL, never a block
+// smaller than asked.
 void *RL_ABI api_mem_alloc(const rl_host_api_t *, size_t size, size_t align) {
     if (align == 0) align = 16;
-    if ((align & (align - 1)) != 0 || align < sizeof(void *)) return nullptr;
+    if ((align & (align - 1)) != 0) return nullptr;
+    if (align < sizeof(void *)) align = sizeof(void *);
+    if (size > std::numeric_limits<size_t>::max() - (align - 1)) return nullptr;
     const size_t rounded = (size + align - 1) / align * align;
     return std::aligned_alloc(align, rounded == 0 ? align : rounded);
 }

@@ -78,6 +78,7 @@ public:
             if (align == 0) align = 16;
             if (align < sizeof(void *)) align = sizeof(void *);
             if ((align & (align - 1)) != 0) return nullptr;
+            if (size > std::numeric_limits<size_t>::max() - (align - 1)) return nullptr;
             const size_t rounded = ((size ? size : 1) + align - 1) / align * align;
             return std::aligned_alloc(align, rounded);
         };
