@@ -92,20 +92,24 @@ RL_API void rl_disagg_worker_destroy(rl_disagg_worker_t *worker) {
 
 namespace {
 
-// An orchestrator starting at the same time clears its shared folders: a send
-// can fail; it is tried again for 5 s.
-void worker_hello(rl_disagg_worker_t *w) {
-    Msg m;
-    m.header = {{"kind", "rl.hello"}, {"worker", w->index}, {"worker_run", w->run}};
+// A hello: an orchestrator starting at the same time clears its shared
+// folders, so a send can fail; it is tried again for 5 s.
+void send_hello(rl_instance_t *t, const Msg &m, const std::string &what) {
     for (int attempt = 1;; ++attempt) {
         try {
-            send(w->out.get(), m, w->tag + " hello");
+            send(t, m, what);
             return;
         } catch (const HostError &) {
             if (attempt == 50) throw;
         }
         sleep_s(0.1);
     }
+}
+
+void worker_hello(rl_disagg_worker_t *w) {
+    Msg m;
+    m.header = {{"kind", "rl.hello"}, {"worker", w->index}, {"worker_run", w->run}};
+    send_hello(w->out.get(), m, w->tag + " hello");
 }
 
 } // namespace
@@ -234,7 +238,11 @@ void ack(rl_disagg_trainer_t *t, int64_t version, int64_t checkpoint, bool hello
     m.header = {{"kind", "rl.trainer"}, {"trainer_run", t->run},
                 {"version", version},   {"checkpoint", checkpoint},
                 {"hello", hello},       {"done", !hello && version >= t->s.steps}};
-    send(t->acks.get(), m, "trainer: acknowledging version " + std::to_string(version));
+    const std::string what = "trainer: acknowledging version " + std::to_string(version);
+    if (hello)
+        send_hello(t->acks.get(), m, what);
+    else
+        send(t->acks.get(), m, what);
 }
 
 } // namespace
