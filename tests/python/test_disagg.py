@@ -143,6 +143,9 @@ class RoutingThroughTheOrchestratorTest(unittest.TestCase):
 
         thread = threading.Thread(target=orchestrator, daemon=True)
         thread.start()
+        # Cleanups run last-in first-out: the orchestrator ends (or times out)
+        # before the runtime it runs on is closed, even when the test fails.
+        self.addCleanup(thread.join, 90)
         with rl.Model(os.path.join(work, "moe"), {"threads": 1}) as model, \
                 model.engine() as engine:
             worker, trainer = dg.Worker(rt, config, 0), dg.TrainerEnd(rt, config)
