@@ -389,6 +389,10 @@ struct TrainingServer::Impl {
     }
     void drop_model_locked(const std::string &id, const std::string &why) {
         drop_locked(models, gone_models, &Session::models, id, why);
+        // Its lane, kept for the seq_id order, goes with it once no call is left in it.
+        auto lane = lanes.find("model:" + id);
+        if (lane != lanes.end() && lane->second.ops.empty() && !lane->second.busy)
+            lanes.erase(lane);
     }
     void drop_sampler_locked(const std::string &id, const std::string &why) {
         drop_locked(samplers, gone_samplers, &Session::samplers, id, why);
@@ -471,6 +475,15 @@ struct TrainingServer::Impl {
         return f->id;
     }
 
+    /// Whether an empty lane stays (mu held): a live model's lane remembers the last
+    /// seq_id it ran, so that the client's next call (seq_id + 1) runs at once instead
+    /// of waiting seq_gap_wait_s for calls "before" it that were long done.
+    bool keeps_order_locked(const std::string &lane_name, const Lane &lane) const {
+        const std::string prefix = "model:";
+        if (lane.last_seq == 0 || lane_name.compare(0, prefix.size(), prefix) != 0) return false;
+        return models.count(lane_name.substr(prefix.size())) > 0;
+    }
+
     /// The next runnable op (mu held): round-robin over lanes; a lane's head
     /// runs when it is the next seq_id, carries none, or waited seq_gap_wait_s.
     bool pick_locked(std::string &lane_name, Op &op) {
@@ -527,7 +540,8 @@ struct TrainingServer::Impl {
             auto it = lanes.find(lane_name);
             if (it != lanes.end()) {
                 it->second.busy = false;
-                if (it->second.ops.empty()) lanes.erase(it);
+                if (it->second.ops.empty() && !keeps_order_locked(lane_name, it->second))
+                    lanes.erase(it);
             }
             work_cv.notify_all();
         }

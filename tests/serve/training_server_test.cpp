@@ -709,6 +709,29 @@ TEST(TrainingServer, CallsOfOneModelRunInSeqIdOrder) {
     EXPECT_TRUE(s.result(fb).contains("loss_fn_outputs"));
 }
 
+TEST(TrainingServer, ACallThatIsNextInSeqIdOrderRunsAtOnceAfterTheLaneEmptied) {
+    // A client that waits for each result before the next call empties the model's
+    // queue between calls. Its next seq_id must still count as the next one: before,
+    // every such call waited seq_gap_wait_s (2 s by default) for calls long done.
+    // With an hour of gap wait, a call that waited never ends within the polls.
+    Srv s(json{{"seq_gap_wait_s", 3600}, {"poll_timeout_s", 0.5}});
+    const std::string model = s.model(s.session());
+    const json data = json::array({sft_datum(kText)});
+    int64_t seq = 1;
+    for (int step = 0; step < 3; ++step) {
+        const json fb = s.call("/api/v1/forward_backward", fb_body(model, seq++, data));
+        ASSERT_TRUE(fb.contains("loss_fn_outputs")) << "step " << step << ": " << fb.dump();
+        const json opt = s.call(
+            "/api/v1/optim_step",
+            {{"model_id", model}, {"seq_id", seq++}, {"adam_params", {{"learning_rate", 1e-3}}}});
+        ASSERT_TRUE(opt.contains("metrics")) << "step " << step << ": " << opt.dump();
+    }
+    // A real gap still waits: seq 10 after 6 stays queued while 7-9 have not come.
+    const std::string later = s.submit("/api/v1/forward_backward", fb_body(model, 10, data));
+    const HttpResponse r = s.post("/api/v1/retrieve_future", {{"request_id", later}});
+    EXPECT_EQ(json::parse(r.body).value("type", ""), "try_again") << r.body;
+}
+
 TEST(TrainingServer, TwoSessionsTrainConcurrentlyWithoutInterfering) {
     Srv s(json{{"workers", 2}});
     const std::string a = s.model(s.session()), b = s.model(s.session());
