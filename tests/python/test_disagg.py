@@ -56,6 +56,49 @@ class ProtocolTest(unittest.TestCase):
                       "rollout_transport.timeout (1s); is it running?", str(e.exception))
         w.close()
 
+    def test_closing_the_runtime_or_an_end_while_its_call_waits_is_refused_naming_it(self):
+        # The waits run without the GIL: before, closing from another thread freed the
+        # runtime under them and the process crashed.
+        config = {"transport": "filesystem", "dir": self.dir, "timeout": 3, "workers": 1,
+                  "steps": 1, "min_rollouts": 4, "state_dir": os.path.join(self.dir, "state")}
+        w = dg.Worker(self.rt, dict(config, dir=os.path.join(self.dir, "w")), 0)
+        advantage = self.rt.create("advantage", "grpo")
+        errors = {}
+
+        def wait(name, fn):
+            try:
+                fn()
+            except rl.Error as e:
+                errors[name] = str(e)
+
+        threads = [threading.Thread(target=wait, args=("credit", w.credit)),
+                   threading.Thread(target=wait, args=("orchestrate", lambda: dg.orchestrate(
+                       self.rt, config, rl.Buffer({"group_size": 4}), advantage)))]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 10
+        while len(self.rt._running) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        with self.assertRaises(rl.Error) as e:
+            self.rt.close()
+        self.assertEqual(e.exception.status, "RL_ERR_BAD_STATE")
+        self.assertIn("rl.Runtime.close: rl.disagg.Worker.credit, rl.disagg.orchestrate is still "
+                      "running in another thread", str(e.exception))
+        with self.assertRaises(rl.Error) as e:
+            w.close()
+        self.assertIn("rl.disagg.Worker.close: rl.disagg.Worker.credit is still running",
+                      str(e.exception))
+        for t in threads:
+            t.join(60)
+        # Both waits ended by their timeout, the runtime untouched; now it closes, and
+        # closes the worker's end with it.
+        self.assertIn("no credit from the orchestrator", errors.get("credit", ""), errors)
+        self.assertIn("orchestrate", errors)
+        self.rt.close()
+        with self.assertRaises(rl.Error) as e:
+            w.credit()
+        self.assertIn("rl.Runtime is closed", str(e.exception))
+
     def test_a_chunk_whose_routing_is_not_token_rows_is_refused_naming_the_tensor(self):
         config = {"transport": "filesystem", "dir": self.dir, "timeout": 30, "workers": 1,
                   "steps": 1, "checkpoint_every": 0, "min_rollouts": 1}

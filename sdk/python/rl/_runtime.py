@@ -1,7 +1,9 @@
 """Runtime, instances and results over the C API."""
 
+import contextlib
 import ctypes as C
 import json
+import threading
 
 from . import _capi as A
 
@@ -96,13 +98,44 @@ class Runtime:
         self._h = C.c_void_p()
         A.check(lib.rl_runtime_create(C.byref(desc), C.byref(self._h)))
         self._instances = []
+        # Calls that wait on peers (rl.disagg) run with the GIL released, so
+        # another thread could destroy the runtime under them: they register
+        # here and close() refuses while any is running.
+        self._running = []  # (what, owner)
+        self._running_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _blocking(self, what, owner=None):
+        """Marks a call that uses this runtime from start to end."""
+        entry = (what, owner)
+        with self._running_lock:
+            if not self._h:
+                raise A.Error("RL_ERR_BAD_STATE", f"{what}: its rl.Runtime is closed")
+            self._running.append(entry)
+        try:
+            yield
+        finally:
+            with self._running_lock:
+                self._running.remove(entry)
+
+    def _refuse_while_running(self, closing, owner=None):
+        """Raises naming the calls running on this runtime (of `owner` only, when
+        given); with _running_lock held."""
+        busy = sorted({w for w, o in self._running if owner is None or o is owner})
+        if busy:
+            raise A.Error("RL_ERR_BAD_STATE",
+                          f"{closing}: {', '.join(busy)} is still running in another thread; "
+                          "close after it returns")
 
     def close(self):
-        if self._h:
-            for inst in self._instances:
-                inst.close()
-            self._lib.rl_runtime_destroy(self._h)
-            self._h = None
+        with self._running_lock:
+            if not self._h:
+                return
+            self._refuse_while_running("rl.Runtime.close")
+            h, self._h = self._h, None
+        for inst in self._instances:
+            inst.close()
+        self._lib.rl_runtime_destroy(h)
 
     def __del__(self):
         self.close()

@@ -48,29 +48,52 @@ def orchestrate(runtime, config, buffer, advantage):
     """Runs the orchestrator until the trainer is done: its counters (chunks, batches,
     duplicates, lost_chunks, worker_restarts, trainer_restarts, resent,
     orchestrator_restarts) as ints."""
-    res = _call(_lib().rl_disagg_orchestrator_run, runtime._h, _text(config), buffer._handle(),
-                advantage._h)
+    with runtime._blocking("rl.disagg.orchestrate"):
+        res = _call(_lib().rl_disagg_orchestrator_run, runtime._h, _text(config),
+                    buffer._handle(), advantage._h)
     return {k: int(v) for k, v in res.scalars.items()}
 
 
-class Worker(_Handle):
+class _End(_Handle):
+    """An end of the protocol on a runtime: closed with it (first), and neither can
+    be closed while a call of the end runs in another thread."""
+
+    def __init__(self, runtime, handle):
+        super().__init__(handle)
+        self._runtime = runtime  # outlives this end
+        runtime._instances.append(self)
+
+    def _blocking(self, method):
+        return self._runtime._blocking(f"rl.disagg.{type(self).__name__}.{method}", owner=self)
+
+    def close(self):
+        rt = self._runtime
+        with rt._running_lock:
+            rt._refuse_while_running(f"rl.disagg.{type(self).__name__}.close", owner=self)
+            super().close()
+
+
+class Worker(_End):
     """The end of rollout worker `index`."""
 
     _destroy = "rl_disagg_worker_destroy"
 
     def __init__(self, runtime, config, index):
         h = C.c_void_p()
-        A.check(_lib().rl_disagg_worker_create(runtime._h, _text(config), index, C.byref(h)))
-        super().__init__(h)
-        self._runtime = runtime  # outlives this end
+        with runtime._blocking("rl.disagg.Worker"):
+            A.check(_lib().rl_disagg_worker_create(runtime._h, _text(config), index,
+                                                   C.byref(h)))
+        super().__init__(runtime, h)
 
     def hello(self):
-        A.check(_lib().rl_disagg_worker_hello(self._handle()))
+        with self._blocking("hello"):
+            A.check(_lib().rl_disagg_worker_hello(self._handle()))
 
     def credit(self):
         """Waits for a credit: {"seq", "min_version", "done", "trainer_restarted",
         "trainer_version", "worker_run"}."""
-        res = _call(_lib().rl_disagg_worker_credit, self._handle())
+        with self._blocking("credit"):
+            res = _call(_lib().rl_disagg_worker_credit, self._handle())
         out = {k: int(v) for k, v in res.scalars.items()}
         out["done"], out["trainer_restarted"] = bool(out["done"]), bool(out["trainer_restarted"])
         out["worker_run"] = res.texts["worker_run"]
@@ -78,32 +101,37 @@ class Worker(_Handle):
 
     def send(self, rollouts, policy_version):
         """Sends the chunk of the last credit: rollouts (rl.Rollouts, scored)."""
-        A.check(_lib().rl_disagg_worker_send(self._handle(), rollouts._handle(), policy_version))
+        with self._blocking("send"):
+            A.check(_lib().rl_disagg_worker_send(self._handle(), rollouts._handle(),
+                                                 policy_version))
 
 
-class TrainerEnd(_Handle):
+class TrainerEnd(_End):
     """The trainer's end: batches in step order, acknowledgements."""
 
     _destroy = "rl_disagg_trainer_destroy"
 
     def __init__(self, runtime, config):
         h = C.c_void_p()
-        A.check(_lib().rl_disagg_trainer_create(runtime._h, _text(config), C.byref(h)))
-        super().__init__(h)
-        self._runtime = runtime  # outlives this end
+        with runtime._blocking("rl.disagg.TrainerEnd"):
+            A.check(_lib().rl_disagg_trainer_create(runtime._h, _text(config), C.byref(h)))
+        super().__init__(runtime, h)
 
     def hello(self, version):
-        A.check(_lib().rl_disagg_trainer_hello(self._handle(), version))
+        with self._blocking("hello"):
+            A.check(_lib().rl_disagg_trainer_hello(self._handle(), version))
 
     def next(self, version):
         """(header, tensors): the batch of step `version` (tensors: the trainer's input as
         lists, for rl.Trainer.forward_backward), or a worker's request for the weights
         in use (header["kind"] == "rl.weights_wanted", header["worker"])."""
-        res = _call(_lib().rl_disagg_trainer_next, self._handle(), version)
+        with self._blocking("next"):
+            res = _call(_lib().rl_disagg_trainer_next, self._handle(), version)
         return json.loads(res.texts["header"]), res.tensors
 
     def ack(self, version):
-        A.check(_lib().rl_disagg_trainer_ack(self._handle(), version))
+        with self._blocking("ack"):
+            A.check(_lib().rl_disagg_trainer_ack(self._handle(), version))
 
 
 __all__ = ["PROTOCOL_VERSION", "TrainerEnd", "Worker", "orchestrate", "protocol_version"]
