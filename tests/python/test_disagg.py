@@ -56,6 +56,36 @@ class ProtocolTest(unittest.TestCase):
                       "rollout_transport.timeout (1s); is it running?", str(e.exception))
         w.close()
 
+    def test_a_trainer_hello_cleared_by_a_starting_orchestrator_is_said_again(self):
+        # rlhost launch starts the roles together: the orchestrator clears its folders
+        # on start, and a hello the trainer wrote just before was gone for good (the run
+        # then stopped after the timeout, the orchestrator never having heard of it).
+        end = dg.TrainerEnd(self.rt, {"transport": "filesystem", "dir": self.dir,
+                                      "timeout": 20})
+        end.hello(0)
+        shutil.rmtree(os.path.join(self.dir, "to_orch_trainer"))  # what the start clears
+        orch_in = self.rt.create("transport", "filesystem",
+                                 {"dir": self.dir, "channel": "to_orch_trainer", "poll_ms": 10})
+        orch_out = self.rt.create("transport", "filesystem",
+                                  {"dir": self.dir, "channel": "batches", "poll_ms": 10})
+        got = {}
+        waiter = threading.Thread(target=lambda: got.update(next=end.next(0)))
+        waiter.start()
+        msg = orch_in.recv(6000)
+        self.assertIsNotNone(msg, "the trainer did not say hello again")
+        self.assertEqual((msg[0]["kind"], msg[0]["hello"], msg[0]["version"]),
+                         ("rl.trainer", True, 0), msg[0])
+        # The orchestrator's answer, then the batch: no more hellos once heard.
+        protocol = {"protocol": dg.PROTOCOL_VERSION}
+        orch_out.send(dict(protocol, kind="rl.orchestrator_hello", welcome=True))
+        orch_out.send(dict(protocol, kind="rl.batch", step=0))
+        waiter.join(30)
+        self.assertEqual(got["next"][0]["kind"], "rl.batch")
+        while orch_in.recv(0) is not None:  # said before it read the answer (a slow machine)
+            pass
+        self.assertIsNone(orch_in.recv(2500), "a hello after the orchestrator answered")
+        end.close()
+
     def test_closing_the_runtime_or_an_end_while_its_call_waits_is_refused_naming_it(self):
         # The waits run without the GIL: before, closing from another thread freed the
         # runtime under them and the process crashed.

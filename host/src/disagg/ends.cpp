@@ -56,6 +56,11 @@ struct rl_disagg_trainer {
     int64_t duplicates = 0;         // batches for past steps, skipped
     int64_t waited_version = -1;    // the step next() waits for, since `since`
     double since = 0;
+    // Until the orchestrator is heard from, next() says hello again every 2 s: a
+    // starting orchestrator clears its folders, and a hello written just before
+    // that is gone (the workers repeat theirs the same way).
+    bool heard = false;
+    double hello_at = 0;
 };
 
 RL_API uint32_t rl_disagg_protocol_version(void) {
@@ -251,6 +256,7 @@ RL_API rl_status_t rl_disagg_trainer_hello(rl_disagg_trainer_t *trainer, int64_t
     return boundary([&] {
         require(trainer != nullptr, "rl_disagg_trainer_hello: trainer is NULL");
         ack(trainer, version, version, true);
+        trainer->hello_at = clock_s();
         return RL_OK;
     });
 }
@@ -282,13 +288,21 @@ RL_API rl_status_t rl_disagg_trainer_next(rl_disagg_trainer_t *t, int64_t versio
                                         "within %s; is it running?",
                                         static_cast<long long>(version),
                                         t->s.timeout_text().c_str())};
+                if (!t->heard && t->hello_at > 0 && clock_s() - t->hello_at > 2) {
+                    ack(t, version, version, true);
+                    t->hello_at = clock_s();
+                }
                 continue;
             }
+            t->heard = true;
             const std::string kind = m->header.value("kind", std::string());
             if (kind == "rl.weights_wanted") {
                 msg = std::move(m); // the caller sends the weights in use to that worker
             } else if (kind == "rl.orchestrator_hello") {
-                // The orchestrator restarted: where this trainer is (its batches follow).
+                // The answer to this trainer's hello: heard, nothing to do. Without
+                // "welcome", the orchestrator restarted: where this trainer is (its
+                // batches follow).
+                if (m->header.value("welcome", false)) continue;
                 ack(t, version, t->s.checkpoint_floor(version), false);
                 say(fmt("trainer: the orchestrator restarted; at version %lld",
                         static_cast<long long>(version)));

@@ -351,10 +351,15 @@ void Orchestrator::handle(Msg &m) {
                     }
             }
         }
-        // Every worker hears of the trainer's run (after a restart they take
-        // its older weights).
-        if (hello)
+        if (hello) {
+            // The trainer repeats its hello until it hears from us.
+            Msg welcome;
+            welcome.header = {{"kind", "rl.orchestrator_hello"}, {"welcome", true}};
+            send(batches_.get(), welcome, std::string(kTag) + " answering the trainer's hello");
+            // Every worker hears of the trainer's run (after a restart they take
+            // its older weights).
             for (const auto &kv : w_) credit(kv.first);
+        }
     } else if (kind == "rl.hello" || kind == "rl.rollouts") {
         const json &wk = h.contains("worker") ? h["worker"] : json();
         if (!wk.is_number_integer() || wk.get<int64_t>() < 0 || wk.get<int64_t>() >= s_.workers)
