@@ -31,7 +31,7 @@ struct Cases {
     std::string oracle;
     std::map<std::string, std::shared_ptr<Tokenizer>> tokenizers;
     Json cases;
-    Json classes;       // pattern -> [[first, last], ...] that Hugging Face matches
+    Json classes; // pattern -> [[first, last], ...] that Hugging Face matches
     std::vector<std::pair<uint32_t, uint32_t>> class_code_points; // where classes were compared
     Json normalization; // form -> {"changed": [[cp, text]...], "sequences": [[text, text]...]}
 };
@@ -175,8 +175,7 @@ TEST_F(TokenizerCompare, RecentAndUnassignedCodePointsEncodeAsHuggingFace) {
 // of writing a class to PCRE2 are checked.
 TEST_F(TokenizerCompare, UnicodeClassesMatchHuggingFaceOnEveryCodePointOutsideTheEmptyPlanes) {
     ASSERT_FALSE(cases().classes.empty()) << "the fixture wrote no \"classes\"";
-    ASSERT_FALSE(cases().class_code_points.empty())
-        << "the fixture wrote no \"class_code_points\"";
+    ASSERT_FALSE(cases().class_code_points.empty()) << "the fixture wrote no \"class_code_points\"";
     std::string text;
     std::vector<uint32_t> cp_at(0x110000 * 4 + 1, 0); // byte offset -> code point
     for (const auto &[first, last] : cases().class_code_points)
