@@ -40,8 +40,11 @@ fi
 
 mkdir -p "$build"
 build=$(cd "$build" && pwd)
-if [ ! -f "$build/build.ninja" ]; then
-  CC=$cc CXX=$cxx cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None >/dev/null
+# FUZZ_OPT (default -O1): the targets' optimization flag (the ctest short runs: -O0).
+opt=${FUZZ_OPT:--O1}
+if [ ! -f "$build/build.ninja" ] || ! grep -qx "RL_FUZZ_OPT:STRING=$opt" "$build/CMakeCache.txt"; then
+  CC=$cc CXX=$cxx cmake -S "$root/fuzz" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None \
+    -DRL_FUZZ_OPT="$opt" >/dev/null
 fi
 # ccache (when installed) on absolute paths: the ctest short runs' build
 # (build/fuzz-clang) reuses the objects of build-fuzz/ and the other way round.
