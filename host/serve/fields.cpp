@@ -52,7 +52,17 @@ std::string num(double v) {
 
 } // namespace
 
-Fields::Fields(const json &object, std::string prefix) : o_(object), prefix_(std::move(prefix)) {}
+Fields::Fields(const json &object, std::string prefix) : o_(object), prefix_(std::move(prefix)) {
+    // A nested value read as fields ("adam_params", "sampling_params", ...) that is
+    // not an object was read as an empty one: the call ran on defaults.
+    if (!o_.is_object()) {
+        std::string name = prefix_;
+        while (!name.empty() && (name.back() == '.' || name.back() == ' ' || name.back() == ':'))
+            name.pop_back();
+        refuse(name, (name.empty() ? std::string("the request body") : name) +
+                         " must be a JSON object, not " + o_.type_name());
+    }
+}
 
 void Fields::only(const std::vector<std::string_view> &known) const {
     for (const auto &item : o_.items()) {

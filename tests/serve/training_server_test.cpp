@@ -464,6 +464,14 @@ TEST(TrainingServer, BadRequestsAreRefusedNamingTheField) {
     expect_refused(s.post("/api/v1/optim_step",
                           {{"model_id", model}, {"adam_params", {{"learning_rate", "fast"}}}}),
                    400, "adam_params.learning_rate", "number");
+    // A nested object given as something else: before, it read as {} and the call ran
+    // on defaults (an optimizer step at Tinker's default learning rate).
+    expect_refused(s.post("/api/v1/optim_step", {{"model_id", model}, {"adam_params", 5}}), 400,
+                   "adam_params", "must be a JSON object, not number");
+    expect_refused(s.post("/api/v1/create_model", {{"session_id", s.session()},
+                                                   {"base_model", "tiny"},
+                                                   {"lora_config", json::array({4})}}),
+                   400, "lora_config", "must be a JSON object, not array");
     expect_refused(
         s.post("/api/v1/create_model", {{"session_id", s.session()}, {"base_model", "gpt-9"}}), 400,
         "base_model", "gpt-9");
