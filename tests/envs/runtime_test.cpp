@@ -3,6 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+#include <string>
+
 namespace {
 
 using json = nlohmann::json;
@@ -29,6 +32,28 @@ TEST(EnvRuntime, ReverseTextSampleAndScoreRoundTrip) {
         EXPECT_EQ(sc.scalar("reward"), 1.0);
         EXPECT_EQ(sc.metric("exact_match"), 1.0);
     }
+    rl_instance_destroy(env);
+}
+
+TEST(EnvRuntime, ACountPastOneCallsLimitIsRefusedNamingIt) {
+    // UINT64_MAX is what -1 becomes through the unsigned parameter (Python's
+    // env.sample(-1) did that): the env built tasks until the process was killed.
+    rltest::RuntimeFixture rt({"env-reverse_text"});
+    ASSERT_EQ(rt.status(), RL_OK) << rl_last_error();
+    rl_instance_t *env = nullptr;
+    ASSERT_EQ(rl_instance_create(rt.get(), "env", "reverse_text", "{}", &env), RL_OK)
+        << rl_last_error();
+    for (const uint64_t n : {UINT64_MAX, (uint64_t{1} << 20) + 1}) {
+        Result s;
+        EXPECT_EQ(rl_env_sample(env, n, 7, &s.r), RL_ERR_INVALID_ARG);
+        EXPECT_NE(std::string(rl_last_error())
+                      .find("rl_env_sample: n " + std::to_string(n) +
+                            " is more than 1048576 tasks in one call"),
+                  std::string::npos)
+            << rl_last_error();
+    }
+    Result ok;
+    EXPECT_EQ(rl_env_sample(env, 2, 7, &ok.r), RL_OK) << rl_last_error();
     rl_instance_destroy(env);
 }
 

@@ -70,6 +70,9 @@ class EmbeddingTest(unittest.TestCase):
             self.assertEqual(a, b)
             for task in a:
                 self.assertEqual(env.score(task, task["answer"]).scalars["reward"], 1.0)
+            with self.assertRaises(rl.Error) as cm:  # before: built tasks until killed
+                env.sample(-1)
+            self.assertIn("env.sample: n and seed must be >= 0 (n -1, seed 0)", str(cm.exception))
 
     def test_config_load_reports_file_key_and_line(self):
         cfg = rl.config_load(None, ["run.steps=3"])

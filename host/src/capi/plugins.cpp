@@ -253,6 +253,13 @@ RL_API rl_status_t rl_env_sample(rl_instance_t *instance, uint64_t n, uint64_t s
                                  rl_result_t **out_result) {
     return boundary([&] {
         Instance &inst = checked(instance, RL_KIND_ENV, "rl_env_sample", out_result);
+        // A count past this is a caller's bug (a negative number through an unsigned
+        // parameter): the env would build tasks until the process ran out of memory.
+        constexpr uint64_t kMaxTasks = uint64_t{1} << 20;
+        if (n > kMaxTasks)
+            throw HostError{RL_ERR_INVALID_ARG, "rl_env_sample: n " + std::to_string(n) +
+                                                    " is more than " + std::to_string(kMaxTasks) +
+                                                    " tasks in one call (a negative count?)"};
         auto *iface = static_cast<const rl_env_iface_t *>(inst.iface());
         CallSink sink = inst.call(
             [&](const rl_call_ctx_t *ctx) { return iface->sample(inst.plugin(), ctx, n, seed); });

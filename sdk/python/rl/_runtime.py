@@ -202,6 +202,9 @@ class Instance:
 
     # env
     def sample(self, n, seed=0):
+        if n < 0 or seed < 0:  # the C parameters are unsigned: -1 would be 2**64 - 1
+            raise A.Error("RL_ERR_INVALID_ARG",
+                          f"env.sample: n and seed must be >= 0 (n {n}, seed {seed})")
         return json.loads(_call(self._lib.rl_env_sample, self._h, n, seed).texts["tasks"])
 
     def score(self, task, completion):
