@@ -118,6 +118,10 @@ class ProtocolTest(unittest.TestCase):
             w.close()
         self.assertIn("rl.disagg.Worker.close: rl.disagg.Worker.credit is still running",
                       str(e.exception))
+        with self.assertRaises(rl.Error) as e:  # the orchestrator calls it
+            advantage.close()
+        self.assertIn("advantage 'grpo'.close: rl.disagg.orchestrate is still running",
+                      str(e.exception))
         for t in threads:
             t.join(60)
         # Both waits ended by their timeout, the runtime untouched; now it closes, and
@@ -128,6 +132,28 @@ class ProtocolTest(unittest.TestCase):
         with self.assertRaises(rl.Error) as e:
             w.credit()
         self.assertIn("rl.Runtime is closed", str(e.exception))
+
+    def test_closing_a_transport_while_it_waits_in_recv_is_refused_naming_the_call(self):
+        box = self.rt.create("transport", "filesystem",
+                             {"dir": self.dir, "channel": "quiet", "poll_ms": 10})
+        got = {}
+        waiter = threading.Thread(target=lambda: got.update(msg=box.recv(3000)))
+        waiter.start()
+        deadline = time.time() + 10
+        while not self.rt._running and time.time() < deadline:
+            time.sleep(0.01)
+        for close, name in ((self.rt.close, "rl.Runtime.close"),
+                            (box.close, "transport 'filesystem'.close")):
+            with self.assertRaises(rl.Error) as e:
+                close()
+            self.assertIn(f"{name}: transport 'filesystem'.recv is still running in another "
+                          "thread", str(e.exception))
+        waiter.join(30)
+        self.assertIsNone(got["msg"])  # its timeout, on a runtime left alone
+        box.close()
+        with self.assertRaises(rl.Error) as e:
+            box.recv(0)
+        self.assertIn("transport 'filesystem' is closed", str(e.exception))
 
     def test_a_chunk_whose_routing_is_not_token_rows_is_refused_naming_the_tensor(self):
         config = {"transport": "filesystem", "dir": self.dir, "timeout": 30, "workers": 1,

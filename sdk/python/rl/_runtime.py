@@ -167,15 +167,29 @@ class Instance:
 
     def __init__(self, runtime, handle, kind, name):
         self._lib, self._h, self.kind, self.name = runtime._lib, handle, kind, name
+        self._runtime = runtime
+
+    @contextlib.contextmanager
+    def _busy(self, method):
+        """One call of this instance (the GIL is released in it): refused once the
+        instance is closed; neither it nor its runtime closes until the call returns."""
+        with self._runtime._blocking(f"{self.kind} '{self.name}'.{method}", owner=self):
+            if not self._h:
+                raise A.Error("RL_ERR_BAD_STATE", f"{self.kind} '{self.name}' is closed")
+            yield
 
     def close(self):
-        if self._h:
-            self._lib.rl_instance_destroy(self._h)
-            self._h = None
+        rt = self._runtime
+        with rt._running_lock:
+            rt._refuse_while_running(f"{self.kind} '{self.name}'.close", owner=self)
+            if self._h:
+                self._lib.rl_instance_destroy(self._h)
+                self._h = None
 
     # loss
     def signature(self):
-        return json.loads(_call(self._lib.rl_loss_signature, self._h).texts["signature"])
+        with self._busy("signature"):
+            return json.loads(_call(self._lib.rl_loss_signature, self._h).texts["signature"])
 
     def compute(self, inputs, cu_seqlens, want_grads=True, global_tokens=0.0, global_seqs=0.0):
         keep = [(k, _as_tensor(k, v)) for k, v in inputs.items()]
@@ -183,7 +197,8 @@ class Instance:
         cu = _Tensor(cu_seqlens, "int64")
         li = A.LossInputs(C.sizeof(A.LossInputs), 0, A.TensorList(args, len(keep)), cu.view,
                           global_tokens, global_seqs)
-        return _call(self._lib.rl_loss_compute, self._h, C.byref(li), 1 if want_grads else 0)
+        with self._busy("compute"):
+            return _call(self._lib.rl_loss_compute, self._h, C.byref(li), 1 if want_grads else 0)
 
     # advantage
     def advantages(self, rewards, group_ids, cu_seqlens, tensors=None):
@@ -192,30 +207,36 @@ class Instance:
         r, g, cu = _Tensor(rewards, "float64"), _Tensor(group_ids, "int64"), _Tensor(cu_seqlens, "int64")
         ai = A.AdvantageInputs(C.sizeof(A.AdvantageInputs), 0, r.view, g.view, cu.view,
                                A.TensorList(args, len(keep)))
-        return _call(self._lib.rl_advantage_compute, self._h, C.byref(ai))
+        with self._busy("advantages"):
+            return _call(self._lib.rl_advantage_compute, self._h, C.byref(ai))
 
     # filter
     def check(self, token_ids, logprobs, vocab_size):
         t, lp = _Tensor(token_ids, "int64"), _Tensor(logprobs, "float64")
         ro = A.RolloutView(C.sizeof(A.RolloutView), 0, t.view, lp.view, vocab_size)
-        return _call(self._lib.rl_filter_check, self._h, C.byref(ro))
+        with self._busy("check"):
+            return _call(self._lib.rl_filter_check, self._h, C.byref(ro))
 
     # env
     def sample(self, n, seed=0):
         if n < 0 or seed < 0:  # the C parameters are unsigned: -1 would be 2**64 - 1
             raise A.Error("RL_ERR_INVALID_ARG",
                           f"env.sample: n and seed must be >= 0 (n {n}, seed {seed})")
-        return json.loads(_call(self._lib.rl_env_sample, self._h, n, seed).texts["tasks"])
+        with self._busy("sample"):
+            return json.loads(_call(self._lib.rl_env_sample, self._h, n, seed).texts["tasks"])
 
     def score(self, task, completion):
         t = json.dumps(task).encode() if not isinstance(task, (str, bytes)) else (
             task.encode() if isinstance(task, str) else task)
         c = completion.encode()
-        return _call(self._lib.rl_env_score, self._h, A.StringView(t, len(t)), A.StringView(c, len(c)))
+        with self._busy("score"):
+            return _call(self._lib.rl_env_score, self._h, A.StringView(t, len(t)),
+                         A.StringView(c, len(c)))
 
     def multi_turn(self):
         """True for an env with a step() (multi-turn episodes)."""
-        return _call(self._lib.rl_instance_params, self._h).scalars.get("multi_turn", 0) != 0
+        with self._busy("multi_turn"):
+            return _call(self._lib.rl_instance_params, self._h).scalars.get("multi_turn", 0) != 0
 
     def step(self, task, state, completion):
         """One step of a multi-turn episode: scalars done / reward, texts observation / role /
@@ -224,8 +245,9 @@ class Instance:
             task.encode() if isinstance(task, str) else task)
         s = state.encode() if isinstance(state, str) else state
         c = completion.encode()
-        return _call(self._lib.rl_env_step, self._h, A.StringView(t, len(t)), A.StringView(s, len(s)),
-                     A.StringView(c, len(c)))
+        with self._busy("step"):
+            return _call(self._lib.rl_env_step, self._h, A.StringView(t, len(t)),
+                         A.StringView(s, len(s)), A.StringView(c, len(c)))
 
 
     # transport
@@ -235,12 +257,14 @@ class Instance:
         keep = [(k, _as_tensor(k, v)) for k, v in (tensors or {}).items()]
         args = (A.TensorArg * max(len(keep), 1))(*[A.TensorArg(k.encode(), t.view) for k, t in keep])
         lst = A.TensorList(args, len(keep))
-        A.check(self._lib.rl_transport_send(self._h, A.StringView(h, len(h)), C.byref(lst)))
+        with self._busy("send"):
+            A.check(self._lib.rl_transport_send(self._h, A.StringView(h, len(h)), C.byref(lst)))
 
     def recv(self, timeout_ms=-1):
         """The next message as (header dict, {name: list}), or None after timeout_ms."""
         out = C.c_void_p()
-        status = self._lib.rl_transport_recv(self._h, timeout_ms, C.byref(out))
+        with self._busy("recv"):
+            status = self._lib.rl_transport_recv(self._h, timeout_ms, C.byref(out))
         if status == A.RL_ERR_TIMEOUT:
             return None
         A.check(status)

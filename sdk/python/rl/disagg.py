@@ -48,7 +48,7 @@ def orchestrate(runtime, config, buffer, advantage):
     """Runs the orchestrator until the trainer is done: its counters (chunks, batches,
     duplicates, lost_chunks, worker_restarts, trainer_restarts, resent,
     orchestrator_restarts) as ints."""
-    with runtime._blocking("rl.disagg.orchestrate"):
+    with runtime._blocking("rl.disagg.orchestrate", owner=advantage):  # it uses advantage
         res = _call(_lib().rl_disagg_orchestrator_run, runtime._h, _text(config),
                     buffer._handle(), advantage._h)
     return {k: int(v) for k, v in res.scalars.items()}
