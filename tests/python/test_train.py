@@ -207,6 +207,11 @@ class TrainTest(unittest.TestCase):
                 self.assertIn("got 5 rewards for 12 rollouts", str(cm.exception))
                 self.assertEqual(buffer.push_rollouts(ro), 12)
             kept = buffer.stats().scalars["ready_rollouts"]
+            for bad in ((-1, 0), (1, -1)):  # before: never enough rollouts, an endless wait
+                with self.assertRaises(rl.Error) as cm:
+                    buffer.pop_train_batch(*bad)
+                self.assertIn("Buffer.pop_train_batch: min_rollouts and timeout_ms must be >= 0",
+                              str(cm.exception))
             batch = buffer.pop_train_batch(1)
             if kept == 0:
                 self.assertIsNone(batch)

@@ -383,11 +383,21 @@ class Buffer(_Handle):
         A.check(_lib().rl_buffer_close_group(self._handle(), group_id, C.byref(found)))
         return bool(found.value)
 
+    @staticmethod
+    def _counts(fn, min_rollouts, timeout_ms):
+        # The C parameters are unsigned: -1 would be 2**64 - 1 (never enough
+        # rollouts; a wait without end).
+        if min_rollouts < 0 or timeout_ms < 0:
+            raise A.Error("RL_ERR_INVALID_ARG", f"Buffer.{fn}: min_rollouts and timeout_ms must be "
+                          f">= 0 (min_rollouts {min_rollouts}, timeout_ms {timeout_ms})")
+
     def pop_batch(self, min_rollouts, timeout_ms=0):
+        self._counts("pop_batch", min_rollouts, timeout_ms)
         return _call(_lib().rl_buffer_pop_batch, self._handle(), min_rollouts, timeout_ms)
 
     def pop_train_batch(self, min_rollouts, timeout_ms=0):
         """Every ready group as a TrainBatch once min_rollouts are ready, else None."""
+        self._counts("pop_train_batch", min_rollouts, timeout_ms)
         h = _made(_lib().rl_buffer_pop_train_batch, self._handle(), min_rollouts, timeout_ms)
         return TrainBatch(h) if h.value else None
 
