@@ -2,8 +2,9 @@
 // share (serve/fields.hpp): a request body through json_body, then every
 // field of it through each Fields reader (integer ranges, numbers, booleans,
 // strings, string lists, integer lists, neutral values, unknown-field
-// checks), one level of nested objects too (stream_options,
-// sampling_params), and the body again as server options (read_options).
+// checks), one level of nested values read as objects too (stream_options,
+// sampling_params; a non-object is refused), and the body again as server
+// options (read_options).
 // The route functions themselves (read_common, read_prompt, the chat
 // messages, the SGLang sampling_params) take the Server (vocabulary, model
 // name, tokenizer) and are not reachable without the engine.
@@ -51,12 +52,18 @@ void read_key(const Fields &f, const char *key) {
     }
 }
 
+// A value read as an object (the body, stream_options, sampling_params, ...):
+// one that is not an object is refused by Fields itself, naming it.
 void read_object(const json &object, const std::string &prefix, int depth) {
     const Fields f(object, prefix);
     for (const auto &item : object.items()) {
         read_key(f, item.key().c_str());
-        if (depth == 0 && item.value().is_object())
-            read_object(item.value(), prefix + item.key() + ".", depth + 1);
+        if (depth == 0) {
+            try {
+                read_object(item.value(), prefix + item.key() + ".", depth + 1);
+            } catch (const ApiError &) {
+            }
+        }
     }
 }
 

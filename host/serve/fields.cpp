@@ -56,9 +56,8 @@ Fields::Fields(const json &object, std::string prefix) : o_(object), prefix_(std
     // A nested value read as fields ("adam_params", "sampling_params", ...) that is
     // not an object was read as an empty one: the call ran on defaults.
     if (!o_.is_object()) {
-        std::string name = prefix_;
-        while (!name.empty() && (name.back() == '.' || name.back() == ' ' || name.back() == ':'))
-            name.pop_back();
+        std::string name = prefix_; // "adam_params." names adam_params
+        if (!name.empty() && name.back() == '.') name.pop_back();
         refuse(name, (name.empty() ? std::string("the request body") : name) +
                          " must be a JSON object, not " + o_.type_name());
     }

@@ -98,9 +98,9 @@ class Runtime:
         self._h = C.c_void_p()
         A.check(lib.rl_runtime_create(C.byref(desc), C.byref(self._h)))
         self._instances = []
-        # Calls that wait on peers (rl.disagg) run with the GIL released, so
-        # another thread could destroy the runtime under them: they register
-        # here and close() refuses while any is running.
+        # Calls into librl run with the GIL released, so another thread could
+        # destroy what they use: the calls of instances and rl.disagg ends (some
+        # wait on peers) register here, and closing refuses while one runs.
         self._running = []  # (what, owner)
         self._running_lock = threading.Lock()
 
@@ -126,6 +126,12 @@ class Runtime:
             raise A.Error("RL_ERR_BAD_STATE",
                           f"{closing}: {', '.join(busy)} is still running in another thread; "
                           "close after it returns")
+
+    def _close_owned(self, closing, owner, destroy):
+        """Closes an object made on this runtime (destroy()), unless a call of it runs."""
+        with self._running_lock:
+            self._refuse_while_running(closing, owner=owner)
+            destroy()
 
     def close(self):
         with self._running_lock:
@@ -179,12 +185,12 @@ class Instance:
             yield
 
     def close(self):
-        rt = self._runtime
-        with rt._running_lock:
-            rt._refuse_while_running(f"{self.kind} '{self.name}'.close", owner=self)
-            if self._h:
-                self._lib.rl_instance_destroy(self._h)
-                self._h = None
+        self._runtime._close_owned(f"{self.kind} '{self.name}'.close", self, self._destroy)
+
+    def _destroy(self):
+        if self._h:
+            self._lib.rl_instance_destroy(self._h)
+            self._h = None
 
     # loss
     def signature(self):

@@ -67,10 +67,8 @@ class _End(_Handle):
         return self._runtime._blocking(f"rl.disagg.{type(self).__name__}.{method}", owner=self)
 
     def close(self):
-        rt = self._runtime
-        with rt._running_lock:
-            rt._refuse_while_running(f"rl.disagg.{type(self).__name__}.close", owner=self)
-            super().close()
+        self._runtime._close_owned(f"rl.disagg.{type(self).__name__}.close", self,
+                                   super().close)
 
 
 class Worker(_End):
